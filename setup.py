@@ -1,0 +1,36 @@
+"""Installs ``megatron.quant`` into the ``megatron`` namespace that megatron-core owns.
+
+There is deliberately no ``megatron/__init__.py``: it would shadow megatron-core.
+"""
+from setuptools import find_namespace_packages, setup
+
+setup(
+    name="megatron-quant",
+    version="0.1.0",
+    description="Fake-quantized GEMM operands (HiFloat8, MX, NVFP4, FP8) for megatron-core Llama training, with tensor capture and analysis",
+    python_requires=">=3.10",
+    packages=find_namespace_packages(include=["megatron.quant", "megatron.quant.*"]),
+    install_requires=[
+        "torch>=2.4,<2.14",
+        "megatron-core>=0.16,<0.17",
+        "numpy>=1.24",
+        "pyyaml>=6",
+        "matplotlib>=3.7",
+        "scipy>=1.10",
+        "tensorboard>=2.14",
+        "safetensors>=0.4",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=7",
+            "pytest-xdist>=3",
+            "ml_dtypes>=0.5",
+            "en_dtypes>=0.0.4",
+            "transformers>=4.45",
+        ],
+        # Transformer Engine needs CUDA to build; it is only used for DTYPE=fp8 on GPUs.
+        "gpu": ["transformer_engine[pytorch]>=2.0"],
+    },
+    entry_points={"console_scripts": ["megatron-quant-train=megatron.quant.train:main"]},
+)
