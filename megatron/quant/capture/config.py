@@ -1,0 +1,223 @@
+"""Capture configuration: SaverConfig, its env-var grammar, the iteration window and the filters.
+
+Every value is validated when the config is built; a bad one raises ``ValueError`` naming
+the variable (env var or field), the value and what is allowed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+MODES = ("full", "stats")
+# Roles and tensor names the layers emit (docs/interfaces.md section 2); filters reject others
+# so that a typo cannot silently capture nothing.
+KNOWN_ROLES = ("qkv", "proj", "fc1", "fc2", "core_attention", "output_layer")
+KNOWN_TENSOR_NAMES = (
+    "input", "weight", "output", "grad_output", "grad_input", "grad_weight",
+    "query", "key", "value", "grad_query", "grad_key", "grad_value",
+)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _bad(source: str, value: object, allowed: str) -> ValueError:
+    return ValueError(f"{source}={value!r} is invalid; allowed: {allowed}")
+
+
+def parse_bool(value: str, source: str) -> bool:
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise _bad(source, value, "true/false, 1/0, yes/no, on/off")
+
+
+def _parse_int(text: str, source: str, whole: str, allowed: str) -> int:
+    if not text.strip().isdigit():
+        raise _bad(source, whole, allowed)
+    return int(text)
+
+
+_INDEX_SET_GRAMMAR = "non-negative integers and inclusive ranges, comma-separated, e.g. '0,1,15' or '0-3,7'"
+
+
+def parse_index_set(value: str, source: str) -> frozenset[int]:
+    """'0,1,15' or '0-3,7' -> {0, 1, 2, 3, 7}; ranges are inclusive."""
+    members: set[int] = set()
+    for item in value.split(","):
+        lo_text, dash, hi_text = item.partition("-")
+        lo = _parse_int(lo_text, source, value, _INDEX_SET_GRAMMAR)
+        hi = _parse_int(hi_text, source, value, _INDEX_SET_GRAMMAR) if dash else lo
+        if hi < lo:
+            raise _bad(source, value, _INDEX_SET_GRAMMAR + f" (range {item!r} is empty)")
+        members.update(range(lo, hi + 1))
+    return frozenset(members)
+
+
+def _name_set_parser(known: tuple[str, ...]) -> Callable[[str, str], frozenset[str]]:
+    def parse(value: str, source: str) -> frozenset[str]:
+        names = frozenset(item.strip() for item in value.split(","))
+        unknown = sorted(names - set(known))
+        if unknown:
+            raise _bad(source, value, f"comma-separated names from {', '.join(known)} (unknown: {', '.join(unknown)})")
+        return names
+    return parse
+
+
+parse_roles = _name_set_parser(KNOWN_ROLES)
+parse_tensor_names = _name_set_parser(KNOWN_TENSOR_NAMES)
+
+
+_WINDOW_GRAMMAR = ("an iteration 'N', a list '0,10,100', an inclusive range '0-3' (lists and ranges "
+                   "combine: '0-3,10'), or 'every:N' with N >= 1")
+
+
+@dataclass(frozen=True)
+class IterationWindow:
+    """Which iterations to capture: a finite set, or every N-th iteration (i % N == 0)."""
+
+    spec: str
+    members: Optional[frozenset[int]] = None
+    every: Optional[int] = None
+
+    @classmethod
+    def parse(cls, value: str, source: str = "iterations") -> "IterationWindow":
+        text = value.strip()
+        if text.startswith("every:"):
+            step = _parse_int(text[len("every:"):], source, value, _WINDOW_GRAMMAR)
+            if step < 1:
+                raise _bad(source, value, _WINDOW_GRAMMAR)
+            return cls(spec=text, every=step)
+        try:
+            return cls(spec=text, members=parse_index_set(text, source))
+        except ValueError:
+            raise _bad(source, value, _WINDOW_GRAMMAR) from None
+
+    @classmethod
+    def only(cls, iteration: int) -> "IterationWindow":
+        return cls(spec=str(iteration), members=frozenset({iteration}))
+
+    def __contains__(self, iteration: int) -> bool:
+        if self.every is not None:
+            return iteration % self.every == 0
+        return iteration in self.members
+
+    def last(self) -> Optional[int]:
+        """The last iteration of a finite window; None for 'every:N'."""
+        return None if self.members is None else max(self.members)
+
+    def restricted_to(self, first: int, end: Optional[int]) -> "IterationWindow":
+        """The members that lie in the run's iterations [first, end) (end None: unbounded)."""
+        if self.every is not None and end is None:
+            return self
+        if self.every is not None:
+            members = frozenset(i for i in range(first, end) if i % self.every == 0)
+        else:
+            members = frozenset(i for i in self.members if i >= first and (end is None or i < end))
+        return IterationWindow(spec=self.spec, members=members)
+
+    def is_empty(self) -> bool:
+        return self.members is not None and not self.members
+
+
+def _parse_positive_float(value: str, source: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number > 0 or number == float("inf"):
+        raise _bad(source, value, "a positive number, e.g. 0.5 or 20")
+    return number
+
+
+def _parse_positive_int(value: str, source: str) -> int:
+    number = _parse_int(value, source, value, "a positive integer")
+    if number < 1:
+        raise _bad(source, value, "a positive integer")
+    return number
+
+
+def _parse_mode(value: str, source: str) -> str:
+    if value.strip() not in MODES:
+        raise _bad(source, value, " or ".join(MODES))
+    return value.strip()
+
+
+def _parse_dir(value: str, source: str) -> str:
+    if not value.strip():
+        raise _bad(source, value, "a directory path")
+    return value
+
+
+# field name -> (env var, parser of its string form)
+_ENV: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "enabled": ("TENSOR_SAVE_ENABLED", parse_bool),
+    "save_dir": ("TENSOR_SAVE_DIR", _parse_dir),
+    "iterations": ("TENSOR_SAVER_ITERATION", IterationWindow.parse),
+    "layers": ("TENSOR_SAVE_LAYERS", parse_index_set),
+    "roles": ("TENSOR_SAVE_ROLES", parse_roles),
+    "tensors": ("TENSOR_SAVE_TENSORS", parse_tensor_names),
+    "ranks": ("TENSOR_SAVE_RANKS", parse_index_set),
+    "microbatches": ("TENSOR_SAVE_MICROBATCHES", parse_index_set),
+    "mode": ("TENSOR_SAVE_MODE", _parse_mode),
+    "max_gb": ("TENSOR_SAVE_MAX_GB", _parse_positive_float),
+    "save_quantized": ("TENSOR_SAVE_QUANTIZED", parse_bool),
+    "exit_after_capture": ("TENSOR_SAVE_EXIT_AFTER", parse_bool),
+    "queue_mb": ("TENSOR_SAVE_QUEUE_MB", _parse_positive_int),
+}
+_SET_FIELDS = ("layers", "roles", "tensors", "ranks", "microbatches")
+ENV_VARS = tuple(env for env, _ in _ENV.values())
+_ENV_PREFIXES = ("TENSOR_SAVE_", "TENSOR_SAVER_")
+
+
+@dataclass(frozen=True)
+class SaverConfig:
+    """What to capture and where. Fields given as strings are parsed with the env-var grammar.
+
+    iterations None means the first iteration the run executes. A filter None means "all".
+    """
+
+    enabled: bool = False
+    save_dir: str = "./enhanced_tensor_logs"
+    iterations: Optional[IterationWindow] = None
+    layers: Optional[frozenset[int]] = None
+    roles: Optional[frozenset[str]] = None
+    tensors: Optional[frozenset[str]] = None
+    ranks: Optional[frozenset[int]] = None
+    microbatches: Optional[frozenset[int]] = None
+    mode: str = "full"
+    max_gb: Optional[float] = None
+    save_quantized: bool = False
+    exit_after_capture: bool = False
+    queue_mb: int = 1024  # bound on tensor bytes waiting for the background writer
+
+    def __post_init__(self) -> None:
+        for name, (_, parse) in _ENV.items():
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, parse(value, f"SaverConfig.{name}"))
+            elif name in _SET_FIELDS and value is not None:
+                object.__setattr__(self, name, parse(",".join(map(str, sorted(value))), f"SaverConfig.{name}"))
+            elif name == "iterations" and isinstance(value, int):
+                object.__setattr__(self, name, IterationWindow.only(value))
+        # Typed values get the same checks as strings, through their string form.
+        _parse_mode(self.mode, "SaverConfig.mode")
+        if self.max_gb is not None:
+            _parse_positive_float(str(self.max_gb), "SaverConfig.max_gb")
+        _parse_positive_int(str(self.queue_mb), "SaverConfig.queue_mb")
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SaverConfig":
+        """Read the TENSOR_SAVE_* variables; unset or empty ones keep their defaults."""
+        environ = os.environ if environ is None else environ
+        unknown = sorted(k for k in environ if k.startswith(_ENV_PREFIXES) and k not in ENV_VARS)
+        if unknown:
+            raise ValueError(f"unknown capture variable(s) {', '.join(unknown)}; known: {', '.join(ENV_VARS)}")
+        values = {}
+        for name, (env, parse) in _ENV.items():
+            raw = environ.get(env, "")
+            if raw.strip():
+                values[name] = parse(raw, env)
+        return cls(**values)

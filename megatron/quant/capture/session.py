@@ -1,0 +1,185 @@
+"""One capture session: which iterations, micro-batches and sites to record, and how."""
+from __future__ import annotations
+
+import warnings
+from datetime import datetime
+from typing import Mapping, Optional, Union
+
+from torch import Tensor
+
+from megatron.quant.capture.config import IterationWindow, SaverConfig
+from megatron.quant.capture.naming import QUANT_TYPE_RE
+from megatron.quant.capture.ranks import current_ranks
+from megatron.quant.capture.site import CaptureSite, Operand
+from megatron.quant.capture.summary import IterationSummary
+from megatron.quant.capture.writer import BackgroundWriter, WriteJob, host_copy
+from megatron.quant.stats import quant_stats, tensor_stats
+
+OPERATIONS = ("forward", "backward")
+PHASES = ("pre", "post")
+
+
+class CaptureSession:
+    """State of capture for one configured run.
+
+    At-least-one-iteration rule: the window is resolved at the first ``set_iteration``.
+    With ``run_iterations`` known, it is intersected with them; otherwise it keeps the
+    iterations at or after the first one set. If nothing remains, the run's first iteration
+    is captured instead (one warning). Unset ``iterations`` means that first iteration.
+    """
+
+    def __init__(self, config: SaverConfig, run_iterations: Optional[range] = None) -> None:
+        if run_iterations is not None and (run_iterations.step != 1 or len(run_iterations) == 0):
+            raise ValueError(f"run_iterations={run_iterations!r} is invalid; allowed: a non-empty range(start, stop)")
+        self.config = config
+        self._run_iterations = run_iterations
+        self._window: Optional[IterationWindow] = None
+        self._writer = BackgroundWriter(config.queue_mb * 2**20,
+                                        None if config.max_gb is None else int(config.max_gb * 2**30))
+        self._iteration: Optional[int] = None
+        self._microbatch = 0
+        self._first_sample: Optional[int] = None
+        self._ranks = current_ranks()
+        self._summary = IterationSummary()
+        self._wait_at_iteration_start = 0.0
+        self._checked_quant_types: set[str] = set()
+        self.active = False
+
+    # -- training-loop side -------------------------------------------------------------
+    def set_iteration(self, iteration: int) -> None:
+        if self._window is None:
+            self._window = self._resolve_window(iteration)
+        self._iteration = iteration
+        self._microbatch, self._first_sample = 0, None
+        self._ranks = current_ranks()  # parallel state may have been set up after configure
+        self._summary = IterationSummary()
+        self._wait_at_iteration_start = self._writer.wait_seconds
+        self._update_active()
+
+    def set_microbatch(self, index: int, first_sample: int) -> None:
+        self._microbatch, self._first_sample = index, first_sample
+        self._update_active()
+
+    def capture_complete(self) -> bool:
+        if not (self.config.enabled and self.config.exit_after_capture) or self._window is None:
+            return False
+        last = self._window.last()
+        return last is not None and self._iteration is not None and self._iteration >= last
+
+    def iteration_summary(self) -> dict[str, float]:
+        if self._summary.records == 0:
+            return {}
+        return {**self._summary.as_dict(), "capture/records": float(self._summary.records),
+                "capture/wait_s": self._writer.wait_seconds - self._wait_at_iteration_start}
+
+    def writer_stats(self) -> dict[str, float]:
+        return self._writer.stats()
+
+    def flush(self) -> None:
+        self._writer.flush()
+        if self.config.enabled and self._window is not None and self._iteration is not None:
+            last = self._window.last()
+            if last is not None and self._iteration < min(self._window.members):
+                warnings.warn(f"tensor capture window {self._window.spec!r} was never reached (the last "
+                              f"iteration run was {self._iteration}); nothing was captured. Pass "
+                              f"run_iterations to configure() to capture the run's first iteration instead",
+                              RuntimeWarning, stacklevel=3)
+
+    def close(self) -> None:
+        self._writer.close()
+
+    # -- layer side -----------------------------------------------------------------------
+    def capture(self, site: CaptureSite, operation: str, phase: str,
+                tensors: Mapping[str, Union[Tensor, Operand]]) -> None:
+        if operation not in OPERATIONS or phase not in PHASES:
+            raise ValueError(f"capture(operation={operation!r}, phase={phase!r}) is invalid; allowed: "
+                             f"operation {' or '.join(OPERATIONS)}, phase {' or '.join(PHASES)}")
+        cfg = self.config
+        if (cfg.layers is not None and site.layer_idx not in cfg.layers) or \
+                (cfg.roles is not None and site.role not in cfg.roles):
+            return
+        self._check_quant_type(site.quant_type)
+        for name, value in tensors.items():
+            if cfg.tensors is not None and name not in cfg.tensors:
+                continue
+            operand = value if isinstance(value, Operand) else Operand(value)
+            self._record(site, operation, phase, name, operand)
+            if self._writer.stopped:
+                self.active = False
+                return
+
+    def _record(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand) -> None:
+        tensor = operand.tensor.detach()
+        fmt = operand.fmt
+        quantized = None
+        if fmt is not None and self.config.save_quantized and self.config.mode == "full":
+            quantized = operand.quantized
+            if quantized is None:
+                quantized = fmt.quantize(tensor, axis=operand.axis, amax=operand.amax)
+            quantized = quantized.detach()
+        stats = tensor_stats(tensor)
+        if fmt is not None:
+            stats.update(quant_stats(tensor, fmt, operand.axis, operand.amax,
+                                     operand.quantized if quantized is None else quantized))
+        self._summary.add(site.role, name, stats)
+        metadata = self._metadata(site, operation, phase, name, operand, tensor, stats)
+        self._submit(site, metadata, tensor)
+        if quantized is not None:
+            self._submit(site, {**self._metadata(site, operation, phase, f"{name}_quantized", operand, quantized,
+                                                 tensor_stats(quantized)), "quantized": True}, quantized)
+
+    def _metadata(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand,
+                  tensor: Tensor, stats: dict) -> dict:
+        fmt = operand.fmt
+        return {
+            "layer_type": site.layer_type, "layer_idx": site.layer_idx, "module": site.module, "role": site.role,
+            "operation": operation, "phase": phase, "component": site.component, "quant_type": site.quant_type,
+            "format": None if fmt is None else {"name": fmt.name, "options": dict(fmt.options)},
+            "axis": operand.axis, "tensor_name": name,
+            "iteration": self._iteration, "microbatch": self._microbatch, "sample": self._microbatch,
+            "first_sample": self._first_sample, **self._ranks,
+            "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
+            "saved_at": datetime.now().isoformat(timespec="microseconds"),
+            "quantized": False, "stats": stats,
+        }
+
+    def _submit(self, site: CaptureSite, metadata: dict, tensor: Tensor) -> None:
+        directory = f"{self.config.save_dir}/{site.quant_type}"
+        if self.config.mode == "stats":
+            self._writer.submit(WriteJob(directory, metadata))
+        else:
+            host, copied = host_copy(tensor)
+            self._writer.submit(WriteJob(directory, metadata, host, copied))
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _resolve_window(self, first_iteration: int) -> IterationWindow:
+        configured = self.config.iterations
+        if configured is None:
+            start = first_iteration if self._run_iterations is None else self._run_iterations.start
+            return IterationWindow.only(start)
+        if self._run_iterations is not None:
+            window = configured.restricted_to(self._run_iterations.start, self._run_iterations.stop)
+            fallback, run = self._run_iterations.start, f"iterations {self._run_iterations.start}.." \
+                                                        f"{self._run_iterations.stop - 1}"
+        else:
+            window = configured.restricted_to(first_iteration, None)
+            fallback, run = first_iteration, f"iterations from {first_iteration}"
+        if window.is_empty():
+            if self.config.enabled:
+                warnings.warn(f"tensor capture window {configured.spec!r} has no iteration in this run ({run}); "
+                              f"capturing iteration {fallback} instead", RuntimeWarning, stacklevel=4)
+            return IterationWindow.only(fallback)
+        return window
+
+    def _update_active(self) -> None:
+        cfg = self.config
+        self.active = (cfg.enabled and not self._writer.stopped and self._iteration in self._window
+                       and (cfg.ranks is None or self._ranks["rank"] in cfg.ranks)
+                       and (cfg.microbatches is None or self._microbatch in cfg.microbatches))
+
+    def _check_quant_type(self, quant_type: str) -> None:
+        if quant_type not in self._checked_quant_types:
+            if not QUANT_TYPE_RE.match(quant_type):
+                raise ValueError(f"CaptureSite.quant_type={quant_type!r} is invalid; allowed: letters, digits "
+                                 f"and . + - joined by single underscores (it is a directory and name token)")
+            self._checked_quant_types.add(quant_type)

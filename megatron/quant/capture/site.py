@@ -1,0 +1,33 @@
+"""What a layer hands to the saver: where a capture comes from and the operands it saw."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from torch import Tensor
+
+if TYPE_CHECKING:  # formats never need importing here: the saver only passes them to stats
+    from megatron.quant.formats import NumericFormat
+
+
+@dataclass(frozen=True)
+class CaptureSite:
+    """Where a capture comes from; built once per module (spec.py tags modules)."""
+
+    layer_type: str  # "linear" | "attention"
+    component: str  # "linear" | "FA"
+    layer_idx: int  # 0-based transformer layer index (-1 outside the decoder layers)
+    module: str  # qualified module name, e.g. "decoder.layers.0.self_attention.linear_qkv"
+    role: str  # "qkv" | "proj" | "fc1" | "fc2" | "core_attention" | "output_layer" | ...
+    quant_type: str  # directory and file-name token, e.g. "hifp8", "bf16", or a recipe's name
+
+
+@dataclass
+class Operand:
+    """One GEMM operand as the layer saw it."""
+
+    tensor: Tensor  # high-precision value entering quantization
+    fmt: Optional["NumericFormat"] = None  # format applied; None = not quantized
+    axis: int = -1  # block/reduction axis used for fmt
+    quantized: Optional[Tensor] = None  # the fake-quantized value, when the layer has it
+    amax: Optional[Tensor] = None  # TP-reduced amax that was used, if any

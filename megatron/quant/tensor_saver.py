@@ -1,0 +1,105 @@
+"""The shared capture module: layers call ``is_active``/``capture``; the training loop drives it.
+
+This is the package's only global mutable state: one capture session per process. See
+docs/interfaces.md section 2 for the contract and docs/readme_parts/30_capture.md for usage.
+
+Layers::
+
+    if tensor_saver.is_active():
+        tensor_saver.capture(site, "forward", "pre", {"input": Operand(x, fmt, axis=-1), "weight": w_op})
+
+Training loop::
+
+    tensor_saver.configure(run_iterations=range(start_iteration, train_iters))  # config from env
+    for iteration in ...:
+        tensor_saver.set_iteration(iteration)
+        for mb in ...:
+            tensor_saver.set_microbatch(mb, first_sample)
+            ...forward/backward...
+        log(tensor_saver.iteration_summary())
+        if tensor_saver.capture_complete():
+            break
+    tensor_saver.flush()
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Mapping, Optional, Union
+
+from torch import Tensor
+
+from megatron.quant.capture.config import IterationWindow, SaverConfig
+from megatron.quant.capture.session import CaptureSession
+from megatron.quant.capture.site import CaptureSite, Operand
+
+__all__ = [
+    "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
+    "configure", "is_active", "capture", "set_iteration", "set_microbatch",
+    "capture_complete", "iteration_summary", "flush", "writer_stats",
+]
+
+_session: Optional[CaptureSession] = None
+
+
+def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[range] = None) -> None:
+    """Start a capture session (replacing any previous one, which is flushed first).
+
+    ``config`` None reads the TENSOR_SAVE_* environment (``SaverConfig.from_env()``); a bad
+    value raises ``ValueError`` here. ``run_iterations`` (e.g. ``range(start, train_iters)``)
+    lets the saver guarantee a captured iteration when the window lies outside the run.
+    """
+    global _session
+    new = CaptureSession(SaverConfig.from_env() if config is None else config, run_iterations=run_iterations)
+    if _session is not None:
+        _session.close()
+    _session = new
+
+
+def is_active() -> bool:
+    """Cheap: capture is on and the current iteration, micro-batch and rank are selected."""
+    return _session is not None and _session.active
+
+
+def capture(site: CaptureSite, operation: str, phase: str,
+            tensors: Mapping[str, Union[Tensor, Operand]]) -> None:
+    """Record ``tensors`` (name -> tensor or Operand) seen at ``site``; a no-op when not active."""
+    if _session is not None and _session.active:
+        _session.capture(site, operation, phase, tensors)
+
+
+def set_iteration(iteration: int) -> None:
+    if _session is not None:
+        _session.set_iteration(iteration)
+
+
+def set_microbatch(index: int, first_sample: int) -> None:
+    """``index``: micro-batch within the iteration (``sample`` in names); ``first_sample``: global sample index."""
+    if _session is not None:
+        _session.set_microbatch(index, first_sample)
+
+
+def capture_complete() -> bool:
+    """True when exit-after-capture is on and the window's last iteration has been set and run.
+
+    Call it after an iteration's backward passes; the loop may then end the run cleanly.
+    """
+    return _session is not None and _session.capture_complete()
+
+
+def iteration_summary() -> dict[str, float]:
+    """Aggregates of the current iteration's captures (call before the next set_iteration)."""
+    return {} if _session is None else _session.iteration_summary()
+
+
+def writer_stats() -> dict[str, float]:
+    """Cumulative background-writer counters: files, bytes, training-thread wait seconds."""
+    return {} if _session is None else _session.writer_stats()
+
+
+def flush() -> None:
+    """Wait until everything captured so far is on disk (also run at interpreter exit)."""
+    if _session is not None:
+        _session.flush()
+
+
+atexit.register(flush)
