@@ -1,0 +1,156 @@
+"""Layer I/O results: .npz and _stats.json files, the per-mode screen report, difference histograms.
+
+Results are ``{mode: {tensor_name: array}}``. A tensor name is ``input``/``output`` when one
+module is captured (the original's keys ``mode_<mode>_input``), else ``<target>_input``/
+``<target>_output`` with the target label (``L0``, ``L15_mlp``), e.g. ``mode_bf16_L15_output``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import numpy as np
+
+from megatron.quant.compare.metrics import describe, error_vs_reference
+
+RULE = "=" * 98
+Results = Mapping[str, Mapping[str, np.ndarray]]
+
+
+def tensor_name(label: str, io: str, single_target: bool) -> str:
+    return io if single_target else f"{label}_{io}"
+
+
+def npz_key(mode: str, name: str) -> str:
+    return f"mode_{mode}_{name}"
+
+
+def stats_path_for(npz_path: Path) -> Path:
+    return npz_path.with_name(npz_path.stem + "_stats.json")
+
+
+def build_stats(results: Results, reference: str, header: Mapping) -> dict:
+    """The _stats.json document: ``header`` fields, then per mode and tensor the original's
+    summary plus ``vs_reference`` errors (absent for the reference itself)."""
+    modes = {}
+    for mode, tensors in results.items():
+        modes[mode] = {}
+        for name, array in tensors.items():
+            entry = describe(array)
+            if mode != reference:
+                entry["vs_reference"] = error_vs_reference(array, results[reference][name])
+            modes[mode][name] = entry
+    return {**header, "reference": reference, "modes": modes}
+
+
+def write_npz(path: Path, results: Results) -> None:
+    arrays = {npz_key(mode, name): array for mode, tensors in results.items() for name, array in tensors.items()}
+    with _atomic_target(path) as tmp:
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+
+
+def write_json(path: Path, document: Mapping) -> None:
+    """Strict JSON: non-finite numbers become null (the nans/infs counts say how many there were)."""
+    with _atomic_target(path) as tmp:
+        Path(tmp).write_text(json.dumps(_finite_or_null(document), indent=2, allow_nan=False) + "\n")
+
+
+def format_screen_report(stats: Mapping) -> str:
+    """The original tool's per-mode report (first 10 values, mean, std, range per tensor), plus a
+    line of errors against the reference for every other mode."""
+    lines: list[str] = []
+    reference = stats["reference"]
+    for mode, tensors in stats["modes"].items():
+        lines += [RULE, f"MODE {mode}", RULE]
+        for name, entry in tensors.items():
+            lines += ["", f"{_heading(name)} (Shape: {entry['shape']}):",
+                      f"  First 10 values: {[_number(v) for v in entry['first_10']]}",
+                      f"  Mean: {_number(entry['mean'])}",
+                      f"  Std:  {_number(entry['std'])}",
+                      f"  Range: [{_number(entry['min'])}, {_number(entry['max'])}]"]
+            if "vs_reference" in entry:
+                lines.append(f"  vs {reference}: {_error_line(entry['vs_reference'])}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[Path]:
+    """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    others = [mode for mode in results if mode != reference]
+    if not others:
+        return []
+    written = []
+    columns = min(3, len(others))
+    rows = -(-len(others) // columns)
+    for name, ref in results[reference].items():
+        fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+        for ax, mode in zip(axes.flat, others):
+            diff = (results[mode][name].astype(np.float64) - ref).reshape(-1)
+            ax.hist(diff, bins=100, color="tab:blue", alpha=0.8)
+            ax.set_yscale("log")
+            ax.set_title(f"{mode} - {reference}  (MSE {np.mean(diff ** 2):.3g})", fontsize=9)
+            ax.set_xlabel("difference")
+        for ax in list(axes.flat)[len(others):]:
+            ax.axis("off")
+        fig.suptitle(f"{name}: difference from {reference}")
+        fig.tight_layout()
+        path = stem.with_name(f"{stem.name}_diff_{name}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _finite_or_null(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(item) for item in value]
+    return value
+
+
+def _heading(name: str) -> str:
+    label, _, io = name.rpartition("_")
+    return f"{label} {io.upper()}" if label else io.upper()
+
+
+def _error_line(errors: Mapping) -> str:
+    exact = errors["mse"] == 0
+    sqnr = "inf" if exact else _number(errors["sqnr_db"], ".2f")
+    return (f"MSE {_number(errors['mse'], '.6e')}  MAE {_number(errors['mae'], '.6e')}  "
+            f"max abs {_number(errors['max_abs_error'], '.6e')}  rel err {_number(errors['relative_error'], '.6e')}  "
+            f"SQNR {sqnr} dB  cosine {_number(errors['cosine'])}")
+
+
+def _number(value: float | None, spec: str = ".6f") -> str:
+    # None stands for a value JSON cannot hold (no finite element, infinite, NaN).
+    return "n/a" if value is None else format(value, spec)
+
+
+@contextlib.contextmanager
+def _atomic_target(path: Path) -> Iterator[str]:
+    """A temporary path beside ``path``, renamed onto it only when the block succeeds, so no
+    half-written file is ever left under the final name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
