@@ -92,4 +92,6 @@ def _to_batch_first(x: torch.Tensor) -> np.ndarray:
 
 
 def _children_of(modules: dict, prefix: str) -> list[str]:
-    return sorted(name[len(prefix) + 1:] for name in modules if name.startswith(prefix + "."))
+    # Two levels (self_attention, self_attention.linear_qkv) name every useful target.
+    relative = (name[len(prefix) + 1:] for name in modules if name.startswith(prefix + "."))
+    return sorted(name for name in relative if name.count(".") <= 1)
