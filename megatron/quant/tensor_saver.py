@@ -19,7 +19,7 @@ Training loop::
         log(tensor_saver.iteration_summary())
         if tensor_saver.capture_complete():
             break
-    tensor_saver.flush()
+    tensor_saver.close()  # or let interpreter exit do it
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from megatron.quant.capture.site import CaptureSite, Operand
 __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
     "configure", "is_active", "capture", "set_iteration", "set_microbatch",
-    "capture_complete", "iteration_summary", "flush", "writer_stats",
+    "capture_complete", "iteration_summary", "flush", "close", "writer_stats",
 ]
 
 _session: Optional[CaptureSession] = None
@@ -97,9 +97,20 @@ def writer_stats() -> dict[str, float]:
 
 
 def flush() -> None:
-    """Wait until everything captured so far is on disk (also run at interpreter exit)."""
+    """Wait until everything captured so far is on disk."""
     if _session is not None:
         _session.flush()
 
 
-atexit.register(flush)
+def close() -> None:
+    """End the session: flush, close the manifests, warn if the window was never reached.
+
+    Runs at interpreter exit; a later ``configure`` starts a new session.
+    """
+    global _session
+    if _session is not None:
+        _session.close()
+        _session = None
+
+
+atexit.register(close)

@@ -77,16 +77,21 @@ class CaptureSession:
 
     def flush(self) -> None:
         self._writer.flush()
-        if self.config.enabled and self._window is not None and self._iteration is not None:
-            last = self._window.last()
-            if last is not None and self._iteration < min(self._window.members):
-                warnings.warn(f"tensor capture window {self._window.spec!r} was never reached (the last "
-                              f"iteration run was {self._iteration}); nothing was captured. Pass "
-                              f"run_iterations to configure() to capture the run's first iteration instead",
-                              RuntimeWarning, stacklevel=3)
 
     def close(self) -> None:
+        """Finish the session: flush, close files, and say so if the window was never reached."""
         self._writer.close()
+        if self._window_unreached():
+            warnings.warn(f"tensor capture window {self._window.spec!r} was never reached (the last "
+                          f"iteration run was {self._iteration}); nothing was captured. Pass "
+                          f"run_iterations to configure() to capture the run's first iteration instead",
+                          RuntimeWarning, stacklevel=3)
+
+    def _window_unreached(self) -> bool:
+        """Enabled, iterations ran, and all of them lie before the (finite) window."""
+        if not self.config.enabled or self._window is None or self._window.members is None:
+            return False
+        return self._iteration is not None and self._iteration < min(self._window.members)
 
     # -- layer side -----------------------------------------------------------------------
     def capture(self, site: CaptureSite, operation: str, phase: str,

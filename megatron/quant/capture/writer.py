@@ -14,15 +14,17 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from megatron.quant.capture.naming import file_name, manifest_name, temporary_name
 
-# Pickled metadata and zip framing of one .pt file, for the quota estimate before writing.
-_FILE_OVERHEAD_BYTES = 4096
+
+
+class _QuotaReached(Exception):
+    pass
 
 
 @dataclass
@@ -54,11 +56,9 @@ def host_copy(tensor: Tensor) -> tuple[Tensor, Optional[Any]]:
 
 
 class BackgroundWriter:
-    def __init__(self, queue_bytes: int, quota_bytes: Optional[int],
-                 save: Callable[[Any, str], None] = torch.save) -> None:
+    def __init__(self, queue_bytes: int, quota_bytes: Optional[int]) -> None:
         self._queue_bytes = queue_bytes
         self._quota_bytes = quota_bytes
-        self._save = save
         self._cond = threading.Condition()
         self._jobs: deque[Optional[WriteJob]] = deque()  # None asks the thread to exit
         self._pending_bytes = 0  # queued plus in progress
@@ -69,6 +69,7 @@ class BackgroundWriter:
         self._counter = 0
         self._manifests: dict[str, Any] = {}
         self.wait_seconds = 0.0
+        self.waits = 0  # submissions that had to wait for the queue
         self.files_written = 0
         self.lines_written = 0
         self.bytes_written = 0
@@ -81,16 +82,12 @@ class BackgroundWriter:
         """Queue ``job``; waits while the queue is over its bound. Ignored once stopped."""
         cost = job.nbytes
         with self._cond:
-            if self._stop_reason is None and self._quota_bytes is not None and job.tensor is not None:
-                planned = self.bytes_written + self._pending_bytes + cost + _FILE_OVERHEAD_BYTES
-                if planned > self._quota_bytes:
-                    self._stop_locked(f"the size quota of {self._quota_bytes / 2**30:g} GB "
-                                      f"(TENSOR_SAVE_MAX_GB) would be exceeded")
             if self._pending_bytes and self._pending_bytes + cost > self._queue_bytes:
                 start = time.perf_counter()
                 while self._pending_bytes and self._pending_bytes + cost > self._queue_bytes and not self.stopped:
                     self._cond.wait()
                 self.wait_seconds += time.perf_counter() - start
+                self.waits += 1
             if self._stop_reason is None:
                 self._jobs.append(job)
                 self._pending_bytes += cost
@@ -128,7 +125,7 @@ class BackgroundWriter:
 
     def stats(self) -> dict[str, float]:
         return {"files": self.files_written, "manifest_lines": self.lines_written,
-                "bytes": self.bytes_written, "wait_s": self.wait_seconds, "stopped": float(self.stopped)}
+                "bytes": self.bytes_written, "waits": self.waits, "wait_s": self.wait_seconds, "stopped": float(self.stopped)}
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
@@ -153,6 +150,9 @@ class BackgroundWriter:
                 return
             try:
                 self._write(job)
+            except _QuotaReached as exc:
+                with self._cond:
+                    self._stop_locked(str(exc))
             except Exception as exc:  # a disk error (or any other) ends capture, never training
                 with self._cond:
                     self._stop_locked(f"writing to {job.directory} failed: {exc!r}")
@@ -166,25 +166,35 @@ class BackgroundWriter:
         if job.copied is not None:
             job.copied.synchronize()
         os.makedirs(job.directory, exist_ok=True)
-        name = None
+        name = path = None
         if job.tensor is not None:
             name, path = self._unused_name(job)
+        line = json.dumps({"file": name, "metadata": job.metadata}) + "\n"
+        size = len(line)
+        if path is not None:
             tmp = os.path.join(job.directory, temporary_name(name, os.getpid()))
             try:
-                self._save({"tensor": job.tensor, "metadata": job.metadata}, tmp)
+                torch.save({"tensor": job.tensor, "metadata": job.metadata}, tmp)
+                size += os.path.getsize(tmp)
+                self._check_quota(size)
                 os.replace(tmp, path)
             except BaseException:
                 if os.path.exists(tmp):
                     os.remove(tmp)
                 raise
-            self.bytes_written += os.path.getsize(path)
             self.files_written += 1
-        line = json.dumps({"file": name, "metadata": job.metadata}) + "\n"
+        else:
+            self._check_quota(size)
         manifest = self._manifest(job.directory, job.metadata["rank"])
         manifest.write(line)
         manifest.flush()
-        self.bytes_written += len(line)
+        self.bytes_written += size
         self.lines_written += 1
+
+    def _check_quota(self, size: int) -> None:
+        if self._quota_bytes is not None and self.bytes_written + size > self._quota_bytes:
+            raise _QuotaReached(f"the size quota of {self._quota_bytes / 2**30:g} GB (TENSOR_SAVE_MAX_GB) "
+                                f"is reached after {self.bytes_written} bytes")
 
     def _unused_name(self, job: WriteJob) -> tuple[str, str]:
         # The rank in the name separates ranks; skipping taken names separates restarts.
