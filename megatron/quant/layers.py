@@ -1,0 +1,95 @@
+"""Quantized subclasses of megatron-core's tensor-parallel linear layers.
+
+They keep all of megatron-core's behaviour (TP communication, sequence parallel, bias,
+``main_grad`` accumulation, weight passed at call time, expert flags) and replace only
+``_forward_impl``, the point where megatron-core runs its linear autograd function. Until
+``configure_quant`` is called (``spec.build_llama_model`` does it) they are the stock layers.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel.mappings import get_tensor_model_parallel_group_if_none
+
+from megatron.quant.ops import LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction
+from megatron.quant.tensor_saver import CaptureSite
+
+
+class QuantLinearMixin:
+    """The quantized ``_forward_impl`` shared by the column- and row-parallel layers."""
+
+    # Class-level defaults: an unconfigured layer (or one promoted with __class__) is stock.
+    quant: Optional[LinearQuant] = None
+    capture_site: Optional[CaptureSite] = None
+    weight_cache: Optional[QuantizedWeightCache] = None
+
+    def _block_checked_dims(self) -> dict[str, int]:
+        """Shard sizes along block axes, per recipe operand key (only the sharded ones)."""
+        raise NotImplementedError
+
+    def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite]) -> None:
+        """Set this layer's operand formats and capture site; checks block sizes against shards."""
+        if torch.distributed.get_world_size(self.tp_group) > 1:
+            specs = quant.specs()
+            for key, size in self._block_checked_dims().items():
+                block = getattr(specs[key].fmt, "block_size", None)
+                if block and size % block:
+                    name = site.module if site else type(self).__name__
+                    raise ValueError(
+                        f"{name}: {key} is quantized by {specs[key].fmt.name} in blocks of {block} along a "
+                        f"tensor-parallel shard of {size} elements; the shard size must be a multiple of "
+                        f"{block} (change the tensor-parallel size or the format)")
+        if quant.wgrad_grad_output.fmt is not None or quant.wgrad_input.fmt is not None:
+            if getattr(self.config, "defer_embedding_wgrad_compute", False) and getattr(
+                    self, "grad_output_buffer", None) is not None:
+                raise ValueError("defer_embedding_wgrad_compute runs the output layer's wgrad outside this "
+                                 "layer, so its wgrad operands cannot be quantized; disable one of them")
+        self.quant = quant
+        self.capture_site = site
+        self.weight_cache = QuantizedWeightCache()
+
+    def invalidate_quantized_weights(self) -> None:
+        """Forget cached quantized weights (after updating weights through ``.data``)."""
+        if self.weight_cache is not None:
+            self.weight_cache.invalidate()
+
+    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+                      sequence_parallel, tp_group=None, grad_output_buffer=None, wgrad_deferral_limit=None):
+        if self.quant is None:
+            return super()._forward_impl(
+                input=input, weight=weight, bias=bias, gradient_accumulation_fusion=gradient_accumulation_fusion,
+                allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group,
+                grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit)
+        cfg = LinearGemmConfig(
+            quant=self.quant, weight_cache=self.weight_cache, quant_group=self.tp_group,
+            site=self.capture_site, gradient_accumulation_fusion=gradient_accumulation_fusion,
+            allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel,
+            tp_group=get_tensor_model_parallel_group_if_none(tp_group),
+            grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit)
+        return QuantLinearFunction.apply(input, weight, bias, cfg)
+
+
+class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
+    """ColumnParallelLinear (weight sharded along out_features) with quantized GEMMs."""
+
+    def _block_checked_dims(self) -> dict[str, int]:
+        # dgrad reduces over out_features, which is split across TP ranks.
+        return {"dgrad.grad_output": self.output_size_per_partition,
+                "dgrad.weight": self.output_size_per_partition}
+
+
+class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
+    """RowParallelLinear (weight sharded along in_features) with quantized GEMMs."""
+
+    def _block_checked_dims(self) -> dict[str, int]:
+        # fprop reduces over in_features, which is split across TP ranks.
+        return {"fprop.input": self.input_size_per_partition, "fprop.weight": self.input_size_per_partition}
+
+
+def invalidate_quantized_weights(model: torch.nn.Module) -> None:
+    """Forget every cached quantized weight in ``model`` (see ``QuantizedWeightCache``)."""
+    for module in model.modules():
+        if isinstance(module, QuantLinearMixin):
+            module.invalidate_quantized_weights()

@@ -1,0 +1,323 @@
+"""QuantRecipe: which numeric format each GEMM operand of each module gets.
+
+A recipe is parsed and validated once (from CUSTOM_QUANT_TYPE / CUSTOM_QUANT_SCOPE /
+CUSTOM_QUANT_RECIPE, a dict, or Python) and resolved once per module at model build
+(``resolve``); the layers never look anything up per call.
+
+Resolution for one module: start from ``format`` for the operands that ``scope`` covers
+(none for the others), apply the global per-operand ``operands`` overrides, then every
+matching rule in order (later rules win).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+import yaml
+
+LINEAR_OPERANDS = ("fprop.input", "fprop.weight", "dgrad.grad_output", "dgrad.weight",
+                   "wgrad.grad_output", "wgrad.input")
+# Forward GEMM and the two backward GEMMs that differentiate it, per attention product.
+QK_OPERANDS = ("qk.query", "qk.key", "dq.grad_scores", "dq.key", "dk.query", "dk.grad_scores")
+PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs", "dv.grad_output")
+ATTENTION_OPERANDS = QK_OPERANDS + PV_OPERANDS
+
+LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
+ROLES = LINEAR_ROLES + ("core_attention", "output_layer")
+SCOPES = {"linear": LINEAR_OPERANDS, "attention": ATTENTION_OPERANDS,
+          "attention.qk": QK_OPERANDS, "attention.pv": PV_OPERANDS}
+DEFAULT_SCOPE = ("linear", "attention")
+PASSTHROUGH_DEFAULT = "bf16"
+
+_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules")
+_RULE_KEYS = ("match", "format", "options", "operands")
+_MATCH_KEYS = ("roles", "layers")
+_OVERRIDE_KEYS = ("format", "options")
+
+
+class RecipeError(ValueError):
+    """A recipe value that cannot be used; the message names where it came from."""
+
+
+def operands_for_role(role: str) -> tuple[str, ...]:
+    return ATTENTION_OPERANDS if role == "core_attention" else LINEAR_OPERANDS
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """A format name (or passthrough) and its options; ``name`` None keeps the inherited name."""
+
+    name: Optional[str] = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def over(self, base: "FormatChoice") -> "FormatChoice":
+        """This choice applied on top of ``base`` (options merge only when the format is kept)."""
+        if self.name is None or self.name == base.name:
+            return FormatChoice(base.name, tuple({**dict(base.options), **dict(self.options)}.items()))
+        return self
+
+
+@dataclass(frozen=True)
+class LayerSelector:
+    """One layer index (negative counts from the end) or a Python-style slice ``start:stop``."""
+
+    start: int
+    stop: Optional[int]  # None: a single index
+
+    def matches(self, layer_idx: int, num_layers: int) -> bool:
+        if layer_idx < 0:
+            return False
+        if self.stop is None:
+            return layer_idx == (self.start % num_layers if self.start < 0 else self.start)
+        return layer_idx in range(num_layers)[self.start:self.stop]
+
+
+@dataclass(frozen=True)
+class Rule:
+    roles: Optional[frozenset[str]] = None
+    layers: Optional[tuple[LayerSelector, ...]] = None
+    format: Optional[FormatChoice] = None
+    operands: tuple[tuple[str, FormatChoice], ...] = ()
+
+    def matches(self, role: str, layer_idx: int, num_layers: int) -> bool:
+        if self.roles is None and role == "output_layer":
+            return False  # the LM head is quantized only by rules that name it
+        if self.roles is not None and role not in self.roles:
+            return False
+        return self.layers is None or any(s.matches(layer_idx, num_layers) for s in self.layers)
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """Immutable description of a quantization experiment; ``name`` is the capture quant_type."""
+
+    name: str
+    format: FormatChoice = FormatChoice(PASSTHROUGH_DEFAULT)
+    scope: frozenset[str] = frozenset(DEFAULT_SCOPE)
+    operands: tuple[tuple[str, FormatChoice], ...] = ()
+    rules: tuple[Rule, ...] = field(default=())
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def uniform(cls, fmt_name: str, scope: Iterable[str] = DEFAULT_SCOPE, **options: Any) -> "QuantRecipe":
+        """One format (with ``options``) for every operand in ``scope``."""
+        scopes = _parse_scope(list(scope), "scope", "<python>")
+        name = _check_format(str(fmt_name).lower(), options, "format", "<python>")
+        return cls(name=_default_name(name, scopes), format=FormatChoice(name, tuple(options.items())),
+                   scope=scopes)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>",
+                  defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
+        """Parse the recipe schema (see the README); ``defaults`` fill keys ``data`` omits."""
+        if not isinstance(data, Mapping):
+            raise RecipeError(f"{source}: a recipe must be a mapping, got {type(data).__name__}")
+        _check_keys(data, _TOP_KEYS, "", source)
+        merged = {**(defaults or {}), **data}
+        scopes = _parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
+        options = _mapping(merged.get("options", {}), "options", source)
+        fmt_name = _check_format(merged.get("format", PASSTHROUGH_DEFAULT), options, "format", source)
+        default = FormatChoice(fmt_name, tuple(options.items()))
+        overrides = _parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
+        rules = merged.get("rules", [])
+        if not isinstance(rules, list):
+            raise RecipeError(f"{source}: rules: expected a list of rules, got {rules!r}")
+        parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
+        name = merged.get("name") or _default_name(fmt_name, scopes)
+        if not isinstance(name, str) or not name.replace("-", "").replace(".", "").replace("_", "").isalnum():
+            raise RecipeError(f"{source}: name: {name!r} must be letters, digits, '-', '_' or '.'")
+        return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
+        """Load a ``.yaml``/``.yml``/``.json`` recipe; ``name`` defaults to the file stem."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix not in (".yaml", ".yml", ".json"):
+            raise RecipeError(f"{path}: unknown recipe file type {suffix!r}; use .yaml, .yml or .json")
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise RecipeError(f"{path}: cannot read recipe file: {exc}") from exc
+        try:
+            data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise RecipeError(f"{path}: not valid {suffix[1:]}: {exc}") from exc
+        data = {} if data is None else data
+        if isinstance(data, Mapping) and "name" not in data:
+            data = {**data, "name": path.stem}
+        return cls.from_dict(data, source=str(path), defaults=defaults)
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "QuantRecipe":
+        """CUSTOM_QUANT_RECIPE (file) or CUSTOM_QUANT_TYPE (default bf16) with CUSTOM_QUANT_SCOPE.
+
+        With a recipe file, CUSTOM_QUANT_TYPE/SCOPE fill only the keys the file omits.
+        """
+        env = os.environ if environ is None else environ
+        defaults: dict[str, Any] = {}
+        if env.get("CUSTOM_QUANT_TYPE"):
+            defaults["format"] = env["CUSTOM_QUANT_TYPE"].strip().lower()
+        if env.get("CUSTOM_QUANT_SCOPE"):
+            defaults["scope"] = [s.strip() for s in env["CUSTOM_QUANT_SCOPE"].split(",")]
+        if env.get("CUSTOM_QUANT_RECIPE"):
+            return cls.from_file(env["CUSTOM_QUANT_RECIPE"], defaults=defaults)
+        return cls.from_dict(defaults, source="CUSTOM_QUANT_TYPE/CUSTOM_QUANT_SCOPE")
+
+    # ---- resolution ---------------------------------------------------------------------
+    def choices(self, role: str, layer_idx: int, num_layers: int) -> dict[str, FormatChoice]:
+        """Format choice per operand key of a module with ``role`` at 0-based ``layer_idx``."""
+        if role not in ROLES:
+            raise ValueError(f"unknown module role {role!r}; valid: {', '.join(ROLES)}")
+        keys = operands_for_role(role)
+        in_scope = {k for s in self.scope for k in SCOPES[s]} if role != "output_layer" else set()
+        none = FormatChoice("none")
+        chosen = {k: self.format if k in in_scope else none for k in keys}
+        for key, override in self.operands:
+            if key in chosen and key in in_scope:
+                chosen[key] = override.over(chosen[key])
+        for rule in self.rules:
+            if not rule.matches(role, layer_idx, num_layers):
+                continue
+            if rule.format is not None:
+                chosen = {k: rule.format for k in keys}
+            for key, override in rule.operands:
+                if key in chosen:
+                    chosen[key] = override.over(chosen[key])
+        return chosen
+
+    def resolve(self, role: str, layer_idx: int, num_layers: int) -> dict[str, Any]:
+        """Operand key -> built ``NumericFormat``, or None where nothing is fake-quantized."""
+        from megatron.quant import formats
+
+        return {key: None if formats.is_passthrough(c.name) else formats.get_format(c.name, **dict(c.options))
+                for key, c in self.choices(role, layer_idx, num_layers).items()}
+
+
+ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
+
+
+# ---- parsing helpers ------------------------------------------------------------------------
+def _where(path: str) -> str:
+    return path or "<top level>"
+
+
+def _check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise RecipeError(f"{source}: {_where(path + '.' + str(key) if path else str(key))}: "
+                              f"unknown key {key!r}; allowed: {', '.join(allowed)}")
+
+
+def _mapping(value: Any, path: str, source: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise RecipeError(f"{source}: {path}: expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _valid_format_names() -> list[str]:
+    from megatron.quant import formats
+
+    return sorted(set(formats.list_formats()) | {"none", "bf16", "fp16", "fp32"})
+
+
+def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
+    """Build the format once to validate name and options; return the name as given."""
+    from megatron.quant import formats
+
+    if not isinstance(name, str):
+        raise RecipeError(f"{source}: {path}: format must be a string, got {name!r}; "
+                          f"valid: {', '.join(_valid_format_names())}")
+    name = name.strip().lower()
+    if formats.is_passthrough(name):
+        if options:
+            raise RecipeError(f"{source}: {path}: passthrough format {name!r} takes no options, got {dict(options)}")
+        return name
+    try:
+        formats.get_format(name, **dict(options))
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"{source}: {path}: {name!r} with options {dict(options)} is refused: {exc}. "
+                          f"Valid formats: {', '.join(_valid_format_names())}") from exc
+    return name
+
+
+def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(isinstance(s, str) and s in SCOPES for s in items):
+        raise RecipeError(f"{source}: {path}: invalid scope {value!r}; allowed (comma list): {', '.join(SCOPES)}")
+    return frozenset(items)
+
+
+def _parse_choice(value: Any, path: str, source: str, base: FormatChoice) -> FormatChoice:
+    """``{format:, options:}`` or a bare format name; validated against the inherited format."""
+    if isinstance(value, str):
+        value = {"format": value}
+    data = _mapping(value, path, source)
+    _check_keys(data, _OVERRIDE_KEYS, path, source)
+    options = _mapping(data.get("options", {}), path + ".options", source)
+    choice = FormatChoice(data.get("format"), tuple(options.items()))
+    effective = choice.over(base)
+    _check_format(effective.name, dict(effective.options), path, source)
+    return FormatChoice(None if choice.name is None else str(choice.name).strip().lower(), choice.options)
+
+
+def _parse_overrides(value: Any, allowed: tuple[str, ...], path: str, source: str,
+                     base: FormatChoice) -> tuple[tuple[str, FormatChoice], ...]:
+    data = _mapping(value, path, source)
+    _check_keys(data, allowed, path, source)
+    return tuple((k, _parse_choice(v, f"{path}.{k}", source, base)) for k, v in data.items())
+
+
+def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ...]:
+    items = value if isinstance(value, list) else [value]
+    selectors = []
+    for i, item in enumerate(items):
+        if isinstance(item, int) and not isinstance(item, bool):
+            selectors.append(LayerSelector(item, None))
+            continue
+        parts = item.split(":") if isinstance(item, str) else []
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            start = int(parts[0]) if parts[0].strip() else 0
+            stop = int(parts[1]) if parts[1].strip() else None
+        except ValueError:
+            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {item!r}; use an index "
+                              f"(negative counts from the end) or 'start:stop' (Python slice)") from None
+        selectors.append(LayerSelector(start, 2**31 if stop is None else stop))
+    return tuple(selectors)
+
+
+def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Rule:
+    data = _mapping(value, path, source)
+    _check_keys(data, _RULE_KEYS, path, source)
+    match = _mapping(data.get("match", {}), path + ".match", source)
+    _check_keys(match, _MATCH_KEYS, path + ".match", source)
+    roles = None
+    if "roles" in match:
+        roles_value = match["roles"] if isinstance(match["roles"], list) else [match["roles"]]
+        bad = [r for r in roles_value if r not in ROLES]
+        if bad or not roles_value:
+            raise RecipeError(f"{source}: {path}.match.roles: invalid role(s) {bad or roles_value!r}; "
+                              f"allowed: {', '.join(ROLES)}")
+        roles = frozenset(roles_value)
+    layers = _parse_layers(match["layers"], path + ".match.layers", source) if "layers" in match else None
+    fmt = None
+    if "format" in data or "options" in data:
+        options = _mapping(data.get("options", {}), path + ".options", source)
+        fmt = FormatChoice(_check_format(data.get("format", default.name), options, path + ".format", source),
+                           tuple(options.items()))
+    operands = _parse_overrides(data.get("operands", {}), ALL_OPERANDS, path + ".operands", source,
+                                fmt or default)
+    if fmt is None and not operands:
+        raise RecipeError(f"{source}: {path}: a rule needs 'format'/'options' or 'operands'")
+    return Rule(roles=roles, layers=layers, format=fmt, operands=operands)
+
+
+def _default_name(fmt_name: str, scopes: frozenset[str]) -> str:
+    if scopes == frozenset(DEFAULT_SCOPE):
+        return fmt_name
+    return fmt_name + "-" + "+".join(sorted(scopes))
