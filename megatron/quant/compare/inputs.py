@@ -41,13 +41,13 @@ def tokens_from_dataset(path_prefix: str, vocab_size: int, batch_size: int, seq_
 
 
 def tokens_from_prompt(tokenizer_dir: str, prompt: str, vocab_size: int, seq_len: int | None = None) -> torch.Tensor:
-    """The prompt's token ids [1, n] from a local Hugging Face tokenizer, cut to ``seq_len`` if longer."""
-    from transformers import AutoTokenizer
+    """The prompt's token ids [1, n] (no special tokens added, as in training data) from a local
+    Hugging Face tokenizer, cut to ``seq_len`` if longer."""
+    from megatron.quant.training.tokenizers import HuggingFaceTokenizer
 
     if not Path(tokenizer_dir).is_dir():
         raise FileNotFoundError(f"--tokenizer {tokenizer_dir!r} is not a directory (a local Hugging Face tokenizer)")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    ids = tokenizer(prompt)["input_ids"]
+    ids = HuggingFaceTokenizer(tokenizer_dir).tokenize(prompt)
     if not ids:
         raise ValueError(f"--prompt {prompt!r} encodes to no tokens")
     if seq_len is not None:

@@ -7,9 +7,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from megatron.quant.analysis.catalog import CatalogError
+from megatron.quant.analysis.selection import CaptureFilter
 from megatron.quant.compare import whatif, whatif_report
 
 DEFAULT_FORMATS = ("hifp8", "mxfp8", "mxfp4", "nvfp4")
+# Filter options, as the visualization tool names them: option -> value type.
+FILTERS = {"quant_types": str, "layers": int, "roles": str, "tensor_names": str, "iterations": int, "ranks": int}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,12 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"results go into OUTPUT_DIR/{whatif_report.FOLDER}/ (default ./draw)")
     parser.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS),
                         help=f"format names (default {' '.join(DEFAULT_FORMATS)})")
-    parser.add_argument("--layer_types", nargs="+", help="only these layer types (linear, attention)")
-    parser.add_argument("--roles", nargs="+", help="only these roles (qkv, proj, fc1, fc2, core_attention, ...)")
-    parser.add_argument("--operations", nargs="+", help="only forward or backward captures")
-    parser.add_argument("--tensor_names", nargs="+", help="only these tensor names (input, weight, grad_output, ...)")
-    parser.add_argument("--layers", nargs="+", type=int, help="only these layer indices")
-    parser.add_argument("--quant_types", nargs="+", help="only captures from runs with these quant types")
+    for name, kind in FILTERS.items():
+        parser.add_argument(f"--{name}", nargs="+", type=kind, help=f"only captures with these {name.replace('_', ' ')}")
     parser.add_argument("--no_plots", action="store_true", help="tables and summary only")
     return parser
 
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, CatalogError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
@@ -46,15 +46,15 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
     from megatron.quant.formats import get_format
 
     fmts = [get_format(name) for name in args.formats]
+    capture_filter = CaptureFilter(**{name: frozenset(getattr(args, name)) for name in FILTERS
+                                      if getattr(args, name)})
     root = Path(args.tensor_dir)
-    refs = whatif.select(whatif.find_captures(root, log),
-                         **{name: getattr(args, name) for name in whatif.FILTER_KEYS})
-    if not refs:
-        raise ValueError(f"no high-precision captures under {args.tensor_dir!r} match the filters")
-    log(f"{len(refs)} captures, formats {', '.join(f.name for f in fmts)}")
-    rows = whatif.evaluate_all(refs, fmts, root, log)
+    records = whatif.find_captures(root, capture_filter, log)
+    log(f"{len(records)} captures, formats {', '.join(f.name for f in fmts)}")
+    rows = whatif.evaluate_all(records, fmts, root, capture_filter, log)
     if not rows:
-        raise ValueError(f"none of the {len(refs)} captures under {args.tensor_dir!r} could be read")
+        raise ValueError(f"no usable high-precision capture under {args.tensor_dir!r} matches "
+                         f"the filters ({capture_filter.describe()})")
     best = whatif.best_formats(rows)
     folder = Path(args.output_dir) / whatif_report.FOLDER
     written = whatif_report.write_tables(rows, best, folder)

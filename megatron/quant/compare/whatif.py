@@ -1,153 +1,105 @@
 """What-if re-quantization: captured high-precision tensors quantized with other formats, along
-the axis their GEMM blocks them on (from the capture metadata), with format-aware statistics."""
+the axis their GEMM blocks them on (the capture's ``axis``), with format-aware statistics.
+
+Captures are listed, filtered and loaded with the analysis package's catalog, so both tools
+agree on what a capture is and which files are unusable."""
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
-# Metadata copied into every result row, in CSV column order.
-IDENTITY_KEYS = ("file", "quant_type", "layer_type", "layer_idx", "module", "role", "operation", "phase",
-                 "tensor_name", "iteration", "microbatch", "sample", "rank", "shape", "axis")
-# Metadata filters: command-line option -> metadata key.
-FILTER_KEYS = {"layer_types": "layer_type", "roles": "role", "operations": "operation",
-               "tensor_names": "tensor_name", "layers": "layer_idx", "quant_types": "quant_type"}
+from megatron.quant.analysis.catalog import CaptureRecord, build_catalog, enrich_from_file, relative_path
+from megatron.quant.analysis.loading import CaptureLoadError, load_capture
+from megatron.quant.analysis.selection import CaptureFilter, select
+
+# Capture fields copied into every result row, in CSV column order (then "file", "axis").
+IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "operation", "phase",
+                   "tensor_name", "iteration", "microbatch", "sample", "rank", "shape")
 
 
-@dataclass(frozen=True)
-class CaptureRef:
-    """A capture file and its metadata, before its tensor is loaded."""
-    path: Path
-    metadata: Mapping
+def find_captures(tensor_dir: str | Path, capture_filter: CaptureFilter,
+                  log: Callable[[str], None] = print) -> list[CaptureRecord]:
+    """High-precision captures with a tensor file under ``tensor_dir`` that may match the filter
+    (roles known only after loading are checked again then). Unusable files are logged and skipped;
+    a filter value no capture has is a FilterError."""
+    catalog = build_catalog(tensor_dir)
+    for skipped in catalog.skipped:
+        log(f"skipping {skipped.path}: {skipped.reason}")
+    records = [r for r in catalog.records if r.path is not None and not r.quantized]
+    capture_filter.validate(records)
+    return select(records, capture_filter, unknown_role_passes=True)
 
 
-def find_captures(tensor_dir: str | Path, log: Callable[[str], None] = print) -> list[CaptureRef]:
-    """High-precision captures under ``tensor_dir`` (any depth), sorted by path. Metadata comes from
-    the per-rank manifests where present, else from the file; ``_quantized`` copies are skipped;
-    unreadable files are reported through ``log`` and skipped."""
-    root = Path(tensor_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"--tensor_dir {str(tensor_dir)!r} is not a directory")
-    from_manifests = _manifest_metadata(root, log)
-    refs = []
-    for path in sorted(root.rglob("*.pt")):
-        metadata = from_manifests.get(path)
-        if metadata is None:
-            loaded = _load(path, log)
-            if loaded is None:
-                continue
-            metadata = loaded[1]
-        if not _is_quantized_copy(metadata):
-            refs.append(CaptureRef(path, metadata))
-    return refs
-
-
-def select(refs: Iterable[CaptureRef], **allowed: Sequence | None) -> list[CaptureRef]:
-    """Captures whose metadata matches every given filter (see FILTER_KEYS); None = no filter."""
-    unknown = set(allowed) - set(FILTER_KEYS)
-    if unknown:
-        raise ValueError(f"unknown filters {sorted(unknown)}; valid: {sorted(FILTER_KEYS)}")
-    wanted = {FILTER_KEYS[name]: set(values) for name, values in allowed.items() if values}
-    return [ref for ref in refs if all(ref.metadata.get(key) in values for key, values in wanted.items())]
-
-
-def gemm_axis(metadata: Mapping, ndim: int) -> int:
-    """The block axis the layer used for this operand (metadata ``axis``), as a non-negative index."""
-    axis = metadata.get("axis")
-    if not isinstance(axis, int) or not -ndim <= axis < ndim:
-        raise ValueError(f"capture metadata axis {axis!r} is not an axis of a {ndim}-d tensor")
+def gemm_axis(axis: int, ndim: int) -> int:
+    """The capture's block axis as a non-negative index; ValueError when the tensor has no such axis."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"capture axis {axis} is not an axis of a {ndim}-d tensor")
     return axis % ndim
 
 
-def requantize(tensor: torch.Tensor, metadata: Mapping, fmt) -> torch.Tensor:
-    """``tensor`` fake-quantized with ``fmt`` (a NumericFormat) along its GEMM's axis, in float32
-    (captures in bf16/fp16 upcast exactly)."""
-    return fmt.quantize(tensor.float(), axis=gemm_axis(metadata, tensor.dim()))
+def requantize(tensor: torch.Tensor, axis: int, fmt) -> torch.Tensor:
+    """``tensor`` fake-quantized with ``fmt`` (a NumericFormat) along ``axis``, in float32
+    (bf16/fp16 captures upcast exactly)."""
+    return fmt.quantize(tensor.float(), axis=gemm_axis(axis, tensor.dim()))
 
 
-def evaluate(tensor: torch.Tensor, metadata: Mapping, fmts: Sequence, file: str) -> list[dict]:
-    """One row per format: the capture's identity, the format and its quant_stats on this tensor."""
+def evaluate(tensor: torch.Tensor, record: CaptureRecord, fmts: Sequence, file: str) -> list[dict]:
+    """One row per format: the capture's identity, the format and its quant_stats on this tensor
+    (per-tensor amax from the capture itself), plus relative_error = sqrt(rel_mse)."""
     from megatron.quant.stats import quant_stats
 
     x = tensor.float()
-    axis = gemm_axis(metadata, x.dim())
-    identity = {key: metadata.get(key) for key in IDENTITY_KEYS}
-    identity.update(file=file, shape=list(x.shape), axis=axis)
+    axis = gemm_axis(record.axis, x.dim())
+    identity = {name: getattr(record, name) for name in IDENTITY_FIELDS}
+    identity.update(shape=list(x.shape), file=file, axis=axis)
     rows = []
     for fmt in fmts:
-        stats = quant_stats(x, fmt, axis=axis, q=requantize(x, metadata, fmt))
-        rows.append({**identity, "format": fmt.name, "bits": fmt.bits,
-                     "relative_error": math.sqrt(stats["rel_mse"]), **stats})
+        stats = quant_stats(x, fmt, axis=axis, q=requantize(x, axis, fmt))
+        relative = None if stats["rel_mse"] is None else math.sqrt(stats["rel_mse"])
+        rows.append({**identity, "format": fmt.name, "bits": fmt.bits, "relative_error": relative, **stats})
     return rows
 
 
-def evaluate_all(refs: Sequence[CaptureRef], fmts: Sequence, root: Path,
+def evaluate_all(records: Sequence[CaptureRecord], fmts: Sequence, root: Path, capture_filter: CaptureFilter,
                  log: Callable[[str], None] = print) -> list[dict]:
-    """Rows for every capture (loaded one at a time), with progress through ``log``."""
+    """Rows for every capture, loaded one at a time; progress and skipped files through ``log``."""
     rows = []
-    for position, ref in enumerate(refs, 1):
-        loaded = _load(ref.path, log)
-        if loaded is None:
+    for position, record in enumerate(records, 1):
+        file = relative_path(root, record.path)
+        try:
+            tensor, metadata = load_capture(record.path)
+        except CaptureLoadError as err:
+            log(f"skipping {file}: {err}")
             continue
-        rows += evaluate(loaded[0], ref.metadata, fmts, str(ref.path.relative_to(root)))
-        if position % 50 == 0 or position == len(refs):
-            log(f"re-quantized {position}/{len(refs)} tensors")
+        record = enrich_from_file(record, metadata)
+        if not record.quantized and capture_filter.matches(record):
+            rows += evaluate(tensor, record, fmts, file)
+        if position % 50 == 0 or position == len(records):
+            log(f"re-quantized {position}/{len(records)} captures")
     return rows
 
 
 def tensor_class(row: Mapping) -> str:
-    """What a format choice is made for: the operand of one GEMM role, e.g. ``fc1/forward/input``."""
+    """What a format choice is made for: one operand of one GEMM role, e.g. ``fc1/forward/input``."""
     return f"{row['role']}/{row['operation']}/{row['tensor_name']}"
 
 
 def best_formats(rows: Sequence[Mapping]) -> list[dict]:
-    """Per tensor class and bit width, the format with the highest mean SQNR over the class's
-    tensors; ``bits`` None is the best over all widths."""
-    means: dict[tuple[str, str, int], list[float]] = {}
+    """Per tensor class, the format with the highest mean SQNR over the class's tensors, among all
+    formats (``among_bits`` "all") and among those of each bit width."""
+    sqnrs: dict[tuple[str, str, int], list[float]] = {}
     for row in rows:
-        means.setdefault((tensor_class(row), row["format"], row["bits"]), []).append(row["sqnr_db"])
-    candidates = [{"tensor_class": cls, "format": name, "bits": bits, "tensors": len(values),
-                   "mean_sqnr_db": sum(values) / len(values)} for (cls, name, bits), values in means.items()]
-    best: dict[tuple[str, int | None], dict] = {}
-    for cand in candidates:
-        for width in (None, cand["bits"]):
-            key = (cand["tensor_class"], width)
-            if key not in best or cand["mean_sqnr_db"] > best[key]["mean_sqnr_db"]:
-                best[key] = {**cand, "among_bits": "all" if width is None else width}
-    return [best[key] for key in sorted(best, key=lambda k: (k[0], -1 if k[1] is None else k[1]))]
-
-
-def _is_quantized_copy(metadata: Mapping) -> bool:
-    return bool(metadata.get("quantized")) or str(metadata.get("tensor_name", "")).endswith("_quantized")
-
-
-def _load(path: Path, log: Callable[[str], None]) -> tuple[torch.Tensor, dict] | None:
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        tensor, metadata = payload["tensor"], payload["metadata"]
-        if not isinstance(tensor, torch.Tensor) or not isinstance(metadata, dict):
-            raise TypeError("expected {'tensor': Tensor, 'metadata': dict}")
-    except Exception as err:  # a corrupt or partial capture is reported and skipped
-        log(f"skipping unreadable capture {path}: {type(err).__name__}: {err}")
-        return None
-    return tensor, metadata
-
-
-def _manifest_metadata(root: Path, log: Callable[[str], None]) -> dict[Path, Mapping]:
-    found: dict[Path, Mapping] = {}
-    for manifest in sorted(root.rglob("manifest-rank*.jsonl")):
-        for number, line in enumerate(manifest.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as err:
-                log(f"skipping {manifest}:{number}: {err}")
-                continue
-            if entry.get("file"):
-                found[manifest.parent / entry["file"]] = entry["metadata"]
-    return found
+        if row["sqnr_db"] is not None:
+            sqnrs.setdefault((tensor_class(row), row["format"], row["bits"]), []).append(row["sqnr_db"])
+    best: dict[tuple[str, str], dict] = {}
+    for (cls, name, bits), values in sqnrs.items():
+        candidate = {"tensor_class": cls, "format": name, "bits": bits, "tensors": len(values),
+                     "mean_sqnr_db": sum(values) / len(values)}
+        for among in ("all", str(bits)):
+            current = best.get((cls, among))
+            if current is None or candidate["mean_sqnr_db"] > current["mean_sqnr_db"]:
+                best[(cls, among)] = {**candidate, "among_bits": among}
+    return [best[key] for key in sorted(best, key=lambda k: (k[0], k[1] != "all", k[1].zfill(3)))]

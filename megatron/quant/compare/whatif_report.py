@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from megatron.quant.compare.whatif import IDENTITY_KEYS, tensor_class
+from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"
 STAT_COLUMNS = ("format", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
@@ -21,7 +21,7 @@ def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], folder: Path)
     """``format_comparison.csv`` (one row per tensor and format) and ``best_formats.csv``."""
     folder.mkdir(parents=True, exist_ok=True)
     per_tensor = folder / "format_comparison.csv"
-    _write_csv(per_tensor, [*IDENTITY_KEYS, "tensor_class", *STAT_COLUMNS],
+    _write_csv(per_tensor, [*IDENTITY_FIELDS, "file", "axis", "tensor_class", *STAT_COLUMNS],
                [{**row, "tensor_class": tensor_class(row)} for row in rows])
     best_path = folder / "best_formats.csv"
     _write_csv(best_path, ["tensor_class", "among_bits", "format", "bits", "mean_sqnr_db", "tensors"], best)
