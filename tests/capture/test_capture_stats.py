@@ -1,0 +1,60 @@
+"""tensor_stats against numpy."""
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.quant.stats import LOG2_EDGES, tensor_stats
+
+
+def numpy_log2_histogram(values: np.ndarray) -> list[int]:
+    """Counts per binade of |x| (finite, nonzero), with end bins below -40 and at or above +20."""
+    mags = np.abs(values[np.isfinite(values) & (values != 0)]).astype(np.float64)
+    binade = np.floor(np.log2(mags)).astype(np.int64)
+    counts = [int((binade < LOG2_EDGES[0]).sum())]
+    counts += [int((binade == e).sum()) for e in LOG2_EDGES[:-1]]
+    counts.append(int((binade >= LOG2_EDGES[-1]).sum()))
+    return counts
+
+
+def awkward_tensor() -> torch.Tensor:
+    torch.manual_seed(0)
+    x = torch.randn(37, 11) * 3
+    x[0, :4] = 0.0
+    x[1, 0], x[1, 1], x[1, 2] = float("nan"), float("inf"), -float("inf")
+    x[2, 0], x[2, 1] = 2.0 ** -45, -(2.0 ** 25)  # the two end bins
+    x[3, 0] = 2.0 ** 3 * (1 - 2.0 ** -24)  # just below a power of two: binade 2, not 3
+    x[3, 1], x[3, 2] = 2.0 ** -126 / 8, 8.0  # a subnormal; an exact power of two
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tensor_stats_match_numpy(dtype):
+    x = awkward_tensor().to(dtype)
+    ref = x.float().numpy()
+    finite = ref[np.isfinite(ref)].astype(np.float64)
+    stats = tensor_stats(x)
+    assert stats["numel"] == ref.size and stats["shape"] == [37, 11] and stats["dtype"] == str(dtype)[6:]
+    assert stats["min"] == finite.min() and stats["max"] == finite.max()
+    assert stats["absmax"] == np.abs(finite).max()
+    assert stats["mean"] == pytest.approx(finite.mean(), rel=1e-12)
+    assert stats["std"] == pytest.approx(finite.std(), rel=1e-12)
+    assert stats["zeros"] == int((ref == 0).sum())
+    assert stats["nans"] == int(np.isnan(ref).sum()) and stats["infs"] == int(np.isinf(ref).sum()) >= 2
+    assert stats["log2_hist"]["edges"] == list(range(-40, 21))
+    assert stats["log2_hist"]["counts"] == numpy_log2_histogram(ref)
+    assert sum(stats["log2_hist"]["counts"]) + stats["zeros"] + stats["nans"] + stats["infs"] == ref.size
+
+
+def test_tensor_stats_of_empty_and_all_nan_tensors():
+    empty = tensor_stats(torch.empty(0, 4))
+    assert empty["numel"] == 0 and empty["mean"] is None and sum(empty["log2_hist"]["counts"]) == 0
+    nan = tensor_stats(torch.full((3,), float("nan")))
+    assert nan["nans"] == 3 and nan["min"] is None and nan["std"] is None
+
+
+def test_tensor_stats_are_plain_python_numbers():
+    stats = tensor_stats(awkward_tensor())
+    scalars = [v for k, v in stats.items() if k not in ("shape", "dtype", "log2_hist")]
+    assert all(type(v) in (int, float) for v in scalars)
+    assert all(type(c) is int for c in stats["log2_hist"]["counts"])
