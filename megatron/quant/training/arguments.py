@@ -1,0 +1,236 @@
+"""Command-line arguments with Megatron-LM's names and meanings, presets, and validation.
+
+Megatron users' launch scripts carry over: every flag here means what it means in
+Megatron-LM. ``parse_args`` applies a ``--model`` preset under explicit flags, then
+``validate_args`` refuses inconsistent combinations with a message naming the values.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from typing import Sequence
+
+from megatron.quant.training.presets import PRESETS, get_preset
+
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+TOKENIZER_TYPES = ("ByteTokenizer", "HuggingFaceTokenizer", "NullTokenizer")
+
+# Defaults for shape flags when neither a preset nor the command line sets them
+# (Megatron-LM's defaults where it has one).
+_SHAPE_DEFAULTS = dict(
+    num_query_groups=None, max_position_embeddings=None, rotary_base=10000.0,
+    rope_scaling_factor=None, untie_embeddings_and_output_weights=False, norm_epsilon=1e-5,
+    normalization="RMSNorm", swiglu=False, group_query_attention=False, vocab_size=None,
+)
+
+
+class ArgumentError(ValueError):
+    """Inconsistent or unsupported arguments; the message names the bad values."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="megatron-quant-train",
+        description="Pretrain Llama on megatron-core with fake-quantized GEMM operands "
+                    "(format from CUSTOM_QUANT_TYPE, capture from TENSOR_SAVE_*).",
+        allow_abbrev=False)
+    S = argparse.SUPPRESS  # shape flags: absent unless given, so presets can fill them
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=list(PRESETS), help="shape preset; explicit flags override it")
+    g.add_argument("--num-layers", type=int, default=S)
+    g.add_argument("--hidden-size", type=int, default=S)
+    g.add_argument("--ffn-hidden-size", type=int, default=S)
+    g.add_argument("--num-attention-heads", type=int, default=S)
+    g.add_argument("--group-query-attention", action="store_true", default=S)
+    g.add_argument("--num-query-groups", type=int, default=S)
+    g.add_argument("--seq-length", type=int, default=S)
+    g.add_argument("--max-position-embeddings", type=int, default=S)
+    g.add_argument("--position-embedding-type", choices=["rope"], default="rope")
+    g.add_argument("--rotary-base", type=float, default=S)
+    g.add_argument("--rope-scaling-factor", type=float, default=S,
+                   help="Llama 3.1-style RoPE scaling factor (presets set the published one)")
+    g.add_argument("--normalization", default=S, help="RMSNorm (Llama)")
+    g.add_argument("--norm-epsilon", type=float, default=S)
+    g.add_argument("--swiglu", action="store_true", default=S)
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=S)
+    g.add_argument("--disable-bias-linear", action="store_true", default=True,
+                   help="accepted for compatibility; Llama linears never have a bias")
+    g.add_argument("--vocab-size", type=int, default=S, help="vocabulary size for NullTokenizer / mock data")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--attention-dropout", type=float, default=0.0)
+    g.add_argument("--hidden-dropout", type=float, default=0.0)
+    g.add_argument("--hf-checkpoint", metavar="DIR",
+                   help="initialise weights from a local Hugging Face Llama directory (config.json + safetensors)")
+
+    g = p.add_argument_group("batch")
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="default: micro-batch-size x data-parallel size")
+
+    g = p.add_argument_group("optimization")
+    g.add_argument("--lr", type=float, default=3e-4)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="cosine")
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="GPU only: megatron-core's distributed optimizer (shards optimizer state over DP)")
+
+    g = p.add_argument_group("precision")
+    g.add_argument("--bf16", action="store_true", help="bf16 parameters and compute, fp32 master weights")
+    g.add_argument("--fp16", action="store_true", help="GPU only: fp16 with dynamic loss scaling")
+    g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
+                   help="real FP8 GEMMs through Transformer Engine (GPU only)")
+
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true")
+
+    g = p.add_argument_group("run length, logging and checkpoints")
+    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--eval-interval", type=int, default=1000)
+    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--log-interval", type=int, default=1)
+    g.add_argument("--save", metavar="DIR")
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--load", metavar="DIR")
+    g.add_argument("--tensorboard-dir", metavar="DIR")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--peak-tflops", type=float, default=None,
+                   help="peak dense TFLOP/s of one device for MFU (default: from the device table)")
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=None,
+                   help="indexed dataset prefixes, optionally weighted: [W1] PREFIX1 [W2 PREFIX2 ...]")
+    g.add_argument("--split", default="969,30,1")
+    g.add_argument("--mock-data", action="store_true")
+    g.add_argument("--data-cache-path", default=None)
+
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
+                   help="default: ByteTokenizer, or NullTokenizer with --mock-data and a preset vocab")
+    g.add_argument("--tokenizer-model", default=None, help="local Hugging Face tokenizer directory")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse Megatron-LM-style flags, fill unset shape flags from ``--model``, then defaults."""
+    args = build_parser().parse_args(argv)
+    preset = get_preset(args.model) if args.model else {}
+    for key, default in _SHAPE_DEFAULTS.items():
+        if not hasattr(args, key):
+            setattr(args, key, preset.get(key, default))
+    for key, value in preset.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    return args
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ArgumentError(message)
+
+
+def _check_shape(args: argparse.Namespace) -> None:
+    for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length"):
+        _require(hasattr(args, key), f"--{key.replace('_', '-')} is required (or pick a --model preset: "
+                                     f"{', '.join(PRESETS)})")
+        _require(getattr(args, key) > 0, f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    _require(args.normalization == "RMSNorm",
+             f"--normalization {args.normalization!r} is not supported; Llama uses RMSNorm")
+    if args.num_query_groups is None or not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    heads, groups, tp = args.num_attention_heads, args.num_query_groups, args.tensor_model_parallel_size
+    _require(args.hidden_size % heads == 0,
+             f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads {heads}")
+    _require(heads % groups == 0,
+             f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups}")
+    _require(heads % tp == 0 and groups % tp == 0 and args.ffn_hidden_size % tp == 0,
+             f"--tensor-model-parallel-size {tp} must divide --num-attention-heads {heads}, "
+             f"--num-query-groups {groups} and --ffn-hidden-size {args.ffn_hidden_size}")
+    _require(args.num_layers % args.pipeline_model_parallel_size == 0,
+             f"--num-layers {args.num_layers} is not divisible by --pipeline-model-parallel-size "
+             f"{args.pipeline_model_parallel_size}")
+    _require(args.seq_length <= args.max_position_embeddings,
+             f"--seq-length {args.seq_length} exceeds --max-position-embeddings {args.max_position_embeddings}")
+
+
+def _check_devices(args: argparse.Namespace, cuda: bool) -> None:
+    te = importlib.util.find_spec("transformer_engine") is not None
+    _require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
+    if args.fp8_format is not None:
+        _require(te and cuda, f"--fp8-format {args.fp8_format} (DTYPE=fp8) needs Transformer Engine on a GPU, "
+                              "which is not available here; to simulate FP8 use DTYPE=bf16 with "
+                              "CUSTOM_QUANT_TYPE=fp8_e4m3")
+        _require(args.bf16, "--fp8-format needs --bf16 (Transformer Engine keeps non-FP8 math in bf16)")
+    if args.sequence_parallel:
+        _require(args.tensor_model_parallel_size > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1")
+        _require(te and cuda, "--sequence-parallel needs Transformer Engine on a GPU: megatron-core's "
+                              "local (non-TE) norms do not support it; drop --sequence-parallel")
+    if not cuda:
+        _require(args.pipeline_model_parallel_size == 1,
+                 f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size} needs GPUs: "
+                 "megatron-core's pipeline schedules are CUDA-only; use 1 on CPU")
+        _require(not args.fp16, "--fp16 needs GPUs (megatron-core's loss-scaling optimizer is CUDA-only); "
+                                "use --bf16 on CPU")
+        _require(not args.use_distributed_optimizer,
+                 "--use-distributed-optimizer needs GPUs (megatron-core's optimizer is CUDA-only)")
+
+
+def _check_run(args: argparse.Namespace, world_size: int) -> None:
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    _require(world_size % model_parallel == 0,
+             f"world size {world_size} is not divisible by tensor ({args.tensor_model_parallel_size}) x "
+             f"pipeline ({args.pipeline_model_parallel_size}) model-parallel size")
+    args.data_parallel_size = world_size // model_parallel
+    per_step = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size is None:
+        args.global_batch_size = per_step
+    _require(args.micro_batch_size > 0 and args.global_batch_size > 0,
+             "--micro-batch-size and --global-batch-size must be positive")
+    _require(args.global_batch_size % per_step == 0,
+             f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
+             f"{args.micro_batch_size} x data-parallel size {args.data_parallel_size}")
+    args.num_microbatches = args.global_batch_size // per_step
+    _require(args.train_iters > 0, f"--train-iters must be positive, got {args.train_iters}")
+    _require(args.log_interval > 0 and args.eval_interval > 0 and args.eval_iters >= 0,
+             "--log-interval and --eval-interval must be positive, --eval-iters non-negative")
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    _require(0 <= args.min_lr <= args.lr, f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr})")
+    _require(0 <= args.lr_warmup_iters < args.lr_decay_iters,
+             f"--lr-warmup-iters {args.lr_warmup_iters} must be below --lr-decay-iters {args.lr_decay_iters}")
+    if args.save_interval is not None:
+        _require(args.save is not None, "--save-interval needs --save DIR")
+        _require(args.save_interval > 0, f"--save-interval must be positive, got {args.save_interval}")
+
+
+def _check_data(args: argparse.Namespace) -> None:
+    _require((args.data_path is None) == args.mock_data,
+             "give exactly one of --data-path PREFIX... and --mock-data")
+    if args.tokenizer_type is None:
+        args.tokenizer_type = "NullTokenizer" if args.mock_data and args.vocab_size else "ByteTokenizer"
+    if args.tokenizer_type == "HuggingFaceTokenizer":
+        _require(args.tokenizer_model is not None,
+                 "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model DIR (a local directory)")
+    if args.tokenizer_type == "NullTokenizer":
+        _require(args.vocab_size is not None, "--tokenizer-type NullTokenizer needs --vocab-size")
+
+
+def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argparse.Namespace:
+    """Complete derived values (data-parallel size, micro-batches, ...) and refuse bad combinations."""
+    _check_shape(args)
+    _check_devices(args, cuda)
+    _check_run(args, world_size)
+    _check_data(args)
+    return args

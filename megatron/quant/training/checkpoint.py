@@ -1,0 +1,176 @@
+"""Checkpoints with megatron-core's distributed checkpointing, on CPU and GPU alike.
+
+Layout (Megatron-LM's)::
+
+    SAVE/latest_checkpointed_iteration.txt        the last complete iteration, written atomically
+    SAVE/iter_0000020/                             megatron-core torch_dist checkpoint (+ run_config.json)
+
+A checkpoint is written to ``iter_XXXXXXX.tmp`` and renamed only when every rank is done,
+so nothing half-written ever sits under a final name. Sharded tensors make checkpoints
+loadable at another tensor-parallel size. Resume restores model, optimizer (with fp32
+master weights), LR schedule, iteration (the data position is a function of it) and every
+rank's RNG states.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+TRACKER = "latest_checkpointed_iteration.txt"
+RUN_CONFIG = "run_config.json"
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def latest_iteration(root: str) -> int | None:
+    """The iteration in ``root``'s tracker file; None when there is no checkpoint yet."""
+    path = os.path.join(root, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    if not text.isdigit():
+        raise ValueError(f"{path} holds {text!r}, not an iteration number")
+    return int(text)
+
+
+def resolve_checkpoint_dir(path: str) -> str:
+    """``path`` itself if it is one iteration's checkpoint, else the latest one under it."""
+    if os.path.isfile(os.path.join(path, RUN_CONFIG)):
+        return path
+    iteration = latest_iteration(path)
+    if iteration is None:
+        raise FileNotFoundError(f"no checkpoint in {path!r}: neither {TRACKER} nor {RUN_CONFIG}")
+    return iteration_dir(path, iteration)
+
+
+def read_run_config(path: str) -> dict:
+    with open(os.path.join(resolve_checkpoint_dir(path), RUN_CONFIG)) as f:
+        return json.load(f)
+
+
+@contextlib.contextmanager
+def _cuda_sync_without_cuda():
+    # dist_checkpointing's writer calls torch.cuda.synchronize() unconditionally; without
+    # CUDA that raises on one rank while the others wait in a collective (the reported hang).
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = original
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "tracker": get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _rng_sharded_object(state: Any):
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    return ShardedObject(
+        "rng_state", state,
+        (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
+         ps.get_data_parallel_world_size()),
+        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank()),
+        replica_id=0)
+
+
+def _sharded_state(model, optimizer, scheduler, iteration: int, *, is_loading: bool, rng: bool) -> dict:
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd, "iteration": iteration}
+    if rng:
+        state["rng"] = _rng_sharded_object(_rng_state())
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    return state
+
+
+def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run_config: dict) -> str:
+    """Save on every rank (collective); returns the final directory.
+
+    ``model``: the unwrapped GPTModel; ``run_config``: JSON-able (shape and arguments).
+    """
+    from megatron.core import dist_checkpointing
+
+    final = iteration_dir(root, iteration)
+    tmp = final + ".tmp"
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    with _cuda_sync_without_cuda():
+        dist_checkpointing.save(_sharded_state(model, optimizer, scheduler, iteration, is_loading=False, rng=True), tmp)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        _write_atomically(os.path.join(tmp, RUN_CONFIG), json.dumps(run_config, indent=1, default=str))
+        if os.path.exists(final):  # re-saving the same iteration replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_atomically(os.path.join(root, TRACKER), str(iteration))
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore_rng: bool = True) -> int:
+    """Load into ``model`` (unwrapped GPTModel) and, when given, optimizer and scheduler; returns the iteration.
+
+    Weights load at any tensor-parallel size (sharded tensors are resharded); the RNG states
+    (``restore_rng``, for exact resume) only at the saving run's parallel layout.
+    """
+    from megatron.core import dist_checkpointing
+
+    directory = resolve_checkpoint_dir(path)
+    template = _sharded_state(model, optimizer, scheduler, 0, is_loading=True, rng=restore_rng)
+    with _cuda_sync_without_cuda():
+        state = dist_checkpointing.load(template, directory)
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    bad = [k for k in missing + unexpected if not k.endswith("_extra_state")]
+    if bad:
+        raise ValueError(f"checkpoint {directory} does not match the model: {bad[:5]}")
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if restore_rng:
+        _set_rng_state(state["rng"])
+    return int(state["iteration"])

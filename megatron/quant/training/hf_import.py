@@ -1,0 +1,146 @@
+"""Hugging Face Llama (local directory: config.json + safetensors) -> megatron-core GPTModel weights.
+
+Layout differences handled here:
+- q/k/v are fused into ``linear_qkv`` grouped per KV head: for each query group, its query
+  heads, then its key head, then its value head (megatron's GQA layout), so a contiguous
+  row slice per tensor-parallel rank holds whole groups;
+- gate/up are fused into ``linear_fc1`` as [gate; up] per tensor-parallel shard;
+- the vocabulary is padded with zero rows up to the model's (padded) vocabulary size.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Callable, Mapping
+
+import torch
+
+
+def _read_config(path: str) -> dict:
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{path!r} is not a Hugging Face model directory: no config.json")
+    with open(config_file) as f:
+        return json.load(f)
+
+
+def is_hf_directory(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json")) and bool(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def hf_shape(path: str) -> dict:
+    """Preset-style shape of the Llama in ``path``; ValueError for other architectures."""
+    cfg = _read_config(path)
+    if cfg.get("model_type") != "llama":
+        raise ValueError(f"{path!r} holds model_type {cfg.get('model_type')!r}; only 'llama' is supported")
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    if head_dim * heads != cfg["hidden_size"]:
+        raise ValueError(f"head_dim {head_dim} x heads {heads} != hidden_size {cfg['hidden_size']}: "
+                         "megatron's Llama layout needs them equal")
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported (only default and llama3)")
+    return dict(
+        num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+        ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=heads,
+        num_query_groups=cfg.get("num_key_value_heads") or heads, vocab_size=cfg["vocab_size"],
+        seq_length=min(cfg["max_position_embeddings"], 8192),
+        max_position_embeddings=cfg["max_position_embeddings"],
+        rotary_base=float(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+        rope_scaling_factor=float(rope["factor"]) if rope_type == "llama3" else None,
+        untie_embeddings_and_output_weights=not cfg.get("tie_word_embeddings", False),
+        norm_epsilon=cfg.get("rms_norm_eps", 1e-5))
+
+
+def _tensor_reader(path: str) -> Callable[[str], torch.Tensor]:
+    """Reads one named tensor at a time across all safetensors shards (keeps memory flat)."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path!r}")
+    where = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            where.update({key: file for key in f.keys()})
+
+    def read(name: str) -> torch.Tensor:
+        if name not in where:
+            raise KeyError(f"{name!r} is missing from the safetensors files in {path!r}")
+        with safe_open(where[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+    return read
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, groups: int) -> torch.Tensor:
+    """[q; k; v] (HF) -> megatron's per-group [q heads of group g, k_g, v_g] rows."""
+    head_dim = q.shape[0] // heads
+    per_group = heads // groups
+    q = q.view(groups, per_group * head_dim, -1)
+    k = k.view(groups, head_dim, -1)
+    v = v.view(groups, head_dim, -1)
+    return torch.cat([q, k, v], dim=1).reshape(-1, q.shape[-1])
+
+
+def _shard(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    return torch.chunk(t, size, dim=dim)[rank].clone()
+
+
+def _pad_vocab(t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    if t.shape[0] > vocab_size:
+        raise ValueError(f"checkpoint vocabulary {t.shape[0]} exceeds the model's {vocab_size}")
+    return torch.cat([t, t.new_zeros(vocab_size - t.shape[0], t.shape[1])]) if t.shape[0] < vocab_size else t
+
+
+def megatron_state_dict(path: str, shape: Mapping, *, vocab_size: int, model_keys: set[str],
+                        tp_rank: int = 0, tp_size: int = 1) -> dict[str, torch.Tensor]:
+    """This tensor-parallel rank's GPTModel state dict from the HF checkpoint in ``path``.
+
+    ``model_keys``: the target model's state-dict keys; they decide whether norms live in
+    separate modules (local spec) or inside the following linear (``layer_norm_weight``).
+    """
+    read = _tensor_reader(path)
+    heads, groups = shape["num_attention_heads"], shape["num_query_groups"]
+    out = {
+        "embedding.word_embeddings.weight": _shard(_pad_vocab(read("model.embed_tokens.weight"), vocab_size), 0, tp_rank, tp_size),
+        "decoder.final_layernorm.weight": read("model.norm.weight"),
+    }
+    if shape["untie_embeddings_and_output_weights"]:
+        out["output_layer.weight"] = _shard(_pad_vocab(read("lm_head.weight"), vocab_size), 0, tp_rank, tp_size)
+    for i in range(shape["num_layers"]):
+        hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
+        qkv = fuse_qkv(read(hf + "self_attn.q_proj.weight"), read(hf + "self_attn.k_proj.weight"),
+                       read(hf + "self_attn.v_proj.weight"), heads, groups)
+        gate, up = read(hf + "mlp.gate_proj.weight"), read(hf + "mlp.up_proj.weight")
+        out[mg + "self_attention.linear_qkv.weight"] = _shard(qkv, 0, tp_rank, tp_size)
+        out[mg + "self_attention.linear_proj.weight"] = _shard(read(hf + "self_attn.o_proj.weight"), 1, tp_rank, tp_size)
+        out[mg + "mlp.linear_fc1.weight"] = torch.cat([_shard(gate, 0, tp_rank, tp_size), _shard(up, 0, tp_rank, tp_size)])
+        out[mg + "mlp.linear_fc2.weight"] = _shard(read(hf + "mlp.down_proj.weight"), 1, tp_rank, tp_size)
+        for hf_norm, separate, fused in (
+                ("input_layernorm", "input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
+                ("post_attention_layernorm", "pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")):
+            key = mg + (fused if mg + fused in model_keys else separate)
+            out[key] = read(f"{hf}{hf_norm}.weight")
+    return out
+
+
+def load_hf_weights(model: torch.nn.Module, path: str, shape: Mapping) -> None:
+    """Copy the HF checkpoint in ``path`` into ``model`` (an unwrapped GPTModel) on this TP rank."""
+    from megatron.core import parallel_state
+
+    own = model.state_dict()
+    vocab_size = own["embedding.word_embeddings.weight"].shape[0] * parallel_state.get_tensor_model_parallel_world_size()
+    state = megatron_state_dict(path, shape, vocab_size=vocab_size, model_keys=set(own),
+                                tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+                                tp_size=parallel_state.get_tensor_model_parallel_world_size())
+    missing = [k for k in own if k not in state and not k.endswith("_extra_state")]
+    if missing:
+        raise ValueError(f"the HF checkpoint in {path!r} gives no value for {missing[:5]}")
+    for key, value in state.items():
+        if own[key].shape != value.shape:
+            raise ValueError(f"{key}: checkpoint shape {tuple(value.shape)} != model shape {tuple(own[key].shape)}")
+    model.load_state_dict(state, strict=False)

@@ -1,0 +1,47 @@
+"""Llama shape -> megatron-core TransformerConfig and GPTModel with the quantized layer spec."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parallel: int = 1,
+                       pipeline_parallel: int = 1, sequence_parallel: bool = False,
+                       init_method_std: float = 0.02, attention_dropout: float = 0.0,
+                       hidden_dropout: float = 0.0):
+    """megatron-core's TransformerConfig for a Llama shape (preset-style keys)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    return TransformerConfig(
+        num_layers=shape["num_layers"], hidden_size=shape["hidden_size"],
+        ffn_hidden_size=shape["ffn_hidden_size"], num_attention_heads=shape["num_attention_heads"],
+        num_query_groups=shape["num_query_groups"], normalization="RMSNorm",
+        layernorm_epsilon=shape.get("norm_epsilon", 1e-5), gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        init_method_std=init_method_std, attention_dropout=attention_dropout, hidden_dropout=hidden_dropout,
+        tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=sequence_parallel, params_dtype=PRECISIONS[precision],
+        bf16=precision == "bf16", fp16=precision == "fp16", use_cpu_initialization=not torch.cuda.is_available(),
+        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False)
+
+
+def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
+    """GPTModel for ``shape`` with the quantized Llama spec of ``recipe`` (all stages: PP=1 here)."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    # TEMPORARY until megatron.quant.spec.build_llama_model lands (recipe unused meanwhile).
+    return GPTModel(
+        config, get_gpt_layer_local_spec(normalization="RMSNorm"), position_embedding_type="rope",
+        vocab_size=vocab_size or shape["vocab_size"],
+        max_sequence_length=shape["max_position_embeddings"], rotary_base=shape["rotary_base"],
+        share_embeddings_and_output_weights=not shape["untie_embeddings_and_output_weights"],
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage())
