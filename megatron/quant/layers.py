@@ -11,7 +11,6 @@ from typing import Optional
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.mappings import get_tensor_model_parallel_group_if_none
 
 from megatron.quant.ops import LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction
 from megatron.quant.tensor_saver import CaptureSite
@@ -66,7 +65,7 @@ class QuantLinearMixin:
             quant=self.quant, weight_cache=self.weight_cache, quant_group=self.tp_group,
             site=self.capture_site, gradient_accumulation_fusion=gradient_accumulation_fusion,
             allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel,
-            tp_group=get_tensor_model_parallel_group_if_none(tp_group),
+            tp_group=self.tp_group if tp_group is None else tp_group,  # row-parallel passes None
             grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit)
         return QuantLinearFunction.apply(input, weight, bias, cfg)
 

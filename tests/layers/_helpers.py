@@ -1,0 +1,58 @@
+"""Shared builders for the layer tests: small configs, formats, recording saver."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from megatron.quant import formats
+from megatron.quant.recipe import ATTENTION_OPERANDS, LINEAR_OPERANDS
+
+BLOCK_FORMAT = "mxfp8"        # blocks of 32 along the reduction axis
+TENSOR_FORMAT = "fp8_e4m3"    # one scale per tensor (amax)
+
+
+def transformer_config(**overrides: Any):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    values = dict(num_layers=2, hidden_size=128, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=256,
+                  normalization="RMSNorm", gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+                  add_bias_linear=False, use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0)
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+def uniform_formats(keys: tuple[str, ...], name: str | None, **options: Any) -> dict[str, Any]:
+    fmt = None if name is None or formats.is_passthrough(name) else formats.get_format(name, **options)
+    return {k: fmt for k in keys}
+
+
+def linear_formats(name: str | None, **options: Any) -> dict[str, Any]:
+    return uniform_formats(LINEAR_OPERANDS, name, **options)
+
+
+def attention_formats(name: str | None, **options: Any) -> dict[str, Any]:
+    return uniform_formats(ATTENTION_OPERANDS, name, **options)
+
+
+def q(x: torch.Tensor, fmt: Any, axis: int) -> torch.Tensor:
+    """Reference quantization straight from megatron.quant.formats (identity for no format)."""
+    return x if fmt is None else fmt.quantize(x, axis=axis)
+
+
+class RecordingSaver:
+    """Stands in for tensor_saver's is_active/capture; records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str, dict]] = []
+
+    def install(self, monkeypatch) -> "RecordingSaver":
+        from megatron.quant import tensor_saver
+
+        monkeypatch.setattr(tensor_saver, "is_active", lambda: True)
+        monkeypatch.setattr(tensor_saver, "capture",
+                            lambda site, op, phase, tensors: self.calls.append((site.module, op, phase, dict(tensors))))
+        return self
+
+    def names(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        return [(op, phase, tuple(sorted(t))) for _, op, phase, t in self.calls]

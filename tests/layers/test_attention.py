@@ -1,0 +1,143 @@
+"""QuantDotProductAttention against megatron-core's stock attention and an independent
+reference (formats on the stated axes, plain matmuls, torch softmax); fused vs unfused."""
+import pytest
+import torch
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
+from megatron.quant.recipe import QuantRecipe
+from megatron.quant.tensor_saver import CaptureSite
+from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT, RecordingSaver, attention_formats, q, transformer_config
+
+SEQ, BATCH, HEADS, GROUPS, HEAD_DIM = 64, 2, 4, 2, 64  # head_dim 64: softmax scale 1/8 is exact
+SITE = CaptureSite("attention", "FA", 0, "test.core_attention", "core_attention", "test")
+
+
+def _config(dtype=torch.float32, **overrides):
+    return transformer_config(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_query_groups=GROUPS,
+                              params_dtype=dtype, bf16=dtype == torch.bfloat16, **overrides)
+
+
+def _attention(cls, dtype=torch.float32, **overrides):
+    return cls(_config(dtype, **overrides), layer_number=1, attn_mask_type=AttnMaskType.causal,
+               attention_type="self")
+
+
+def _inputs(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = [torch.randn(SEQ, BATCH, h, HEAD_DIM, generator=g).to(dtype) for h in (HEADS, GROUPS, GROUPS)]
+    grad = torch.randn(SEQ, BATCH, HEADS * HEAD_DIM, generator=g).to(dtype)
+    return qkv, grad
+
+
+def _run(module, qkv, grad):
+    leaves = [t.clone().requires_grad_() for t in qkv]
+    out = module(*leaves, attention_mask=None)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_passthrough_is_bit_identical_to_stock(parallel, dtype):
+    stock, quant = _attention(DotProductAttention, dtype), _attention(QuantDotProductAttention, dtype)
+    formats = QuantRecipe.uniform("bf16").resolve("core_attention", 0, 1)
+    quant.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    qkv, grad = _inputs(dtype)
+    out_s, grads_s = _run(stock, qkv, grad)
+    out_q, grads_q = _run(quant, qkv, grad)
+    assert torch.equal(out_s, out_q)
+    assert all(torch.equal(a, b) for a, b in zip(grads_s, grads_q))
+
+
+def _reference(qkv, grad, f, scale):
+    """Independent attention with every GEMM operand quantized on its reduction axis."""
+    rep = HEADS // GROUPS
+    Q = qkv[0].permute(1, 2, 0, 3)
+    K, V = (t.permute(1, 2, 0, 3).repeat_interleave(rep, dim=1) for t in qkv[1:])
+    S = (torch.matmul(q(Q, f["qk.query"], -1), q(K, f["qk.key"], -1).transpose(-1, -2)) * scale
+         ).detach().requires_grad_()
+    causal = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)
+    P = torch.softmax(S.masked_fill(causal, float("-inf")), dim=-1)
+    O = torch.matmul(q(P.detach(), f["pv.probs"], -1), q(V, f["pv.value"], -2))
+    dO = grad.view(SEQ, BATCH, HEADS, HEAD_DIM).permute(1, 2, 0, 3)
+    dP = torch.matmul(q(dO, f["dp.grad_output"], -1), q(V, f["dp.value"], -1).transpose(-1, -2))
+    dV = torch.matmul(q(P.detach(), f["dv.probs"], -2).transpose(-1, -2), q(dO, f["dv.grad_output"], -2))
+    (dS,) = torch.autograd.grad(P, S, dP)  # torch's own softmax backward
+    dQ = torch.matmul(q(dS, f["dq.grad_scores"], -1), q(K, f["dq.key"], -2)) * scale
+    dK = torch.matmul(q(dS, f["dk.grad_scores"], -2).transpose(-1, -2), q(Q, f["dk.query"], -2)) * scale
+
+    def sum_groups(t):  # GQA: the repeated heads' gradients add up
+        return t.reshape(BATCH, GROUPS, rep, SEQ, HEAD_DIM).sum(2)
+
+    to_sbhd = lambda t: t.permute(2, 0, 1, 3)  # noqa: E731
+    out = to_sbhd(O).reshape(SEQ, BATCH, HEADS * HEAD_DIM)
+    return out, [to_sbhd(dQ), to_sbhd(sum_groups(dK)), to_sbhd(sum_groups(dV))]
+
+
+@pytest.mark.parametrize("fmt_name", [BLOCK_FORMAT, TENSOR_FORMAT])
+def test_every_gemm_equals_formats_reference(parallel, fmt_name):
+    module = _attention(QuantDotProductAttention)
+    formats = attention_formats(fmt_name)
+    module.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    assert not module.uses_fused_path(*_inputs()[0][:2], None)
+    qkv, grad = _inputs(seed=1)
+    out, grads = _run(module, qkv, grad)
+    out_ref, grads_ref = _reference(qkv, grad, formats, module.softmax_scale)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    for name, g, ref in zip(("query", "key", "value"), grads, grads_ref):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-5, msg=name)
+    unquantized, _ = _reference(qkv, grad, attention_formats(None), module.softmax_scale)
+    assert (out - unquantized).abs().max() > 1e-3  # the quantization is real
+
+
+@pytest.mark.parametrize("fmt_name", [BLOCK_FORMAT, TENSOR_FORMAT])
+def test_fused_and_unfused_paths_agree(parallel, fmt_name):
+    formats = QuantRecipe.uniform(fmt_name, scope=["attention.qk"]).resolve("core_attention", 0, 1)
+    formats["pv.value"] = attention_formats(fmt_name)["pv.value"]
+    modules = []
+    for allow_fused in (True, False):
+        module = _attention(QuantDotProductAttention)
+        module.configure_quant(AttentionQuant.from_formats(formats), SITE, allow_fused=allow_fused)
+        modules.append(module)
+    qkv, grad = _inputs(seed=2)
+    assert modules[0].uses_fused_path(qkv[0], qkv[1], None) and not modules[1].uses_fused_path(qkv[0], qkv[1], None)
+    (out_f, grads_f), (out_u, grads_u) = (_run(m, qkv, grad) for m in modules)
+    torch.testing.assert_close(out_f, out_u, rtol=1e-5, atol=1e-6)
+    # The fused backward recomputes the unfused path: identical gradients.
+    assert all(torch.equal(a, b) for a, b in zip(grads_f, grads_u))
+
+
+def test_quantized_probabilities_disable_the_fused_path(parallel):
+    module = _attention(QuantDotProductAttention)
+    module.configure_quant(AttentionQuant.from_formats(attention_formats(BLOCK_FORMAT)), SITE)
+    qkv, _ = _inputs()
+    assert not module.uses_fused_path(qkv[0], qkv[1], None)
+
+
+def test_dropout_runs_unfused_with_megatron_rng(parallel):
+    formats = QuantRecipe.uniform(BLOCK_FORMAT, scope=["attention.qk"]).resolve("core_attention", 0, 1)
+    module = _attention(QuantDotProductAttention, attention_dropout=0.5)
+    module.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    qkv, grad = _inputs(seed=3)
+    assert not module.uses_fused_path(qkv[0], qkv[1], None)
+    module.eval()
+    assert module.uses_fused_path(qkv[0], qkv[1], None)
+
+
+def test_capture_names_and_numerics_unchanged(parallel, monkeypatch):
+    module = _attention(QuantDotProductAttention)
+    formats = attention_formats(BLOCK_FORMAT)
+    module.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    qkv, grad = _inputs(seed=4)
+    out_off, grads_off = _run(module, qkv, grad)
+    saver = RecordingSaver().install(monkeypatch)
+    out_on, grads_on = _run(module, qkv, grad)
+    assert torch.equal(out_off, out_on) and all(torch.equal(a, b) for a, b in zip(grads_off, grads_on))
+    assert saver.names() == [("forward", "pre", ("key", "query", "value")), ("forward", "post", ("output",)),
+                             ("backward", "pre", ("grad_output",)),
+                             ("backward", "post", ("grad_key", "grad_query", "grad_value"))]
+    pre = saver.calls[0][3]
+    torch.testing.assert_close(pre["query"].quantized, q(qkv[0], formats["qk.query"], -1), rtol=0, atol=0)
+    assert pre["value"].axis == 0 and pre["value"].quantized is not None
+    assert torch.equal(saver.calls[3][3]["grad_query"], grads_on[0])

@@ -1,0 +1,182 @@
+"""Quantized column/row-parallel linear layers against megatron-core's stock layers and a
+reference built from megatron.quant.formats plus a plain matmul."""
+import pytest
+import torch
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear, invalidate_quantized_weights
+from megatron.quant.ops import LinearQuant
+from megatron.quant.tensor_saver import CaptureSite
+from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, RecordingSaver, linear_formats, q,
+                                   transformer_config)
+
+IN, OUT, SEQ, BATCH = 64, 96, 32, 2
+KINDS = {"column": (ColumnParallelLinear, QuantColumnParallelLinear, dict(gather_output=False)),
+         "row": (RowParallelLinear, QuantRowParallelLinear, dict(input_is_parallel=True, skip_bias_add=False))}
+SITE = CaptureSite("linear", "linear", 0, "test.linear", "fc1", "test")
+
+
+def _build(kind, dtype=torch.float32, bias=True, quant=True, **config):
+    stock_cls, quant_cls, kwargs = KINDS[kind]
+    cfg = transformer_config(params_dtype=dtype, bf16=dtype == torch.bfloat16, **config)
+    cls = quant_cls if quant else stock_cls
+    return cls(IN, OUT, config=cfg, init_method=torch.nn.init.normal_, bias=bias, **kwargs)
+
+
+def _run(layer, x, grad):
+    x = x.clone().requires_grad_()
+    y, _ = layer(x)
+    y.backward(grad)
+    grads = {"input": x.grad, "weight": layer.weight.grad}
+    if layer.bias is not None:
+        grads["bias"] = layer.bias.grad
+    return y.detach(), grads
+
+
+def _data(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(SEQ, BATCH, IN, generator=g).to(dtype)
+    grad = torch.randn(SEQ, BATCH, OUT, generator=g).to(dtype)
+    return x, grad
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("passthrough", [None, "bf16"])
+def test_passthrough_is_bit_identical_to_stock(parallel, kind, dtype, passthrough):
+    stock, quant = _build(kind, dtype, quant=False), _build(kind, dtype)
+    quant.load_state_dict(stock.state_dict())
+    with torch.no_grad():
+        stock.bias.normal_()
+        quant.bias.copy_(stock.bias)
+    quant.configure_quant(LinearQuant.from_formats(linear_formats(passthrough)), SITE)
+    x, grad = _data(dtype)
+    y_stock, g_stock = _run(stock, x, grad)
+    y_quant, g_quant = _run(quant, x, grad)
+    assert torch.equal(y_stock, y_quant)
+    for name in g_stock:
+        assert torch.equal(g_stock[name], g_quant[name]), name
+
+
+def _reference(x, w, b, grad, fmts):
+    """Y = q(X) q(W)^T along in; dX = q(dY) q(W) along out; dW = q(dY)^T q(X) along tokens."""
+    y = torch.matmul(q(x, fmts["fprop.input"], -1), q(w, fmts["fprop.weight"], 1).t()) + b
+    dx = q(grad, fmts["dgrad.grad_output"], -1).matmul(q(w, fmts["dgrad.weight"], 0))
+    dy2, x2 = grad.reshape(-1, OUT), x.reshape(-1, IN)
+    dw = q(dy2, fmts["wgrad.grad_output"], 0).t().matmul(q(x2, fmts["wgrad.input"], 0))
+    return y, {"input": dx, "weight": dw, "bias": dy2.sum(0)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fmt_name", [BLOCK_FORMAT, TENSOR_FORMAT])
+def test_each_gemm_equals_formats_reference(parallel, kind, fmt_name):
+    layer = _build(kind)
+    fmts = linear_formats(fmt_name)
+    # Distinct formats per operand would hide a swapped operand only if they coincided; use the
+    # uniform format and, for dgrad, a different one, so a mix-up of fprop/dgrad shows.
+    fmts["dgrad.weight"] = linear_formats(TENSOR_FORMAT if fmt_name == BLOCK_FORMAT else BLOCK_FORMAT)["dgrad.weight"]
+    layer.configure_quant(LinearQuant.from_formats(fmts), SITE)
+    x, grad = _data(torch.float32, seed=1)
+    y, grads = _run(layer, x, grad)
+    y_ref, grads_ref = _reference(x, layer.weight.detach(), layer.bias.detach(), grad, fmts)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    for name, ref in grads_ref.items():
+        torch.testing.assert_close(grads[name], ref, rtol=0, atol=0, msg=name)
+    # The quantization is real: the unquantized GEMMs give something else.
+    assert not torch.equal(y, torch.matmul(x, layer.weight.detach().t()) + layer.bias.detach())
+
+
+def test_fprop_and_dgrad_quantize_the_weight_along_different_axes(parallel):
+    from megatron.quant.formats import get_format
+
+    fmt = get_format(BLOCK_FORMAT)
+    w = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(3))
+    assert not torch.equal(fmt.quantize(w, axis=1), fmt.quantize(w, axis=0))
+
+
+class CountingFormat:
+    """Delegates to a real format and counts quantizations of tensors shaped like the weight."""
+
+    def __init__(self, fmt, weight_shape):
+        self.fmt, self.weight_shape, self.weight_calls = fmt, tuple(weight_shape), 0
+
+    def __getattr__(self, name):
+        return getattr(self.fmt, name)
+
+    def quantize(self, x, axis=-1, amax=None):
+        self.weight_calls += tuple(x.shape) == self.weight_shape
+        return self.fmt.quantize(x, axis=axis, amax=amax)
+
+
+def test_weight_quantized_once_per_optimizer_step(parallel):
+    layer = _build("column", bias=False)
+    counting = CountingFormat(linear_formats(BLOCK_FORMAT)["fprop.weight"], layer.weight.shape)
+    layer.configure_quant(LinearQuant.from_formats({k: counting for k in linear_formats(None)}), SITE)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x, grad = _data(torch.float32, seed=2)
+    for _ in range(3):  # three micro-batches: fprop and dgrad weights quantized once each
+        _run(layer, x, grad)
+    assert counting.weight_calls == 2
+    optimizer.step()  # in-place update bumps the version counter
+    y, _ = _run(layer, x, grad)
+    assert counting.weight_calls == 4
+    w_q = counting.fmt.quantize(layer.weight.detach(), axis=1)
+    torch.testing.assert_close(y, torch.matmul(counting.fmt.quantize(x, axis=-1), w_q.t()), rtol=0, atol=0)
+    with torch.no_grad():  # writes through .data bypass the counter: explicit invalidation
+        layer.weight.data.mul_(0.5)
+    _run(layer, x, grad)
+    assert counting.weight_calls == 4
+    invalidate_quantized_weights(layer)
+    _run(layer, x, grad)
+    assert counting.weight_calls == 6
+
+
+def test_gradient_accumulation_into_main_grad(parallel):
+    layer = _build("column", bias=False, gradient_accumulation_fusion=False)
+    layer.configure_quant(LinearQuant.from_formats(linear_formats(BLOCK_FORMAT)), SITE)
+    x, grad = _data(torch.float32, seed=4)
+    _, plain = _run(layer, x, grad)
+    layer.weight.grad = None
+    layer.weight.main_grad = torch.ones_like(layer.weight)
+    layer.gradient_accumulation_fusion = True  # megatron-core's flag, set after build (no apex here)
+    _run(layer, x, grad)
+    torch.testing.assert_close(layer.weight.main_grad, plain["weight"] + 1)
+
+
+def test_frozen_weight_gets_no_grad_and_same_dgrad(parallel):
+    layer = _build("column", bias=False)
+    layer.configure_quant(LinearQuant.from_formats(linear_formats(BLOCK_FORMAT)), SITE)
+    x, grad = _data(torch.float32, seed=5)
+    _, trained = _run(layer, x, grad)
+    layer.weight.requires_grad_(False)
+    layer.weight.grad = None
+    _, frozen = _run(layer, x, grad)
+    assert frozen["weight"] is None
+    torch.testing.assert_close(frozen["input"], trained["input"], rtol=0, atol=0)
+
+
+def test_capture_offers_quantized_operands_and_changes_nothing(parallel, monkeypatch):
+    layer = _build("row")
+    fmts = linear_formats(BLOCK_FORMAT)
+    layer.configure_quant(LinearQuant.from_formats(fmts), SITE)
+    x, grad = _data(torch.float32, seed=6)
+    y_off, g_off = _run(layer, x, grad)
+    layer.weight.grad = layer.bias.grad = None
+    saver = RecordingSaver().install(monkeypatch)
+    y_on, g_on = _run(layer, x, grad)
+    assert torch.equal(y_off, y_on) and all(torch.equal(g_off[k], g_on[k]) for k in g_off)
+    assert saver.names() == [("forward", "pre", ("input", "weight")), ("forward", "post", ("output",)),
+                             ("backward", "pre", ("grad_output", "weight")),
+                             ("backward", "post", ("grad_input", "grad_weight"))]
+    fwd_pre = saver.calls[0][3]
+    assert fwd_pre["weight"].axis == 1 and saver.calls[2][3]["weight"].axis == 0
+    torch.testing.assert_close(fwd_pre["input"].quantized, q(x, fmts["fprop.input"], -1), rtol=0, atol=0)
+    assert torch.equal(saver.calls[1][3]["output"], y_on)
+    assert torch.equal(saver.calls[3][3]["grad_input"], g_on["input"])
+
+
+def test_unconfigured_layer_is_stock(parallel):
+    stock, quant = _build("column", quant=False), _build("column")
+    quant.load_state_dict(stock.state_dict())
+    x, grad = _data(torch.float32)
+    assert torch.equal(_run(stock, x, grad)[0], _run(quant, x, grad)[0])
