@@ -82,32 +82,21 @@ def format_screen_report(stats: Mapping) -> str:
 
 def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[Path]:
     """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from megatron.quant.analysis import figures
 
     others = [mode for mode in results if mode != reference]
-    if not others:
-        return []
     written = []
-    columns = min(3, len(others))
-    rows = -(-len(others) // columns)
-    for name, ref in results[reference].items():
-        fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
-        for ax, mode in zip(axes.flat, others):
+    for name, ref in (results[reference].items() if others else ()):
+        fig, axes = figures.subplot_grid(len(others), ncols=3, panel_size=(4.5, 3.2))
+        for ax, mode in zip(axes, others):
             diff = (results[mode][name].astype(np.float64) - ref).reshape(-1)
-            ax.hist(diff, bins=100, color="tab:blue", alpha=0.8)
+            ax.hist(diff[np.isfinite(diff)], bins=100, alpha=0.8)
             ax.set_yscale("log")
             ax.set_title(f"{mode} - {reference}  (MSE {np.mean(diff ** 2):.3g})", fontsize=9)
             ax.set_xlabel("difference")
-        for ax in list(axes.flat)[len(others):]:
-            ax.axis("off")
-        fig.suptitle(f"{name}: difference from {reference}")
-        fig.tight_layout()
         path = stem.with_name(f"{stem.name}_diff_{name}.png")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        figures.finish(fig, f"{name}: difference from {reference}").savefig(path, dpi=100)
+        figures.plt.close(fig)
         written.append(path)
     return written
 

@@ -6,8 +6,9 @@ import csv
 import html
 import re
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
+from megatron.quant.analysis import figures
 from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"
@@ -30,39 +31,29 @@ def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], folder: Path)
 
 def plot_by_class(rows: Sequence[Mapping], folder: Path) -> Path:
     """``by_class.png``: per tensor class, the mean of each statistic for each format (grouped bars)."""
-    plt = _pyplot()
     classes = sorted({tensor_class(row) for row in rows})
-    formats = list(dict.fromkeys(row["format"] for row in rows))
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(max(8, 1.1 * len(classes) * len(formats) / 3), 3.2 * len(PANELS)))
-    width = 0.8 / len(formats)
+    names = list(dict.fromkeys(row["format"] for row in rows))
+    fig, axes = figures.subplot_grid(len(PANELS), ncols=2, panel_size=(max(6.0, 0.9 * len(classes) * len(names) / 2), 4.2))
     for ax, (key, title) in zip(axes, PANELS):
-        for offset, name in enumerate(formats):
-            means = [_mean([r[key] for r in rows if r["format"] == name and tensor_class(r) == cls]) for cls in classes]
-            ax.bar([i + offset * width for i in range(len(classes))], means, width, label=name)
-        ax.set_title(title)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(classes))], classes, rotation=30, ha="right", fontsize=8)
-    axes[0].legend(fontsize=8, ncol=min(len(formats), 6))
-    return _save(fig, plt, folder / "by_class.png")
+        groups = {name: [_mean(r[key] for r in rows if r["format"] == name and tensor_class(r) == cls)
+                         for cls in classes] for name in names}
+        figures.grouped_bars(ax, classes, groups, title, title)
+    return _save(figures.finish(fig, "What-if re-quantization: mean per tensor class"), folder / "by_class.png")
 
 
 def plot_by_layer(rows: Sequence[Mapping], folder: Path) -> list[Path]:
     """``by_layer_<class>.png`` per tensor class: each statistic against the layer index, one line per format."""
-    plt = _pyplot()
     written = []
     for cls in sorted({tensor_class(row) for row in rows}):
         subset = [row for row in rows if tensor_class(row) == cls]
-        layers = sorted({row["layer_idx"] for row in subset if row["layer_idx"] is not None})
-        fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
+        layers = sorted({row["layer_idx"] for row in subset})
+        fig, axes = figures.subplot_grid(len(PANELS), ncols=4, panel_size=(4.2, 3.4))
         for ax, (key, title) in zip(axes, PANELS):
-            for name in dict.fromkeys(row["format"] for row in subset):
-                means = [_mean([r[key] for r in subset if r["format"] == name and r["layer_idx"] == layer])
-                         for layer in layers]
-                ax.plot(layers, means, marker="o", label=name)
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("layer")
-        axes[0].legend(fontsize=7)
-        fig.suptitle(cls)
-        written.append(_save(fig, plt, folder / f"by_layer_{_slug(cls)}.png"))
+            series = {name: (layers, [_mean(r[key] for r in subset if r["format"] == name and r["layer_idx"] == layer)
+                                      for layer in layers])
+                      for name in dict.fromkeys(row["format"] for row in subset)}
+            figures.line_panel(ax, series, title, "layer", title)
+        written.append(_save(figures.finish(fig, cls), folder / f"by_layer_{_slug(cls)}.png"))
     return written
 
 
@@ -104,25 +95,16 @@ def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping]) -> N
         writer.writerows(rows)
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+def _mean(values: Iterable[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else float("nan")
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, plt, path: Path) -> Path:
-    fig.tight_layout()
+def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    figures.plt.close(fig)
     return path

@@ -1,0 +1,157 @@
+"""save_first_layer_io end to end on the llama-tiny preset: each mode moves the layer output from
+fp32 as its format implies, the .npz and _stats.json agree, the screen report has the original's
+fields, and bad arguments are clear errors."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.quant import formats
+from megatron.quant.compare import report, run_layer_io
+from megatron.quant.compare.modes import ESSENTIAL, resolve_modes
+
+REPO = Path(__file__).resolve().parents[2]
+SEQ = 16
+
+
+def _run(tmp_path: Path, *extra: str) -> tuple[dict, dict]:
+    output = tmp_path / "io.npz"
+    args = run_layer_io.build_parser().parse_args(["--output_file", str(output), "--seq_len", str(SEQ), *extra])
+    stats = run_layer_io.run(args, log=lambda line: None)
+    with np.load(output) as data:
+        arrays = dict(data)
+    assert json.loads(report.stats_path_for(output).read_text()) == json.loads(json.dumps(stats))
+    return arrays, stats
+
+
+@pytest.fixture(scope="module")
+def essential(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("essential")
+    arrays, stats = _run(tmp, "--modes", "essential")
+    return {"arrays": arrays, "stats": stats, "dir": tmp}
+
+
+def _rel(arrays, mode, name):
+    diff = arrays[f"mode_{mode}_{name}"].astype(np.float64) - arrays[f"mode_fp32_{name}"]
+    return np.linalg.norm(diff) / np.linalg.norm(arrays[f"mode_fp32_{name}"])
+
+
+def test_single_layer_keys_are_the_originals(essential):
+    assert sorted(essential["arrays"]) == sorted(f"mode_{m}_{io}" for m in ESSENTIAL for io in ("input", "output"))
+    assert essential["arrays"]["mode_fp32_output"].shape == (1, SEQ, 256)  # batch-first, hidden 256
+
+
+def test_each_mode_moves_the_output_as_its_format_implies(essential):
+    arrays = essential["arrays"]
+    # Formats run the model in fp32 and quantize only GEMM operands: layer 0's input (the
+    # embedding) is untouched, and bf16's input is the fp32 one rounded to bf16.
+    for mode in ("hifp8", "mxfp8", "mxfp4"):
+        np.testing.assert_array_equal(arrays[f"mode_{mode}_input"], arrays["mode_fp32_input"])
+    rounded = torch.from_numpy(arrays["mode_fp32_input"]).bfloat16().float().numpy()
+    np.testing.assert_array_equal(arrays["mode_bf16_input"], rounded)
+    bf16, mxfp8, mxfp4 = (_rel(arrays, m, "output") for m in ("bf16", "mxfp8", "mxfp4"))
+    assert 0 < bf16 < mxfp8 < mxfp4
+    assert mxfp4 > 10 * bf16
+
+
+def test_fp32_against_itself_is_exactly_zero(essential, tmp_path):
+    again, _ = _run(tmp_path, "--modes", "fp32")
+    np.testing.assert_array_equal(again["mode_fp32_output"], essential["arrays"]["mode_fp32_output"])
+    assert "vs_reference" not in essential["stats"]["modes"]["fp32"]["output"]
+
+
+def test_npz_and_json_agree(essential):
+    arrays, stats = essential["arrays"], essential["stats"]
+    for mode, tensors in stats["modes"].items():
+        for name, entry in tensors.items():
+            x = arrays[f"mode_{mode}_{name}"].astype(np.float64)
+            assert entry["shape"] == list(x.shape)
+            assert entry["first_10"] == x.reshape(-1)[:10].tolist()
+            assert entry["mean"] == pytest.approx(x.mean(), rel=1e-9, abs=1e-12)
+            assert entry["std"] == pytest.approx(x.std(), rel=1e-9)
+            assert (entry["min"], entry["max"]) == (x.min(), x.max())
+            if mode == "fp32":
+                continue
+            diff = x - arrays[f"mode_fp32_{name}"]
+            errors = entry["vs_reference"]
+            assert errors["mse"] == pytest.approx(np.mean(diff ** 2), rel=1e-9, abs=1e-30)
+            assert errors["mae"] == pytest.approx(np.mean(np.abs(diff)), rel=1e-9, abs=1e-30)
+            assert errors["max_abs_error"] == np.abs(diff).max()
+
+
+def test_screen_report_has_the_original_fields(essential):
+    text = report.format_screen_report(essential["stats"])
+    blocks = re.split(r"={98}\nMODE (\S+)\n={98}\n", text)[1:]
+    assert blocks[0::2] == list(ESSENTIAL)
+    for mode, block in zip(blocks[0::2], blocks[1::2]):
+        for io in ("input", "output"):
+            entry = essential["stats"]["modes"][mode][io]
+            match = re.search(rf"{io.upper()} \(Shape: \[1, {SEQ}, 256\]\):\n  First 10 values: \[(.*)\]\n"
+                              r"  Mean: (\S+)\n  Std:  (\S+)\n  Range: \[(\S+), (\S+)\]", block)
+            assert match, block
+            shown = [float(v.strip("' ")) for v in match.group(1).split(",")]
+            assert shown == pytest.approx(entry["first_10"], abs=5e-7)
+            assert float(match.group(2)) == pytest.approx(entry["mean"], abs=5e-7)
+            assert (float(match.group(4)), float(match.group(5))) == pytest.approx((entry["min"], entry["max"]), abs=5e-7)
+        assert ("vs fp32: MSE" in block) == (mode != "fp32")
+
+
+def test_difference_histograms_are_written(essential):
+    assert sorted(p.name for p in essential["dir"].glob("*.png")) == ["io_diff_input.png", "io_diff_output.png"]
+
+
+def test_linear_submodule_output_is_the_quantized_matmul(tmp_path):
+    arrays, _ = _run(tmp_path, "--modes", "mxfp8", "--submodule", "self_attention.linear_qkv", "--no_plots")
+    from megatron.quant.training.loading import load_model
+
+    model, _ = load_model("preset:llama-tiny", resolve_modes(["fp32"])[0].recipe, seed=1234)
+    weight = model.decoder.layers[0].self_attention.linear_qkv.weight.detach()
+    x = torch.from_numpy(arrays["mode_mxfp8_input"])
+    # fprop Y = X W^T with X and W both blocked along in_features (the last axis of each).
+    expected = formats.quantize(x, "mxfp8", axis=-1) @ formats.quantize(weight, "mxfp8", axis=-1).T
+    torch.testing.assert_close(torch.from_numpy(arrays["mode_mxfp8_output"]), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(arrays["mode_mxfp8_input"], arrays["mode_fp32_input"])
+
+
+def test_several_layers_and_a_submodule_get_layer_keys(tmp_path):
+    arrays, stats = _run(tmp_path, "--modes", "mxfp4", "--layers", "0", "-1", "--submodule", "mlp", "--no_plots")
+    assert sorted(arrays) == sorted(f"mode_{m}_L{layer}_mlp_{io}" for m in ("fp32", "mxfp4")
+                                    for layer in (0, 1) for io in ("input", "output"))
+    assert stats["targets"] == {"L0_mlp": "decoder.layers.0.mlp", "L1_mlp": "decoder.layers.1.mlp"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--modes", "fp32", "mxfp9"], "unknown mode 'mxfp9'; valid: presets"),
+    (["--layers", "2"], "--layers 2 is out of range: the model has 2 layers"),
+    (["--layers", "-3"], "--layers -3 is out of range"),
+    (["--model", "/nonexistent/llama"], "--model '/nonexistent/llama': no such directory"),
+    (["--submodule", "attn"], "no module 'decoder.layers.0.attn'"),
+])
+def test_bad_arguments_are_clear_errors(tmp_path, capsys, extra, message):
+    code = run_layer_io.main(["--output_file", str(tmp_path / "x.npz"), "--seq_len", "4", "--no_plots",
+                              "--modes", "fp32", *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_shell_script_expands_presets_and_passes_options(tmp_path):
+    output = tmp_path / "shell.npz"
+    done = subprocess.run(["bash", str(REPO / "script" / "capture_first_layer.sh"), "essential",
+                           "--output_file", str(output), "--seq_len", "8", "--no_plots"],
+                          cwd=tmp_path, capture_output=True, text=True, env=_env())
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(report.stats_path_for(output).read_text())
+    assert list(stats["modes"]) == list(ESSENTIAL) and stats["seq_len"] == 8
+    assert "MODE mxfp4" in done.stdout and "First 10 values:" in done.stdout
+
+
+def _env() -> dict:
+    import os
+
+    return {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}

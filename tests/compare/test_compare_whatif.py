@@ -1,0 +1,143 @@
+"""What-if re-quantization of captures written by the real tensor saver: results equal applying
+megatron.quant.formats directly along the captured axis; SQNR and the best format are checked
+against numpy; quantized copies, corrupt files and filters behave."""
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.quant import formats, tensor_saver
+from megatron.quant.compare import run_whatif, whatif
+from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
+
+FORMATS = ["hifp8", "mxfp8", "mxfp4", "nvfp4"]
+
+
+def _site(layer: int, role: str) -> CaptureSite:
+    return CaptureSite("linear", "linear", layer, f"decoder.layers.{layer}.mlp.linear_{role}", role, "bf16")
+
+
+@pytest.fixture(scope="module")
+def capture_dir(tmp_path_factory):
+    """Two layers of fc1 forward operands and one fc2 backward grad_output blocked along tokens."""
+    root = tmp_path_factory.mktemp("captures")
+    gen = torch.Generator().manual_seed(0)
+    fmt = formats.get_format("mxfp8")
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(root), iterations="0", save_quantized=True))
+    try:
+        tensor_saver.set_iteration(0)
+        tensor_saver.set_microbatch(0, 0)
+        for layer in (0, 1):
+            # Outlier channels make the formats' block and range handling matter.
+            x = torch.randn(32, 2, 64, generator=gen) * torch.logspace(-3, 2, 64)
+            w = torch.randn(128, 64, generator=gen) * 0.02
+            tensor_saver.capture(_site(layer, "fc1"), "forward", "pre", {
+                "input": Operand(x.bfloat16(), fmt, axis=-1, quantized=fmt.quantize(x.bfloat16(), axis=-1)),
+                "weight": Operand(w, fmt, axis=-1)})
+        grad = torch.randn(32, 2, 64, generator=gen) * torch.logspace(-4, 1, 32).view(32, 1, 1)
+        tensor_saver.capture(_site(1, "fc2"), "backward", "pre", {"grad_output": Operand(grad, fmt, axis=0)})
+    finally:
+        tensor_saver.close()
+    corrupt = root / "bf16" / "20250101_000000_9999_iter000_linear_L0_forward_pre_linear_bf16_rank00_sample000_input.pt"
+    corrupt.write_bytes(b"not a torch file")
+    return root
+
+
+@pytest.fixture(scope="module")
+def outcome(capture_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("draw")
+    log: list[str] = []
+    args = run_whatif.build_parser().parse_args(
+        ["--tensor_dir", str(capture_dir), "--output_dir", str(out), "--formats", *FORMATS])
+    written = run_whatif.run(args, log=log.append)
+    folder = out / "format_comparison"
+    with open(folder / "format_comparison.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    return {"folder": folder, "rows": rows, "log": log, "written": written}
+
+
+def _captured(capture_dir: Path, relative: str) -> tuple[torch.Tensor, dict]:
+    payload = torch.load(capture_dir / relative, weights_only=True)
+    return payload["tensor"], payload["metadata"]
+
+
+def test_one_row_per_high_precision_capture_and_format(outcome):
+    rows = outcome["rows"]
+    tensors = sorted({(r["role"], r["layer_idx"], r["tensor_name"]) for r in rows})
+    assert tensors == [("fc1", "0", "input"), ("fc1", "0", "weight"), ("fc1", "1", "input"),
+                       ("fc1", "1", "weight"), ("fc2", "1", "grad_output")]
+    assert len(rows) == len(tensors) * len(FORMATS)
+    assert any("skipping" in line and "iter000_linear_L0" in line for line in outcome["log"])
+
+
+def test_requantization_equals_the_formats_package_along_the_captured_axis(outcome, capture_dir):
+    for row in outcome["rows"]:
+        tensor, metadata = _captured(capture_dir, row["file"])
+        fmt = formats.get_format(row["format"])
+        expected = formats.quantize(tensor.float(), row["format"], axis=metadata["axis"])
+        assert torch.equal(whatif.requantize(tensor, metadata["axis"], fmt), expected)
+        # SQNR recomputed with numpy from the formats package's own output.
+        x, q = tensor.double().numpy(), expected.double().numpy()
+        sqnr = 10 * math.log10(np.sum(x ** 2) / np.sum((q - x) ** 2))
+        assert float(row["sqnr_db"]) == pytest.approx(sqnr, rel=1e-6)
+        assert float(row["relative_error"]) == pytest.approx(10 ** (-sqnr / 20), rel=1e-6)
+
+
+def test_grad_output_is_blocked_along_tokens_as_captured(outcome, capture_dir):
+    row = next(r for r in outcome["rows"] if r["tensor_name"] == "grad_output" and r["format"] == "mxfp4")
+    assert row["axis"] == "0"
+    tensor, _ = _captured(capture_dir, row["file"])
+    along_tokens = whatif.requantize(tensor, 0, formats.get_format("mxfp4"))
+    assert not torch.equal(along_tokens, formats.quantize(tensor, "mxfp4", axis=-1))
+
+
+def test_best_format_per_class_has_the_highest_mean_sqnr(outcome):
+    with open(outcome["folder"] / "best_formats.csv") as handle:
+        best = {(r["tensor_class"], r["among_bits"]): r["format"] for r in csv.DictReader(handle)}
+    for cls in {f"{r['role']}/{r['operation']}/{r['tensor_name']}" for r in outcome["rows"]}:
+        means = {}
+        for name in FORMATS:
+            values = [float(r["sqnr_db"]) for r in outcome["rows"] if r["format"] == name
+                      and f"{r['role']}/{r['operation']}/{r['tensor_name']}" == cls]
+            means[name] = np.mean(values)
+        assert best[(cls, "all")] == max(means, key=means.get)
+        assert best[(cls, "4")] == max(["mxfp4", "nvfp4"], key=means.get)
+
+
+def test_output_folder_holds_tables_plots_and_summary(outcome):
+    names = {path.name for path in outcome["folder"].iterdir()}
+    assert {"format_comparison.csv", "best_formats.csv", "summary.md", "summary.html", "by_class.png",
+            "by_layer_fc1_forward_input.png", "by_layer_fc2_backward_grad_output.png"} <= names
+    assert set(outcome["written"]) == {outcome["folder"] / name for name in names}
+    summary = (outcome["folder"] / "summary.md").read_text()
+    assert "| fc2/backward/grad_output |" in summary and "(by_class.png)" in summary
+    assert (outcome["folder"] / "summary.html").read_text().startswith('<section id="format-comparison">')
+
+
+def test_filters_select_captures(capture_dir, tmp_path):
+    args = run_whatif.build_parser().parse_args(
+        ["--tensor_dir", str(capture_dir), "--output_dir", str(tmp_path), "--formats", "mxfp8",
+         "--roles", "fc1", "--tensor_names", "weight", "--no_plots"])
+    run_whatif.run(args, log=lambda line: None)
+    with open(tmp_path / "format_comparison" / "format_comparison.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["role"], r["tensor_name"], r["layer_idx"]) for r in rows] == [("fc1", "weight", "0"), ("fc1", "weight", "1")]
+    assert not list((tmp_path / "format_comparison").glob("*.png"))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--formats", "mxfp9"], "mxfp9"),
+    (["--roles", "fc3"], "--roles fc3: no capture has this value; available: fc1, fc2"),
+])
+def test_bad_arguments_are_clear_errors(capture_dir, tmp_path, capsys, extra, message):
+    code = run_whatif.main(["--tensor_dir", str(capture_dir), "--output_dir", str(tmp_path), *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_tensor_dir_is_a_clear_error(tmp_path, capsys):
+    assert run_whatif.main(["--tensor_dir", str(tmp_path / "nowhere")]) == 2
+    assert "tensor directory does not exist" in capsys.readouterr().err
