@@ -1,11 +1,12 @@
 """Tensor statistics and format-aware quantization statistics (docs/interfaces.md section 3).
 
-Everything is computed on the tensor's device; each function makes one host transfer (the
-scalars are stacked and read with a single ``.tolist()``). Results are plain Python numbers.
+Everything is computed on the tensor's device and read back with one ``.tolist()`` of stacked
+scalars (a second one only for tensors holding NaN or Inf). Results are plain Python numbers.
 
 Conventions: min, max, mean, std and absmax are over the finite elements (NaN and Inf are
 counted separately, so one NaN does not hide the rest); std is the population std (ddof=0);
-values that are undefined (no finite element, zero norms) are None.
+undefined values (no finite element, zero norms) are None. Sums are float32 on float32 and
+narrower inputs (torch's reductions are pairwise, relative error ~1e-6), float64 on float64.
 """
 from __future__ import annotations
 
@@ -24,19 +25,48 @@ LOG2_LOW, LOG2_HIGH = -40, 20
 LOG2_EDGES = list(range(LOG2_LOW, LOG2_HIGH + 1))
 _N_BINS = len(LOG2_EDGES) + 1
 
+# IEEE layouts read directly: (same-width int dtype, mantissa bits, exponent mask, bias).
+# The exponent field of a normal value is floor(log2|x|) + bias; reading it is exact and far
+# cheaper than log2/frexp. Narrower float types are widened to float32 first (exactly).
+_LAYOUTS = {torch.float32: (torch.int32, 23, 0xFF, 127), torch.float64: (torch.int64, 52, 0x7FF, 1023)}
+
 
 def _dtype_name(x: Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _log2_bin_counts(values: Tensor, counted: Tensor) -> Tensor:
-    # frexp gives |x| = m * 2**e with m in [0.5, 1), so floor(log2|x|) = e - 1 exactly
-    # (torch.log2 can round a value just below a power of two up into the next binade).
-    _, exponent = torch.frexp(values.abs())
-    bins = (exponent.long() - 1 - LOG2_LOW + 1).clamp_(0, _N_BINS - 1)
-    # Elements not counted go to an extra bin that is dropped: masking would sync the host.
-    bins = torch.where(counted, bins, _N_BINS)
-    return torch.bincount(bins.flatten(), minlength=_N_BINS + 1)[:_N_BINS]
+def _as_ieee(x: Tensor) -> Tensor:
+    return x if x.dtype in _LAYOUTS else x.float()
+
+
+def _exponent_field_counts(x: Tensor) -> Tensor:
+    """How many elements have each value of the IEEE exponent field (field 0: zeros, subnormals)."""
+    int_dtype, mantissa_bits, mask, _ = _LAYOUTS[x.dtype]
+    field = (x.contiguous().view(int_dtype) >> mantissa_bits) & mask
+    return torch.bincount(field.flatten(), minlength=mask + 1)
+
+
+def _log2_histogram(field_counts: list[int], zeros: int, dtype: torch.dtype) -> list[int]:
+    """Fold exponent-field counts into the fixed log2 bins (the top field, Inf/NaN, is left out)."""
+    _, _, mask, bias = _LAYOUTS[dtype]
+    counts = [0] * _N_BINS
+    counts[0] = field_counts[0] - zeros  # subnormals: far below 2**LOG2_LOW for float32/64
+    for field in range(1, mask):
+        counts[min(max(field - bias - LOG2_LOW + 1, 0), _N_BINS - 1)] += field_counts[field]
+    return counts
+
+
+def _stack_double(scalars: list[Tensor]) -> Tensor:
+    # float64 holds counts exactly (float32 would not above 2**24), so one transfer fits all.
+    return torch.stack([s.double() for s in scalars])
+
+
+def _moments(x: Tensor, count: Tensor) -> list[Tensor]:
+    """min, max, mean, population variance of ``x`` (all elements), as 0-d tensors."""
+    lo, hi = torch.aminmax(x)
+    mean = x.sum() / count
+    centred = x - mean
+    return [lo, hi, mean, (centred * centred).sum() / count]
 
 
 def tensor_stats(x: Tensor) -> dict:
@@ -46,38 +76,42 @@ def tensor_stats(x: Tensor) -> dict:
     result: dict = {"numel": numel, "shape": list(x.shape), "dtype": _dtype_name(x)}
     if numel == 0:
         return {**result, "min": None, "max": None, "mean": None, "std": None, "absmax": None,
-                "zeros": 0, "nans": 0, "infs": 0,
-                "log2_hist": {"edges": LOG2_EDGES, "counts": [0] * _N_BINS}}
-    xf = x.float()
-    finite = torch.isfinite(xf)
-    finite_values = torch.where(finite, xf, 0.0).double()
-    n_finite = finite.sum()
-    mean = finite_values.sum() / n_finite.clamp(min=1)
-    centred = torch.where(finite, finite_values - mean, 0.0)
-    scalars = torch.stack([
-        n_finite.double(),
-        torch.isnan(xf).sum().double(),
-        torch.isinf(xf).sum().double(),
-        (xf == 0).sum().double(),
-        torch.where(finite, xf, math.inf).min().double(),
-        torch.where(finite, xf, -math.inf).max().double(),
-        mean,
-        (centred * centred).sum() / n_finite.clamp(min=1),
-    ])
-    counts = _log2_bin_counts(xf, finite & (xf != 0))
-    values = torch.cat([scalars, counts.double()]).tolist()
-    n_fin, nans, infs, zeros, lo, hi, mean_v, var = values[:8]
-    has_finite = n_fin > 0
+                "zeros": 0, "nans": 0, "infs": 0, "log2_hist": {"edges": LOG2_EDGES, "counts": [0] * _N_BINS}}
+    v = _as_ieee(x)
+    field_counts = _exponent_field_counts(v)
+    head = _stack_double([torch.count_nonzero(v), *_moments(v, numel)])
+    values = torch.cat([head, field_counts.double()]).tolist()
+    nonzero, lo, hi, mean, var = values[:5]
+    field_counts = [int(c) for c in values[5:]]
+    zeros, non_finite = numel - int(nonzero), field_counts[-1]
+    nans = infs = 0
+    if non_finite:  # rare: recompute over the finite elements only (the one extra host sync)
+        finite = torch.isfinite(v)
+        n_finite = finite.sum()
+        kept = torch.where(finite, v, 0.0)
+        mean_t = kept.sum() / n_finite.clamp(min=1)
+        centred = torch.where(finite, v - mean_t, 0.0)
+        n_fin, nans, lo, hi, mean, var = _stack_double([
+            n_finite, torch.isnan(v).sum(),
+            torch.where(finite, v, math.inf).min(), torch.where(finite, v, -math.inf).max(),
+            mean_t, (centred * centred).sum() / n_finite.clamp(min=1)]).tolist()
+        nans = int(nans)
+        infs = non_finite - nans
+        if n_fin == 0:
+            lo = hi = mean = var = None
     result.update(
-        min=lo if has_finite else None,
-        max=hi if has_finite else None,
-        mean=mean_v if has_finite else None,
-        std=math.sqrt(var) if has_finite else None,
-        absmax=max(abs(lo), abs(hi)) if has_finite else None,
-        zeros=int(zeros), nans=int(nans), infs=int(infs),
-        log2_hist={"edges": LOG2_EDGES, "counts": [int(c) for c in values[8:]]},
+        min=lo, max=hi, mean=mean, std=None if var is None else math.sqrt(var),
+        absmax=None if lo is None else max(abs(lo), abs(hi)),
+        zeros=zeros, nans=nans, infs=infs,
+        log2_hist={"edges": LOG2_EDGES, "counts": _log2_histogram(field_counts, zeros, v.dtype)},
     )
     return result
+
+
+def _error_sums(x: Tensor, q: Tensor) -> list[Tensor]:
+    """sum x^2, sum (q-x)^2, sum x*q, sum q^2."""
+    error = q - x
+    return [(x * x).sum(), (error * error).sum(), (x * q).sum(), (q * q).sum()]
 
 
 def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[Tensor] = None,
@@ -96,20 +130,16 @@ def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[
         return {"overflow": 0, "overflow_ratio": None, "underflow": 0, "underflow_ratio": None,
                 "rel_mse": None, "sqnr_db": None, "cosine": None}
     fmt_q, scale = fmt.quantize_with_scale(x, axis=axis, amax=amax)
-    q = (fmt_q if q is None else q).detach()
-    xf, qf = x.float(), q.float()
-    both_finite = torch.isfinite(xf) & torch.isfinite(qf)
-    xd = torch.where(both_finite, xf, 0.0).double()
-    qd = torch.where(both_finite, qf, 0.0).double()
-    error = qd - xd
-    overflow, underflow, signal, noise, dot, q_power = torch.stack([
-        (xf.abs() > fmt.max_value * scale).sum().double(),
-        ((xf != 0) & (qf == 0)).sum().double(),
-        (xd * xd).sum(),
-        (error * error).sum(),
-        (xd * qd).sum(),
-        (qd * qd).sum(),
-    ]).tolist()
+    v = _as_ieee(x)
+    qv = (fmt_q if q is None else q).detach().to(v.dtype)
+    overflow = torch.count_nonzero(v.abs() > scale.to(v.dtype) * fmt.max_value)
+    underflow = torch.count_nonzero((v != 0) & (qv == 0))
+    overflow, underflow, signal, noise, dot, q_power = _stack_double([overflow, underflow,
+                                                                      *_error_sums(v, qv)]).tolist()
+    if not math.isfinite(signal + noise + dot + q_power):  # rare: keep elements finite in both
+        finite = torch.isfinite(v) & torch.isfinite(qv)
+        signal, noise, dot, q_power = _stack_double(
+            _error_sums(torch.where(finite, v, 0.0), torch.where(finite, qv, 0.0))).tolist()
     if signal > 0:
         sqnr_db = 10 * math.log10(signal / noise) if noise > 0 else math.inf
     else:

@@ -25,10 +25,11 @@ def awkward_tensor() -> torch.Tensor:
     x[2, 0], x[2, 1] = 2.0 ** -45, -(2.0 ** 25)  # the two end bins
     x[3, 0] = 2.0 ** 3 * (1 - 2.0 ** -24)  # just below a power of two: binade 2, not 3
     x[3, 1], x[3, 2] = 2.0 ** -126 / 8, 8.0  # a subnormal; an exact power of two
+    x[4, 0], x[4, 1] = 2.0 ** 19 * 1.5, 2.0 ** -40  # the last and first binade bins
     return x
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_tensor_stats_match_numpy(dtype):
     x = awkward_tensor().to(dtype)
     ref = x.float().numpy()
@@ -37,8 +38,8 @@ def test_tensor_stats_match_numpy(dtype):
     assert stats["numel"] == ref.size and stats["shape"] == [37, 11] and stats["dtype"] == str(dtype)[6:]
     assert stats["min"] == finite.min() and stats["max"] == finite.max()
     assert stats["absmax"] == np.abs(finite).max()
-    assert stats["mean"] == pytest.approx(finite.mean(), rel=1e-12)
-    assert stats["std"] == pytest.approx(finite.std(), rel=1e-12)
+    assert stats["mean"] == pytest.approx(finite.mean(), rel=1e-5)
+    assert stats["std"] == pytest.approx(finite.std(), rel=1e-5)
     assert stats["zeros"] == int((ref == 0).sum())
     assert stats["nans"] == int(np.isnan(ref).sum()) and stats["infs"] == int(np.isinf(ref).sum()) >= 2
     assert stats["log2_hist"]["edges"] == list(range(-40, 21))
@@ -51,6 +52,13 @@ def test_tensor_stats_of_empty_and_all_nan_tensors():
     assert empty["numel"] == 0 and empty["mean"] is None and sum(empty["log2_hist"]["counts"]) == 0
     nan = tensor_stats(torch.full((3,), float("nan")))
     assert nan["nans"] == 3 and nan["min"] is None and nan["std"] is None
+
+
+def test_counts_stay_exact_beyond_float32_integers():
+    x = torch.zeros(2**24 + 3)
+    x[:2] = 1.0
+    stats = tensor_stats(x)
+    assert stats["zeros"] == 2**24 + 1 and stats["log2_hist"]["counts"][41] == 2
 
 
 def test_tensor_stats_are_plain_python_numbers():
