@@ -32,16 +32,28 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
 
 
 def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
-    """GPTModel for ``shape`` with the quantized Llama spec of ``recipe`` (all stages: PP=1 here)."""
+    """GPTModel for ``shape`` with the quantized Llama spec of ``recipe``."""
     from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.quant.spec import build_llama_model
 
-    # TEMPORARY until megatron.quant.spec.build_llama_model lands (recipe unused meanwhile).
-    return GPTModel(
-        config, get_gpt_layer_local_spec(normalization="RMSNorm"), position_embedding_type="rope",
-        vocab_size=vocab_size or shape["vocab_size"],
+    model = build_llama_model(
+        config, recipe, vocab_size=vocab_size or shape["vocab_size"],
         max_sequence_length=shape["max_position_embeddings"], rotary_base=shape["rotary_base"],
         share_embeddings_and_output_weights=not shape["untie_embeddings_and_output_weights"],
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage())
+    if shape.get("rope_scaling_factor"):
+        _use_llama3_rope_scaling(model, shape)
+    return model
+
+
+def _use_llama3_rope_scaling(model, shape: Mapping) -> None:
+    # build_llama_model has no RoPE-scaling arguments; GPTModel builds its RotaryEmbedding
+    # from them, so an equal one with Llama 3.1 scaling (megatron-core's defaults match the
+    # published low/high frequency factors and original context 8192) replaces it.
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    model.rotary_pos_emb = RotaryEmbedding(
+        kv_channels=model.config.kv_channels, rotary_percent=1.0, rotary_base=shape["rotary_base"],
+        rope_scaling=True, rope_scaling_factor=shape["rope_scaling_factor"],
+        use_cpu_initialization=model.config.use_cpu_initialization, cp_group=model.pg_collection.cp)
