@@ -1,0 +1,144 @@
+"""The NumericFormat interface shared by every format, and option checking."""
+from __future__ import annotations
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .rounding import ROUNDING_MODES, RandomStream, uniform_like
+
+SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SCALINGS = ("none", "tensor", "block")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a format accepts: its default, and either its allowed values or its
+    number type (``int`` or ``float``; floats must be positive and finite)."""
+
+    default: Any
+    choices: tuple | None = None
+    kind: type | None = None
+
+    def check(self, format_name: str, key: str, value: Any) -> Any:
+        if value is None and self.default is None:
+            return None
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{format_name}: {key}={value!r} is not one of {list(self.choices)}")
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{format_name}: {key}={value!r} must be an integer")
+            return int(value)
+        if self.kind is float:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < value < math.inf):
+                raise ValueError(f"{format_name}: {key}={value!r} must be a positive finite number")
+            return float(value)
+        return value
+
+
+ROUNDING_OPTION = Option("nearest", ROUNDING_MODES)
+SEED_OPTION = Option(0, kind=int)
+
+
+def resolve_options(format_name: str, specs: dict[str, Option], given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults overlaid with ``given``; unknown keys and bad values raise ValueError."""
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        raise ValueError(f"{format_name}: unknown option(s) {unknown}; valid options: {sorted(specs) or 'none'}")
+    return {key: spec.check(format_name, key, given.get(key, spec.default)) for key, spec in specs.items()}
+
+
+class NumericFormat(ABC):
+    """A numeric format: ``quantize`` returns x fake-quantized (quantized, then dequantized).
+
+    Inputs may be float32, bfloat16 or float16 of any shape; the arithmetic is float32 and
+    the result has x's dtype and shape. Block formats put their blocks along ``axis``.
+    """
+
+    name: str
+    bits: int
+    max_value: float
+    min_positive: float
+    block_size: int | None = None
+    scaling: str = "none"
+    needs_tensor_amax: bool = False
+    options: dict
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = dict(options)
+        stochastic = options.get("rounding") == "stochastic"
+        self._stream = RandomStream(options.get("seed", 0)) if stochastic else None
+
+    def quantize(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Fake-quantized x. ``amax`` (0-d) replaces x's own absolute max where a per-tensor
+        amax enters (``needs_tensor_amax``); ``generator`` overrides the format's own random
+        stream for stochastic rounding."""
+        _check_input(self.name, x)
+        if x.numel() == 0:
+            return x.clone()
+        q, _ = self._quantize(x, axis, amax, generator)
+        return q.to(x.dtype)
+
+    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
+                            generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """(fake-quantized x, float32 scale broadcastable to x): the element grid was applied
+        to ``x / scale`` (ones for unscaled formats)."""
+        _check_input(self.name, x)
+        if x.numel() == 0:
+            return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
+        q, scale = self._quantize(x, axis, amax, generator)
+        return q.to(x.dtype), self._scale_like_input(scale, x, axis)
+
+    @abstractmethod
+    def _quantize(self, x: Tensor, axis: int, amax: Tensor | None,
+                  generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """(fake-quantized x in float32 or x's dtype, scale in the format's own layout)."""
+
+    def _scale_like_input(self, scale: Tensor, x: Tensor, axis: int) -> Tensor:
+        """The scale broadcastable to x (block formats expand their per-block scales)."""
+        return scale
+
+    def _uniform(self, like: Tensor, generator: torch.Generator | None) -> Tensor | None:
+        """Noise for stochastic rounding (None for round-to-nearest)."""
+        if self._stream is None:
+            return None
+        return uniform_like(like, generator or self._stream.generator(like.device))
+
+    @property
+    def rounding(self) -> str:
+        return self.options.get("rounding", "nearest")
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{type(self).__name__}({self.name!r}{', ' if options else ''}{options})"
+
+
+def _check_input(name: str, x: Tensor) -> None:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name}: input dtype {x.dtype} is not one of {list(SUPPORTED_DTYPES)}")
+
+
+def tensor_scale(amax: Tensor, target: float) -> Tensor:
+    """Per-tensor scale ``amax / target`` (float32, 0-d) mapping amax onto ``target``.
+
+    A zero or non-finite amax gives scale 1 (nothing to scale, or NaN/Inf in the data: the
+    finite values are then quantized unscaled and Inf follows the overflow rule); a scale
+    below the smallest normal float32 is raised to it so that ``x / scale`` stays finite.
+    """
+    amax = amax.detach().to(torch.float32)
+    usable = torch.isfinite(amax) & (amax > 0)
+    scale = (amax / target).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.where(usable, scale, 1.0)
+
+
+def absmax(x: Tensor, amax: Tensor | None) -> Tensor:
+    """The given per-tensor amax, or x's own (NaN if x holds a NaN)."""
+    return amax if amax is not None else x.abs().amax()

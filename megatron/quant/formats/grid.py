@@ -1,0 +1,158 @@
+"""Element grids: the set of values a format's element can hold, and rounding onto it.
+
+A grid is data: for each float32 binade 2**e <= |x| < 2**(e+1) it names the spacing 2**q of
+its representable values there, plus its largest finite value, whether it has Inf, and its
+tie rule. Rounding is then one vectorised routine for every grid:
+
+    a = x * 2**-q      (exact: a power-of-two scale)
+    n = round(a)       (nearest-even, nearest-away or stochastic: ``rounding.py``)
+    y = n * 2**q       (exact)
+
+followed by the overflow rule. A value rounding up into the next binade lands on 2**(e+1),
+which is always representable, so one spacing per binade suffices. Both 2**q and 2**-q are
+built from the exponent field with integer ops, so the whole routine is elementwise,
+sync-free and fuses into one kernel under ``torch.compile``.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from . import bits
+from .rounding import round_half_away, round_half_even, round_stochastic
+
+OVERFLOW_MODES = ("saturate", "inf")
+# Field of 2**-q from field of 2**q: (127 - q) = 254 - (q + 127).
+_NEGATE_FIELD = (2 * bits.EXPONENT_BIAS) << bits.MANTISSA_BITS
+
+
+class ElementGrid(ABC):
+    """Representable values of one element format (unscaled)."""
+
+    name: str
+    bits: int
+    max_value: float
+    min_positive: float
+    has_inf: bool
+    ties: Literal["even", "away"]
+    signed_zero: bool
+
+    @abstractmethod
+    def spacing_field(self, exponent_field: Tensor) -> Tensor:
+        """Exponent field of the grid spacing 2**q at the binade of float32 ``exponent_field``.
+
+        Must keep q within [-126, 126] so that 2**q and 2**-q are normal float32 numbers.
+        """
+
+    @abstractmethod
+    def code_values(self) -> list[tuple[int, float]]:
+        """Every code of the format with its value (NaN codes included), by code."""
+
+    def round(self, x: Tensor, rounding: str = "nearest", overflow: str = "saturate",
+              uniform: Tensor | None = None) -> Tensor:
+        """Round float32 x onto the grid; ``uniform`` (U[0,1), x's shape) for stochastic."""
+        spacing = self.spacing_field(bits.exponent_field(x))
+        a = x * (_NEGATE_FIELD - spacing).view(torch.float32)
+        if rounding == "stochastic":
+            n = round_stochastic(a, uniform)
+        elif self.ties == "away":
+            n = round_half_away(a)
+        else:
+            n = round_half_even(a)
+        y = n * spacing.view(torch.float32)
+        y = self._apply_overflow(y, overflow)
+        if not self.signed_zero:
+            y = torch.where(y == 0, 0.0, y)
+        return y
+
+    def _apply_overflow(self, y: Tensor, overflow: str) -> Tensor:
+        if overflow == "saturate":  # Inf saturates too (like NVIDIA's SATFINITE); NaN stays
+            return y.clamp(-self.max_value, self.max_value)
+        beyond = math.inf if self.has_inf else math.nan  # y is nonzero here, so y * inf keeps its sign
+        return torch.where(y.abs() > self.max_value, y * beyond, y)
+
+
+@dataclass(frozen=True)
+class Minifloat(ElementGrid):
+    """IEEE-like binary float: sign, ``ebits`` exponent bits with ``bias``, ``mbits`` mantissa bits.
+
+    ``special`` says what the all-ones exponent means: "ieee" (Inf and NaNs, e.g. E5M2,
+    FP16), "fn" (finite only; all-ones exponent and mantissa is NaN, e.g. OCP E4M3) or
+    "finite" (no Inf, no NaN: FP6, FP4).
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    special: Literal["ieee", "fn", "finite"]
+
+    ties = "even"
+    signed_zero = True
+
+    def __post_init__(self):
+        spacing_exponents = (self.min_exponent - self.mbits, self.max_exponent - self.mbits)
+        if not -126 <= min(spacing_exponents) <= max(spacing_exponents) <= 126:
+            raise ValueError(f"{self.name}: range too wide for the float32 rounding routine")
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.ebits + self.mbits
+
+    @property
+    def min_exponent(self) -> int:
+        """Exponent of the smallest normal value."""
+        return 1 - self.bias
+
+    @property
+    def max_exponent(self) -> int:
+        """Exponent of the largest finite value."""
+        top_field = (1 << self.ebits) - 1 - (self.special == "ieee")
+        return top_field - self.bias
+
+    @property
+    def max_value(self) -> float:
+        mantissa_codes = (1 << self.mbits) - (self.special == "fn")  # fn: top code is NaN
+        return (1 + (mantissa_codes - 1) / (1 << self.mbits)) * 2.0 ** self.max_exponent
+
+    @property
+    def min_positive(self) -> float:
+        return 2.0 ** (self.min_exponent - self.mbits)
+
+    @property
+    def has_inf(self) -> bool:
+        return self.special == "ieee"
+
+    def spacing_field(self, exponent_field: Tensor) -> Tensor:
+        clamped = exponent_field.clamp(bits.field_of(self.min_exponent), bits.field_of(self.max_exponent))
+        return clamped - (self.mbits << bits.MANTISSA_BITS)
+
+    def decode(self, code: int) -> float:
+        """Value of one code (Python floats; independent of the tensor routine)."""
+        sign = -1.0 if code >> (self.ebits + self.mbits) & 1 else 1.0
+        exponent_code = code >> self.mbits & ((1 << self.ebits) - 1)
+        mantissa_code = code & ((1 << self.mbits) - 1)
+        top_exponent = exponent_code == (1 << self.ebits) - 1
+        if self.special == "ieee" and top_exponent:
+            return sign * math.inf if mantissa_code == 0 else math.nan
+        if self.special == "fn" and top_exponent and mantissa_code == (1 << self.mbits) - 1:
+            return math.nan
+        if exponent_code == 0:
+            return sign * mantissa_code * self.min_positive
+        return sign * (1 + mantissa_code / (1 << self.mbits)) * 2.0 ** (exponent_code - self.bias)
+
+    def code_values(self) -> list[tuple[int, float]]:
+        return [(code, self.decode(code)) for code in range(1 << self.bits)]
+
+
+FP8_E4M3 = Minifloat("e4m3", ebits=4, mbits=3, bias=7, special="fn")
+FP8_E5M2 = Minifloat("e5m2", ebits=5, mbits=2, bias=15, special="ieee")
+FP6_E3M2 = Minifloat("e3m2", ebits=3, mbits=2, bias=3, special="finite")
+FP6_E2M3 = Minifloat("e2m3", ebits=2, mbits=3, bias=1, special="finite")
+FP4_E2M1 = Minifloat("e2m1", ebits=2, mbits=1, bias=1, special="finite")
+FP16 = Minifloat("fp16", ebits=5, mbits=10, bias=15, special="ieee")

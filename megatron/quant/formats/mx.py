@@ -1,0 +1,58 @@
+"""OCP Microscaling (MX v1.0): blocks of 32 elements sharing a power-of-two E8M0 scale.
+
+Scale exponent per block, clamped to E8M0's finite range [-127, 127]:
+- ``scale_mode="floor"`` (OCP): floor(log2(amax_block)) - emax_elem;
+- ``scale_mode="rceil"`` (NVIDIA hardware): ceil(log2(amax_block / elem_max)), computed
+  exactly from the bits (Transformer Engine multiplies amax by a float32 1/elem_max first,
+  which for amax exactly elem_max * 2**k gives 2**(k+1)).
+Elements are x / scale rounded onto the element grid (nearest-even or stochastic) and
+saturated to the element's max. An all-zero block stays zero. Inf or NaN anywhere in a
+block makes its scale NaN (E8M0 0xFF) and so the whole block NaN, as the OCP reference
+implementation (microxcaling) does: one non-finite value hides the block's other values.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import bits
+from .blocks import BlockFormat
+from .grid import Minifloat
+
+SCALE_MODES = ("floor", "rceil")
+MX_BLOCK_SIZE = 32
+E8M0_MIN_EXPONENT = -127
+E8M0_MAX_EXPONENT = 127
+
+
+def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -> Tensor:
+    """int32 E8M0 scale exponent for each block amax (Inf/NaN blocks are handled by the caller)."""
+    exponent = bits.unbiased_exponent(block_amax) - element.max_exponent
+    if scale_mode == "rceil":
+        # amax / max = (mantissa ratio) * 2**(e_amax - e_max): its ceil(log2) is one more
+        # exactly when amax's significand exceeds max's.
+        exponent = exponent + (bits.mantissa(block_amax) > bits.mantissa_of(element.max_value)).int()
+    return exponent.clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
+
+
+class MXFormat(BlockFormat):
+    block_size = MX_BLOCK_SIZE
+
+    def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):
+        super().__init__(options)
+        self.name = name
+        self.element = element
+        self.bits = element.bits
+        self.max_value = element.max_value
+        self.min_positive = element.min_positive
+
+    def _quantize_blocks(self, blocks, x, amax, generator):
+        block_amax = blocks.abs().amax(-1, keepdim=True)
+        exponent = mx_scale_exponent(block_amax, self.element, self.options["scale_mode"])
+        finite = bits.exponent_field(block_amax) != bits.EXPONENT_FIELD_MASK
+        scale = torch.where(finite, bits.exp2_int(exponent), torch.nan)
+        scaled = blocks * bits.exp2_int(-exponent)  # exact: a power of two
+        elements = self.element.round(scaled, self.rounding, "saturate", self._uniform(scaled, generator))
+        return elements * scale, scale

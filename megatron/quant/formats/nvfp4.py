@@ -1,0 +1,39 @@
+"""NVFP4: E2M1 elements in blocks of 16, an E4M3 scale per block and an FP32 one per tensor.
+
+    global = amax_tensor / (448 * 6)                      (float32; tensor_scale's guards)
+    block  = E4M3_RNE((amax_block / 6) / global)          (saturating at 448)
+    scale  = block * global;  element = E2M1_RNE(x / scale)
+
+A block whose E4M3 scale rounds to zero (its amax is tiny next to the tensor's) quantizes
+to zero. Inf or NaN in a block makes that block NaN, as in MX; a non-finite tensor amax
+falls back to global = 1 so that the other blocks are still quantized.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import absmax, tensor_scale
+from .blocks import BlockFormat
+from .grid import FP4_E2M1, FP8_E4M3
+
+NVFP4_BLOCK_SIZE = 16
+
+
+class NVFP4Format(BlockFormat):
+    name = "nvfp4"
+    block_size = NVFP4_BLOCK_SIZE
+    needs_tensor_amax = True
+    element = FP4_E2M1
+    block_scale_format = FP8_E4M3
+    bits = FP4_E2M1.bits
+    max_value = FP4_E2M1.max_value
+    min_positive = FP4_E2M1.min_positive
+
+    def _quantize_blocks(self, blocks, x, amax, generator):
+        global_scale = tensor_scale(absmax(x, amax), self.block_scale_format.max_value * self.element.max_value)
+        block_amax = blocks.abs().amax(-1, keepdim=True)
+        block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
+        scale = torch.where(torch.isfinite(block_amax), block_scale * global_scale, torch.nan)
+        scaled = torch.where(scale == 0, 0.0, blocks / scale)
+        elements = self.element.round(scaled, self.rounding, "saturate", self._uniform(scaled, generator))
+        return elements * scale, scale

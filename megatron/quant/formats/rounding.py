@@ -1,0 +1,67 @@
+"""Rounding rules on the integer grid, and the seeded random stream for stochastic rounding.
+
+Every format first scales a value so that its representable neighbours are consecutive
+integers (see ``grid.round_to_grid``); the rules below then pick an integer. All of them are
+exact in float32: no addition whose result could itself round.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+ROUNDING_MODES = ("nearest", "stochastic")
+
+
+def round_half_even(a: Tensor) -> Tensor:
+    """Nearest integer, ties to even (IEEE's default; OCP FP8/MX, NVFP4)."""
+    return torch.round(a)
+
+
+def round_half_away(a: Tensor) -> Tensor:
+    """Nearest integer, ties away from zero (HiFloat8).
+
+    ``floor(|a| + 0.5)`` would be wrong: the sum can itself round up just below a tie.
+    Instead round to even and move the ties that went toward zero one step out.
+    Inf stays Inf (the difference is NaN, which compares false).
+    """
+    magnitude = a.abs()
+    nearest = torch.round(magnitude)
+    went_toward_zero = (magnitude - nearest) == 0.5
+    return torch.copysign(nearest + went_toward_zero, a)
+
+
+def round_stochastic(a: Tensor, uniform: Tensor) -> Tensor:
+    """Round down or up with probability equal to the distance to the other neighbour.
+
+    ``uniform`` is U[0, 1) with 24-bit resolution (``torch.rand``), so the expectation is
+    exact whenever the fraction has at most 24 bits, which holds for every float32 value
+    inside a format's normal range; deep in the subnormal range the bias is below 2**-24 of
+    one grid step. Inf stays Inf; the sign of a zero result follows ``a``.
+    """
+    down = torch.floor(a)
+    fraction = a - down  # exact: a and floor(a) share the binade or fraction == a
+    return torch.copysign(down + (uniform < fraction), a)
+
+
+class RandomStream:
+    """Seeded source of uniform noise, one ``torch.Generator`` per device made on first use.
+
+    A format object owns one stream, so its k-th stochastic call draws the same noise in
+    every run (reproducible) while consecutive calls draw different noise. Pass an explicit
+    generator to ``quantize`` to control the stream from outside (e.g. one per rank).
+    """
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        device = torch.device(device)
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[device]
+
+
+def uniform_like(x: Tensor, generator: torch.Generator) -> Tensor:
+    """float32 U[0, 1) noise with x's shape, drawn from ``generator``."""
+    return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
