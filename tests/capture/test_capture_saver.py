@@ -271,3 +271,32 @@ def test_configure_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TENSOR_SAVE_MODE", "everything")
     with pytest.raises(ValueError, match="TENSOR_SAVE_MODE='everything'"):
         tensor_saver.configure()
+
+
+def test_quantized_copies_and_format_metadata(tmp_path):
+    from megatron.quant import formats
+
+    fmt = formats.get_format("mxfp8")
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", save_quantized=True))
+    model = FakeModel(n_layers=1, hidden=32, fmt=fmt)
+    run_iteration(model, 0, n_microbatches=1)
+    summary = tensor_saver.iteration_summary()
+    tensor_saver.flush()
+    entries = {(e["metadata"]["module"].rsplit(".", 1)[-1], e["metadata"]["operation"], e["metadata"]["tensor_name"]): e
+               for e in manifest(tmp_path)}
+    original = entries[("linear_qkv", "backward", "weight")]
+    copy = entries[("linear_qkv", "backward", "weight_quantized")]
+    assert copy["metadata"]["quantized"] is True and original["metadata"]["quantized"] is False
+    assert copy["metadata"]["format"] == original["metadata"]["format"] == {"name": fmt.name, "options": fmt.options}
+    assert original["metadata"]["axis"] == 0 and FILE_NAME_RE.match(copy["file"])["tensor_name"] == "weight_quantized"
+    load = lambda e: torch.load(Path(tmp_path, "bf16", e["file"]), weights_only=True)["tensor"]  # noqa: E731
+    assert torch.equal(load(copy), fmt.quantize(load(original), axis=0))
+    assert {"overflow", "underflow_ratio", "sqnr_db", "cosine"} <= set(original["metadata"]["stats"])
+    assert "overflow" not in copy["metadata"]["stats"]  # unquantized operands carry tensor stats only
+    # Copies exist exactly for the operands that carry a format.
+    assert {key for key in entries if key[2].endswith("_quantized")} == {
+        (module, op, f"{name}_quantized") for module in ("linear_qkv", "linear_proj")
+        for op, names in (("forward", ("input", "weight")), ("backward", ("grad_output", "weight"))) for name in names}
+    assert summary["quant/qkv/weight/sqnr_db"] == pytest.approx(
+        (original["metadata"]["stats"]["sqnr_db"] + entries[("linear_qkv", "forward", "weight")]["metadata"]["stats"]
+         ["sqnr_db"]) / 2)
