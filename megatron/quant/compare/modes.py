@@ -45,7 +45,10 @@ def expand_presets(requested: Sequence[str]) -> list[str]:
         else:
             expanded.append(token)
     ordered = [REFERENCE] + [token for token in expanded if token != REFERENCE]
-    return list(dict.fromkeys(ordered))
+    first_spelling: dict[str, str] = {}  # one run per format: a later alias of it is dropped
+    for token in ordered:
+        first_spelling.setdefault(_canonical(token), token)
+    return list(first_spelling.values())
 
 
 def resolve_modes(requested: Sequence[str], quant_dtype: torch.dtype = torch.float32) -> list[Mode]:
@@ -58,31 +61,37 @@ def resolve_modes(requested: Sequence[str], quant_dtype: torch.dtype = torch.flo
     return modes
 
 
+def _canonical(token: str) -> str:
+    from megatron.quant import formats
+
+    try:
+        return formats.get_format(token).name
+    except ValueError:
+        return token  # a dtype, a recipe file, or an unknown name that resolve_modes reports
+
+
 def _resolve(token: str, quant_dtype: torch.dtype) -> Mode:
     from megatron.quant import formats
     from megatron.quant.recipe import QuantRecipe
 
-    if token in PASSTHROUGH_DTYPES:
-        return Mode(token, QuantRecipe.uniform(token), PASSTHROUGH_DTYPES[token], "dtype")
-    if token.endswith(RECIPE_SUFFIXES) or Path(token).is_file():
-        if not Path(token).is_file():
-            raise FileNotFoundError(f"recipe file {token!r} does not exist")
-        recipe = QuantRecipe.from_file(token)
-        return Mode(recipe.name, recipe, quant_dtype, "recipe")
-    if token in formats.list_formats() or _is_format_alias(token):
-        if formats.is_passthrough(token):
-            raise ValueError(f"mode {token!r} does no fake quantization; use one of {list(PASSTHROUGH_DTYPES)}")
+    if token.endswith(RECIPE_SUFFIXES):
+        return _recipe_mode(token, quant_dtype)
+    canonical = _canonical(token)
+    if canonical in PASSTHROUGH_DTYPES:  # "none" is fp32
+        return Mode(token, QuantRecipe.uniform(canonical), PASSTHROUGH_DTYPES[canonical], "dtype")
+    if canonical in formats.list_formats():
         return Mode(token, QuantRecipe.uniform(token), quant_dtype, "format")
+    if Path(token).is_file():
+        return _recipe_mode(token, quant_dtype)
     raise ValueError(
         f"unknown mode {token!r}; valid: presets {list(PRESETS)}, dtypes {list(PASSTHROUGH_DTYPES)}, "
         f"formats {quantized_formats()}, or a recipe file ({'/'.join(RECIPE_SUFFIXES)})")
 
 
-def _is_format_alias(token: str) -> bool:
-    from megatron.quant import formats
+def _recipe_mode(path: str, quant_dtype: torch.dtype) -> Mode:
+    from megatron.quant.recipe import QuantRecipe
 
-    try:
-        formats.get_format(token)
-    except ValueError:
-        return False
-    return True
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"recipe file {path!r} does not exist")
+    recipe = QuantRecipe.from_file(path)
+    return Mode(recipe.name, recipe, quant_dtype, "recipe")
