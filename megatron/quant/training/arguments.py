@@ -122,9 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse Megatron-LM-style flags, fill unset shape flags from ``--model``, then defaults."""
-    args = build_parser().parse_args(argv)
-    preset = get_preset(args.model) if args.model else {}
+    """Parse Megatron-LM-style flags; unset shape flags come from ``--model`` or ``--hf-checkpoint``, then defaults."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model and args.hf_checkpoint:
+        parser.error("--model and --hf-checkpoint both set the model shape; give one")
+    if args.hf_checkpoint:
+        from megatron.quant.training.hf_import import hf_shape
+
+        preset = hf_shape(args.hf_checkpoint)
+    else:
+        preset = get_preset(args.model) if args.model else {}
     for key, default in _SHAPE_DEFAULTS.items():
         if not hasattr(args, key):
             setattr(args, key, preset.get(key, default))

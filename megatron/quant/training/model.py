@@ -11,7 +11,7 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parallel: int = 1,
                        pipeline_parallel: int = 1, sequence_parallel: bool = False,
                        init_method_std: float = 0.02, attention_dropout: float = 0.0,
-                       hidden_dropout: float = 0.0):
+                       hidden_dropout: float = 0.0, fp8_format: str | None = None):
     """megatron-core's TransformerConfig for a Llama shape (preset-style keys)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -28,7 +28,7 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         sequence_parallel=sequence_parallel, params_dtype=PRECISIONS[precision],
         bf16=precision == "bf16", fp16=precision == "fp16", use_cpu_initialization=not torch.cuda.is_available(),
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False)
+        bias_dropout_fusion=False, apply_rope_fusion=False, fp8=fp8_format)
 
 
 def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
@@ -36,6 +36,8 @@ def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
     from megatron.core import parallel_state
     from megatron.quant.spec import build_llama_model
 
+    if config.fp8:
+        return _build_te_fp8_model(config, shape, vocab_size or shape["vocab_size"])
     model = build_llama_model(
         config, recipe, vocab_size=vocab_size or shape["vocab_size"],
         max_sequence_length=shape["max_position_embeddings"], rotary_base=shape["rotary_base"],
@@ -57,3 +59,21 @@ def _use_llama3_rope_scaling(model, shape: Mapping) -> None:
         kv_channels=model.config.kv_channels, rotary_percent=1.0, rotary_base=shape["rotary_base"],
         rope_scaling=True, rope_scaling_factor=shape["rope_scaling_factor"],
         use_cpu_initialization=model.config.use_cpu_initialization, cp_group=model.pg_collection.cp)
+
+
+def _build_te_fp8_model(config, shape: Mapping, vocab_size: int):
+    # Real FP8 GEMMs (DTYPE=fp8) go through Transformer Engine's layers, i.e. megatron-core's
+    # stock TE spec: no fake quantization and no capture hooks in this mode.
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    model = GPTModel(
+        config, get_gpt_layer_with_transformer_engine_spec(), vocab_size=vocab_size,
+        max_sequence_length=shape["max_position_embeddings"], position_embedding_type="rope",
+        rotary_base=shape["rotary_base"],
+        share_embeddings_and_output_weights=not shape["untie_embeddings_and_output_weights"],
+        pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage())
+    if shape.get("rope_scaling_factor"):
+        _use_llama3_rope_scaling(model, shape)
+    return model

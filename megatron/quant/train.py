@@ -1,0 +1,173 @@
+"""``python -m megatron.quant.train`` / ``megatron-quant-train``: pretrain Llama on megatron-core.
+
+Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the format comes from
+``CUSTOM_QUANT_TYPE`` / ``CUSTOM_QUANT_RECIPE``, capture from ``TENSOR_SAVE_*``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatron.quant import tensor_saver
+from megatron.quant.training import checkpoint, metrics, optimizer
+from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
+from megatron.quant.training.data import BatchLayout, build_datasets
+from megatron.quant.training.loop import Run, train
+from megatron.quant.training.model import build_gpt, transformer_config
+from megatron.quant.training.presets import SHAPE_KEYS
+from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size
+
+
+def _precision(args) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def _model_vocab_size(args, tokenizer) -> int:
+    if args.vocab_size is None:
+        return padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
+                                 args.tensor_model_parallel_size)
+    if args.vocab_size < tokenizer.vocab_size:
+        raise ArgumentError(f"--vocab-size {args.vocab_size} is smaller than the {args.tokenizer_type} "
+                            f"vocabulary ({tokenizer.vocab_size})")
+    if args.vocab_size % args.tensor_model_parallel_size:
+        raise ArgumentError(f"--vocab-size {args.vocab_size} is not divisible by --tensor-model-parallel-size "
+                            f"{args.tensor_model_parallel_size}")
+    return args.vocab_size
+
+
+def _check_fp8_recipe(args, recipe) -> None:
+    from megatron.quant import formats
+
+    simulated = not formats.is_passthrough(recipe.format.name) or recipe.operands or recipe.rules
+    if args.fp8_format and simulated:
+        raise ArgumentError(f"DTYPE=fp8 (--fp8-format) runs real FP8 GEMMs in Transformer Engine; it cannot be "
+                            f"combined with the simulated format {recipe.name!r}: unset CUSTOM_QUANT_TYPE or use DTYPE=bf16")
+
+
+def _wrap(args, config, gpt, cuda: bool) -> list:
+    """Float16Module for 16-bit runs, then megatron-core DDP (fp32 gradient reduction)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.module import Float16Module
+
+    model = gpt.cuda() if cuda else gpt
+    if args.bf16 or args.fp16:
+        model = Float16Module(config, model)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                               use_distributed_optimizer=args.use_distributed_optimizer)
+    return [DistributedDataParallel(config, ddp_config, model)]
+
+
+def _connect_schedule(config, chunks: list, opt) -> None:
+    # megatron-core's schedule calls these hooks (Megatron-LM's training.py wires the same ones).
+    from megatron.core.distributed import finalize_model_grads
+
+    config.grad_scale_func = opt.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = chunks[0].no_sync
+
+
+def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> None:
+    memory = metrics.memory_estimate_gb(
+        shape, num_parameters=num_params, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
+        tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,
+        data_parallel=args.data_parallel_size, precision=_precision(args),
+        distributed_optimizer=args.use_distributed_optimizer)
+    logger.print(f"model: {args.model or args.hf_checkpoint or 'custom'} | layers {shape['num_layers']}, hidden "
+                 f"{shape['hidden_size']}, ffn {shape['ffn_hidden_size']}, heads {shape['num_attention_heads']}, "
+                 f"kv groups {shape['num_query_groups']}, vocab {shape['vocab_size']}, seq {args.seq_length}")
+    logger.print(f"parallel: TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x DP "
+                 f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
+                 f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
+                 f"quantization {recipe.name} | device {'cuda' if torch.cuda.is_available() else 'cpu'}")
+    logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e}")
+    logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
+                 + f", total {sum(memory.values()):.3f}")
+
+
+def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger]:
+    """Parse and validate, initialise parallel state, build model, optimizer, data; load a checkpoint."""
+    from megatron.quant.cpu import init_parallel
+    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.capture.config import SaverConfig
+
+    cuda = torch.cuda.is_available()
+    args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
+    recipe = QuantRecipe.from_env()
+    _check_fp8_recipe(args, recipe)
+    saver_config = SaverConfig.from_env()
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
+    shape = {key: getattr(args, key) for key in SHAPE_KEYS}
+    shape["vocab_size"] = _model_vocab_size(args, tokenizer)
+
+    init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
+    logger = metrics.MetricsLogger(args.tensorboard_dir, enabled=dist.get_rank() == dist.get_world_size() - 1)
+    config = transformer_config(
+        shape, precision=_precision(args), tensor_parallel=args.tensor_model_parallel_size,
+        pipeline_parallel=args.pipeline_model_parallel_size, sequence_parallel=args.sequence_parallel,
+        init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
+        hidden_dropout=args.hidden_dropout, fp8_format=args.fp8_format)
+    gpt = build_gpt(config, shape, recipe)
+    if args.hf_checkpoint:
+        from megatron.quant.training.hf_import import load_hf_weights
+
+        load_hf_weights(gpt, args.hf_checkpoint, shape)
+    chunks = _wrap(args, config, gpt, cuda)
+    opt = optimizer.build_optimizer(args, chunks, cuda)
+    if cuda:
+        _connect_schedule(config, chunks, opt)
+    scheduler = optimizer.build_scheduler(args, opt)
+
+    eval_samples = (args.train_iters // args.eval_interval + 1) * args.eval_iters * args.global_batch_size
+    train_data, valid_data, _ = build_datasets(
+        tokenizer, seq_length=args.seq_length, seed=args.seed, data_path=args.data_path, split=args.split,
+        num_samples=[args.train_iters * args.global_batch_size, eval_samples, 0], cache_path=args.data_cache_path)
+    if args.eval_iters and valid_data is None:
+        raise ArgumentError(f"--split {args.split!r} leaves no validation data; give it a validation share "
+                            "or set --eval-iters 0")
+
+    start = 0
+    if args.load and checkpoint.latest_iteration(args.load) is not None:
+        start = checkpoint.load_checkpoint(args.load, gpt, opt, scheduler)
+        logger.print(f"resumed from {args.load} at iteration {start}")
+    elif args.load:
+        logger.print(f"no checkpoint in {args.load}: starting from scratch")
+    tensor_saver.configure(saver_config, run_iterations=range(start, args.train_iters))
+
+    num_params = metrics.num_parameters(shape)
+    flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
+                                        seq_length=args.seq_length, vocab_size=shape["vocab_size"])
+    _print_start(logger, args, shape, recipe, num_params, flops)
+    run = Run(args=args, model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
+              train_data=train_data, valid_data=valid_data,
+              layout=BatchLayout(args.micro_batch_size, args.global_batch_size, args.data_parallel_size),
+              flops_per_iteration=flops, peak_tflops=metrics.peak_tflops(metrics.device_name(), args.peak_tflops),
+              run_config={"shape": shape, "quant_type": recipe.name, "args": vars(args)},
+              cuda=cuda, start_iteration=start)
+    return run, logger
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    """Run training; bad arguments or environment exit with status 2 and a one-line reason."""
+    from megatron.quant.cpu import destroy_parallel
+
+    try:
+        run, logger = setup(argv)
+    except (ArgumentError, ValueError, FileNotFoundError) as err:
+        print(f"megatron-quant-train: error: {err}", file=sys.stderr)
+        if dist.is_initialized():
+            destroy_parallel()
+        raise SystemExit(2) from err
+    try:
+        return train(run, logger)
+    finally:
+        logger.close()
+        tensor_saver.close()
+        destroy_parallel()
+
+
+if __name__ == "__main__":
+    main()

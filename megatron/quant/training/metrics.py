@@ -1,0 +1,125 @@
+"""FLOPs per iteration, MFU, a memory estimate, and the console/TensorBoard logger.
+
+FLOPs count the matrix multiplications of one training step (forward + backward = 3x the
+forward GEMMs), 2 FLOPs per multiply-add, as Megatron-LM's ``num_floating_point_operations``
+does: no causal-mask discount, elementwise work ignored.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+
+# Dense (no sparsity) bf16 peak TFLOP/s per device, from the vendors' datasheets. Fake
+# quantization computes in bf16/fp32, so the bf16 peak is the honest denominator.
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0, "H100 SXM": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0,
+    "H800": 989.0, "H20": 148.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "L4": 121.0,
+    "B200": 2250.0, "GB200": 2500.0,
+}
+
+
+def forward_gemm_flops(shape: Mapping, *, tokens: int, seq_length: int, vocab_size: int) -> float:
+    """Forward-pass GEMM FLOPs for ``tokens`` tokens in sequences of ``seq_length``."""
+    h, ffn, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
+    kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
+    qkv = 2 * tokens * h * (h + 2 * kv)
+    proj = 2 * tokens * h * h
+    attention = 2 * 2 * tokens * seq_length * h  # Q K^T and P V over the full (unmasked) square
+    mlp = 2 * tokens * h * ffn * 3  # gate, up, down
+    logits = 2 * tokens * h * vocab_size
+    return float(layers * (qkv + proj + attention + mlp) + logits)
+
+
+def flops_per_iteration(shape: Mapping, *, global_batch_size: int, seq_length: int, vocab_size: int) -> float:
+    """Training FLOPs of one iteration (all ranks): backward is twice the forward."""
+    return 3.0 * forward_gemm_flops(shape, tokens=global_batch_size * seq_length, seq_length=seq_length,
+                                    vocab_size=vocab_size)
+
+
+def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
+    """Peak dense bf16 TFLOP/s of one device: ``override``, else the table; None when unknown (e.g. CPU)."""
+    if override is not None:
+        return override
+    if device_name is None:
+        return None
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):  # "H100 SXM" before "H100"
+        if key.lower() in device_name.lower():
+            return PEAK_BF16_TFLOPS[key]
+    return None
+
+
+def memory_estimate_gb(shape: Mapping, *, num_parameters: int, micro_batch_size: int, seq_length: int,
+                       tensor_parallel: int, pipeline_parallel: int, data_parallel: int,
+                       precision: str, distributed_optimizer: bool) -> dict[str, float]:
+    """Per-rank memory in GB: parameters, gradients, optimizer state, activations.
+
+    Activations: Korthikanti et al. 2022 (no recomputation, no sequence parallelism),
+    ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes per layer in 16-bit, scaled for fp32.
+    """
+    half = precision in ("bf16", "fp16")
+    params_here = num_parameters / (tensor_parallel * pipeline_parallel)
+    # Adam moments (fp32) plus fp32 master weights when the model is 16-bit.
+    optimizer_bytes = 8 + (4 if half else 0)
+    if distributed_optimizer:
+        optimizer_bytes /= data_parallel
+    s, b, h, a = seq_length, micro_batch_size, shape["hidden_size"], shape["num_attention_heads"]
+    t = tensor_parallel
+    per_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * (1 if half else 2)
+    layers_here = math.ceil(shape["num_layers"] / pipeline_parallel)
+    gb = 1e9
+    return {
+        "parameters": params_here * (2 if half else 4) / gb,
+        "gradients": params_here * 4 / gb,  # megatron-core DDP reduces gradients in fp32 here
+        "optimizer": params_here * optimizer_bytes / gb,
+        "activations": per_layer * layers_here * pipeline_parallel / gb,  # 1F1B keeps up to PP micro-batches
+    }
+
+
+class MetricsLogger:
+    """Console lines and TensorBoard scalars; only the logging rank writes."""
+
+    def __init__(self, tensorboard_dir: str | None, enabled: bool) -> None:
+        self.enabled = enabled
+        self.writer = None
+        if enabled and tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(tensorboard_dir)
+
+    def print(self, text: str) -> None:
+        if self.enabled:
+            print(text, flush=True)
+
+    def scalars(self, iteration: int, values: Mapping[str, float], prefix: str = "train/") -> None:
+        if self.writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self.writer.add_scalar(prefix + key, value, iteration)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def format_line(iteration: int, train_iters: int, values: Mapping[str, float]) -> str:
+    """Megatron-LM-style ``iteration  N/ M | key: value | ...`` console line."""
+    parts = [f"iteration {iteration:>6}/{train_iters}"]
+    for key, value in values.items():
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        parts.append(f"{key}: {text}")
+    return " | ".join(parts)
+
+
+def device_name() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def num_parameters(shape: Mapping) -> int:
+    """Parameter count of the Llama ``shape`` (whole model, all shards)."""
+    h, ffn, layers, vocab = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"], shape["vocab_size"]
+    kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * ffn + 2 * h  # qkv, proj, fc1 (gate+up), fc2, two norms
+    embeddings = vocab * h * (2 if shape["untie_embeddings_and_output_weights"] else 1)
+    return embeddings + layers * per_layer + h  # + final norm
