@@ -4,21 +4,23 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-
-from megatron.quant.stats import tensor_stats
 
 FIRST_N = 10
 
 
 def describe(x: np.ndarray) -> dict:
-    """The original tool's per-tensor fields (shape, first 10 values, mean, std, min, max; over
-    the finite elements, as megatron.quant.stats computes them) plus NaN and Inf counts."""
-    summary = tensor_stats(torch.from_numpy(np.ascontiguousarray(x)))
+    """The original tool's per-tensor fields (shape, first 10 values, mean, std, min, max over the
+    finite elements) plus NaN and Inf counts. In float64: modes are compared through these numbers,
+    so they must not carry float32 accumulation error (megatron.quant.stats sums in float32)."""
+    values = np.asarray(x, dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    moments = ((finite.mean(), finite.std(), finite.min(), finite.max()) if finite.size else (None,) * 4)
     return {
-        "shape": summary["shape"],
-        "first_10": np.asarray(x, dtype=np.float64).reshape(-1)[:FIRST_N].tolist(),
-        **{key: summary[key] for key in ("mean", "std", "min", "max", "nans", "infs")},
+        "shape": list(values.shape),
+        "first_10": values.reshape(-1)[:FIRST_N].tolist(),
+        **{key: None if value is None else float(value) for key, value in zip(("mean", "std", "min", "max"), moments)},
+        "nans": int(np.isnan(values).sum()),
+        "infs": int(np.isinf(values).sum()),
     }
 
 
