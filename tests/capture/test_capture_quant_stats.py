@@ -63,3 +63,10 @@ def test_quant_stats_use_the_layers_quantized_value_when_given():
     stats = quant_stats(x, fmt, q=torch.zeros_like(x))
     assert stats["underflow"] == int((x != 0).sum()) and stats["cosine"] is None
     assert stats["rel_mse"] == pytest.approx(1.0)
+
+
+def test_quant_stats_leave_the_formats_random_stream_alone():
+    x = operand_with_extremes()
+    untouched, measured = (formats.get_format("mxfp8", rounding="stochastic", seed=3) for _ in range(2))
+    quant_stats(x, measured)
+    assert torch.equal(measured.quantize(x), untouched.quantize(x))
