@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("run length, logging and checkpoints")
     g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="stop (saving a checkpoint with --save) when the iteration is a multiple of this")
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--log-interval", type=int, default=1)
@@ -218,6 +220,8 @@ def _check_run(args: argparse.Namespace, world_size: int) -> None:
     _require(0 <= args.min_lr <= args.lr, f"need 0 <= --min-lr ({args.min_lr}) <= --lr ({args.lr})")
     _require(0 <= args.lr_warmup_iters < args.lr_decay_iters,
              f"--lr-warmup-iters {args.lr_warmup_iters} must be below --lr-decay-iters {args.lr_decay_iters}")
+    _require(args.exit_interval is None or args.exit_interval > 0,
+             f"--exit-interval must be positive, got {args.exit_interval}")
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval > 0, f"--save-interval must be positive, got {args.save_interval}")

@@ -178,6 +178,9 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
                 logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
         if args.save and args.save_interval and iteration % args.save_interval == 0:
             _save(run, iteration, logger)
+        if args.exit_interval and iteration % args.exit_interval == 0:
+            logger.print(f"exiting at iteration {iteration} (--exit-interval {args.exit_interval})")
+            break
         if tensor_saver.capture_complete():
             logger.print(f"capture window complete at iteration {iteration}: exiting (TENSOR_SAVE_EXIT_AFTER)")
             break
