@@ -1,0 +1,87 @@
+"""numpy re-statements of the MX and NVFP4 formulas, and block test data.
+
+Scales follow the issue's formulas (floor/ceil of log2 via numpy in float64); elements are
+the ml_dtypes saturating cast of x / scale. Blocks run along the last axis of the input.
+"""
+import ml_dtypes
+import numpy as np
+
+from tests.formats._oracle import element_values, saturating_cast, tensor_scale
+
+MX_EMAX = {"fp8_e4m3": 8, "fp8_e5m2": 15, "fp6_e3m2": 4, "fp6_e2m3": 2, "fp4_e2m1": 2}  # from the issue
+
+
+def _blocks(x: np.ndarray, size: int) -> np.ndarray:
+    pad = -x.shape[-1] % size
+    padded = np.concatenate([x, np.zeros((*x.shape[:-1], pad), np.float32)], axis=-1)
+    return padded.reshape(*x.shape[:-1], -1, size)
+
+
+def _unblock(blocks: np.ndarray, length: int) -> np.ndarray:
+    return blocks.reshape(*blocks.shape[:-2], -1)[..., :length]
+
+
+def mx_reference(x: np.ndarray, element: str, scale_mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """(fake-quantized x, per-element scale) for MX with blocks of 32 along the last axis."""
+    blocks = _blocks(x, 32)
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    finite = np.isfinite(amax)
+    safe = np.where(finite & (amax > 0), amax, 1).astype(np.float64)
+    if scale_mode == "floor":
+        exponent = np.floor(np.log2(safe)) - MX_EMAX[element]
+    else:
+        exponent = np.ceil(np.log2(safe / element_values(element).max()))
+    exponent = np.where(amax == 0, -127, exponent).clip(-127, 127).astype(np.int32)
+    scale = np.ldexp(np.float32(1), exponent).astype(np.float32)
+    assert np.array_equal(scale.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32), scale)
+    scale = np.where(finite, scale, np.nan).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        q = saturating_cast(blocks / scale, element) * scale
+    return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
+
+
+def nvfp4_reference(x: np.ndarray, amax=None) -> tuple[np.ndarray, np.ndarray]:
+    """(fake-quantized x, per-element scale) for NVFP4 with blocks of 16 along the last axis."""
+    global_scale = tensor_scale(np.abs(x).max() if amax is None else amax, 448.0 * 6.0)
+    blocks = _blocks(x, 16)
+    amax_block = np.abs(blocks).max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        block_scale = saturating_cast(amax_block / np.float32(6) / global_scale, "fp8_e4m3")
+        scale = np.where(np.isfinite(amax_block), block_scale * global_scale, np.nan).astype(np.float32)
+        scaled = np.where(scale == 0, np.float32(0), blocks / scale)
+        q = saturating_cast(scaled, "fp4_e2m1") * scale
+    return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
+
+
+def block_test_data(element: str, rows: int, length: int, block: int, seed: int,
+                    binades: tuple[int, int] = (-135, 127)) -> np.ndarray:
+    """Rows of blocks that exercise the edge cases: a random binade per block in ``binades``
+    (clipped so that max * 2**j stays finite), in-block dynamic range reaching the element subnormals, all-zero blocks,
+    exact ties (element midpoints next to the element max, so the scale is exact), and
+    amax exactly at / one ulp around the scale thresholds (2**j and max * 2**j)."""
+    rng = np.random.default_rng(seed)
+    n_blocks = -(-length // block)
+    top = element_values(element).max()
+    values = element_values(element)
+    values = values[values >= 0]
+    midpoints = ((values[1:] + values[:-1]) / 2).astype(np.float32)
+    data = np.empty((rows, n_blocks, block), np.float32)
+    for r in range(rows):
+        for b in range(n_blocks):
+            j = int(rng.integers(binades[0], min(binades[1], 126 - int(np.log2(top)))))
+            kind = (r * n_blocks + b) % 6
+            if kind == 0:  # wide dynamic range inside the block
+                data[r, b] = rng.standard_normal(block) * np.exp2(rng.uniform(-25, 0, block))
+            elif kind == 1:
+                data[r, b] = 0.0
+            elif kind == 2:  # ties on the element grid
+                data[r, b] = rng.choice(np.concatenate([midpoints, -midpoints]), block)
+                data[r, b, 0] = top
+            elif kind == 3:  # amax at a threshold
+                edge = np.float32(rng.choice([1.0, top]))
+                data[r, b] = rng.uniform(-1, 1, block) * edge
+                data[r, b, 0] = rng.choice([edge, np.nextafter(edge, 0), np.nextafter(edge, 2 * edge)])
+            else:
+                data[r, b] = rng.standard_normal(block)
+            data[r, b] = np.ldexp(data[r, b], j if kind != 1 else 0)
+    return data.reshape(rows, -1)[:, :length]
