@@ -1,0 +1,66 @@
+"""backward_analysis/: forward vs backward tensors; gradients live many binades below
+activations, so the comparison is drawn on log2|x|."""
+from __future__ import annotations
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
+                                           truncation_note)
+from megatron.quant.analysis.summary import (LOG2_LOW, group_by, sampled_series,
+                                             summed_log2_counts, tensor_label)
+
+FOLDER = "backward_analysis"
+
+
+def build(inp: AnalysisInput) -> AnalysisPlan:
+    plan = AnalysisPlan()
+    operations = {s.record.operation for s in inp.originals}
+    if "backward" not in operations:
+        plan.notes.append(f"Not drawn: no backward captures selected (operations present: "
+                          f"{', '.join(sorted(operations)) or 'none'}).")
+        return plan
+    by_layer_type = group_by(inp.originals, lambda s: s.record.layer_type)
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "forward_vs_backward"),
+        "Share of values per binade (all elements of every capture) in the forward and the "
+        "backward pass, per layer type.", draw_forward_vs_backward,
+        {layer_type: {op: (LOG2_LOW - 1, summed_log2_counts(group))
+                      for op, group in group_by(items, lambda s: s.record.operation).items()}
+         for layer_type, items in by_layer_type.items()}))
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "backward_statistics"),
+        "Per-capture std and max |x| of every forward and backward tensor.", draw_statistics,
+        {stat: {key.label: [s.stat(stat) for s in items]
+                for key, items in group_by(inp.originals, lambda s: s.record.tensor_key).items()}
+         for stat in ("std", "absmax")}))
+    gradients = [s for s in inp.with_values if s.record.operation == "backward"]
+    by_quant = list(group_by(gradients, lambda s: s.record.quant_type).items())
+    kept = by_quant[:inp.settings.max_panels]
+    plan.notes += truncation_note("gradient distributions", len(kept), len(by_quant))
+    if kept:
+        budget = inp.settings.figure_budget // len(kept)
+        plan.figures.append(FigureJob(
+            figure_path(FOLDER, "gradient_distributions"),
+            "Value distributions of the backward-pass tensors, per quant type.",
+            figures.draw_histogram_panels,
+            {"title": "Backward-pass tensors",
+             "panels": [{"title": quant_type,
+                         "series": sampled_series(group_by(items, tensor_label), budget)} for quant_type, items in kept]}))
+    return plan
+
+
+def draw_forward_vs_backward(payload: dict):
+    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.4, 4.6))
+    for ax, (layer_type, histograms) in zip(axes, payload.items()):
+        figures.log2_panel(ax, histograms, f"{layer_type} layers")
+    return figures.finish(fig, "Forward vs backward magnitudes")
+
+
+def draw_statistics(payload: dict):
+    width = max(8.0, 0.5 * max(len(series) for series in payload.values()))
+    fig, axes = figures.subplot_grid(2, ncols=1, panel_size=(width, 4.6))
+    labels = {"std": ("Standard deviation", "std (value units)"),
+              "absmax": ("Max |x|", "max |x| (value units)")}
+    for ax, (stat, series) in zip(axes, payload.items()):
+        title, ylabel = labels[stat]
+        figures.box_plot(ax, series, f"{title} per capture", ylabel)
+    return figures.finish(fig, "Forward and backward tensor statistics")

@@ -1,0 +1,262 @@
+"""List the captures under a tensor directory without loading any tensor.
+
+The per-rank manifests (docs/interfaces.md section 2) are the source of truth; ``.pt`` files
+that no manifest lists (a directory written without manifests, or a run that died before
+its manifest line was flushed) are described from their file names. Anything that cannot be
+described is returned as a :class:`SkippedFile` with the reason, never raised.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple, Optional
+
+MANIFEST_RE = re.compile(r"^manifest-rank\d{2,}\.jsonl$")
+FILE_NAME_RE = re.compile(
+    r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d{4,})_iter(?P<iteration>\d{3,})"
+    r"_(?P<layer_type>[A-Za-z0-9]+)_L(?P<layer_idx>-?\d+)_(?P<operation>forward|backward)"
+    r"_(?P<phase>pre|post)_(?P<component>[A-Za-z0-9]+)_(?P<quant_type>.+?)"
+    r"_rank(?P<rank>\d{2,})_sample(?P<sample>\d{3,})_(?P<tensor_name>\w+)\.pt$"
+)
+# Metadata keys every capture must have to be placed in an analysis.
+REQUIRED_KEYS = ("quant_type", "layer_type", "layer_idx", "operation", "phase", "component",
+                 "tensor_name", "iteration", "rank")
+
+
+class CatalogError(Exception):
+    """The tensor directory cannot be analysed at all (missing, empty, nothing readable)."""
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str     # relative to the tensor directory; manifest lines are "manifest-rank00.jsonl:7"
+    reason: str
+
+
+class TensorKey(NamedTuple):
+    layer_type: str
+    role: str          # "" when unknown (described from the file name only)
+    operation: str
+    phase: str
+    tensor_name: str
+
+    @property
+    def label(self) -> str:
+        """e.g. "linear fc1 fwd pre input"."""
+        short = {"forward": "fwd", "backward": "bwd"}
+        return " ".join(short.get(part, part) for part in self if part)
+
+
+@dataclass(frozen=True)
+class CaptureRecord:
+    """One capture: where and when it was taken, and its manifest statistics if any."""
+    path: Optional[Path]          # None for a stats-only manifest entry (no tensor file)
+    quant_type: str
+    layer_type: str
+    layer_idx: int
+    operation: str
+    phase: str
+    component: str
+    tensor_name: str
+    iteration: int
+    rank: int
+    sample: int = 0
+    microbatch: Optional[int] = None
+    role: Optional[str] = None    # unknown when described from the file name only
+    module: Optional[str] = None
+    shape: Optional[tuple[int, ...]] = None
+    dtype: Optional[str] = None
+    format_name: Optional[str] = None
+    format_options: Mapping[str, Any] = field(default_factory=dict)
+    axis: int = -1
+    quantized: bool = False       # the optional fake-quantized copy of another capture
+    stats: Optional[Mapping[str, Any]] = None
+    source: str = "manifest"      # "manifest" | "file name" | "file metadata"
+
+    @property
+    def tensor_key(self) -> TensorKey:
+        """Which tensor of a layer this is, regardless of layer index, time, rank or format."""
+        return TensorKey(self.layer_type, self.role or "", self.operation, self.phase,
+                         self.tensor_name)
+
+    @property
+    def site_key(self) -> tuple:
+        """The same capture point and moment: pairs one tensor across quant types."""
+        return (self.tensor_key, self.module, self.layer_idx, self.iteration, self.rank,
+                self.sample, self.microbatch)
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer_type} L{self.layer_idx} {self.operation} {self.phase} {self.tensor_name}"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    root: Path
+    records: tuple[CaptureRecord, ...]
+    skipped: tuple[SkippedFile, ...]
+
+
+def record_from_metadata(metadata: Mapping[str, Any], path: Optional[Path],
+                         source: str = "manifest") -> CaptureRecord:
+    """Build a record from capture metadata; ValueError names what is missing or malformed."""
+    missing = [key for key in REQUIRED_KEYS if metadata.get(key) is None]
+    if missing:
+        raise ValueError(f"metadata lacks {', '.join(missing)}")
+    fmt = metadata.get("format")
+    format_name, format_options = _format_reference(fmt)
+    shape = metadata.get("shape")
+    try:
+        return CaptureRecord(
+            path=path,
+            quant_type=str(metadata["quant_type"]),
+            layer_type=str(metadata["layer_type"]),
+            layer_idx=int(metadata["layer_idx"]),
+            operation=str(metadata["operation"]),
+            phase=str(metadata["phase"]),
+            component=str(metadata["component"]),
+            tensor_name=str(metadata["tensor_name"]),
+            iteration=int(metadata["iteration"]),
+            rank=int(metadata["rank"]),
+            sample=int(metadata.get("sample") or 0),
+            microbatch=None if metadata.get("microbatch") is None else int(metadata["microbatch"]),
+            role=None if metadata.get("role") is None else str(metadata["role"]),
+            module=metadata.get("module"),
+            shape=None if shape is None else tuple(int(s) for s in shape),
+            dtype=metadata.get("dtype"),
+            format_name=format_name,
+            format_options=format_options,
+            axis=-1 if metadata.get("axis") is None else int(metadata["axis"]),
+            quantized=bool(metadata.get("quantized", False)),
+            stats=metadata.get("stats") if isinstance(metadata.get("stats"), Mapping) else None,
+            source=source,
+        )
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"malformed metadata ({error})") from None
+
+
+def _format_reference(fmt: Any) -> tuple[Optional[str], Mapping[str, Any]]:
+    if isinstance(fmt, Mapping) and fmt.get("name"):
+        options = fmt.get("options")
+        return str(fmt["name"]), dict(options) if isinstance(options, Mapping) else {}
+    if isinstance(fmt, str) and fmt:
+        return fmt, {}
+    return None, {}
+
+
+def record_from_file_name(path: Path) -> Optional[CaptureRecord]:
+    """Describe a capture from its file name alone; None when the name is not a capture name."""
+    match = FILE_NAME_RE.match(path.name)
+    if match is None:
+        return None
+    g = match.groupdict()
+    return CaptureRecord(
+        path=path, quant_type=g["quant_type"], layer_type=g["layer_type"],
+        layer_idx=int(g["layer_idx"]), operation=g["operation"], phase=g["phase"],
+        component=g["component"], tensor_name=g["tensor_name"], iteration=int(g["iteration"]),
+        rank=int(g["rank"]), sample=int(g["sample"]),
+        quantized=g["tensor_name"].endswith("_quantized"), source="file name",
+    )
+
+
+def enrich_from_file(record: CaptureRecord, metadata: Mapping[str, Any]) -> CaptureRecord:
+    """Complete a record described from its file name with the metadata stored in the file."""
+    if record.source != "file name":
+        return record
+    try:
+        return replace(record_from_metadata(metadata, record.path, "file metadata"),
+                       stats=None)  # stats in a file are not trusted over recomputing them
+    except ValueError:
+        return record
+
+
+def build_catalog(tensor_dir: str | os.PathLike) -> Catalog:
+    """Every capture under ``tensor_dir`` (searched recursively) and every file skipped."""
+    root = Path(tensor_dir)
+    if not root.exists():
+        raise CatalogError(f"tensor directory does not exist: {root}")
+    if not root.is_dir():
+        raise CatalogError(f"tensor directory is not a directory: {root}")
+    records: list[CaptureRecord] = []
+    skipped: list[SkippedFile] = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs.sort()
+        found, lost = _scan_directory(root, Path(directory), sorted(files))
+        records.extend(found)
+        skipped.extend(lost)
+    if not records:
+        if skipped:
+            examples = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+            raise CatalogError(f"no readable capture under {root}: {len(skipped)} file(s) "
+                               f"skipped ({examples})")
+        raise CatalogError(f"no capture files (*.pt) or manifests (manifest-rankNN.jsonl) "
+                           f"under {root}")
+    return Catalog(root, tuple(records), tuple(skipped))
+
+
+def _scan_directory(root: Path, directory: Path, files: list[str]
+                    ) -> tuple[list[CaptureRecord], list[SkippedFile]]:
+    records: list[CaptureRecord] = []
+    skipped: list[SkippedFile] = []
+    listed: set[str] = set()
+    for name in files:
+        if MANIFEST_RE.match(name):
+            found, lost, names = _read_manifest(root, directory / name)
+            records.extend(found)
+            skipped.extend(lost)
+            listed |= names
+    for name in files:
+        if MANIFEST_RE.match(name) or name in listed:
+            continue
+        path = directory / name
+        record = record_from_file_name(path) if name.endswith(".pt") else None
+        if record is None:
+            reason = ("file name does not match the capture naming pattern" if name.endswith(".pt")
+                      else "not a capture file (expected *.pt or manifest-rankNN.jsonl)")
+            skipped.append(SkippedFile(relative_path(root, path), reason))
+        else:
+            records.append(record)
+    return records, skipped
+
+
+def _read_manifest(root: Path, manifest: Path
+                   ) -> tuple[list[CaptureRecord], list[SkippedFile], set[str]]:
+    records: list[CaptureRecord] = []
+    skipped: list[SkippedFile] = []
+    listed: set[str] = set()
+    where = relative_path(root, manifest)
+    try:
+        lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as error:
+        return [], [SkippedFile(where, f"cannot read manifest ({error.strerror})")], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("metadata"), Mapping):
+                raise ValueError("entry has no metadata object")
+            file_name = entry.get("file")
+            path = None if file_name is None else manifest.parent / str(file_name)
+            record = record_from_metadata(entry["metadata"], path)
+        except ValueError as error:  # json.JSONDecodeError is a ValueError
+            skipped.append(SkippedFile(f"{where}:{number}", f"bad manifest line ({error})"))
+            continue
+        if path is not None:
+            listed.add(path.name)
+            if not path.is_file():
+                skipped.append(SkippedFile(relative_path(root, path), f"listed in {where} but missing"))
+                continue
+        records.append(record)
+    return records, skipped, listed
+
+
+def relative_path(root: Path, path: Path) -> str:
+    """``path`` relative to ``root`` when inside it (how skipped files are named)."""
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,36 @@
+"""distributions/: histogram, box plot and normal Q-Q plot per quant type, layer type and pass."""
+from __future__ import annotations
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, figure_path
+from megatron.quant.analysis.summary import group_by, sampled_series
+
+FOLDER = "distributions"
+
+
+def build(inp: AnalysisInput) -> AnalysisPlan:
+    plan = AnalysisPlan()
+    groups = group_by(inp.with_values, lambda s: (s.record.quant_type, s.record.layer_type,
+                                                   s.record.operation))
+    for (quant_type, layer_type, operation), items in groups.items():
+        by_tensor = group_by(items, lambda s: f"{s.record.phase} {s.record.tensor_name}")
+        payload = {"title": f"{quant_type}: {layer_type} {operation} tensors "
+                            f"({len(items)} captures)",
+                   "series": sampled_series(by_tensor, inp.settings.figure_budget)}
+        plan.figures.append(FigureJob(
+            figure_path(FOLDER, quant_type, layer_type, operation),
+            f"{quant_type}, {layer_type} {operation}: value histogram, box plot and Q-Q plot "
+            f"against a normal, per tensor.", draw_distribution, payload))
+    if not groups:
+        plan.notes.append("No tensor values to draw (only statistics-only captures selected).")
+    return plan
+
+
+def draw_distribution(payload: dict):
+    fig, (hist_ax, box_ax, qq_ax) = figures.subplot_grid(3, ncols=3, panel_size=(5.5, 4.2))
+    series = payload["series"]
+    figures.value_histograms(hist_ax, series, "Histogram (sampled values)")
+    figures.box_plot(box_ax, series, "Box plot (whiskers: 1st-99th percentile)", "value",
+                     log=False)
+    figures.qq_normal(qq_ax, series, "Q-Q plot against a normal")
+    return figures.finish(fig, payload["title"])

@@ -1,0 +1,65 @@
+"""heatmaps/: where the large magnitudes sit in a tensor (max |x| per block of a 2-D view).
+
+Rows of the view are the leading dimensions flattened (tokens for activations, output
+features for weights), columns the last dimension (features), so outlier channels show as
+vertical stripes.
+"""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.colors import LogNorm
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
+                                           truncation_note)
+from megatron.quant.analysis.summary import group_by
+
+FOLDER = "heatmaps"
+
+
+def build(inp: AnalysisInput) -> AnalysisPlan:
+    plan = AnalysisPlan()
+    with_maps = [s for s in inp.originals if s.heatmap is not None]
+    groups = group_by(with_maps, lambda s: (s.record.quant_type, s.record.layer_type,
+                                             s.record.operation))
+    for (quant_type, layer_type, operation), items in groups.items():
+        by_tensor = group_by(items, lambda s: (s.record.phase, s.record.tensor_name))
+        first = [min(captures, key=lambda s: (s.record.iteration, s.record.layer_idx,
+                                              s.record.rank, s.record.sample))
+                 for captures in by_tensor.values()]
+        kept = first[:inp.settings.max_panels]
+        plan.notes += truncation_note(f"heatmaps {quant_type} {layer_type} {operation}",
+                                      len(kept), len(first))
+        panels = [{"title": f"{s.record.phase} {s.record.tensor_name}, L{s.record.layer_idx} "
+                            f"iter {s.record.iteration}\nshape {list(s.record.shape or ())}",
+                   "grid": s.heatmap, "shape": s.record.shape} for s in kept]
+        plan.figures.append(FigureJob(
+            figure_path(FOLDER, quant_type, layer_type, operation),
+            f"{quant_type}, {layer_type} {operation}: max |x| per block for the first capture of "
+            f"each tensor (log colour scale).", draw_heatmaps,
+            {"title": f"{quant_type}: {layer_type} {operation}, max |x| per block",
+             "panels": panels}))
+    if not groups:
+        plan.notes.append("No heatmap: no selected capture has a tensor of two or more "
+                          "dimensions.")
+    return plan
+
+
+def draw_heatmaps(payload: dict):
+    panels = payload["panels"]
+    fig, axes = figures.subplot_grid(len(panels), ncols=3, panel_size=(5.2, 4.4))
+    for ax, panel in zip(axes, panels):
+        grid = np.ma.masked_invalid(np.where(panel["grid"] > 0, panel["grid"], np.nan))
+        ax.set_title(panel["title"], fontsize=9)
+        if grid.count() == 0:
+            figures.no_data(ax, "all zeros")
+            continue
+        low, high = float(grid.min()), float(grid.max())
+        image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest",
+                          norm=LogNorm(vmin=low, vmax=max(high, 2 * low)))
+        shape = panel["shape"] or (grid.shape[0], grid.shape[1])
+        rows = int(np.prod(shape[:-1]))
+        ax.set_xlabel(f"column block (last dim, {shape[-1]} columns)")
+        ax.set_ylabel(f"row block ({rows} rows)")
+        fig.colorbar(image, ax=ax, label="max |x| in block")
+    return figures.finish(fig, payload["title"])

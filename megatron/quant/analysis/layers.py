@@ -1,0 +1,106 @@
+"""layer_analysis/: attention vs linear layers, statistics and format errors along the depth
+of the model, and differences between samples (micro-batches)."""
+from __future__ import annotations
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
+                                           truncation_note)
+from megatron.quant.analysis.summary import (LOG2_LOW, TensorSummary, group_by, median_curves,
+                                             summed_log2_counts, tensor_label)
+
+FOLDER = "layer_analysis"
+_TREND_METRICS = (("overflow_ratio", "Overflow", "overflow (% of elements)", 100.0),
+                  ("underflow_ratio", "Underflow", "underflow (% of elements)", 100.0),
+                  ("sqnr_db", "SQNR", "SQNR (dB)", 1.0))
+
+
+def build(inp: AnalysisInput) -> AnalysisPlan:
+    plan = AnalysisPlan()
+    by_quant = list(group_by(inp.originals, lambda s: s.record.quant_type).items())
+    kept = by_quant[:inp.settings.max_panels]
+    plan.notes += truncation_note("layer analysis quant types", len(kept), len(by_quant))
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "attention_vs_linear"),
+        "Share of values per binade in attention and linear layers (all elements), per quant "
+        "type.", draw_attention_vs_linear,
+        {qt: {lt: (LOG2_LOW - 1, summed_log2_counts(group))
+              for lt, group in group_by(items, lambda s: s.record.layer_type).items()}
+         for qt, items in kept}))
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "per_layer_statistics"),
+        "Median std and max |x| of each tensor along the layers, per quant type.",
+        draw_per_layer,
+        {qt: {stat: median_curves(items, tensor_label, _layer, lambda s, st=stat: s.stat(st))
+              for stat in ("std", "absmax")} for qt, items in kept}))
+    _add_sample_analysis(plan, kept)
+    _add_layer_trends(plan, kept)
+    return plan
+
+
+def _layer(summary: TensorSummary) -> int:
+    return summary.record.layer_idx
+
+
+def _add_sample_analysis(plan: AnalysisPlan, by_quant: list) -> None:
+    samples = {s.record.sample for _, items in by_quant for s in items}
+    if len(samples) < 2:
+        plan.notes.append(f"No sample analysis: it needs captures of at least two samples "
+                          f"(micro-batches); found {len(samples)}.")
+        return
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "samples"),
+        "Per-capture max |x| for each sample (micro-batch), per quant type.", draw_samples,
+        {qt: {f"sample {k}": [s.stat("absmax") for s in group]
+              for k, group in group_by(items, lambda s: s.record.sample).items()}
+         for qt, items in by_quant}))
+
+
+def _add_layer_trends(plan: AnalysisPlan, by_quant: list) -> None:
+    for quant_type, items in by_quant:
+        measured = [s for s in items if s.quant is not None]
+        if not measured:
+            plan.notes.append(f"No layer trend for {quant_type}: its captures have no "
+                              f"quantization statistics.")
+            continue
+        plan.figures.append(FigureJob(
+            figure_path(FOLDER, "layer_trends", quant_type),
+            f"{quant_type}: overflow, underflow and SQNR of each quantized tensor along the "
+            f"layers (median over iterations, ranks and samples).", draw_layer_trends,
+            {"title": f"{quant_type}: quantization along the layers",
+             "curves": {metric: median_curves(
+                 measured, tensor_label, _layer,
+                 lambda s, m=metric, f=factor: f * s.quant_metric(m))
+                 for metric, _, _, factor in _TREND_METRICS}}))
+
+
+def draw_attention_vs_linear(payload: dict):
+    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.4, 4.6))
+    for ax, (quant_type, histograms) in zip(axes, payload.items()):
+        figures.log2_panel(ax, histograms, f"{quant_type}: attention vs linear")
+    return figures.finish(fig, "Attention vs linear layer magnitudes")
+
+
+def draw_per_layer(payload: dict):
+    fig, axes = figures.subplot_grid(2 * len(payload), ncols=2, panel_size=(6.6, 4.6))
+    for i, (quant_type, stats) in enumerate(payload.items()):
+        figures.line_panel(axes[2 * i], stats["std"], f"{quant_type}: std by layer",
+                           "layer index", "median std (value units)")
+        figures.line_panel(axes[2 * i + 1], stats["absmax"], f"{quant_type}: max |x| by layer",
+                           "layer index", "median max |x| (value units)")
+    return figures.finish(fig, "Tensor statistics along the layers")
+
+
+def draw_samples(payload: dict):
+    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.0, 4.4))
+    for ax, (quant_type, series) in zip(axes, payload.items()):
+        figures.box_plot(ax, series, f"{quant_type}: max |x| per capture by sample",
+                         "max |x| (value units)")
+    return figures.finish(fig, "Differences between samples (micro-batches)")
+
+
+def draw_layer_trends(payload: dict):
+    fig, axes = figures.subplot_grid(len(_TREND_METRICS), ncols=3, panel_size=(5.6, 4.6))
+    for ax, (metric, title, ylabel, _) in zip(axes, _TREND_METRICS):
+        figures.line_panel(ax, payload["curves"][metric], f"{title} by layer", "layer index",
+                           ylabel, log=False if metric == "sqnr_db" else None)
+    return figures.finish(fig, payload["title"])

@@ -1,0 +1,101 @@
+"""overflow_analysis/: elements clipped at the format's max (upper) and flushed to zero
+(lower), by quant type, layer type and tensor."""
+from __future__ import annotations
+
+import numpy as np
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
+                                           truncation_note)
+from megatron.quant.analysis.quantization import no_quant_stats_note, source_note
+from megatron.quant.analysis.summary import TensorSummary, group_by, tensor_label
+
+FOLDER = "overflow_analysis"
+
+
+def build(inp: AnalysisInput) -> AnalysisPlan:
+    plan = AnalysisPlan()
+    measured = [s for s in inp.originals if s.quant is not None
+                and np.isfinite(s.quant_metric("overflow_ratio"))]
+    if not measured:
+        plan.notes.append(no_quant_stats_note())
+        return plan
+    by_quant = group_by(measured, lambda s: s.record.quant_type)
+    by_layer_type = group_by(measured, lambda s: (s.record.quant_type, s.record.layer_type))
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "overflow_overview"),
+        f"Overflow (|x| above the format's max after scaling) and underflow (nonzero x "
+        f"quantized to 0), in % of elements ({source_note(measured)}).", draw_overview,
+        {"by_quant": _shares(by_quant),
+         "by_layer_type": _shares({f"{qt} {lt}": items for (qt, lt), items in by_layer_type.items()}),
+         "points": {qt: (_percent(items, "overflow_ratio"), _percent(items, "underflow_ratio"))
+                    for qt, items in by_quant.items()}}))
+    kept = list(by_quant.items())[:inp.settings.max_panels]
+    plan.notes += truncation_note("overflow by tensor", len(kept), len(by_quant))
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "overflow_by_tensor"),
+        "Overflow and underflow of each tensor, per quant type (% of all its elements).",
+        draw_by_tensor,
+        {qt: _shares(group_by(items, tensor_label)) for qt, items in kept}))
+    return plan
+
+
+def _percent(items: list[TensorSummary], metric: str) -> np.ndarray:
+    return np.array([100 * s.quant_metric(metric) for s in items])
+
+
+def _shares(groups: dict[str, list[TensorSummary]]) -> dict:
+    """Element-weighted overflow/underflow % per labelled group: the share of all its elements."""
+    def weighted(items: list[TensorSummary], metric: str) -> float:
+        weights = np.array([s.stat("numel") for s in items])
+        return float(100 * (weights * np.array([s.quant_metric(metric) for s in items])).sum()
+                     / weights.sum())
+
+    return {"categories": list(groups),
+            "groups": {"overflow (upper)": [weighted(v, "overflow_ratio") for v in groups.values()],
+                       "underflow (lower)": [weighted(v, "underflow_ratio")
+                                             for v in groups.values()]}}
+
+
+def draw_overview(payload: dict):
+    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.2, 4.4))
+    for ax, key, title in ((axes[0], "by_quant", "By quant type"),
+                           (axes[2], "by_layer_type", "By quant type and layer type")):
+        figures.grouped_bars(ax, payload[key]["categories"], payload[key]["groups"], title,
+                             "% of elements")
+    scatter_ax, hist_ax = axes[1], axes[3]
+    for quant_type, (over, under) in payload["points"].items():
+        scatter_ax.plot(under, over, "o", markersize=4, alpha=0.6, label=quant_type)
+    scatter_ax.set_xscale("symlog", linthresh=1e-4)
+    scatter_ax.set_yscale("symlog", linthresh=1e-4)
+    scatter_ax.set_xlabel("underflow (% of elements, symlog)")
+    scatter_ax.set_ylabel("overflow (% of elements, symlog)")
+    scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
+    scatter_ax.legend(fontsize=8)
+    scatter_ax.grid(alpha=0.3)
+    totals = {qt: over + under for qt, (over, under) in payload["points"].items()}
+    positive = np.concatenate([t[t > 0] for t in totals.values()])
+    hist_ax.set_title("Total overflow + underflow per capture", fontsize=10)
+    if positive.size:
+        edges = np.logspace(np.log10(positive.min()), np.log10(positive.max()) + 1e-9, 40)
+        for quant_type, total in totals.items():
+            zeros = int((total == 0).sum())
+            hist_ax.hist(total[total > 0], bins=edges, histtype="step", linewidth=1.4,
+                         label=f"{quant_type} ({zeros} captures at 0%)")
+        hist_ax.set_xscale("log")
+        hist_ax.set_xlabel("overflow + underflow (% of elements, log scale)")
+        hist_ax.set_ylabel("captures")
+        hist_ax.legend(fontsize=8)
+        hist_ax.grid(alpha=0.3)
+    else:
+        figures.no_data(hist_ax, "no capture overflows or underflows")
+    return figures.finish(fig, "Overflow and underflow")
+
+
+def draw_by_tensor(payload: dict):
+    fig, axes = figures.subplot_grid(len(payload), ncols=1, panel_size=(
+        max(8.0, 0.6 * max(len(p["categories"]) for p in payload.values())), 4.2))
+    for ax, (quant_type, shares) in zip(axes, payload.items()):
+        figures.grouped_bars(ax, shares["categories"], shares["groups"],
+                             f"{quant_type}: overflow and underflow by tensor", "% of elements")
+    return figures.finish(fig, "Overflow and underflow by tensor")

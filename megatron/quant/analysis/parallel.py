@@ -1,0 +1,50 @@
+"""Map a function over items in worker processes, with a progress bar on stderr."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, Iterator, Sequence, TypeVar
+
+from tqdm import tqdm
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def default_workers() -> int:
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        available = os.cpu_count() or 1
+    return max(1, min(8, available))
+
+
+def _init_worker() -> None:
+    # Each worker handles whole tensors; intra-op threads would only fight the other workers.
+    import torch
+    torch.set_num_threads(1)
+
+
+def parallel_map(fn: Callable[[Item], Result], items: Sequence[Item], workers: int,
+                 description: str, progress: bool = True) -> Iterator[Result]:
+    """``fn`` over ``items`` in order. ``fn`` must be a module-level function (it is pickled)."""
+    bar = tqdm(total=len(items), desc=description, unit="item", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True, leave=False)
+    try:
+        if workers <= 1 or len(items) <= 1:
+            for item in items:
+                yield fn(item)
+                bar.update()
+            return
+        # fork shares the already imported torch/matplotlib: workers start in milliseconds.
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        context = multiprocessing.get_context(method)
+        chunksize = max(1, min(16, len(items) // (workers * 8)))
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:
+            for result in pool.map(fn, items, chunksize=chunksize):
+                yield result
+                bar.update()
+    finally:
+        bar.close()

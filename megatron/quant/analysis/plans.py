@@ -1,0 +1,87 @@
+"""The contract between the analyses, the figure renderer and the report."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from megatron.quant.analysis.catalog import SkippedFile
+from megatron.quant.analysis.summary import TensorSummary
+
+
+@dataclass(frozen=True)
+class FigureJob:
+    """A figure to draw in a worker: ``draw(payload)`` returns a matplotlib Figure.
+
+    ``draw`` is a module-level function and ``payload`` plain data, so both pickle.
+    """
+    path: str        # relative to the output directory, e.g. "distributions/hifp8_linear_forward.png"
+    caption: str
+    draw: Callable[[Any], Any]
+    payload: Any
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """A non-figure output already written (text, CSV), listed in the report."""
+    path: str
+    caption: str
+
+
+@dataclass
+class AnalysisPlan:
+    figures: list[FigureJob] = field(default_factory=list)
+    files: list[OutputFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was not drawn, and why
+
+
+@dataclass(frozen=True)
+class PlotSettings:
+    figure_budget: int = 100_000     # sampled values drawn per figure, all series together
+    min_trend_iterations: int = 3    # distinct iterations needed for curves over training
+    max_panels: int = 12             # subplots per figure (extra groups are named in a note)
+
+
+@dataclass(frozen=True)
+class AnalysisInput:
+    summaries: tuple[TensorSummary, ...]
+    output_dir: Path
+    tensor_dir: Path
+    filters: str
+    skipped: tuple[SkippedFile, ...]
+    settings: PlotSettings = PlotSettings()
+
+    @property
+    def originals(self) -> list[TensorSummary]:
+        """Captures of the layers' own tensors (the optional quantized copies left out)."""
+        return [s for s in self.summaries if not s.record.quantized]
+
+    @property
+    def with_values(self) -> list[TensorSummary]:
+        """Originals whose values were sampled (stats-only manifest entries left out)."""
+        return [s for s in self.originals if s.has_values]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    key: str                 # name on the command line (--analyses)
+    title: str
+    folder: str              # output sub-folder; "" for files at the top of the output directory
+    description: str
+    build: Callable[[AnalysisInput], AnalysisPlan]
+    needs: frozenset[str] = frozenset()  # extra per-capture data: "heatmap", "format"
+
+
+def figure_path(folder: str, *parts: object) -> str:
+    """``folder/part1_part2.png`` with characters unsafe in file names or URLs replaced."""
+    stem = "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", str(part)) for part in parts)
+    return f"{folder}/{stem}.png" if folder else f"{stem}.png"
+
+
+def truncation_note(what: str, kept: int, total: int) -> list[str]:
+    """A note when only the first ``kept`` of ``total`` groups got a panel."""
+    if total <= kept:
+        return []
+    return [f"{what}: only the first {kept} of {total} groups are drawn "
+            f"(--max_panels; use filters to choose others)."]

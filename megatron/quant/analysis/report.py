@@ -1,0 +1,136 @@
+"""index.html: one self-contained page (inline CSS, relative links) over every analysis drawn
+into an output directory.
+
+Each run stores its sections under ``.report/`` so that running the scripts one after the
+other (quick, basic, enhanced) into the same directory yields one report covering all of
+them; sections of a run on another tensor directory are dropped.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+STATE_DIR = ".report"
+INDEX = "index.html"
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    folder: str
+    description: str
+    figures: list[dict] = field(default_factory=list)  # {"path", "caption"}
+    files: list[dict] = field(default_factory=list)    # {"path", "caption"}
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunSummary:
+    tensor_dir: str
+    generated_at: str
+    command: str
+    filters: str
+    options: str
+    totals: dict                 # label -> value, shown as a table
+    per_quant_type: list[dict]   # one row per quant type
+    skipped: list[dict]          # {"path", "reason"}
+
+
+def write_report(output_dir: Path, run: RunSummary, sections: list[Section],
+                 order: list[str]) -> Path:
+    """Store this run's sections, merge those of earlier runs, write index.html."""
+    state = output_dir / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    previous = _load_state(state)
+    if previous is None or previous["run"]["tensor_dir"] != run.tensor_dir:
+        previous = {"sections": {}}
+    merged = {**previous["sections"], **{s.key: asdict(s) for s in sections}}
+    merged = {key: merged[key] for key in order if key in merged}
+    (state / "report.json").write_text(json.dumps({"run": asdict(run), "sections": merged},
+                                                  indent=1), encoding="utf-8")
+    index = output_dir / INDEX
+    index.write_text(render_html(run, [Section(**s) for s in merged.values()], output_dir),
+                     encoding="utf-8")
+    return index
+
+
+def _load_state(state: Path) -> dict | None:
+    try:
+        data = json.loads((state / "report.json").read_text(encoding="utf-8"))
+        return data if {"run", "sections"} <= set(data) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _link(path: str) -> str:
+    return html.escape(quote(path), quote=True)
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(c))}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0 1em} td,th{border:1px solid #ccc;padding:.25em .6em;
+text-align:left;font-size:.9em} th{background:#f3f3f3}
+figure{margin:1em 0 2em} figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em} .note{background:#fff6dd;border-left:4px solid #e0a800;
+padding:.4em .8em;margin:.4em 0} nav a{margin-right:1em} code{background:#f3f3f3;padding:0 .2em}
+"""
+
+
+def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> str:
+    parts = [
+        "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
+        "<title>Tensor capture report</title>", f"<style>{_STYLE}</style></head><body>",
+        "<h1>Tensor capture report</h1>",
+        f"<p>Captures in <code>{html.escape(run.tensor_dir)}</code>, generated "
+        f"{html.escape(run.generated_at)} by <code>{html.escape(run.command)}</code>.</p>",
+        "<nav>" + "".join(f"<a href='#{s.key}'>{html.escape(s.title)}</a>" for s in sections)
+        + "<a href='#skipped'>Skipped files</a></nav>",
+        "<h2 id='summary'>Summary</h2>",
+        _table(["", ""], [[k, v] for k, v in run.totals.items()]
+               + [["filters", run.filters], ["options", run.options]]),
+    ]
+    if run.per_quant_type:
+        header = list(run.per_quant_type[0])
+        parts.append(_table(header, [[row[h] for h in header] for row in run.per_quant_type]))
+    for section in sections:
+        parts.append(f"<h2 id='{html.escape(section.key)}'>{html.escape(section.title)}</h2>")
+        where = f"folder <code>{html.escape(section.folder)}/</code>: " if section.folder else ""
+        parts.append(f"<p>{where}{html.escape(section.description)}</p>")
+        parts += [f"<p class='note'>{html.escape(note)}</p>" for note in section.notes]
+        for item in section.files:
+            parts.append(f"<p><a href='{_link(item['path'])}'>{html.escape(item['path'])}</a>: "
+                         f"{html.escape(item['caption'])}</p>")
+        for item in section.figures:
+            if not (output_dir / item["path"]).is_file():
+                continue  # a figure of an earlier run that this run's settings did not redraw
+            parts.append(f"<figure><a href='{_link(item['path'])}'><img src='{_link(item['path'])}'"
+                         f" alt='{html.escape(item['path'], quote=True)}' loading='lazy'></a>"
+                         f"<figcaption><b>{html.escape(item['path'])}</b>: "
+                         f"{html.escape(item['caption'])}</figcaption></figure>")
+    parts.append(f"<h2 id='skipped'>Skipped files ({len(run.skipped)})</h2>")
+    if run.skipped:
+        parts.append(_table(["file", "reason"], [[s["path"], s["reason"]] for s in run.skipped]))
+    else:
+        parts.append("<p>None: every capture file was read.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,87 @@
+"""statistics/: per-capture statistics by quant type and by tensor, and a CSV of them all."""
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, OutputFile,
+                                           figure_path, truncation_note)
+from megatron.quant.analysis.summary import QUANT_METRICS, TensorSummary, group_by
+
+FOLDER = "statistics"
+CSV_NAME = f"{FOLDER}/tensor_summary.csv"
+_RECORD_COLUMNS = ("quant_type", "layer_type", "layer_idx", "role", "module", "operation", "phase",
+                   "component", "tensor_name", "iteration", "microbatch", "sample", "rank",
+                   "format_name", "dtype")
+_STAT_COLUMNS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs",
+                 "skewness", "kurtosis")
+
+
+def build(inp: AnalysisInput) -> AnalysisPlan:
+    summaries = inp.originals
+    write_csv(inp, summaries)
+    plan = AnalysisPlan(files=[OutputFile(CSV_NAME, "One row per capture: where it was taken "
+                                                    "and its statistics (skewness and kurtosis "
+                                                    "from the sampled values).")])
+    by_quant = group_by(summaries, lambda s: s.record.quant_type)
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "statistics_by_quant_type"),
+        "Distribution over captures of each tensor's mean, std, max |x| and share of zeros, "
+        "per quant type.", draw_by_quant_type,
+        {name: {qt: _values(items, name) for qt, items in by_quant.items()}
+         for name in ("mean", "std", "absmax", "zero_share")}))
+    kept = list(by_quant.items())[:inp.settings.max_panels]
+    plan.notes += truncation_note("statistics by tensor", len(kept), len(by_quant))
+    plan.figures.append(FigureJob(
+        figure_path(FOLDER, "absmax_by_tensor"),
+        "Max |x| of each tensor over layers, iterations and ranks, per quant type.",
+        draw_by_tensor,
+        {qt: {key.label: _values(group, "absmax")
+              for key, group in group_by(items, lambda s: s.record.tensor_key).items()}
+         for qt, items in kept}))
+    return plan
+
+
+def _values(items: list[TensorSummary], name: str) -> np.ndarray:
+    if name == "zero_share":
+        return np.array([100 * s.stat("zeros") / s.stat("numel") for s in items])
+    return np.array([s.stat(name) for s in items])
+
+
+def write_csv(inp: AnalysisInput, summaries: list[TensorSummary]) -> None:
+    target = inp.output_dir / CSV_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", *_RECORD_COLUMNS, "shape", *_STAT_COLUMNS, *QUANT_METRICS,
+                         "quant_stats_source"])
+        for s in summaries:
+            r = s.record
+            writer.writerow([
+                "" if r.path is None else r.path.name,
+                *(getattr(r, column) for column in _RECORD_COLUMNS),
+                "x".join(map(str, r.shape)) if r.shape else "",
+                *(s.stats.get(column) for column in _STAT_COLUMNS),
+                *((s.quant or {}).get(metric) for metric in QUANT_METRICS),
+                s.quant_source or ""])
+
+
+def draw_by_quant_type(payload: dict):
+    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.0, 4.2))
+    titles = {"mean": ("Mean", "mean (value units)", False),
+              "std": ("Standard deviation", "std (value units)", None),
+              "absmax": ("Max |x|", "max |x| (value units)", None),
+              "zero_share": ("Exact zeros", "zeros (% of elements)", False)}
+    for ax, (name, series) in zip(axes, payload.items()):
+        title, ylabel, log = titles[name]
+        figures.box_plot(ax, series, f"{title} per capture", ylabel, log=log)
+    return figures.finish(fig, "Capture statistics by quant type")
+
+
+def draw_by_tensor(payload: dict):
+    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(7.0, 4.6))
+    for ax, (quant_type, series) in zip(axes, payload.items()):
+        figures.box_plot(ax, series, f"{quant_type}: max |x| per capture", "max |x| (value units)")
+    return figures.finish(fig, "Max |x| of each tensor by quant type")
