@@ -77,11 +77,13 @@ def format_screen_report(stats: Mapping) -> str:
             if "vs_reference" in entry:
                 lines.append(f"  vs {reference}: {_error_line(entry['vs_reference'])}")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + _summary_table(stats))
 
 
 def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[Path]:
     """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per mode."""
+    from matplotlib.ticker import MaxNLocator
+
     from megatron.quant.analysis import figures
 
     others = [mode for mode in results if mode != reference]
@@ -94,6 +96,7 @@ def plot_difference_histograms(results: Results, reference: str, stem: Path) -> 
             ax.set_yscale("log")
             ax.set_title(f"{mode} - {reference}  (MSE {np.mean(diff ** 2):.3g})", fontsize=9)
             ax.set_xlabel("difference")
+            ax.xaxis.set_major_locator(MaxNLocator(5))
         path = stem.with_name(f"{stem.name}_diff_{name}.png")
         figures.finish(fig, f"{name}: difference from {reference}").savefig(path, dpi=100)
         figures.plt.close(fig)
@@ -114,6 +117,25 @@ def _finite_or_null(value):
 def _heading(name: str) -> str:
     label, _, io = name.rpartition("_")
     return f"{label} {io.upper()}" if label else io.upper()
+
+
+def _summary_table(stats: Mapping) -> list[str]:
+    """Every mode's error against the reference, one line per mode, per tensor."""
+    reference = stats["reference"]
+    others = [mode for mode in stats["modes"] if mode != reference]
+    if not others:
+        return []
+    width = max(len(mode) for mode in others) + 2
+    lines = [RULE, f"SUMMARY against {reference}", RULE]
+    for name in stats["modes"][reference]:
+        lines += ["", f"{_heading(name)}:",
+                  f"  {'mode':<{width}}{'rel err':>12}{'SQNR (dB)':>11}{'cosine':>10}{'max abs':>13}"]
+        for mode in others:
+            errors = stats["modes"][mode][name]["vs_reference"]
+            sqnr = "inf" if errors["mse"] == 0 else _number(errors["sqnr_db"], ".2f")
+            lines.append(f"  {mode:<{width}}{_number(errors['relative_error'], '.3e'):>12}{sqnr:>11}"
+                         f"{_number(errors['cosine']):>10}{_number(errors['max_abs_error'], '.3e'):>13}")
+    return lines + [""]
 
 
 def _error_line(errors: Mapping) -> str:
