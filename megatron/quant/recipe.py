@@ -36,6 +36,7 @@ _TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
+_NAME_PUNCTUATION = "-_.+"
 
 
 class RecipeError(ValueError):
@@ -127,8 +128,9 @@ class QuantRecipe:
             raise RecipeError(f"{source}: rules: expected a list of rules, got {rules!r}")
         parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
         name = merged.get("name") or _default_name(fmt_name, scopes)
-        if not isinstance(name, str) or not name.replace("-", "").replace(".", "").replace("_", "").isalnum():
-            raise RecipeError(f"{source}: name: {name!r} must be letters, digits, '-', '_' or '.'")
+        if not isinstance(name, str) or not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
+            raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r} "
+                              f"(it becomes a directory and file-name token)")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules)
 
     @classmethod

@@ -1,0 +1,105 @@
+"""A tiny Llama GPTModel built by spec.build_llama_model: every CUSTOM_QUANT_TYPE runs forward
+and backward, bf16 equals megatron-core's stock model bit for bit, modules are tagged."""
+import pytest
+import torch
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+from megatron.quant import formats
+from megatron.quant.recipe import QuantRecipe
+from megatron.quant.spec import build_llama_model
+from tests._dist import run_distributed
+from tests.layers._helpers import BLOCK_FORMAT, transformer_config
+
+VOCAB, SEQ, BATCH = 128, 32, 2
+QUANT_TYPES = sorted(formats.list_formats()) + ["bf16", "fp16", "none"]
+
+
+def _tokens():
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def _loss_and_grads(model):
+    tokens = _tokens()
+    loss = model(tokens, torch.arange(SEQ).expand(BATCH, SEQ), None, labels=tokens).float().mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _build(recipe, **config):
+    torch.manual_seed(0)
+    return build_llama_model(transformer_config(**config), recipe, vocab_size=VOCAB, max_sequence_length=SEQ)
+
+
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_every_quant_type_runs_forward_and_backward(parallel, monkeypatch, quant_type):
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", quant_type)
+    model = _build(QuantRecipe.from_env())
+    loss, grads = _loss_and_grads(model)
+    assert torch.isfinite(loss)
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+
+
+def test_bf16_model_is_bit_identical_to_stock_gpt(parallel):
+    config = transformer_config()
+    torch.manual_seed(0)
+    stock = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=VOCAB,
+                     max_sequence_length=SEQ, position_embedding_type="rope", rotary_base=500000.0,
+                     share_embeddings_and_output_weights=True)
+    ours = _build(QuantRecipe.uniform("bf16"))
+    ours.load_state_dict(stock.state_dict())
+    loss_s, grads_s = _loss_and_grads(stock)
+    loss_q, grads_q = _loss_and_grads(ours)
+    assert torch.equal(loss_s, loss_q)
+    assert all(torch.equal(grads_s[n], grads_q[n]) for n in grads_s)
+
+
+def test_quantization_changes_the_model_output(parallel):
+    loss_bf16, _ = _loss_and_grads(_build(QuantRecipe.uniform("bf16")))
+    loss_q, _ = _loss_and_grads(_build(QuantRecipe.uniform(BLOCK_FORMAT)))
+    assert loss_bf16 != loss_q
+
+
+def test_modules_are_tagged_with_sites(parallel):
+    recipe = QuantRecipe.from_dict({"format": BLOCK_FORMAT, "name": "tagged",
+                                    "rules": [{"match": {"roles": ["output_layer"]}, "format": BLOCK_FORMAT}]})
+    model = _build(recipe)
+    sites = {name: m.capture_site for name, m in model.named_modules() if getattr(m, "capture_site", None)}
+    roles = {"self_attention.linear_qkv": "qkv", "self_attention.core_attention": "core_attention",
+             "self_attention.linear_proj": "proj", "mlp.linear_fc1": "fc1", "mlp.linear_fc2": "fc2"}
+    expected = {f"decoder.layers.{i}.{suffix}": (i, role) for i in range(2) for suffix, role in roles.items()}
+    expected["output_layer"] = (-1, "output_layer")
+    assert {n: (s.layer_idx, s.role) for n, s in sites.items()} == expected
+    assert all(s.module == n and s.quant_type == "tagged" for n, s in sites.items())
+    assert sites["decoder.layers.1.self_attention.core_attention"].component == "FA"
+    assert sites["output_layer"].layer_type == "linear"
+
+
+def test_lm_head_stays_stock_unless_named(parallel):
+    model = _build(QuantRecipe.uniform(BLOCK_FORMAT))
+    assert type(model.output_layer).__name__ == "ColumnParallelLinear"
+
+
+def _pipeline_sites(rank: int, world_size: int) -> list[tuple[str, int]]:
+    from megatron.core import parallel_state
+
+    from megatron.quant import cpu
+
+    cpu.init_parallel(pipeline_model_parallel_size=world_size, seed=1)
+    config = transformer_config(num_layers=4, pipeline_model_parallel_size=world_size, pipeline_dtype=torch.float32)
+    # Untied embeddings: megatron-core syncs tied ones across stages with a hard-coded .cuda().
+    model = build_llama_model(config, QuantRecipe.uniform("bf16"), vocab_size=VOCAB, max_sequence_length=SEQ,
+                              share_embeddings_and_output_weights=False, pre_process=parallel_state.is_pipeline_first_stage(),
+                              post_process=parallel_state.is_pipeline_last_stage())
+    sites = sorted({(m.capture_site.module, m.capture_site.layer_idx) for m in model.modules()
+                    if getattr(m, "capture_site", None) and m.capture_site.role == "qkv"})
+    cpu.destroy_parallel()
+    return sites
+
+
+def test_layer_index_is_global_across_pipeline_stages():
+    first, second = run_distributed(_pipeline_sites, 2)
+    assert first == [("decoder.layers.0.self_attention.linear_qkv", 0),
+                     ("decoder.layers.1.self_attention.linear_qkv", 1)]
+    assert second == [("decoder.layers.0.self_attention.linear_qkv", 2),
+                      ("decoder.layers.1.self_attention.linear_qkv", 3)]

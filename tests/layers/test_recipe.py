@@ -1,0 +1,145 @@
+"""QuantRecipe: env vars, files, Python construction, resolution rules, and refusals."""
+import json
+
+import pytest
+
+from megatron.quant import formats
+from megatron.quant.recipe import (ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS, QK_OPERANDS, QuantRecipe,
+                                   RecipeError)
+from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
+
+NUM_LAYERS = 4
+
+
+def _names(resolved):
+    return {k: None if f is None else f.name for k, f in resolved.items()}
+
+
+def test_default_is_bf16_passthrough():
+    recipe = QuantRecipe.from_env({})
+    assert recipe.name == "bf16"
+    assert all(f is None for f in recipe.resolve("fc1", 0, NUM_LAYERS).values())
+
+
+@pytest.mark.parametrize("value", ["bf16", "fp16", "none"])
+def test_passthrough_types(value):
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": value})
+    assert recipe.name == value
+    for role in ("qkv", "core_attention"):
+        assert all(f is None for f in recipe.resolve(role, 1, NUM_LAYERS).values())
+
+
+def test_uniform_type_covers_linear_and_attention_not_the_lm_head():
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": BLOCK_FORMAT.upper()})
+    expected = formats.get_format(BLOCK_FORMAT).name
+    assert recipe.name == BLOCK_FORMAT
+    assert set(_names(recipe.resolve("proj", 2, NUM_LAYERS)).values()) == {expected}
+    assert set(_names(recipe.resolve("core_attention", 2, NUM_LAYERS)).values()) == {expected}
+    assert set(recipe.resolve("output_layer", -1, NUM_LAYERS).values()) == {None}
+    assert QuantRecipe.uniform(BLOCK_FORMAT) == recipe
+
+
+@pytest.mark.parametrize("scope,quantized", [("linear", LINEAR_OPERANDS), ("attention.qk", QK_OPERANDS),
+                                             ("attention.pv", PV_OPERANDS), ("attention", ATTENTION_OPERANDS),
+                                             ("linear, attention.pv", LINEAR_OPERANDS + PV_OPERANDS)])
+def test_scope_selects_operands(scope, quantized):
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": TENSOR_FORMAT, "CUSTOM_QUANT_SCOPE": scope})
+    resolved = {**recipe.resolve("fc2", 0, NUM_LAYERS), **recipe.resolve("core_attention", 0, NUM_LAYERS)}
+    assert {k for k, f in resolved.items() if f is not None} == set(quantized)
+
+
+def test_unknown_type_lists_valid_values():
+    with pytest.raises(ValueError) as info:
+        QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": "fp7"})
+    message = str(info.value)
+    assert "'fp7'" in message and "bf16" in message and formats.get_format(BLOCK_FORMAT).name in message
+
+
+def test_unknown_scope_is_refused():
+    with pytest.raises(ValueError, match=r"attention\.qv.*allowed.*attention\.qk"):
+        QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": BLOCK_FORMAT, "CUSTOM_QUANT_SCOPE": "linear,attention.qv"})
+
+
+YAML_RECIPE = f"""
+name: edges-bf16
+format: {BLOCK_FORMAT}
+operands:
+  wgrad.grad_output: {{options: {{rounding: stochastic, seed: 7}}}}
+rules:
+  - match: {{layers: [0, -1]}}
+    format: bf16
+  - match: {{roles: [fc2], layers: ["1:3"]}}
+    operands:
+      fprop.input: {TENSOR_FORMAT}
+  - match: {{roles: [output_layer]}}
+    format: {TENSOR_FORMAT}
+"""
+
+
+def test_yaml_recipe_rules(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(YAML_RECIPE)
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_RECIPE": str(path)})
+    block, tensor = formats.get_format(BLOCK_FORMAT).name, formats.get_format(TENSOR_FORMAT).name
+    assert recipe.name == "edges-bf16"
+    for layer in (0, NUM_LAYERS - 1):
+        assert set(recipe.resolve("qkv", layer, NUM_LAYERS).values()) == {None}
+    middle = recipe.resolve("fc2", 1, NUM_LAYERS)
+    assert middle["fprop.input"].name == tensor and middle["fprop.weight"].name == block
+    assert middle["wgrad.grad_output"].options["rounding"] == "stochastic"
+    assert recipe.resolve("fc1", 2, NUM_LAYERS)["fprop.input"].name == block
+    assert _names(recipe.resolve("output_layer", -1, NUM_LAYERS)) == dict.fromkeys(LINEAR_OPERANDS, tensor)
+
+
+def test_json_recipe_named_after_file_and_env_fills_defaults(tmp_path):
+    path = tmp_path / "qk_only.json"
+    path.write_text(json.dumps({"rules": [{"match": {"roles": ["core_attention"]},
+                                           "operands": {"pv.probs": {"format": "bf16"}}}]}))
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_RECIPE": str(path), "CUSTOM_QUANT_TYPE": TENSOR_FORMAT,
+                                   "CUSTOM_QUANT_SCOPE": "attention"})
+    assert recipe.name == "qk_only"
+    resolved = recipe.resolve("core_attention", 0, NUM_LAYERS)
+    assert resolved["pv.probs"] is None and resolved["qk.query"].name == formats.get_format(TENSOR_FORMAT).name
+    assert set(recipe.resolve("qkv", 0, NUM_LAYERS).values()) == {None}
+
+
+@pytest.mark.parametrize("data,fragments", [
+    ({"format": BLOCK_FORMAT, "rule": []}, ["rule", "allowed", "rules"]),
+    ({"format": BLOCK_FORMAT, "operands": {"fprop.inputs": "bf16"}}, ["operands.fprop.inputs", "fprop.input"]),
+    ({"rules": [{"match": {"layer": [0]}, "format": "bf16"}]}, ["rules[0].match.layer", "roles, layers"]),
+    ({"rules": [{"match": {"roles": ["mlp"]}, "format": "bf16"}]}, ["rules[0].match.roles", "'mlp'", "fc1"]),
+    ({"rules": [{"match": {"layers": ["first"]}, "format": "bf16"}]}, ["rules[0].match.layers[0]", "'first'"]),
+    ({"rules": [{"match": {"layers": [0]}}]}, ["rules[0]", "needs"]),
+    ({"format": BLOCK_FORMAT, "options": {"rounding": "sideways"}}, ["format", "'sideways'"]),
+    ({"format": "bf16", "options": {"rounding": "stochastic"}}, ["passthrough", "bf16"]),
+    ({"scope": "everything"}, ["scope", "'everything'", "attention.qk"]),
+])
+def test_bad_recipe_names_file_key_and_value(tmp_path, data, fragments):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecipeError) as info:
+        QuantRecipe.from_file(path)
+    message = str(info.value)
+    assert str(path) in message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+def test_unreadable_or_unknown_recipe_files(tmp_path):
+    with pytest.raises(RecipeError, match="cannot read"):
+        QuantRecipe.from_env({"CUSTOM_QUANT_RECIPE": str(tmp_path / "missing.yaml")})
+    (tmp_path / "r.toml").write_text("")
+    with pytest.raises(RecipeError, match=r"\.toml"):
+        QuantRecipe.from_file(tmp_path / "r.toml")
+    (tmp_path / "r.yaml").write_text("format: [unclosed")
+    with pytest.raises(RecipeError, match="not valid yaml"):
+        QuantRecipe.from_file(tmp_path / "r.yaml")
+
+
+def test_python_construction_is_frozen_and_resolves_once_per_call():
+    recipe = QuantRecipe.from_dict({"format": BLOCK_FORMAT, "scope": ["linear"]})
+    assert recipe.name == f"{BLOCK_FORMAT}-linear"
+    with pytest.raises(AttributeError):
+        recipe.name = "other"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="unknown module role"):
+        recipe.resolve("mlp", 0, NUM_LAYERS)

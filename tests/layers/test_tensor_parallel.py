@@ -1,0 +1,121 @@
+"""TP=1 and TP=2 (two CPU processes over gloo) give the same outputs and gradients for a block
+format and a per-tensor format, column- and row-parallel; block/shard mismatch is refused."""
+import pytest
+import torch
+
+from tests._dist import run_distributed
+from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
+
+IN, OUT, TOKENS = 128, 128, 64
+CASES = [(kind, fmt) for kind in ("column", "row") for fmt in (BLOCK_FORMAT, TENSOR_FORMAT)]
+
+
+def _full_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(TOKENS, 1, IN, generator=g)
+    x[..., : IN // 2] *= 8  # shards with different amax: a missing TP reduction would show
+    weight = torch.randn(OUT, IN, generator=g)
+    weight[: OUT // 2] *= 8
+    grad = torch.randn(TOKENS, 1, OUT, generator=g)
+    grad[..., : OUT // 2] *= 8
+    return x, weight, grad
+
+
+def _layer_results(rank: int, world_size: int) -> dict:
+    """Each case's output and gradients on this rank, as full (un-sharded) tensors where sharded."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear  # noqa: F401 (megatron import order)
+
+    from megatron.quant import cpu
+    from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear
+    from megatron.quant.ops import LinearQuant
+    from tests.layers._helpers import linear_formats, transformer_config
+
+    cpu.init_parallel(tensor_model_parallel_size=world_size, seed=1)
+    config = transformer_config(tensor_model_parallel_size=world_size)
+    x, weight, grad = _full_data()
+    results = {}
+    for kind, fmt in CASES:
+        if kind == "column":
+            layer = QuantColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                              gather_output=True)
+            shard, x_in = weight.chunk(world_size, 0)[rank], x
+        else:
+            layer = QuantRowParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                           input_is_parallel=True, skip_bias_add=False)
+            shard, x_in = weight.chunk(world_size, 1)[rank], x.chunk(world_size, -1)[rank]
+        layer.configure_quant(LinearQuant.from_formats(linear_formats(fmt)), None)
+        with torch.no_grad():
+            layer.weight.copy_(shard)
+        x_in = x_in.clone().requires_grad_()
+        y, _ = layer(x_in)
+        y.backward(grad)
+        results[(kind, fmt)] = (y.detach(), x_in.grad, layer.weight.grad)
+    if world_size > 1:  # in the same processes, to spare a spawn
+        results["refusals"] = _build_refusals(world_size)
+    cpu.destroy_parallel()
+    return results
+
+
+def _assemble(per_rank: list[dict], kind: str, fmt: str):
+    """Full output, input grad and weight grad from the ranks' shards."""
+    ys, dxs, dws = zip(*(r[(kind, fmt)] for r in per_rank))
+    dx = dxs[0] if kind == "column" else torch.cat(dxs, dim=-1)
+    return ys[0], dx, torch.cat(dws, dim=0 if kind == "column" else 1)
+
+
+@pytest.fixture(scope="module")
+def tp_runs():
+    return [_layer_results(0, 1)], run_distributed(_layer_results, 2)  # TP=1 in this process
+
+
+@pytest.mark.parametrize("kind,fmt", CASES)
+def test_tp1_equals_tp2(tp_runs, kind, fmt):
+    single, both = tp_runs
+    for name, a, b in zip(("output", "grad_input", "grad_weight"), _assemble(single, kind, fmt),
+                          _assemble(both, kind, fmt)):
+        # Partial sums are added in a different order across ranks; quantization differences
+        # would be ~1e-2 relative, far above this tolerance.
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4, msg=f"{kind} {fmt} {name}")
+    if kind == "row":  # both ranks hold the same reduced output
+        assert torch.equal(both[0][(kind, fmt)][0], both[1][(kind, fmt)][0])
+
+
+def _build_refusals(world_size: int) -> dict[str, str]:
+    """Messages of the configurations refused at build time at TP>1."""
+    from megatron.quant.layers import QuantRowParallelLinear
+    from megatron.quant.ops import LinearQuant
+    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.spec import build_llama_model
+    from megatron.quant.tensor_saver import CaptureSite
+    from tests.layers._helpers import linear_formats, transformer_config
+
+    messages = {}
+    layer = QuantRowParallelLinear(96, 64, config=transformer_config(tensor_model_parallel_size=world_size),
+                                   init_method=torch.nn.init.zeros_, bias=False, input_is_parallel=True,
+                                   skip_bias_add=False)
+    site = CaptureSite("linear", "linear", 3, "decoder.layers.3.mlp.linear_fc2", "fc2", "mxfp8")
+    for name, build in (
+            ("block", lambda: layer.configure_quant(LinearQuant.from_formats(linear_formats(BLOCK_FORMAT)), site)),
+            ("sequence_parallel", lambda: build_llama_model(
+                transformer_config(tensor_model_parallel_size=world_size, sequence_parallel=True),
+                QuantRecipe.uniform(BLOCK_FORMAT), vocab_size=128, max_sequence_length=32))):
+        try:
+            build()
+            messages[name] = "accepted"
+        except ValueError as exc:
+            messages[name] = str(exc)
+    return messages
+
+
+@pytest.fixture(scope="module")
+def refusals(tp_runs):
+    return tp_runs[1][0]["refusals"]
+
+
+def test_block_not_dividing_the_shard_is_refused(refusals):
+    message = refusals["block"]
+    assert "decoder.layers.3.mlp.linear_fc2" in message and "48" in message and "32" in message
+
+
+def test_sequence_parallel_without_te_or_apex_is_refused(refusals):
+    assert "sequence_parallel" in refusals["sequence_parallel"] and "Transformer Engine" in refusals["sequence_parallel"]
