@@ -1,0 +1,33 @@
+#!/bin/bash
+# Quickstart (CPU, a few minutes): train a tiny Llama with a fake-quantized format, capture one
+# iteration's GEMM operands, render the report.
+#   pip install torch==2.13.0 && pip install -e .[test]
+#   bash examples/quickstart.sh
+# CUSTOM_QUANT_TYPE (default hifp8), OUT (default ./quickstart_out), TENSOR_SAVER_ITERATION (default 16).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-./quickstart_out}
+export CUSTOM_QUANT_TYPE=${CUSTOM_QUANT_TYPE:-hifp8}
+export TENSOR_SAVE_ENABLED=true
+export TENSOR_SAVE_DIR=$out/tensor_logs
+export TENSOR_SAVER_ITERATION=${TENSOR_SAVER_ITERATION:-16}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+rm -rf "$out"
+
+echo "== training llama-tiny on CPU with CUSTOM_QUANT_TYPE=$CUSTOM_QUANT_TYPE, capturing iteration $TENSOR_SAVER_ITERATION"
+python -m megatron.quant.train --model llama-tiny --mock-data \
+    --train-iters 24 --micro-batch-size 4 --global-batch-size 4 \
+    --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 3 --log-interval 5 --eval-interval 12 --eval-iters 2 \
+    --save "$out/checkpoints" --tensorboard-dir "$out/tensorboard"
+
+if [ -f script/one_click_visualize.sh ]; then
+    echo "== rendering the report"
+    bash script/one_click_visualize.sh "$out/tensor_logs" "$out/draw"
+fi
+
+echo
+echo "== where to look"
+echo "captured tensors + manifests: $out/tensor_logs/$CUSTOM_QUANT_TYPE/"
+[ -d "$out/draw" ] && echo "report and plots:             $out/draw/"
+echo "checkpoint:                   $out/checkpoints/"
+echo "TensorBoard:                  tensorboard --logdir $out/tensorboard"
