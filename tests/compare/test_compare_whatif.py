@@ -23,7 +23,8 @@ def _site(layer: int, role: str) -> CaptureSite:
 
 @pytest.fixture(scope="module")
 def capture_dir(tmp_path_factory):
-    """Two layers of fc1 forward operands and one fc2 backward grad_output blocked along tokens."""
+    """Two layers of fc1 forward operands and outputs, and one fc2 backward grad_output blocked
+    along tokens."""
     root = tmp_path_factory.mktemp("captures")
     gen = torch.Generator().manual_seed(0)
     fmt = formats.get_format("mxfp8")
@@ -38,6 +39,7 @@ def capture_dir(tmp_path_factory):
             tensor_saver.capture(_site(layer, "fc1"), "forward", "pre", {
                 "input": Operand(x.bfloat16(), fmt, axis=-1, quantized=fmt.quantize(x.bfloat16(), axis=-1)),
                 "weight": Operand(w, fmt, axis=-1)})
+            tensor_saver.capture(_site(layer, "fc1"), "forward", "post", {"output": x @ w.T})
         grad = torch.randn(32, 2, 64, generator=gen) * torch.logspace(-4, 1, 32).view(32, 1, 1)
         tensor_saver.capture(_site(1, "fc2"), "backward", "pre", {"grad_output": Operand(grad, fmt, axis=0)})
     finally:
@@ -111,22 +113,35 @@ def test_best_format_per_class_has_the_highest_mean_sqnr(outcome):
 def test_output_folder_holds_tables_plots_and_summary(outcome):
     names = {path.name for path in outcome["folder"].iterdir()}
     assert {"format_comparison.csv", "best_formats.csv", "summary.md", "summary.html", "by_class.png",
-            "by_layer_fc1_forward_input.png", "by_layer_fc2_backward_grad_output.png"} <= names
+            "by_layer_fc1_forward_input.png", "by_layer_fc1_forward_weight.png"} <= names
+    assert "by_layer_fc2_backward_grad_output.png" not in names  # one layer: no line to draw
     assert set(outcome["written"]) == {outcome["folder"] / name for name in names}
     summary = (outcome["folder"] / "summary.md").read_text()
     assert "| fc2/backward/grad_output |" in summary and "(by_class.png)" in summary
     assert (outcome["folder"] / "summary.html").read_text().startswith('<section id="format-comparison">')
 
 
-def test_filters_select_captures(capture_dir, tmp_path):
+def _rows_of_run(capture_dir: Path, output_dir: Path, *extra: str) -> list[dict]:
     args = run_whatif.build_parser().parse_args(
-        ["--tensor_dir", str(capture_dir), "--output_dir", str(tmp_path), "--formats", "mxfp8",
-         "--roles", "fc1", "--tensor_names", "weight", "--no_plots"])
+        ["--tensor_dir", str(capture_dir), "--output_dir", str(output_dir), "--formats", "mxfp8", "--no_plots", *extra])
     run_whatif.run(args, log=lambda line: None)
-    with open(tmp_path / "format_comparison" / "format_comparison.csv") as handle:
-        rows = list(csv.DictReader(handle))
+    with open(output_dir / "format_comparison" / "format_comparison.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_filters_select_captures_and_stale_outputs_go(capture_dir, tmp_path):
+    stale = tmp_path / "format_comparison" / "by_layer_old.png"
+    stale.parent.mkdir()
+    stale.write_bytes(b"")
+    rows = _rows_of_run(capture_dir, tmp_path, "--roles", "fc1", "--tensor_names", "weight")
     assert [(r["role"], r["tensor_name"], r["layer_idx"]) for r in rows] == [("fc1", "weight", "0"), ("fc1", "weight", "1")]
     assert not list((tmp_path / "format_comparison").glob("*.png"))
+
+
+def test_gemm_results_only_on_request(capture_dir, tmp_path):
+    assert "output" not in {r["tensor_name"] for r in _rows_of_run(capture_dir, tmp_path)}
+    with_outputs = _rows_of_run(capture_dir, tmp_path, "--include_outputs", "--tensor_names", "output")
+    assert [(r["phase"], r["layer_idx"]) for r in with_outputs] == [("post", "0"), ("post", "1")]
 
 
 @pytest.mark.parametrize("extra, message", [

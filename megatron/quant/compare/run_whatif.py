@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"format names (default {' '.join(DEFAULT_FORMATS)})")
     for name, kind in FILTERS.items():
         parser.add_argument(f"--{name}", nargs="+", type=kind, help=f"only captures with these {name.replace('_', ' ')}")
+    parser.add_argument("--include_outputs", action="store_true",
+                        help="also re-quantize GEMM results (phase post: outputs, gradients), along their "
+                             "recorded axis; by default only GEMM operands (phase pre)")
     parser.add_argument("--no_plots", action="store_true", help="tables and summary only")
     return parser
 
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
     capture_filter = CaptureFilter(**{name: frozenset(getattr(args, name)) for name in FILTERS
                                       if getattr(args, name)})
     root = Path(args.tensor_dir)
-    records = whatif.find_captures(root, capture_filter, log)
+    records = whatif.find_captures(root, capture_filter, args.include_outputs, log)
     log(f"{len(records)} captures, formats {', '.join(f.name for f in fmts)}")
     rows = whatif.evaluate_all(records, fmts, root, capture_filter, log)
     if not rows:
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
                          f"the filters ({capture_filter.describe()})")
     best = whatif.best_formats(rows)
     folder = Path(args.output_dir) / whatif_report.FOLDER
+    whatif_report.clear_previous(folder)
     written = whatif_report.write_tables(rows, best, folder)
     images = [] if args.no_plots else [whatif_report.plot_by_class(rows, folder),
                                        *whatif_report.plot_by_layer(rows, folder)]

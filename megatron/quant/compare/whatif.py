@@ -20,15 +20,17 @@ IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "o
                    "tensor_name", "iteration", "microbatch", "sample", "rank", "shape")
 
 
-def find_captures(tensor_dir: str | Path, capture_filter: CaptureFilter,
+def find_captures(tensor_dir: str | Path, capture_filter: CaptureFilter, include_outputs: bool = False,
                   log: Callable[[str], None] = print) -> list[CaptureRecord]:
     """High-precision captures with a tensor file under ``tensor_dir`` that may match the filter
-    (roles known only after loading are checked again then). Unusable files are logged and skipped;
-    a filter value no capture has is a FilterError."""
+    (roles known only after loading are checked again then): GEMM operands (phase ``pre``), and
+    with ``include_outputs`` also GEMM results (``post``: outputs and gradients). Unusable files
+    are logged and skipped; a filter value no capture has is a FilterError."""
     catalog = build_catalog(tensor_dir)
     for skipped in catalog.skipped:
         log(f"skipping {skipped.path}: {skipped.reason}")
-    records = [r for r in catalog.records if r.path is not None and not r.quantized]
+    records = [r for r in catalog.records if r.path is not None and not r.quantized
+               and (include_outputs or r.phase == "pre")]
     capture_filter.validate(records)
     return select(records, capture_filter, unknown_role_passes=True)
 

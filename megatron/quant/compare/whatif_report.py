@@ -18,6 +18,13 @@ PANELS = (("sqnr_db", "SQNR (dB)"), ("relative_error", "relative error"),
           ("overflow_ratio", "overflow ratio"), ("underflow_ratio", "underflow ratio"))
 
 
+def clear_previous(folder: Path) -> None:
+    """Remove what an earlier run wrote into ``folder`` so no stale table or plot survives."""
+    for pattern in ("*.csv", "by_class.png", "by_layer_*.png", "summary.md", "summary.html"):
+        for path in folder.glob(pattern):
+            path.unlink()
+
+
 def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], folder: Path) -> list[Path]:
     """``format_comparison.csv`` (one row per tensor and format) and ``best_formats.csv``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -33,7 +40,8 @@ def plot_by_class(rows: Sequence[Mapping], folder: Path) -> Path:
     """``by_class.png``: per tensor class, the mean of each statistic for each format (grouped bars)."""
     classes = sorted({tensor_class(row) for row in rows})
     names = list(dict.fromkeys(row["format"] for row in rows))
-    fig, axes = figures.subplot_grid(len(PANELS), ncols=2, panel_size=(max(6.0, 0.9 * len(classes) * len(names) / 2), 4.2))
+    width = min(24.0, max(8.0, 0.2 * len(classes) * len(names)))  # inches: about 0.2 per bar
+    fig, axes = figures.subplot_grid(len(PANELS), ncols=1, panel_size=(width, 4.0))
     for ax, (key, title) in zip(axes, PANELS):
         groups = {name: [_mean(r[key] for r in rows if r["format"] == name and tensor_class(r) == cls)
                          for cls in classes] for name in names}
@@ -42,17 +50,23 @@ def plot_by_class(rows: Sequence[Mapping], folder: Path) -> Path:
 
 
 def plot_by_layer(rows: Sequence[Mapping], folder: Path) -> list[Path]:
-    """``by_layer_<class>.png`` per tensor class: each statistic against the layer index, one line per format."""
+    """``by_layer_<class>.png`` per tensor class seen in more than one layer: each statistic
+    against the layer index, one line per format."""
+    from matplotlib.ticker import MaxNLocator
+
     written = []
     for cls in sorted({tensor_class(row) for row in rows}):
         subset = [row for row in rows if tensor_class(row) == cls]
         layers = sorted({row["layer_idx"] for row in subset})
+        if len(layers) < 2:
+            continue
         fig, axes = figures.subplot_grid(len(PANELS), ncols=4, panel_size=(4.2, 3.4))
         for ax, (key, title) in zip(axes, PANELS):
             series = {name: (layers, [_mean(r[key] for r in subset if r["format"] == name and r["layer_idx"] == layer)
                                       for layer in layers])
                       for name in dict.fromkeys(row["format"] for row in subset)}
             figures.line_panel(ax, series, title, "layer", title)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         written.append(_save(figures.finish(fig, cls), folder / f"by_layer_{_slug(cls)}.png"))
     return written
 
