@@ -1,9 +1,11 @@
 """Tensor statistics and format-aware quantization statistics (docs/interfaces.md section 3).
 
-Each statistic is computed on the tensor's device into one packed float64 vector
-(``pack_*``, no host sync) and turned into a dict of plain Python numbers by ``unpack_*``
-after a single transfer. ``tensor_stats``/``quant_stats`` do both; the capture writer packs
-on the device and unpacks in its background thread, so the training thread never syncs.
+Statistics are computed on the tensor's device into one packed float64 vector and turned
+into a dict of plain Python numbers after a single transfer. ``tensor_stats``/``quant_stats``
+take the fast route (all elements) and redo the sums over the finite elements only when the
+first transfer shows NaN or Inf. ``pack_*`` always mask (no host sync at all) and ``unpack_*``
+read their transfer: the capture path uses them for GPU tensors so that the training thread
+never waits for the device.
 
 Conventions: min, max, mean, std and absmax are over the finite elements (NaN and Inf are
 counted separately, so one NaN does not hide the rest); std is the population std (ddof=0);
@@ -64,22 +66,36 @@ def _log2_histogram(field_counts: Sequence[float], zeros: int, dtype: torch.dtyp
     return [below, *counts[first:last], sum(counts[last:mask])]
 
 
+def _packed_tensor_stats(v: Tensor, finite_only: bool) -> Tensor:
+    """[n_finite, nans, nonzero, min, max, mean, variance, exponent-field counts...] of IEEE ``v``.
+
+    Without ``finite_only``, every element is assumed finite (n_finite = numel, nans = 0); the
+    result is only valid when the top exponent field (Inf/NaN) count is 0.
+    """
+    if finite_only:
+        finite = torch.isfinite(v)
+        n_finite = torch.count_nonzero(finite)
+        count = n_finite.clamp(min=1)
+        mean = torch.where(finite, v, 0.0).sum() / count
+        centred = torch.where(finite, v - mean, 0.0)
+        head = [n_finite, torch.count_nonzero(torch.isnan(v)), torch.count_nonzero(v),
+                torch.where(finite, v, math.inf).min(), torch.where(finite, v, -math.inf).max(),
+                mean, (centred * centred).sum() / count]
+    else:
+        count = v.numel()
+        mean = v.sum() / count
+        lo, hi = torch.aminmax(v)
+        head = [v.new_tensor(count), v.new_tensor(0), torch.count_nonzero(v), lo, hi, mean,
+                torch.dist(v, mean) ** 2 / count]
+    return torch.cat([_stack_double(head), _exponent_field_counts(v).double()])
+
+
 def pack_tensor_stats(x: Tensor) -> Tensor:
-    """The raw sums and counts behind ``tensor_stats``, on x's device, without a host sync."""
+    """The sums and counts behind ``tensor_stats``, on x's device, without a host sync."""
     v = _as_ieee(x.detach())
     if v.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=v.device)
-    finite = torch.isfinite(v)
-    n_finite = torch.count_nonzero(finite)
-    count = n_finite.clamp(min=1)
-    mean = torch.where(finite, v, 0.0).sum() / count
-    centred = torch.where(finite, v - mean, 0.0)
-    head = _stack_double([
-        n_finite, torch.count_nonzero(torch.isnan(v)), torch.count_nonzero(v),
-        torch.where(finite, v, math.inf).min(), torch.where(finite, v, -math.inf).max(),
-        mean, (centred * centred).sum() / count,
-    ])
-    return torch.cat([head, _exponent_field_counts(v).double()])
+    return _packed_tensor_stats(v, finite_only=True)
 
 
 def unpack_tensor_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype) -> dict:
@@ -104,7 +120,36 @@ def unpack_tensor_stats(packed: Sequence[float], shape: Sequence[int], dtype: to
 
 def tensor_stats(x: Tensor) -> dict:
     """numel, shape, dtype, min, max, mean, std, absmax, zeros, nans, infs, log2_hist."""
-    return unpack_tensor_stats(pack_tensor_stats(x).tolist(), x.shape, x.dtype)
+    v = _as_ieee(x.detach())
+    if v.numel() == 0:
+        return unpack_tensor_stats([], x.shape, x.dtype)
+    packed = _packed_tensor_stats(v, finite_only=False).tolist()
+    if packed[-1]:  # Inf or NaN present: the sums above are void
+        packed = _packed_tensor_stats(v, finite_only=True).tolist()
+    return unpack_tensor_stats(packed, x.shape, x.dtype)
+
+
+def _packed_quant_stats(v: Tensor, qv: Tensor, scale: Tensor, max_value: float, finite_only: bool) -> Tensor:
+    """[overflow, underflow, sum x^2, sum (q-x)^2, sum x*q, sum q^2]; sums over elements finite
+    in both when ``finite_only`` (else over all: void if any is not finite)."""
+    overflow = torch.count_nonzero(v.abs() > scale * max_value)
+    underflow = torch.count_nonzero((qv == 0) & (v != 0))
+    if finite_only:
+        both_finite = torch.isfinite(v) & torch.isfinite(qv)
+        v, qv = torch.where(both_finite, v, 0.0), torch.where(both_finite, qv, 0.0)
+    return _stack_double([overflow, underflow, torch.linalg.vector_norm(v) ** 2, torch.dist(qv, v) ** 2,
+                          (v * qv).sum(), torch.linalg.vector_norm(qv) ** 2])
+
+
+def _quantized_operands(x: Tensor, fmt: "NumericFormat", axis: int, amax: Optional[Tensor],
+                        q: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """x, q and the scale in x's IEEE dtype."""
+    # A private generator: the statistics must not advance the format's own stochastic stream,
+    # which the layers draw from (their results would change with capture on).
+    generator = torch.Generator(device=x.device) if fmt.options.get("rounding") == "stochastic" else None
+    fmt_q, scale = fmt.quantize_with_scale(x, axis=axis, amax=amax, generator=generator)
+    v = _as_ieee(x)
+    return v, (fmt_q if q is None else q).detach().to(v.dtype), scale.to(v.dtype)
 
 
 def pack_quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[Tensor] = None,
@@ -113,20 +158,8 @@ def pack_quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Opti
     x = x.detach()
     if x.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=x.device)
-    # A private generator: the statistics must not advance the format's own stochastic stream,
-    # which the layers draw from (their results would change with capture on).
-    generator = torch.Generator(device=x.device) if fmt.options.get("rounding") == "stochastic" else None
-    fmt_q, scale = fmt.quantize_with_scale(x, axis=axis, amax=amax, generator=generator)
-    v = _as_ieee(x)
-    qv = (fmt_q if q is None else q).detach().to(v.dtype)
-    both_finite = torch.isfinite(v) & torch.isfinite(qv)
-    vf, qf = torch.where(both_finite, v, 0.0), torch.where(both_finite, qv, 0.0)
-    error = qf - vf
-    return _stack_double([
-        torch.count_nonzero(v.abs() > scale.to(v.dtype) * fmt.max_value),
-        torch.count_nonzero((v != 0) & (qv == 0)),
-        (vf * vf).sum(), (error * error).sum(), (vf * qf).sum(), (qf * qf).sum(),
-    ])
+    v, qv, scale = _quantized_operands(x, fmt, axis, amax, q)
+    return _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=True)
 
 
 def unpack_quant_stats(packed: Sequence[float], numel: int) -> dict:
@@ -157,4 +190,11 @@ def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[
     rel_mse = sum((q-x)^2) / sum(x^2) and sqnr_db = 10 log10(sum(x^2) / sum((q-x)^2)) over the
     elements finite in both (sqnr_db is inf for an exact quantization); cosine of x and q.
     """
-    return unpack_quant_stats(pack_quant_stats(x, fmt, axis, amax, q).tolist(), x.numel())
+    x = x.detach()
+    if x.numel() == 0:
+        return unpack_quant_stats([], 0)
+    v, qv, scale = _quantized_operands(x, fmt, axis, amax, q)
+    packed = _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=False).tolist()
+    if not math.isfinite(sum(packed[2:])):  # Inf or NaN present: redo the sums over finite elements
+        packed = _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=True).tolist()
+    return unpack_quant_stats(packed, x.numel())

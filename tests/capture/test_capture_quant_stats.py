@@ -6,17 +6,19 @@ import pytest
 import torch
 
 from megatron.quant import formats
-from megatron.quant.stats import quant_stats
+from megatron.quant.stats import pack_quant_stats, quant_stats, unpack_quant_stats
 
 
 def brute_force_quant_stats(x: torch.Tensor, fmt, axis: int) -> dict:
-    """Element by element over the format's own quantize_with_scale; error metrics in numpy."""
+    """Element by element over the format's own quantize_with_scale; error metrics in numpy
+    over the elements finite in both x and q."""
     q, scale = fmt.quantize_with_scale(x, axis=axis)
     scale = scale.expand_as(x)
     xs, qs, ss = x.flatten().tolist(), q.flatten().tolist(), scale.flatten().tolist()
     overflow = sum(1 for v, s in zip(xs, ss) if abs(v) > fmt.max_value * s)
     underflow = sum(1 for v, w in zip(xs, qs) if v != 0 and w == 0)
-    xd, qd = np.array(xs, dtype=np.float64), np.array(qs, dtype=np.float64)
+    both = [(v, w) for v, w in zip(xs, qs) if math.isfinite(v) and math.isfinite(w)]
+    xd, qd = (np.array(column, dtype=np.float64) for column in zip(*both))
     noise, signal = ((qd - xd) ** 2).sum(), (xd ** 2).sum()
     return {"overflow": overflow, "underflow": underflow, "rel_mse": noise / signal,
             "sqnr_db": 10 * math.log10(signal / noise) if noise else math.inf,
@@ -34,11 +36,18 @@ def operand_with_extremes() -> torch.Tensor:
 QUANTIZED_FORMATS = [name for name in formats.list_formats() if not formats.is_passthrough(name)]
 
 
+def operand_with_non_finite() -> torch.Tensor:
+    x = operand_with_extremes()
+    x[2, 7], x[3, 9], x[4, 0] = float("inf"), -float("inf"), float("nan")
+    return x
+
+
 @pytest.mark.parametrize("name", QUANTIZED_FORMATS)
 @pytest.mark.parametrize("axis", [-1, 0])
-def test_quant_stats_match_brute_force(name, axis):
+@pytest.mark.parametrize("make", [operand_with_extremes, operand_with_non_finite])
+def test_quant_stats_match_brute_force(name, axis, make):
     fmt = formats.get_format(name)
-    x = operand_with_extremes()
+    x = make()
     stats = quant_stats(x, fmt, axis=axis)
     ref = brute_force_quant_stats(x, fmt, axis)
     assert stats["overflow"] == ref["overflow"] and stats["underflow"] == ref["underflow"]
@@ -70,3 +79,11 @@ def test_quant_stats_leave_the_formats_random_stream_alone():
     untouched, measured = (formats.get_format("mxfp8", rounding="stochastic", seed=3) for _ in range(2))
     quant_stats(x, measured)
     assert torch.equal(measured.quantize(x), untouched.quantize(x))
+
+
+@pytest.mark.parametrize("make", [operand_with_extremes, operand_with_non_finite])
+def test_packed_route_equals_quant_stats(make):
+    x, fmt = make(), formats.get_format("mxfp8")
+    unpacked = unpack_quant_stats(pack_quant_stats(x, fmt).tolist(), x.numel())
+    direct = quant_stats(x, fmt)
+    assert unpacked == {key: pytest.approx(value, rel=1e-5) for key, value in direct.items()}

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant.stats import LOG2_EDGES, tensor_stats
+from megatron.quant.stats import LOG2_EDGES, pack_tensor_stats, tensor_stats, unpack_tensor_stats
 
 
 def numpy_log2_histogram(values: np.ndarray) -> list[int]:
@@ -66,3 +66,13 @@ def test_tensor_stats_are_plain_python_numbers():
     scalars = [v for k, v in stats.items() if k not in ("shape", "dtype", "log2_hist")]
     assert all(type(v) in (int, float) for v in scalars)
     assert all(type(c) is int for c in stats["log2_hist"]["counts"])
+
+
+@pytest.mark.parametrize("make", [awkward_tensor, lambda: torch.randn(5, 7)])
+def test_packed_route_equals_tensor_stats(make):
+    x = make()
+    unpacked = unpack_tensor_stats(pack_tensor_stats(x).tolist(), x.shape, x.dtype)
+    direct = tensor_stats(x)
+    assert unpacked.keys() == direct.keys()
+    for key, value in direct.items():
+        assert unpacked[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value)

@@ -1,6 +1,7 @@
 """One capture session: which iterations, micro-batches and sites to record, and how."""
 from __future__ import annotations
 
+import threading
 import warnings
 from datetime import datetime
 from typing import Mapping, Optional, Union
@@ -12,8 +13,8 @@ from megatron.quant.capture.naming import QUANT_TYPE_RE
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.summary import IterationSummary
-from megatron.quant.capture.writer import BackgroundWriter, WriteJob, host_copy
-from megatron.quant.stats import quant_stats, tensor_stats
+from megatron.quant.capture.snapshot import take_snapshot
+from megatron.quant.capture.writer import BackgroundWriter, WriteJob
 
 OPERATIONS = ("forward", "backward")
 PHASES = ("pre", "post")
@@ -35,12 +36,14 @@ class CaptureSession:
         self._run_iterations = run_iterations
         self._window: Optional[IterationWindow] = None
         self._writer = BackgroundWriter(config.queue_mb * 2**20,
-                                        None if config.max_gb is None else int(config.max_gb * 2**30))
+                                        None if config.max_gb is None else int(config.max_gb * 2**30),
+                                        on_stats=self._add_to_summary)
         self._iteration: Optional[int] = None
         self._microbatch = 0
         self._first_sample: Optional[int] = None
         self._ranks = current_ranks()
         self._summary = IterationSummary()
+        self._summary_lock = threading.Lock()  # the writer thread adds, the training thread reads
         self._wait_at_iteration_start = 0.0
         self._checked_quant_types: set[str] = set()
         self.active = False
@@ -52,7 +55,8 @@ class CaptureSession:
         self._iteration = iteration
         self._microbatch, self._first_sample = 0, None
         self._ranks = current_ranks()  # parallel state may have been set up after configure
-        self._summary = IterationSummary()
+        with self._summary_lock:
+            self._summary = IterationSummary()
         self._wait_at_iteration_start = self._writer.wait_seconds
         self._update_active()
 
@@ -67,10 +71,17 @@ class CaptureSession:
         return last is not None and self._iteration is not None and self._iteration >= last
 
     def iteration_summary(self) -> dict[str, float]:
-        if self._summary.records == 0:
-            return {}
-        return {**self._summary.as_dict(), "capture/records": float(self._summary.records),
-                "capture/wait_s": self._writer.wait_seconds - self._wait_at_iteration_start}
+        self._writer.wait_for_stats()
+        with self._summary_lock:
+            if self._summary.records == 0:
+                return {}
+            summary = {**self._summary.as_dict(), "capture/records": float(self._summary.records)}
+        return {**summary, "capture/wait_s": self._writer.wait_seconds - self._wait_at_iteration_start}
+
+    def _add_to_summary(self, metadata: dict) -> None:
+        with self._summary_lock:
+            if metadata["iteration"] == self._iteration:  # late results of an earlier iteration are not mixed in
+                self._summary.add(metadata["role"], metadata["tensor_name"], metadata["stats"])
 
     def writer_stats(self) -> dict[str, float]:
         return self._writer.stats()
@@ -114,27 +125,19 @@ class CaptureSession:
                 return
 
     def _record(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand) -> None:
-        tensor = operand.tensor.detach()
-        fmt = operand.fmt
-        quantized = None
-        if fmt is not None and self.config.save_quantized and self.config.mode == "full":
+        full = self.config.mode == "full"
+        self._submit(site, self._metadata(site, operation, phase, name, operand, operand.tensor),
+                     take_snapshot(operand, keep_tensor=full))
+        if full and self.config.save_quantized and operand.fmt is not None:
             quantized = operand.quantized
             if quantized is None:
-                quantized = fmt.quantize(tensor, axis=operand.axis, amax=operand.amax)
-            quantized = quantized.detach()
-        stats = tensor_stats(tensor)
-        if fmt is not None:
-            stats.update(quant_stats(tensor, fmt, operand.axis, operand.amax,
-                                     operand.quantized if quantized is None else quantized))
-        self._summary.add(site.role, name, stats)
-        metadata = self._metadata(site, operation, phase, name, operand, tensor, stats)
-        self._submit(site, metadata, tensor)
-        if quantized is not None:
-            self._submit(site, {**self._metadata(site, operation, phase, f"{name}_quantized", operand, quantized,
-                                                 tensor_stats(quantized)), "quantized": True}, quantized)
+                quantized = operand.fmt.quantize(operand.tensor.detach(), axis=operand.axis, amax=operand.amax)
+            metadata = self._metadata(site, operation, phase, f"{name}_quantized", operand, quantized)
+            self._submit(site, {**metadata, "quantized": True}, take_snapshot(Operand(quantized), keep_tensor=True))
 
     def _metadata(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand,
-                  tensor: Tensor, stats: dict) -> dict:
+                  tensor: Tensor) -> dict:
+        """Everything but "stats", which the writer adds when the snapshot's statistics are done."""
         fmt = operand.fmt
         return {
             "layer_type": site.layer_type, "layer_idx": site.layer_idx, "module": site.module, "role": site.role,
@@ -144,17 +147,11 @@ class CaptureSession:
             "iteration": self._iteration, "microbatch": self._microbatch, "sample": self._microbatch,
             "first_sample": self._first_sample, **self._ranks,
             "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
-            "saved_at": datetime.now().isoformat(timespec="microseconds"),
-            "quantized": False, "stats": stats,
+            "saved_at": datetime.now().isoformat(timespec="microseconds"), "quantized": False,
         }
 
-    def _submit(self, site: CaptureSite, metadata: dict, tensor: Tensor) -> None:
-        directory = f"{self.config.save_dir}/{site.quant_type}"
-        if self.config.mode == "stats":
-            self._writer.submit(WriteJob(directory, metadata))
-        else:
-            host, copied = host_copy(tensor)
-            self._writer.submit(WriteJob(directory, metadata, host, copied))
+    def _submit(self, site: CaptureSite, metadata: dict, snapshot) -> None:
+        self._writer.submit(WriteJob(f"{self.config.save_dir}/{site.quant_type}", metadata, snapshot))
 
     # -- helpers ----------------------------------------------------------------------------
     def _resolve_window(self, first_iteration: int) -> IterationWindow:

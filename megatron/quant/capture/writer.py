@@ -1,9 +1,10 @@
-"""Bounded background writer: capture files (write, then rename) and manifest lines.
+"""Bounded background writer: statistics, capture files (write, then rename), manifest lines.
 
-The training thread hands over host copies; one daemon thread saves them. When the bytes
-waiting exceed the bound, the training thread waits (nothing is dropped) and the wait is
-counted. The first error (e.g. ENOSPC) or the quota stops all capture with one warning;
-training goes on.
+The training thread hands over snapshots; one daemon thread finishes their statistics (all
+queued statistics before any file, so a summary never waits on the disk), then saves the
+files and appends the manifest lines in order. When the bytes held exceed the bound, the
+training thread waits (nothing is dropped) and every wait is counted. The first error (e.g.
+ENOSPC) or the quota stops all capture with one warning; training goes on.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from torch import Tensor
 
 from megatron.quant.capture.naming import file_name, manifest_name, temporary_name
+from megatron.quant.capture.snapshot import Snapshot
 
 
 
@@ -30,39 +31,27 @@ class _QuotaReached(Exception):
 @dataclass
 class WriteJob:
     directory: str
-    metadata: dict  # JSON-serialisable; holds "rank", used for the manifest and the name
-    tensor: Optional[Tensor] = None  # host copy to save; None: a manifest line only (stats mode)
-    copied: Optional[Any] = None  # torch.cuda.Event recorded after the device-to-host copy
+    metadata: dict  # JSON-serialisable; holds "rank"; the writer adds "stats"
+    snapshot: Snapshot  # its tensor (if any) is saved to a file; None: a manifest line only
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.tensor is None else self.tensor.numel() * self.tensor.element_size()
-
-
-def host_copy(tensor: Tensor) -> tuple[Tensor, Optional[Any]]:
-    """A private host copy of ``tensor`` that later in-place updates cannot touch.
-
-    CUDA: an asynchronous copy into pinned memory plus an event the writer waits on, so the
-    compute stream is not synchronised. CPU: a compact clone (a view would save its whole storage).
-    """
-    tensor = tensor.detach()
-    if tensor.is_cuda:
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        host.copy_(tensor, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return host, event
-    return tensor.clone(memory_format=torch.contiguous_format), None
+        return self.snapshot.nbytes
 
 
 class BackgroundWriter:
-    def __init__(self, queue_bytes: int, quota_bytes: Optional[int]) -> None:
+    def __init__(self, queue_bytes: int, quota_bytes: Optional[int],
+                 on_stats: Callable[[dict], None] = lambda metadata: None) -> None:
         self._queue_bytes = queue_bytes
         self._quota_bytes = quota_bytes
+        self._on_stats = on_stats  # called in the writer thread with each job's finished metadata
         self._cond = threading.Condition()
-        self._jobs: deque[Optional[WriteJob]] = deque()  # None asks the thread to exit
+        self._stats_todo: deque[WriteJob] = deque()
+        self._write_todo: deque[WriteJob] = deque()
+        self._exit = False
         self._pending_bytes = 0  # queued plus in progress
         self._pending_jobs = 0
+        self._pending_stats = 0
         self._thread: Optional[threading.Thread] = None
         self._stop_reason: Optional[str] = None
         self._warned = False
@@ -89,29 +78,41 @@ class BackgroundWriter:
                 self.wait_seconds += time.perf_counter() - start
                 self.waits += 1
             if self._stop_reason is None:
-                self._jobs.append(job)
+                self._stats_todo.append(job)
                 self._pending_bytes += cost
                 self._pending_jobs += 1
+                self._pending_stats += 1
                 self._ensure_thread()
                 self._cond.notify_all()
         self.warn_if_stopped()
 
+    def wait_for_stats(self) -> None:
+        """Wait until the statistics of every queued job are finished (files may still be pending)."""
+        self._wait_until(lambda: not self._pending_stats)
+
     def flush(self) -> None:
         """Wait until every queued job is written (or dropped after a stop)."""
+        self._wait_until(lambda: not self._pending_jobs)
+
+    def _wait_until(self, done: Callable[[], bool]) -> None:
         with self._cond:
-            while self._pending_jobs:
-                self._cond.wait()
+            if not done():
+                start = time.perf_counter()
+                while not done():
+                    self._cond.wait()
+                self.wait_seconds += time.perf_counter() - start
+                self.waits += 1
         self.warn_if_stopped()
 
     def close(self) -> None:
         self.flush()
         with self._cond:
             thread, self._thread = self._thread, None
-            if thread is not None:
-                self._jobs.append(None)
-                self._cond.notify_all()
+            self._exit = True
+            self._cond.notify_all()
         if thread is not None:
             thread.join()
+        self._exit = False
         for handle in self._manifests.values():
             handle.close()
         self._manifests.clear()
@@ -133,9 +134,12 @@ class BackgroundWriter:
             self._thread.start()
 
     def _stop_locked(self, reason: str) -> None:
-        self._stop_reason = reason
-        dropped = [job for job in self._jobs if job is not None]
-        self._jobs = deque(job for job in self._jobs if job is None)
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        dropped = [*self._stats_todo, *self._write_todo]
+        self._pending_stats -= len(self._stats_todo)
+        self._stats_todo.clear()
+        self._write_todo.clear()
         self._pending_bytes -= sum(job.nbytes for job in dropped)
         self._pending_jobs -= len(dropped)
         self._cond.notify_all()
@@ -143,38 +147,53 @@ class BackgroundWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs:
+                while not (self._stats_todo or self._write_todo or self._exit):
                     self._cond.wait()
-                job = self._jobs.popleft()
-            if job is None:
-                return
+                if self._stats_todo:
+                    job, finishing_stats = self._stats_todo.popleft(), True
+                elif self._write_todo:
+                    job, finishing_stats = self._write_todo.popleft(), False
+                else:
+                    return
             try:
-                self._write(job)
+                if finishing_stats:
+                    self._finish_stats(job)
+                else:
+                    self._write(job)
             except _QuotaReached as exc:
                 with self._cond:
                     self._stop_locked(str(exc))
             except Exception as exc:  # a disk error (or any other) ends capture, never training
                 with self._cond:
-                    self._stop_locked(f"writing to {job.directory} failed: {exc!r}")
-            finally:
-                with self._cond:
+                    self._stop_locked(f"capturing to {job.directory} failed: {exc!r}")
+            with self._cond:
+                if finishing_stats:
+                    self._pending_stats -= 1
+                if finishing_stats and self._stop_reason is None:
+                    self._write_todo.append(job)
+                else:
                     self._pending_bytes -= job.nbytes
                     self._pending_jobs -= 1
-                    self._cond.notify_all()
+                self._cond.notify_all()
+
+    def _finish_stats(self, job: WriteJob) -> None:
+        if job.snapshot.copied is not None:
+            job.snapshot.copied.synchronize()
+        job.metadata["stats"] = job.snapshot.finish_stats()
+        self._on_stats(job.metadata)
 
     def _write(self, job: WriteJob) -> None:
-        if job.copied is not None:
-            job.copied.synchronize()
         os.makedirs(job.directory, exist_ok=True)
+        tensor = job.snapshot.tensor
         name = path = None
-        if job.tensor is not None:
+        if tensor is not None:
             name, path = self._unused_name(job)
         line = json.dumps({"file": name, "metadata": job.metadata}) + "\n"
         size = len(line)
         if path is not None:
             tmp = os.path.join(job.directory, temporary_name(name, os.getpid()))
             try:
-                torch.save({"tensor": job.tensor, "metadata": job.metadata}, tmp)
+                torch.save({"tensor": tensor, "metadata": job.metadata}, tmp)
                 size += os.path.getsize(tmp)
                 self._check_quota(size)
                 os.replace(tmp, path)

@@ -1,0 +1,129 @@
+"""Capture overhead on a tiny Llama training step (CPU by default).
+
+Each round runs one training step (forward + backward of every micro-batch, optimizer step)
+in each mode, interleaved so machine noise hits all modes alike:
+  off    capture disabled (baseline)
+  stats  TENSOR_SAVE_MODE=stats, every iteration
+  full   TENSOR_SAVE_MODE=full, every iteration: files written by the background writer
+Reported (medians over rounds): stats-mode overhead vs off (goal <= 10%), the training
+thread's wait for the writer in full mode as a fraction of an off step (goal <= 25%), the
+full-mode added training-thread time, and how long the background writing took.
+
+    python bench/bench_saver.py [--format mxfp8] [--rounds 7] [--microbatches 2] [--queue-mb 1024]
+Writes bench/results/bench_saver.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from megatron.quant import tensor_saver
+from megatron.quant.tensor_saver import SaverConfig
+
+MODES = ("off", "stats", "full")
+
+
+def build_model(fmt: str):
+    from megatron.quant.cpu import init_parallel
+    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.spec import build_llama_model
+    from megatron.quant.training.model import transformer_config
+    from megatron.quant.training.presets import get_preset
+
+    init_parallel()
+    shape = get_preset("llama-tiny")
+    recipe = QuantRecipe.uniform(fmt)
+    model = build_llama_model(transformer_config(shape), recipe, vocab_size=shape["vocab_size"],
+                              max_sequence_length=shape["max_position_embeddings"],
+                              rotary_base=shape["rotary_base"])
+    return model, shape
+
+
+def training_step(model, optimizer, batches, iteration: int) -> None:
+    tensor_saver.set_iteration(iteration)
+    for index, (tokens, positions) in enumerate(batches):
+        tensor_saver.set_microbatch(index, index * tokens.shape[0])
+        model(tokens, positions, None, labels=tokens).float().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def timed_step(mode: str, model, optimizer, batches, iteration: int, save_dir: str, queue_mb: int) -> dict:
+    tensor_saver.configure(SaverConfig(enabled=mode != "off", mode="stats" if mode == "off" else mode,
+                                       iterations="every:1", save_dir=save_dir, queue_mb=queue_mb))
+    start = time.perf_counter()
+    training_step(model, optimizer, batches, iteration)
+    step_s = time.perf_counter() - start
+    wait_s = tensor_saver.writer_stats()["wait_s"]
+    start = time.perf_counter()
+    tensor_saver.close()  # the writer finishes in the background; measured apart
+    return {"step_s": step_s, "wait_s": wait_s, "drain_s": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--format", default="mxfp8", help="CUSTOM_QUANT_TYPE of the model (default mxfp8)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--microbatches", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--queue-mb", type=int, default=SaverConfig().queue_mb)
+    parser.add_argument("--out", default="bench/results/bench_saver.json")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model, shape = build_model(args.format)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    seq = shape["seq_length"]
+    batches = [(torch.randint(0, shape["vocab_size"], (args.batch, seq)),
+                torch.arange(seq).expand(args.batch, seq)) for _ in range(args.microbatches)]
+    samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="bench_saver_") as root:
+        training_step(model, optimizer, batches, 0)  # warm-up, capture off
+        for round_idx in range(args.rounds):
+            for mode in MODES:
+                save_dir = os.path.join(root, f"{mode}{round_idx}")
+                samples[mode].append(timed_step(mode, model, optimizer, batches, round_idx + 1, save_dir,
+                                                args.queue_mb))
+            bytes_full = sum(p.stat().st_size for p in Path(root, f"full{round_idx}").rglob("*") if p.is_file())
+            print(f"round {round_idx + 1}/{args.rounds}: " + ", ".join(
+                f"{m} {samples[m][-1]['step_s']:.3f}s" for m in MODES) + f", full wrote {bytes_full / 2**20:.1f} MiB",
+                file=sys.stderr, flush=True)
+
+    def median(mode: str, key: str) -> float:
+        return statistics.median(s[key] for s in samples[mode])
+
+    off = median("off", "step_s")
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                   f"torch threads {torch.get_num_threads()}, device cpu",
+        "format": args.format, "model": "llama-tiny", "microbatches": args.microbatches, "batch": args.batch,
+        "seq_length": seq, "rounds": args.rounds, "queue_mb": args.queue_mb, "bytes_per_full_iteration": bytes_full,
+        "step_s": {mode: median(mode, "step_s") for mode in MODES},
+        "stats_overhead": median("stats", "step_s") / off - 1,
+        "full_wait_fraction": median("full", "wait_s") / off,
+        "full_added_fraction": median("full", "step_s") / off - 1,
+        "full_background_drain_s": median("full", "drain_s"),
+        "goals": {"stats_overhead": 0.10, "full_wait_fraction": 0.25},
+    }
+    print(f"{'measure':<40}{'value':>10}{'goal':>8}")
+    print(f"{'off step (s, median)':<40}{off:>10.3f}")
+    print(f"{'stats mode: added step time':<40}{results['stats_overhead']:>10.1%}{'<=10%':>8}")
+    print(f"{'full mode: training-thread wait / step':<40}{results['full_wait_fraction']:>10.1%}{'<=25%':>8}")
+    print(f"{'full mode: added step time (all)':<40}{results['full_added_fraction']:>10.1%}")
+    print(f"{'full mode: background drain after (s)':<40}{results['full_background_drain_s']:>10.3f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
