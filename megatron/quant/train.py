@@ -150,23 +150,35 @@ def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger
     return run, logger
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
-    """Run training; bad arguments or environment exit with status 2 and a one-line reason."""
+def _teardown(owns_process_group: bool) -> None:
+    # A caller that set up torch.distributed itself (tests, notebooks) keeps its process group.
+    from megatron.core import parallel_state
     from megatron.quant.cpu import destroy_parallel
 
+    if owns_process_group and dist.is_initialized():
+        destroy_parallel()
+    elif parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    """Run training and return the per-iteration logged values.
+
+    Bad arguments or environment exit with status 2 and a one-line reason.
+    """
+    owns_process_group = not dist.is_initialized()
     try:
         run, logger = setup(argv)
     except (ArgumentError, ValueError, FileNotFoundError) as err:
         print(f"megatron-quant-train: error: {err}", file=sys.stderr)
-        if dist.is_initialized():
-            destroy_parallel()
+        _teardown(owns_process_group)
         raise SystemExit(2) from err
     try:
         return train(run, logger)
     finally:
         logger.close()
         tensor_saver.close()
-        destroy_parallel()
+        _teardown(owns_process_group)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,102 @@
+"""Megatron-LM argument names, presets under explicit flags, and clear refusals of bad input."""
+import subprocess
+
+import pytest
+
+from megatron.quant.train import main
+from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
+from megatron.quant.training.presets import PRESETS
+
+TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]
+
+
+def test_presets_have_published_shapes():
+    one_b, eight_b = PRESETS["llama3.2-1b"], PRESETS["llama3.1-8b"]
+    assert (one_b["num_layers"], one_b["hidden_size"], one_b["ffn_hidden_size"], one_b["num_attention_heads"],
+            one_b["num_query_groups"], one_b["vocab_size"], one_b["rotary_base"]) == (16, 2048, 8192, 32, 8, 128256, 500000.0)
+    assert not one_b["untie_embeddings_and_output_weights"]
+    assert (eight_b["num_layers"], eight_b["hidden_size"], eight_b["ffn_hidden_size"], eight_b["num_attention_heads"],
+            eight_b["num_query_groups"]) == (32, 4096, 14336, 32, 8)
+    assert eight_b["untie_embeddings_and_output_weights"]
+
+
+def test_tiny_preset_shards_in_multiples_of_64_at_tp2():
+    tiny = PRESETS["llama-tiny"]
+    head_dim = tiny["hidden_size"] // tiny["num_attention_heads"]
+    for dim in (tiny["hidden_size"], tiny["ffn_hidden_size"], tiny["num_query_groups"] * head_dim,
+                tiny["num_attention_heads"] * head_dim, tiny["vocab_size"]):
+        assert (dim // 2) % 64 == 0, dim
+
+
+def test_explicit_flags_override_the_preset():
+    args = validate_args(parse_args(TINY + ["--hidden-size", "512", "--num-query-groups", "4"]), 1, cuda=False)
+    assert (args.hidden_size, args.num_query_groups, args.num_layers) == (512, 4, PRESETS["llama-tiny"]["num_layers"])
+
+
+def test_derived_batch_values():
+    args = validate_args(parse_args(TINY + ["--micro-batch-size", "2", "--global-batch-size", "8"]), 2, cuda=False)
+    assert (args.data_parallel_size, args.num_microbatches) == (2, 2)
+
+
+@pytest.mark.parametrize("extra, world, message", [
+    (["--micro-batch-size", "4", "--global-batch-size", "6"], 1, "--global-batch-size 6 is not divisible"),
+    (["--micro-batch-size", "1", "--global-batch-size", "3"], 2, "data-parallel size 2"),
+    (["--tensor-model-parallel-size", "2"], 3, "world size 3"),
+    (["--tensor-model-parallel-size", "3"], 3, "must divide --num-attention-heads"),
+    (["--hidden-size", "250"], 1, "--hidden-size 250 is not divisible by --num-attention-heads"),
+    (["--seq-length", "4096"], 1, "exceeds --max-position-embeddings"),
+    (["--tensor-model-parallel-size", "2", "--sequence-parallel"], 2, "Transformer Engine"),
+    (["--bf16", "--fp8-format", "hybrid"], 1, "CUSTOM_QUANT_TYPE=fp8_e4m3"),
+    (["--pipeline-model-parallel-size", "2"], 2, "pipeline schedules are CUDA-only"),
+    (["--fp16"], 1, "use --bf16 on CPU"),
+    (["--bf16", "--fp16"], 1, "mutually exclusive"),
+    (["--data-path", "x"], 1, "exactly one of --data-path"),
+    (["--lr", "1e-4", "--min-lr", "1e-3"], 1, "--min-lr"),
+    (["--save-interval", "5"], 1, "--save-interval needs --save"),
+    (["--normalization", "LayerNorm"], 1, "Llama uses RMSNorm"),
+])
+def test_inconsistent_arguments_are_refused(extra, world, message):
+    with pytest.raises(ArgumentError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        validate_args(parse_args(TINY + extra), world, cuda=False)
+
+
+def test_shape_is_required_without_a_preset():
+    with pytest.raises(ArgumentError, match="--num-layers is required"):
+        validate_args(parse_args(["--mock-data", "--train-iters", "1"]), 1, cuda=False)
+
+
+def test_unknown_argument_and_preset_exit_with_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(TINY + ["--num-layer", "3"])
+    assert exc.value.code == 2 and "unrecognized arguments: --num-layer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "llama-huge", "--train-iters", "1"])
+    assert "llama3.2-1b" in capsys.readouterr().err
+
+
+def test_main_reports_bad_input_in_one_line(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--global-batch-size", "3", "--micro-batch-size", "2"])
+    assert exc.value.code == 2
+    assert "error: --global-batch-size 3 is not divisible" in capsys.readouterr().err
+    monkeypatch.setenv("CUSTOM_QUANT_TYPE", "hifp9")
+    with pytest.raises(SystemExit):
+        main(TINY)
+    err = capsys.readouterr().err
+    assert "hifp9" in err and "hifp8" in err
+
+
+def test_launch_script_dtype_fp8_without_transformer_engine_points_to_simulation(tmp_path):
+    result = subprocess.run(
+        ["bash", "examples/llama/train_llama32_1b_h100_fp8.sh", str(tmp_path / "ckpt"), str(tmp_path / "tb"),
+         "MOCK", "MOCK", "fp8"], capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin:" + __import__("os").environ["PATH"], "GPUS_PER_NODE": "1",
+             "MASTER_PORT": "29533", "OMP_NUM_THREADS": "1"})
+    assert result.returncode != 0
+    assert "CUSTOM_QUANT_TYPE=fp8_e4m3" in result.stderr
+
+
+def test_launch_script_needs_five_positionals():
+    result = subprocess.run(["bash", "examples/llama/train_llama31_8b_h100_fp8.sh", "only", "two"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "CHECKPOINT_DIR TENSORBOARD_DIR TOKENIZER DATA_PATH DTYPE" in result.stderr
