@@ -40,6 +40,7 @@ class BlockFormat(NumericFormat):
     """Splits x into blocks along ``axis``; subclasses quantize one (..., n_blocks, block) tensor."""
 
     scaling = "block"
+    scale_encoding: str  # how a block's scale is stored, for listings
 
     def _quantize(self, x, axis, amax, generator):
         axis = normalize_axis(self.name, axis, x.dim())

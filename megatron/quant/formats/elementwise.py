@@ -55,20 +55,20 @@ def _stochastic_bf16(x: Tensor, uniform: Tensor) -> Tensor:
 
 
 class ElementwiseFormat(NumericFormat):
-    """Each element rounded onto ``grid``; with ``scaling="tensor"`` the grid is applied to
+    """Each element rounded onto the ``element`` grid; with ``scaling="tensor"`` it is applied to
     ``x / scale`` where ``scale = amax / target`` (Transformer Engine's current scaling,
     written as a divisor)."""
 
-    def __init__(self, name: str, grid: ElementGrid, options: dict[str, Any]):
+    def __init__(self, name: str, element: ElementGrid, options: dict[str, Any]):
         super().__init__(options)
         self.name = name
-        self.grid = grid
-        self.bits = grid.bits
-        self.max_value = grid.max_value
-        self.min_positive = grid.min_positive
+        self.element = element
+        self.bits = element.bits
+        self.max_value = element.max_value
+        self.min_positive = element.min_positive
         self.scaling = options["scaling"]
         self.needs_tensor_amax = self.scaling == "tensor"
-        self.scale_target = options.get("scale_target") or grid.max_value
+        self.scale_target = options.get("scale_target") or element.max_value
 
     def _quantize(self, x, axis, amax, generator):
         x32 = x.float()
@@ -79,4 +79,4 @@ class ElementwiseFormat(NumericFormat):
 
     def _round(self, x32: Tensor, generator: torch.Generator | None) -> Tensor:
         uniform = self._uniform(x32, generator)
-        return self.grid.round(x32, self.rounding, self.options["overflow"], uniform)
+        return self.element.round(x32, self.rounding, self.options["overflow"], uniform)

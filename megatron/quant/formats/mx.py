@@ -39,6 +39,7 @@ def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -
 
 class MXFormat(BlockFormat):
     block_size = MX_BLOCK_SIZE
+    scale_encoding = "E8M0 (a power of two, 2**-127 .. 2**127) per block"
 
     def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):
         super().__init__(options)

@@ -22,6 +22,7 @@ NVFP4_BLOCK_SIZE = 16
 class NVFP4Format(BlockFormat):
     name = "nvfp4"
     block_size = NVFP4_BLOCK_SIZE
+    scale_encoding = "E4M3 per block, times one FP32 scale per tensor"
     needs_tensor_amax = True
     element = FP4_E2M1
     block_scale_format = FP8_E4M3
