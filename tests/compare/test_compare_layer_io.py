@@ -133,6 +133,8 @@ def test_several_layers_and_a_submodule_get_layer_keys(tmp_path):
     (["--layers", "-3"], "--layers -3 is out of range"),
     (["--model", "/nonexistent/llama"], "--model '/nonexistent/llama': no such directory"),
     (["--submodule", "attn"], "no module 'decoder.layers.0.attn'"),
+    (["--prompt", "hello"], "--prompt needs --tokenizer"),
+    (["--seq_len", "0"], "--seq_len must be a positive integer, got 0"),
 ])
 def test_bad_arguments_are_clear_errors(tmp_path, capsys, extra, message):
     code = run_layer_io.main(["--output_file", str(tmp_path / "x.npz"), "--seq_len", "4", "--no_plots",
@@ -161,3 +163,31 @@ def _env() -> dict:
     launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
     env = {key: value for key, value in os.environ.items() if key not in launcher}
     return {**env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+
+
+def test_hf_directory_and_prompt_match_transformers(tmp_path):
+    """A local Hugging Face Llama and a text prompt: layer 0's fp32 output equals transformers'
+    own hidden state after layer 0 on the same tokens (an independent implementation)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = ["<eos>", "<unk>", "the", "cat", "sat", "on", "a", "mat"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf_dir = tmp_path / "hf"
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", unk_token="<unk>").save_pretrained(hf_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    hf_model = LlamaForCausalLM(config).eval()
+    hf_model.save_pretrained(hf_dir, safe_serialization=True)
+
+    arrays, stats = _run(tmp_path, "--model", str(hf_dir), "--prompt", "the cat sat on a mat",
+                         "--modes", "bf16", "--no_plots")
+    assert stats["input"] == {"kind": "prompt", "prompt": "the cat sat on a mat", "tokenizer": str(hf_dir)}
+    tokens = torch.tensor([[2, 3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        hidden = hf_model(tokens, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(torch.from_numpy(arrays["mode_fp32_input"]), hidden[0], rtol=0, atol=0)
+    torch.testing.assert_close(torch.from_numpy(arrays["mode_fp32_output"]), hidden[1], rtol=1e-4, atol=1e-5)
