@@ -5,7 +5,8 @@ Unfused path (exact, every operand): S = Q K^T * scale, megatron-core's own mask
 backward GEMMs' operands (dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO) are quantized
 per the recipe. With nothing quantized it runs megatron-core's exact operations.
 
-Fused path, chosen automatically when some of Q/K/V but not P is quantized, with no dropout:
+Fused path, chosen automatically when some of Q/K/V but not P is quantized (round-to-nearest),
+with no dropout:
 ``scaled_dot_product_attention`` on the quantized Q, K, V (no [s, s] tensor kept), and a
 backward that recomputes the unfused path (as flash attention does), so its gradients are
 those of the unfused path and backward-operand formats still apply.
@@ -41,8 +42,11 @@ class AttentionQuant:
 
     @property
     def fusable(self) -> bool:
-        """SDPA can apply it: Q/K/V quantized before the kernel, P untouched."""
-        return self.pv.a.fmt is None and any(s.fmt is not None for s in (self.qk.a, self.qk.b, self.pv.b))
+        """SDPA can apply it: Q/K/V quantized before the kernel, P untouched, and Q/K/V rounded
+        deterministically (the backward recomputes the forward and must see the same values)."""
+        qkv = [s.fmt for s in (self.qk.a, self.qk.b, self.pv.b) if s.fmt is not None]
+        return (self.pv.a.fmt is None and bool(qkv)
+                and all(f.options.get("rounding", "nearest") != "stochastic" for f in qkv))
 
 
 class _FusedAttention(torch.autograd.Function):

@@ -223,7 +223,7 @@ def _mapping(value: Any, path: str, source: str) -> dict:
 def _valid_format_names() -> list[str]:
     from megatron.quant import formats
 
-    return sorted(set(formats.list_formats()) | {"none", "bf16", "fp16", "fp32"})
+    return sorted(set(formats.list_formats()) | set(formats.ALIASES))
 
 
 def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
@@ -240,9 +240,8 @@ def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
         return name
     try:
         formats.get_format(name, **dict(options))
-    except (ValueError, TypeError) as exc:
-        raise RecipeError(f"{source}: {path}: {name!r} with options {dict(options)} is refused: {exc}. "
-                          f"Valid formats: {', '.join(_valid_format_names())}") from exc
+    except (ValueError, TypeError) as exc:  # the formats' message lists the valid names/values
+        raise RecipeError(f"{source}: {path}: format {name!r} with options {dict(options)} is refused: {exc}") from exc
     return name
 
 

@@ -108,10 +108,13 @@ def test_fused_and_unfused_paths_agree(parallel, fmt_name):
     assert all(torch.equal(a, b) for a, b in zip(grads_f, grads_u))
 
 
-def test_quantized_probabilities_disable_the_fused_path(parallel):
+def test_quantized_probabilities_or_stochastic_qkv_disable_the_fused_path(parallel):
+    qkv, _ = _inputs()
     module = _attention(QuantDotProductAttention)
     module.configure_quant(AttentionQuant.from_formats(attention_formats(BLOCK_FORMAT)), SITE)
-    qkv, _ = _inputs()
+    assert not module.uses_fused_path(qkv[0], qkv[1], None)
+    stochastic = QuantRecipe.uniform(BLOCK_FORMAT, scope=["attention.qk"], rounding="stochastic", seed=1)
+    module.configure_quant(AttentionQuant.from_formats(stochastic.resolve("core_attention", 0, 1)), SITE)
     assert not module.uses_fused_path(qkv[0], qkv[1], None)
 
 

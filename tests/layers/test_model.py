@@ -12,7 +12,7 @@ from tests._dist import run_distributed
 from tests.layers._helpers import BLOCK_FORMAT, transformer_config
 
 VOCAB, SEQ, BATCH = 128, 32, 2
-QUANT_TYPES = sorted(formats.list_formats()) + ["bf16", "fp16", "none"]
+QUANT_TYPES = sorted(set(formats.list_formats()) | set(formats.ALIASES) | {"bf16", "fp16", "none"})
 
 
 def _tokens():
