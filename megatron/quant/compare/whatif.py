@@ -42,15 +42,10 @@ def gemm_axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def requantize(tensor: torch.Tensor, axis: int, fmt) -> torch.Tensor:
-    """``tensor`` fake-quantized with ``fmt`` (a NumericFormat) along ``axis``, in float32
-    (bf16/fp16 captures upcast exactly)."""
-    return fmt.quantize(tensor.float(), axis=gemm_axis(axis, tensor.dim()))
-
-
 def evaluate(tensor: torch.Tensor, record: CaptureRecord, fmts: Sequence, file: str) -> list[dict]:
     """One row per format: the capture's identity, the format and its quant_stats on this tensor
-    (per-tensor amax from the capture itself), plus relative_error = sqrt(rel_mse)."""
+    (quantized in float32 along the capture's axis, per-tensor amax from the capture itself),
+    plus relative_error = sqrt(rel_mse)."""
     from megatron.quant.stats import quant_stats
 
     x = tensor.float()
@@ -59,7 +54,7 @@ def evaluate(tensor: torch.Tensor, record: CaptureRecord, fmts: Sequence, file: 
     identity.update(shape=list(x.shape), file=file, axis=axis)
     rows = []
     for fmt in fmts:
-        stats = quant_stats(x, fmt, axis=axis, q=requantize(x, axis, fmt))
+        stats = quant_stats(x, fmt, axis=axis)
         relative = None if stats["rel_mse"] is None else math.sqrt(stats["rel_mse"])
         rows.append({**identity, "format": fmt.name, "bits": fmt.bits, "relative_error": relative, **stats})
     return rows
