@@ -74,3 +74,16 @@ def test_values_cli_prints_every_hifp8_code(capsys):
     assert np.array_equal(printed, library, equal_nan=True)
     assert main(["list"]) == 0 and "mxfp4_e2m1" in capsys.readouterr().out
     assert main(["values", "bf16"]) == 2 and "8-bit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list_formats())
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_input_is_never_modified(name, rounding):
+    # The routines work in place on their own temporaries; x must not be one of them.
+    fmt = get_format(name) if name == "fp32" else get_format(name, rounding=rounding)
+    x = torch.randn(4, 64) * 100
+    x[0, :3] = torch.tensor([float("nan"), float("inf"), 0.0])
+    before = x.clone()
+    for axis in (-1, 0):
+        fmt.quantize_with_scale(x, axis=axis)
+    assert torch.equal(x.nan_to_num(), before.nan_to_num())

@@ -75,7 +75,7 @@ class ElementwiseFormat(NumericFormat):
         if self.scaling == "none":
             return self._round(x32, generator), _one(x)
         scale = tensor_scale(absmax(x32, amax), self.scale_target)
-        return self._round(x32 / scale, generator) * scale, scale
+        return self._round(x32 / scale, generator).mul_(scale), scale
 
     def _round(self, x32: Tensor, generator: torch.Generator | None) -> Tensor:
         uniform = self._uniform(x32, generator)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from . import bits
-from .rounding import round_half_away, round_half_even, round_stochastic
+from .rounding import round_half_away_, round_half_even_, round_stochastic_
 
 OVERFLOW_MODES = ("saturate", "inf")
 # Field of 2**-q from field of 2**q: (127 - q) = 254 - (q + 127).
@@ -44,7 +44,8 @@ class ElementGrid(ABC):
 
     @abstractmethod
     def spacing_field(self, exponent_field: Tensor) -> Tensor:
-        """Exponent field of the grid spacing 2**q at the binade of float32 ``exponent_field``.
+        """Exponent field of the grid spacing 2**q at the binade of float32 ``exponent_field``
+        (which it may overwrite).
 
         Must keep q within [-126, 126] so that 2**q and 2**-q are normal float32 numbers.
         """
@@ -55,24 +56,27 @@ class ElementGrid(ABC):
 
     def round(self, x: Tensor, rounding: str = "nearest", overflow: str = "saturate",
               uniform: Tensor | None = None) -> Tensor:
-        """Round float32 x onto the grid; ``uniform`` (U[0,1), x's shape) for stochastic."""
+        """Round float32 x onto the grid; ``uniform`` (U[0,1), x's shape) for stochastic.
+
+        Works in place on its own temporaries (and on ``uniform``); x is left alone.
+        """
         spacing = self.spacing_field(bits.exponent_field(x))
-        a = x * (_NEGATE_FIELD - spacing).view(torch.float32)
-        if rounding == "stochastic":
-            n = round_stochastic(a, uniform)
-        elif self.ties == "away":
-            n = round_half_away(a)
+        a = (_NEGATE_FIELD - spacing).view(torch.float32).mul_(x)  # x / 2**q, exact
+        if rounding == "nearest" and self.ties == "even":
+            y = round_half_even_(a)  # symmetric, keeps the sign (and -0)
         else:
-            n = round_half_even(a)
-        y = n * spacing.view(torch.float32)
-        y = self._apply_overflow(y, overflow)
+            magnitude = a.abs_()
+            y = round_stochastic_(magnitude, uniform) if rounding == "stochastic" else round_half_away_(magnitude)
+            y.copysign_(x)
+        y.mul_(spacing.view(torch.float32))
+        y = self._apply_overflow_(y, overflow)
         if not self.signed_zero:
-            y = torch.where(y == 0, 0.0, y)
+            y.masked_fill_(y == 0, 0.0)  # not "+ 0.0": compilers may drop that as a no-op
         return y
 
-    def _apply_overflow(self, y: Tensor, overflow: str) -> Tensor:
+    def _apply_overflow_(self, y: Tensor, overflow: str) -> Tensor:
         if overflow == "saturate":  # Inf saturates too (like NVIDIA's SATFINITE); NaN stays
-            return y.clamp(-self.max_value, self.max_value)
+            return y.clamp_(-self.max_value, self.max_value)
         beyond = math.inf if self.has_inf else math.nan  # y is nonzero here, so y * inf keeps its sign
         return torch.where(y.abs() > self.max_value, y * beyond, y)
 
@@ -129,8 +133,8 @@ class Minifloat(ElementGrid):
         return self.special == "ieee"
 
     def spacing_field(self, exponent_field: Tensor) -> Tensor:
-        clamped = exponent_field.clamp(bits.field_of(self.min_exponent), bits.field_of(self.max_exponent))
-        return clamped - (self.mbits << bits.MANTISSA_BITS)
+        clamped = exponent_field.clamp_(bits.field_of(self.min_exponent), bits.field_of(self.max_exponent))
+        return clamped.sub_(self.mbits << bits.MANTISSA_BITS)
 
     def decode(self, code: int) -> float:
         """Value of one code (Python floats; independent of the tensor routine)."""

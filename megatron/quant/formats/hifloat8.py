@@ -77,18 +77,16 @@ class HiFloat8Grid(ElementGrid):
     signed_zero = False  # 0x80 is NaN, so -0 is stored as 0x00
 
     def spacing_field(self, exponent_field: Tensor) -> Tensor:
-        e = ((exponent_field >> bits.MANTISSA_BITS) - bits.EXPONENT_BIAS).clamp(_MIN_EXPONENT, _MAX_EXPONENT)
-        mantissa_bits = _mantissa_bits(e)
-        return (e - mantissa_bits + bits.EXPONENT_BIAS) << bits.MANTISSA_BITS
+        e = exponent_field.bitwise_right_shift_(bits.MANTISSA_BITS).sub_(bits.EXPONENT_BIAS)
+        e.clamp_(_MIN_EXPONENT, _MAX_EXPONENT)
+        magnitude = e.abs()
+        denormal = e <= -16
+        # spacing exponent q = e - (mantissa bits) = e - 3 + [|e| >= 4] + [|e| >= 8] + [e <= -16]
+        biased = e.add_(bits.EXPONENT_BIAS - 3).add_(magnitude >= 4).add_(magnitude >= 8).add_(denormal)
+        return biased.bitwise_left_shift_(bits.MANTISSA_BITS)
 
     def code_values(self) -> list[tuple[int, float]]:
         return [(code, decode_code(code)) for code in range(256)]
-
-
-def _mantissa_bits(e: Tensor) -> Tensor:
-    """Mantissa width at binade e (valid for -22 <= e <= 15; 0 for the denormals)."""
-    magnitude = e.abs()
-    return 3 - (magnitude >= 4).int() - (magnitude >= 8).int() - (e <= -16).int()
 
 
 def codes_of(values: Tensor) -> Tensor:

@@ -56,4 +56,4 @@ class MXFormat(BlockFormat):
         scale = torch.where(finite, bits.exp2_int(exponent), torch.nan)
         scaled = blocks * bits.exp2_int(-exponent)  # exact: a power of two
         elements = self.element.round(scaled, self.rounding, "saturate", self._uniform(scaled, generator))
-        return elements * scale, scale
+        return elements.mul_(scale), scale

@@ -35,6 +35,6 @@ class NVFP4Format(BlockFormat):
         block_amax = blocks.abs().amax(-1, keepdim=True)
         block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
         scale = torch.where(torch.isfinite(block_amax), block_scale * global_scale, torch.nan)
-        scaled = torch.where(scale == 0, 0.0, blocks / scale)
+        scaled = (blocks / scale).masked_fill_(scale == 0, 0.0)
         elements = self.element.round(scaled, self.rounding, "saturate", self._uniform(scaled, generator))
-        return elements * scale, scale
+        return elements.mul_(scale), scale

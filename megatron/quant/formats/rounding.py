@@ -1,8 +1,10 @@
 """Rounding rules on the integer grid, and the seeded random stream for stochastic rounding.
 
 Every format first scales a value so that its representable neighbours are consecutive
-integers (see ``grid.round_to_grid``); the rules below then pick an integer. All of them are
-exact in float32: no addition whose result could itself round.
+integers (``grid.ElementGrid.round``); the rules below then pick an integer. All of them
+are exact in float32: no addition whose result could itself round. They work in place on
+the caller's temporaries (on CPU every fresh full-size tensor costs page faults), and the
+two non-IEEE rules take magnitudes (a >= 0, NaN or +Inf), the caller restoring the sign.
 """
 from __future__ import annotations
 
@@ -12,35 +14,34 @@ from torch import Tensor
 ROUNDING_MODES = ("nearest", "stochastic")
 
 
-def round_half_even(a: Tensor) -> Tensor:
-    """Nearest integer, ties to even (IEEE's default; OCP FP8/MX, NVFP4)."""
-    return torch.round(a)
+def round_half_even_(a: Tensor) -> Tensor:
+    """Nearest integer, ties to even (IEEE's default; OCP FP8/MX, NVFP4). Overwrites a."""
+    return a.round_()
 
 
-def round_half_away(a: Tensor) -> Tensor:
-    """Nearest integer, ties away from zero (HiFloat8).
+def round_half_away_(magnitude: Tensor) -> Tensor:
+    """Nearest integer, ties away from zero (HiFloat8). Overwrites ``magnitude``.
 
-    ``floor(|a| + 0.5)`` would be wrong: the sum can itself round up just below a tie.
-    Instead round to even and move the ties that went toward zero one step out.
-    Inf stays Inf (the difference is NaN, which compares false).
+    ``floor(a + 0.5)`` would be wrong: the sum can itself round up just below a tie.
+    Instead round to even and move the ties that went down one step up. Inf stays Inf
+    (Inf - Inf is NaN, which compares false).
     """
-    magnitude = a.abs()
-    nearest = torch.round(magnitude)
-    went_toward_zero = (magnitude - nearest) == 0.5
-    return torch.copysign(nearest + went_toward_zero, a)
+    nearest = magnitude.round()
+    return nearest.add_(magnitude.sub_(nearest).eq_(0.5))
 
 
-def round_stochastic(a: Tensor, uniform: Tensor) -> Tensor:
+def round_stochastic_(magnitude: Tensor, uniform: Tensor) -> Tensor:
     """Round down or up with probability equal to the distance to the other neighbour.
+    Overwrites ``magnitude`` and ``uniform``.
 
     ``uniform`` is U[0, 1) with 24-bit resolution (``torch.rand``), so the expectation is
     exact whenever the fraction has at most 24 bits, which holds for every float32 value
-    inside a format's normal range; deep in the subnormal range the bias is below 2**-24 of
-    one grid step. Inf stays Inf; the sign of a zero result follows ``a``.
+    inside a format's normal range; deep in its subnormal range the bias is below 2**-24
+    of one grid step. Inf stays Inf.
     """
-    down = torch.floor(a)
-    fraction = a - down  # exact: a and floor(a) share the binade or fraction == a
-    return torch.copysign(down + (uniform < fraction), a)
+    down = magnitude.floor()
+    fraction = magnitude.sub_(down)  # exact
+    return down.add_(uniform.lt_(fraction))
 
 
 class RandomStream:
