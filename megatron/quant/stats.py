@@ -142,23 +142,26 @@ def _packed_quant_stats(v: Tensor, qv: Tensor, scale: Tensor, max_value: float, 
 
 
 def _quantized_operands(x: Tensor, fmt: "NumericFormat", axis: int, amax: Optional[Tensor],
-                        q: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """x, q and the scale in x's IEEE dtype."""
-    # A private generator: the statistics must not advance the format's own stochastic stream,
-    # which the layers draw from (their results would change with capture on).
-    generator = torch.Generator(device=x.device) if fmt.options.get("rounding") == "stochastic" else None
-    fmt_q, scale = fmt.quantize_with_scale(x, axis=axis, amax=amax, generator=generator)
+                        q: Optional[Tensor], scale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """x, q and the scale in x's IEEE dtype; quantizes only when q or scale is missing."""
+    if q is None or scale is None:
+        # A private generator: the statistics must not advance the format's own stochastic
+        # stream, which the layers draw from (their results would change with capture on).
+        generator = torch.Generator(device=x.device) if fmt.options.get("rounding") == "stochastic" else None
+        fmt_q, fmt_scale = fmt.quantize_with_scale(x, axis=axis, amax=amax, generator=generator)
+        q = fmt_q if q is None else q
+        scale = fmt_scale if scale is None else scale
     v = _as_ieee(x)
-    return v, (fmt_q if q is None else q).detach().to(v.dtype), scale.to(v.dtype)
+    return v, q.detach().to(v.dtype), scale.detach().to(v.dtype)
 
 
 def pack_quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[Tensor] = None,
-                     q: Optional[Tensor] = None) -> Tensor:
+                     q: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> Tensor:
     """The counts and sums behind ``quant_stats``, on x's device, without a host sync."""
     x = x.detach()
     if x.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=x.device)
-    v, qv, scale = _quantized_operands(x, fmt, axis, amax, q)
+    v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
     return _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=True)
 
 
@@ -181,19 +184,20 @@ def unpack_quant_stats(packed: Sequence[float], numel: int) -> dict:
 
 
 def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[Tensor] = None,
-                q: Optional[Tensor] = None) -> dict:
+                q: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> dict:
     """Overflow/underflow against ``fmt`` with its scaling, and the error of quantizing ``x``.
 
     overflow: |x| > fmt.max_value * scale (elements clipped at the format's max; Inf counts);
     underflow: x != 0 and q == 0. Both ratios are over all elements. ``q`` is the quantized
     value the layer used (e.g. stochastically rounded); by default the format's own result.
-    rel_mse = sum((q-x)^2) / sum(x^2) and sqnr_db = 10 log10(sum(x^2) / sum((q-x)^2)) over the
+    ``scale`` is the one ``fmt.quantize_with_scale`` returned with it; given both, x is not
+    quantized again. rel_mse = sum((q-x)^2) / sum(x^2) and sqnr_db = 10 log10(sum(x^2) / sum((q-x)^2)) over the
     elements finite in both (sqnr_db is inf for an exact quantization); cosine of x and q.
     """
     x = x.detach()
     if x.numel() == 0:
         return unpack_quant_stats([], 0)
-    v, qv, scale = _quantized_operands(x, fmt, axis, amax, q)
+    v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
     packed = _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=False).tolist()
     if not math.isfinite(sum(packed[2:])):  # Inf or NaN present: redo the sums over finite elements
         packed = _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=True).tolist()

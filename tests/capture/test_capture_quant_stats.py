@@ -87,3 +87,12 @@ def test_packed_route_equals_quant_stats(make):
     unpacked = unpack_quant_stats(pack_quant_stats(x, fmt).tolist(), x.numel())
     direct = quant_stats(x, fmt)
     assert unpacked == {key: pytest.approx(value, rel=1e-5) for key, value in direct.items()}
+
+
+def test_given_quantized_value_and_scale_are_used_without_quantizing_again(monkeypatch):
+    fmt = formats.get_format("mxfp8")
+    x = operand_with_extremes()
+    q, scale = fmt.quantize_with_scale(x)
+    expected = quant_stats(x, fmt)
+    monkeypatch.setattr(type(fmt), "quantize_with_scale", lambda *a, **k: pytest.fail("quantized again"))
+    assert quant_stats(x, fmt, q=q, scale=scale) == expected

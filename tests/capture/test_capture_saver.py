@@ -300,3 +300,26 @@ def test_quantized_copies_and_format_metadata(tmp_path):
     assert summary["quant/qkv/weight/sqnr_db"] == pytest.approx(
         (original["metadata"]["stats"]["sqnr_db"] + entries[("linear_qkv", "forward", "weight")]["metadata"]["stats"]
          ["sqnr_db"]) / 2)
+
+
+def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypatch):
+    import megatron.quant.capture.snapshot as snapshot
+
+    computed = []
+    monkeypatch.setattr(snapshot, "tensor_stats", lambda x: computed.append(1) or {"mean": x.mean().item()})
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0-1", mode="stats"))
+    site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
+    weight = torch.nn.Parameter(torch.ones(4, 4))
+    tensor_saver.set_iteration(0)
+    for mb in range(2):
+        tensor_saver.set_microbatch(mb, mb)
+        tensor_saver.capture(site, "forward", "pre", {"weight": weight, "input": torch.ones(4)})
+    assert len(computed) == 3  # the weight once, the input twice
+    with torch.no_grad():
+        weight.add_(1.0)  # an in-place update bumps the version: computed afresh
+    tensor_saver.capture(site, "backward", "pre", {"weight": weight})
+    tensor_saver.set_iteration(1)
+    tensor_saver.capture(site, "forward", "pre", {"weight": weight})
+    tensor_saver.flush()
+    means = [e["metadata"]["stats"]["mean"] for e in manifest(tmp_path) if e["metadata"]["tensor_name"] == "weight"]
+    assert means == [1.0, 1.0, 2.0, 2.0] and len(computed) == 5

@@ -13,7 +13,7 @@ from megatron.quant.capture.naming import QUANT_TYPE_RE
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.summary import IterationSummary
-from megatron.quant.capture.snapshot import take_snapshot
+from megatron.quant.capture.snapshot import StatsMemo, take_snapshot
 from megatron.quant.capture.writer import BackgroundWriter, WriteJob
 
 OPERATIONS = ("forward", "backward")
@@ -43,6 +43,7 @@ class CaptureSession:
         self._first_sample: Optional[int] = None
         self._ranks = current_ranks()
         self._summary = IterationSummary()
+        self._memo = StatsMemo()
         self._summary_lock = threading.Lock()  # the writer thread adds, the training thread reads
         self._wait_at_iteration_start = 0.0
         self._checked_quant_types: set[str] = set()
@@ -55,6 +56,7 @@ class CaptureSession:
         self._iteration = iteration
         self._microbatch, self._first_sample = 0, None
         self._ranks = current_ranks()  # parallel state may have been set up after configure
+        self._memo = StatsMemo()
         with self._summary_lock:
             self._summary = IterationSummary()
         self._wait_at_iteration_start = self._writer.wait_seconds
@@ -127,13 +129,13 @@ class CaptureSession:
     def _record(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand) -> None:
         full = self.config.mode == "full"
         self._submit(site, self._metadata(site, operation, phase, name, operand, operand.tensor),
-                     take_snapshot(operand, keep_tensor=full))
+                     take_snapshot(operand, full, self._memo))
         if full and self.config.save_quantized and operand.fmt is not None:
             quantized = operand.quantized
             if quantized is None:
                 quantized = operand.fmt.quantize(operand.tensor.detach(), axis=operand.axis, amax=operand.amax)
             metadata = self._metadata(site, operation, phase, f"{name}_quantized", operand, quantized)
-            self._submit(site, {**metadata, "quantized": True}, take_snapshot(Operand(quantized), keep_tensor=True))
+            self._submit(site, {**metadata, "quantized": True}, take_snapshot(Operand(quantized), True, self._memo))
 
     def _metadata(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand,
                   tensor: Tensor) -> dict:

@@ -31,3 +31,5 @@ class Operand:
     axis: int = -1  # block/reduction axis used for fmt
     quantized: Optional[Tensor] = None  # the fake-quantized value, when the layer has it
     amax: Optional[Tensor] = None  # TP-reduced amax that was used, if any
+    scale: Optional[Tensor] = None  # fmt.quantize_with_scale's scale; with `quantized`, the
+    # statistics need not quantize again (the costliest part of stats mode)

@@ -1,15 +1,15 @@
-"""Taking a captured operand off the compute stream: host copies plus its statistics.
+"""Taking a captured operand off the compute stream: its statistics and a host copy.
 
 CUDA: the statistics are packed on the device and copied to pinned host memory with the
-tensor (full mode), all without a host sync; an event marks the copies done and the writer
-thread unpacks them. CPU: the statistics are computed at once (a background thread would
-only contend with training for the same cores and the GIL) and the tensor is copied.
-Either way the writer calls ``finish_stats`` to get the dict.
+tensor (full mode), all without a host sync; events mark the copies done and the writer
+thread unpacks the statistics. CPU: the statistics are computed at once (a background
+thread would only contend with training for the same cores and the GIL) and the tensor is
+copied. Either way the writer calls ``finish_stats`` for the dict.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -18,19 +18,39 @@ from megatron.quant.capture.site import Operand
 from megatron.quant.stats import (pack_quant_stats, pack_tensor_stats, quant_stats, tensor_stats,
                                   unpack_quant_stats, unpack_tensor_stats)
 
+StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
+
 
 @dataclass
 class Snapshot:
-    tensor: Optional[Tensor]  # host copy to save, or None (statistics only)
-    finish_stats: Callable[[], dict]  # run by the writer once `copied` has completed
+    tensor: Tensor | None  # host copy to save, or None (statistics only)
+    finish_stats: Callable[[], dict]  # run by the writer once every event in `copied` completed
     nbytes: int  # host memory held until written
-    copied: Optional[Any] = None  # torch.cuda.Event recorded after the device-to-host copies
+    copied: tuple[Any, ...] = ()  # torch.cuda.Event per device-to-host copy
 
 
-def _private_copy(x: Tensor) -> Tensor:
-    # Compact, so a view does not drag its whole storage along; private, so later in-place
-    # updates (gradient accumulation, optimizer steps) cannot change what is saved.
-    return x.detach().clone(memory_format=torch.contiguous_format)
+class StatsMemo:
+    """Statistics of parameters, computed once per iteration.
+
+    The layers capture a weight in every micro-batch, forward and backward, unchanged in
+    between. The key holds each tensor's identity and autograd version (in-place updates bump
+    it); entries keep those tensors alive, so no identity is reused while the memo lives. The
+    session starts a new memo every iteration, which also covers writes through ``.data``.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[tuple, StatsResult]] = {}
+
+    def stats(self, operand: Operand, compute: Callable[[Operand], StatsResult]) -> StatsResult:
+        x = operand.tensor
+        if not (x.is_leaf and x.requires_grad):  # activations and gradients differ every call
+            return compute(operand)
+        parts = (x, operand.fmt, operand.quantized, operand.amax, operand.scale)
+        key = (operand.axis, *((id(p), getattr(p, "_version", None)) for p in parts))
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = (parts, compute(operand))
+        return entry[1]
 
 
 def _pinned_copy(x: Tensor) -> Tensor:
@@ -39,30 +59,49 @@ def _pinned_copy(x: Tensor) -> Tensor:
     return host
 
 
-def take_snapshot(operand: Operand, keep_tensor: bool) -> Snapshot:
-    """What the writer needs from ``operand``: statistics always, the tensor if ``keep_tensor``."""
-    x = operand.tensor.detach()
-    fmt = operand.fmt
+def _recorded_event() -> Any:
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def operand_stats(operand: Operand) -> StatsResult:
+    """tensor_stats, plus quant_stats when the operand has a format."""
+    x, fmt = operand.tensor.detach(), operand.fmt
     if x.is_cuda:
         packed = [pack_tensor_stats(x)]
         if fmt is not None:
-            packed.append(pack_quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized))
-        host_packed = [_pinned_copy(p) for p in packed]
-        host_x = _pinned_copy(x) if keep_tensor else None
-        copied = torch.cuda.Event()
-        copied.record()
+            packed.append(pack_quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized,
+                                           operand.scale))
+        host = [_pinned_copy(p) for p in packed]
+        event = _recorded_event()
 
         def finish_stats() -> dict:
-            stats = unpack_tensor_stats(host_packed[0].tolist(), x.shape, x.dtype)
+            stats = unpack_tensor_stats(host[0].tolist(), x.shape, x.dtype)
             if fmt is not None:
-                stats.update(unpack_quant_stats(host_packed[1].tolist(), x.numel()))
+                stats.update(unpack_quant_stats(host[1].tolist(), x.numel()))
             return stats
 
-        nbytes = 0 if host_x is None else host_x.numel() * host_x.element_size()
-        return Snapshot(host_x, finish_stats, nbytes, copied)
-
+        return finish_stats, (event,)
     stats = tensor_stats(x)
     if fmt is not None:
-        stats.update(quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized))
-    host_x = _private_copy(x) if keep_tensor else None
-    return Snapshot(host_x, lambda: stats, 0 if host_x is None else host_x.numel() * host_x.element_size())
+        stats.update(quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale))
+    return (lambda: stats), ()
+
+
+def _host_copy(x: Tensor) -> tuple[Tensor, tuple[Any, ...]]:
+    """A private, compact host copy: later in-place updates (gradient accumulation, optimizer
+    steps) cannot reach it, and a view does not drag its whole storage into the file."""
+    x = x.detach()
+    if x.is_cuda:
+        return _pinned_copy(x), (_recorded_event(),)
+    return x.clone(memory_format=torch.contiguous_format), ()
+
+
+def take_snapshot(operand: Operand, keep_tensor: bool, memo: StatsMemo) -> Snapshot:
+    """What the writer needs from ``operand``: statistics always, the tensor if ``keep_tensor``."""
+    finish_stats, stats_copied = memo.stats(operand, operand_stats)
+    if not keep_tensor:
+        return Snapshot(None, finish_stats, 0, stats_copied)
+    tensor, tensor_copied = _host_copy(operand.tensor)
+    return Snapshot(tensor, finish_stats, tensor.numel() * tensor.element_size(), stats_copied + tensor_copied)

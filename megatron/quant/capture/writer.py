@@ -177,8 +177,8 @@ class BackgroundWriter:
                 self._cond.notify_all()
 
     def _finish_stats(self, job: WriteJob) -> None:
-        if job.snapshot.copied is not None:
-            job.snapshot.copied.synchronize()
+        for event in job.snapshot.copied:
+            event.synchronize()
         job.metadata["stats"] = job.snapshot.finish_stats()
         self._on_stats(job.metadata)
 
