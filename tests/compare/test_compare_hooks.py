@@ -22,10 +22,8 @@ def model():
         num_layers=3, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
         normalization="RMSNorm", gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         add_bias_linear=False, use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0)
-    gpt = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=VOCAB,
-                   max_sequence_length=SEQ, position_embedding_type="rope").eval()
-    yield gpt
-    cpu.destroy_parallel()
+    return GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=VOCAB,
+                    max_sequence_length=SEQ, position_embedding_type="rope").eval()
 
 
 @pytest.fixture(scope="module")
