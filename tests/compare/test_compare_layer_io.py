@@ -135,6 +135,7 @@ def test_several_layers_and_a_submodule_get_layer_keys(tmp_path):
     (["--submodule", "attn"], "no module 'decoder.layers.0.attn'"),
     (["--prompt", "hello"], "--prompt needs --tokenizer"),
     (["--seq_len", "0"], "--seq_len must be a positive integer, got 0"),
+    (["--output_file", "x.txt"], "--output_file 'x.txt' must end in .npz"),
 ])
 def test_bad_arguments_are_clear_errors(tmp_path, capsys, extra, message):
     code = run_layer_io.main(["--output_file", str(tmp_path / "x.npz"), "--seq_len", "4", "--no_plots",

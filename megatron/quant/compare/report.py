@@ -63,7 +63,7 @@ def write_json(path: Path, document: Mapping) -> None:
 
 def format_screen_report(stats: Mapping) -> str:
     """The original tool's per-mode report (first 10 values, mean, std, range per tensor), plus a
-    line of errors against the reference for every other mode."""
+    line of errors against the reference for every other mode and a summary table at the end."""
     lines: list[str] = []
     reference = stats["reference"]
     for mode, tensors in stats["modes"].items():
