@@ -1,34 +1,33 @@
-"""Functions run on spawned ranks (tests/_dist.py) by the training tests."""
+"""Work run on spawned ranks (tests/_dist.py): one process group serves many checks, since
+importing megatron-core dominates a spawned rank's cost."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
 LOGGED = ("iteration", "lm loss", "grad norm", "learning rate")
 
 
-def train_runs(rank: int, world_size: int, runs: list[tuple[dict, list[str]]]) -> list[list[dict]]:
-    """``main(argv)`` under ``env`` for each run in turn; the logged values of every iteration."""
+def train(world_size: int, env: dict, argv: list[str]) -> list[dict]:
+    """``main(argv)`` under ``env``; the logged values of every iteration."""
     from megatron.quant.train import main
 
-    histories = []
-    for env, argv in runs:
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
-            history = main(argv)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-        histories.append([{key: h[key] for key in LOGGED} for h in history])
-    return histories
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        history = main(argv)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return [{key: h[key] for key in LOGGED} for h in history]
 
 
-def hf_logits(rank: int, world_size: int, hf_dir: str, tokens: torch.Tensor) -> torch.Tensor:
+def hf_logits(world_size: int, hf_dir: str, tokens: torch.Tensor) -> torch.Tensor:
     """Logits of the imported model; at TP>1 this rank's vocabulary shard."""
     from megatron.quant.cpu import init_parallel
     from megatron.quant.recipe import QuantRecipe
@@ -41,8 +40,8 @@ def hf_logits(rank: int, world_size: int, hf_dir: str, tokens: torch.Tensor) -> 
         return model(tokens, positions, None)
 
 
-def model_accounting(rank: int, world_size: int, shapes: list[dict], batch: int) -> list[tuple[int, float]]:
-    """(parameter count, FLOPs counted by torch on one forward+backward) for each shape."""
+def model_accounting(world_size: int, shape: dict, batch: int) -> tuple[int, float]:
+    """(parameter count, FLOPs torch counts in one forward+backward) of the model built for ``shape``."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from megatron.quant.cpu import init_parallel
@@ -50,13 +49,18 @@ def model_accounting(rank: int, world_size: int, shapes: list[dict], batch: int)
     from megatron.quant.training.model import build_gpt, transformer_config
 
     init_parallel()
-    out = []
-    for shape in shapes:
-        model = build_gpt(transformer_config(shape), shape, QuantRecipe.from_env())
-        seq = shape["seq_length"]
-        tokens = torch.randint(0, shape["vocab_size"], (batch, seq))
-        counter = FlopCounterMode(display=False)
-        with counter:
-            model(tokens, torch.arange(seq).expand(batch, seq), None, labels=tokens).sum().backward()
-        out.append((sum(p.numel() for p in model.parameters()), float(counter.get_total_flops())))
-    return out
+    model = build_gpt(transformer_config(shape), shape, QuantRecipe.from_env())
+    seq = shape["seq_length"]
+    tokens = torch.randint(0, shape["vocab_size"], (batch, seq))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(tokens, torch.arange(seq).expand(batch, seq), None, labels=tokens).sum().backward()
+    return sum(p.numel() for p in model.parameters()), float(counter.get_total_flops())
+
+
+TASKS = {"train": train, "hf_logits": hf_logits, "model_accounting": model_accounting}
+
+
+def run_plan(rank: int, world_size: int, plan: list[tuple[str, str, tuple]]) -> dict[str, Any]:
+    """Run ``(name, task, args)`` items in order on every rank; results by name."""
+    return {name: TASKS[task](world_size, *args) for name, task, args in plan}

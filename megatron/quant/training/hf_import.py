@@ -17,6 +17,10 @@ from typing import Callable, Mapping
 import torch
 
 
+# megatron-core's RotaryEmbedding applies Llama 3.1 scaling with these fixed values.
+_MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
 def _read_config(path: str) -> dict:
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
@@ -43,6 +47,11 @@ def hf_shape(path: str) -> dict:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
         raise ValueError(f"RoPE scaling type {rope_type!r} is not supported (only default and llama3)")
+    if rope_type == "llama3":
+        fixed = {key: rope.get(key, value) for key, value in _MEGATRON_LLAMA3_ROPE.items()}
+        if fixed != _MEGATRON_LLAMA3_ROPE:
+            raise ValueError(f"llama3 RoPE scaling {fixed} differs from megatron-core's fixed "
+                             f"{_MEGATRON_LLAMA3_ROPE} (only the factor is configurable)")
     return dict(
         num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
         ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=heads,

@@ -1,0 +1,103 @@
+"""Shared fixtures: a learnable corpus, tiny HF Llamas, and one spawned process group per world
+size that runs every multi-process check of this folder (spawning megatron-core is the cost)."""
+import json
+
+import pytest
+import torch
+
+from megatron.quant.training import preprocess
+from megatron.quant.training.presets import get_preset
+from tests._dist import run_distributed
+from tests.training._workers import run_plan
+
+HF_VOCAB = 300  # not a multiple of 128: exercises vocabulary padding
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+ITERS = 12
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> str:
+    """A repetitive English corpus (learnable in a few steps), preprocessed with the byte tokenizer."""
+    root = tmp_path_factory.mktemp("corpus")
+    sentences = ["the quick brown fox jumps over the lazy dog. ", "pack my box with five dozen liquor jugs. "]
+    with open(root / "docs.jsonl", "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"text": sentences[i % 2] * 6}) + "\n")
+    [prefix] = preprocess.main(["--input", str(root / "docs.jsonl"), "--output-prefix", str(root / "c"),
+                                "--append-eod", "--log-interval", "0"])
+    return prefix
+
+
+def train_argv(corpus: str, cache: str, *extra: str) -> list[str]:
+    return ["--model", "llama-tiny", "--data-path", corpus, "--split", "90,10,0", "--data-cache-path", cache,
+            "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", str(ITERS),
+            "--lr", "3e-3", "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--eval-interval", str(ITERS),
+            "--eval-iters", "1", "--log-interval", "4", "--seed", "5", *extra]
+
+
+def save_tiny_llama(path, *, tie: bool, rope_scaling: dict | None = None) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         rope_theta=50000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie, rope_scaling=rope_scaling)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # HF initialises norms to ones; random ones catch a misplaced norm
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory) -> dict:
+    """name -> (directory, tokens, HF logits)."""
+    tokens = torch.randint(0, HF_VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name, tie, rope in (("tied", True, None), ("untied_llama3_rope", False, LLAMA3_ROPE)):
+        path = tmp_path_factory.mktemp(name)
+        model = save_tiny_llama(path, tie=tie, rope_scaling=rope)
+        with torch.no_grad():
+            out[name] = (str(path), tokens, model(tokens).logits)
+    return out
+
+
+def accounting_shapes() -> dict:
+    tied = dict(get_preset("llama-tiny"), seq_length=64)
+    return {"tied": tied, "untied": dict(tied, untie_embeddings_and_output_weights=True, num_query_groups=4,
+                                         ffn_hidden_size=512)}
+
+
+@pytest.fixture(scope="session")
+def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("one_rank")
+    cache, ckpt = str(tmp / "cache"), str(tmp / "ckpt")
+    argv = train_argv(corpus, cache)
+    plan = [
+        ("fp32", "train", ({}, argv)),
+        ("bf16", "train", ({}, argv + ["--bf16"])),
+        ("hifp8", "train", ({"CUSTOM_QUANT_TYPE": "hifp8"}, argv)),
+        ("resume_part1", "train", ({}, argv + ["--save", ckpt, "--exit-interval", str(ITERS // 2)])),
+        ("resume_part2", "train", ({}, argv + ["--save", ckpt, "--load", ckpt])),
+    ]
+    plan += [(f"hf_{name}", "hf_logits", (path, tokens)) for name, (path, tokens, _) in hf_models.items()]
+    plan += [(f"accounting_{name}", "model_accounting", (shape, 2)) for name, shape in accounting_shapes().items()]
+    results = run_distributed(run_plan, 1, plan, timeout=600)[0]
+    results["checkpoint_dir"] = ckpt
+    return results
+
+
+@pytest.fixture(scope="session")
+def two_ranks(corpus, hf_models, tmp_path_factory) -> list[dict]:
+    cache = str(tmp_path_factory.mktemp("two_ranks") / "cache")
+    argv = train_argv(corpus, cache)
+    path, tokens, _ = hf_models["untied_llama3_rope"]
+    plan = [
+        ("tp2", "train", ({}, argv + ["--tensor-model-parallel-size", "2"])),
+        ("dp2", "train", ({}, argv)),
+        ("hf_tp2", "hf_logits", (path, tokens)),
+    ]
+    return run_distributed(run_plan, 2, plan, timeout=600)

@@ -1,0 +1,46 @@
+"""End-to-end training on CPU: loss falls, TP=2 and DP=2 follow the single-process curve,
+and a resumed run continues the uninterrupted one exactly."""
+import os
+
+import pytest
+
+from megatron.quant.training import checkpoint
+from tests.training.conftest import ITERS
+
+
+def _losses(history):
+    return [h["lm loss"] for h in history]
+
+
+@pytest.mark.parametrize("run", ["fp32", "bf16", "hifp8"])
+def test_loss_falls_on_a_learnable_corpus(one_rank, run):
+    losses = _losses(one_rank[run])
+    assert len(losses) == ITERS
+    assert sum(losses[-3:]) / 3 < 0.6 * losses[0], losses
+
+
+def test_quantization_changes_the_numbers(one_rank):
+    assert _losses(one_rank["hifp8"]) != _losses(one_rank["fp32"])
+
+
+@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+def test_two_processes_follow_the_single_process_curve(one_rank, two_ranks, layout):
+    reference = one_rank["fp32"]
+    for rank_results in two_ranks:
+        history = rank_results[layout]
+        assert [h["iteration"] for h in history] == [h["iteration"] for h in reference]
+        for key in ("lm loss", "grad norm", "learning rate"):
+            assert [h[key] for h in history] == pytest.approx([h[key] for h in reference], rel=1e-4), key
+
+
+def test_resume_continues_the_same_curve_exactly(one_rank):
+    part1, part2 = one_rank["resume_part1"], one_rank["resume_part2"]
+    assert len(part1) == ITERS // 2
+    assert part1 + part2 == one_rank["fp32"]  # loss, grad norm, LR, iteration: bit for bit
+
+
+def test_checkpoints_are_complete_and_tracked(one_rank):
+    root = one_rank["checkpoint_dir"]
+    assert checkpoint.latest_iteration(root) == ITERS
+    assert sorted(os.listdir(root)) == ["iter_0000006", f"iter_{ITERS:07d}", checkpoint.TRACKER]
+    assert checkpoint.read_run_config(root)["shape"]["hidden_size"] == 256
