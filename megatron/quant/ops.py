@@ -5,10 +5,13 @@ GEMM's reduction dimension). A spec without a format leaves the operand untouche
 functions then run exactly the operations of megatron-core's stock layers (same calls, same
 order), so passthrough is bit-identical to them.
 
-Saved for backward: the high-precision operands only (the same tensors megatron-core saves).
-Each backward GEMM quantizes its operands along its own reduction axis, which differs from
-the forward's, so a forward-quantized copy could not be reused anyway. Quantized weights are
-cached per axis (``QuantizedWeightCache``) because weights are constant within an iteration.
+Saved for backward: the operands megatron-core saves, high precision, since each backward
+GEMM quantizes along its own reduction axis. When a backward GEMM's format gives the same
+result whatever the axis (no blocks, round-to-nearest) and equals the forward's, the
+forward's quantized copy is saved instead and reused (no re-quantization, same memory except
+for attention probabilities, whose high-precision copy softmax keeps anyway), and a gradient
+feeding both backward GEMMs is quantized once. Quantized weights are cached per axis
+(``QuantizedWeightCache``) because weights are constant within an iteration.
 """
 from __future__ import annotations
 
@@ -51,6 +54,14 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
         return x, None
     amax = tensor_amax(x, spec.fmt, group)
     return spec.fmt.quantize(x, axis=spec.axis, amax=amax), amax
+
+
+def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
+    """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
+    same deterministic format without blocks (elementwise or one scale per tensor)."""
+    a, b = first.fmt, second.fmt
+    return (a is not None and b is not None and a.block_size is None and b.block_size is None
+            and a.name == b.name and a.options == b.options and a.options.get("rounding") != "stochastic")
 
 
 def operand(x: Tensor, spec: OperandSpec, quantized: Tensor, amax: Optional[Tensor]) -> Operand:
@@ -172,12 +183,15 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.cfg = cfg
         ctx.use_bias = bias is not None
         ctx.main_grad = weight.main_grad if cfg.gradient_accumulation_fusion and hasattr(weight, "main_grad") else None
-        # The input is only needed for wgrad; a frozen weight has none.
-        ctx.save_for_backward(input if weight.requires_grad else None, weight)
         total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
         q = cfg.quant
         x_q, x_amax = quantize_operand(total_input, q.fprop_input, cfg.quant_group)
         w_q, w_amax = cfg.weight_cache.get(weight, q.fprop_weight, cfg.quant_group)
+        # The input is only needed for wgrad (a frozen weight has none); under sequence
+        # parallelism the local shard is kept and gathered again, as megatron-core does.
+        ctx.input_quantized = same_quantization(q.fprop_input, q.wgrad_input) and not cfg.sequence_parallel
+        saved_input = x_q if ctx.input_quantized else input
+        ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
         output = torch.matmul(x_q, w_q.t())
         if bias is not None:
             output = output + bias
@@ -224,8 +238,12 @@ class QuantLinearFunction(torch.autograd.Function):
         grad_weight = grad_bias = None
         if wgrad_compute:
             grad_output, total_input = prepare_input_tensors_for_wgrad_compute(grad_output, total_input)
-            dy_w, _ = quantize_operand(grad_output, q.wgrad_grad_output, cfg.quant_group)
-            x_w, _ = quantize_operand(total_input, q.wgrad_input, cfg.quant_group)
+            if same_quantization(q.dgrad_grad_output, q.wgrad_grad_output):
+                dy_w = dy_q.reshape(grad_output.shape)
+            else:
+                dy_w, _ = quantize_operand(grad_output, q.wgrad_grad_output, cfg.quant_group)
+            x_w = total_input if ctx.input_quantized else quantize_operand(total_input, q.wgrad_input,
+                                                                          cfg.quant_group)[0]
             if cfg.gradient_accumulation_fusion:
                 grad_weight = _accumulate_main_grad(weight, ctx.main_grad, dy_w, x_w, input.dtype)
             else:
@@ -273,10 +291,12 @@ class QuantBmmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, alpha: Optional[float], quant: BmmQuant,
                 group: Optional[dist.ProcessGroup]) -> Tensor:
-        ctx.save_for_backward(a, b)
         ctx.alpha, ctx.quant, ctx.group = alpha, quant, group
         a_q, _ = quantize_operand(a, quant.a, group)
         b_q, _ = quantize_operand(b, quant.b, group)
+        ctx.a_quantized = same_quantization(quant.a, quant.grad_b_a)
+        ctx.b_quantized = same_quantization(quant.b, quant.grad_a_b)
+        ctx.save_for_backward(a_q if ctx.a_quantized else a, b_q if ctx.b_quantized else b)
         if alpha is None:
             return torch.bmm(a_q, b_q)
         out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype, device=a.device)
@@ -287,14 +307,18 @@ class QuantBmmFunction(torch.autograd.Function):
         a, b = ctx.saved_tensors
         q: BmmQuant = ctx.quant
         grad_a = grad_b = None
+        dc_a = None
         if ctx.needs_input_grad[0]:
-            dc_q, _ = quantize_operand(grad_c, q.grad_a_dc, ctx.group)
-            b_q, _ = quantize_operand(b, q.grad_a_b, ctx.group)
-            grad_a = _scaled(dc_q.bmm(b_q.transpose(1, 2)), ctx.alpha)
+            dc_a, _ = quantize_operand(grad_c, q.grad_a_dc, ctx.group)
+            b_q = b if ctx.b_quantized else quantize_operand(b, q.grad_a_b, ctx.group)[0]
+            grad_a = _scaled(dc_a.bmm(b_q.transpose(1, 2)), ctx.alpha)
         if ctx.needs_input_grad[1]:
-            a_q, _ = quantize_operand(a, q.grad_b_a, ctx.group)
-            dc_q, _ = quantize_operand(grad_c, q.grad_b_dc, ctx.group)
-            grad_b = _scaled(a_q.transpose(1, 2).bmm(dc_q), ctx.alpha)
+            a_q = a if ctx.a_quantized else quantize_operand(a, q.grad_b_a, ctx.group)[0]
+            if dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc):
+                dc_b = dc_a
+            else:
+                dc_b, _ = quantize_operand(grad_c, q.grad_b_dc, ctx.group)
+            grad_b = _scaled(a_q.transpose(1, 2).bmm(dc_b), ctx.alpha)
         return grad_a, grad_b, None, None, None
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -60,8 +62,9 @@ def _configure(module, name: str, layer_idx: int, role: str, recipe: QuantRecipe
         module.configure_quant(LinearQuant.from_formats(formats), site)
 
 
-def configure_quant_modules(model: GPTModel, recipe: QuantRecipe, num_layers: int) -> list[CaptureSite]:
-    """Resolve ``recipe`` for every quantized module of ``model``; return their sites.
+def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_layers: int) -> list[CaptureSite]:
+    """Resolve ``recipe`` for every quantized module of ``model`` (a GPTModel, or any module
+    holding TransformerLayers); return their sites.
 
     Layer indices are global and 0-based (megatron-core's ``layer_number`` is 1-based and
     already offset by the pipeline stage). The output layer (LM head) is made quantized only
@@ -75,7 +78,8 @@ def configure_quant_modules(model: GPTModel, recipe: QuantRecipe, num_layers: in
         for sub_name, module in layer.named_modules():
             role = ROLE_BY_ATTRIBUTE.get(sub_name.rsplit(".", 1)[-1])
             if role and isinstance(module, (QuantLinearMixin, QuantDotProductAttention)):
-                _configure(module, f"{layer_name}.{sub_name}", layer_idx, role, recipe, num_layers)
+                qualified = ".".join(part for part in (layer_name, sub_name) if part)
+                _configure(module, qualified, layer_idx, role, recipe, num_layers)
                 sites.append(module.capture_site)
     output_layer = getattr(model, "output_layer", None)
     if output_layer is not None and any(f is not None for f in recipe.resolve("output_layer", -1, num_layers).values()):
