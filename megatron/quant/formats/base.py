@@ -139,6 +139,17 @@ def tensor_scale(amax: Tensor, target: float) -> Tensor:
     return torch.where(usable, scale, 1.0)
 
 
-def absmax(x: Tensor, amax: Tensor | None) -> Tensor:
-    """The given per-tensor amax, or x's own (NaN if x holds a NaN)."""
-    return amax if amax is not None else x.abs().amax()
+def float32_copy(x: Tensor) -> Tensor:
+    """A float32 copy of x that the caller may overwrite."""
+    return x.clone() if x.dtype == torch.float32 else x.float()
+
+
+def abs_max(x: Tensor, dim: int | None = None) -> Tensor:
+    """max |x| over all of x or over ``dim`` (kept), NaN if a NaN is there.
+
+    Computed as |max(max x, -min x)|: two reads and no full-size temporary, unlike
+    ``x.abs().amax()`` (the outer abs turns the -0 of an all-zero x into +0).
+    """
+    if dim is None:
+        return torch.maximum(x.amax(), x.amin().neg()).abs_()
+    return torch.maximum(x.amax(dim, keepdim=True), x.amin(dim, keepdim=True).neg_()).abs_()

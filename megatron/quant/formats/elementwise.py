@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import NumericFormat, absmax, tensor_scale
+from .base import NumericFormat, abs_max, float32_copy, tensor_scale
 from .grid import FP16, ElementGrid
 
 _BF16_DROPPED_BITS = 16  # bfloat16 is the top half of a float32
@@ -71,12 +71,14 @@ class ElementwiseFormat(NumericFormat):
         self.scale_target = options.get("scale_target") or element.max_value
 
     def _quantize(self, x, axis, amax, generator):
-        x32 = x.float()
         if self.scaling == "none":
-            return self._round(x32, generator), _one(x)
-        scale = tensor_scale(absmax(x32, amax), self.scale_target)
-        return self._round(x32 / scale, generator).mul_(scale), scale
+            return self._round_(float32_copy(x), x, generator), _one(x)
+        scale = tensor_scale(abs_max(x) if amax is None else amax, self.scale_target)
+        scaled = x / scale if x.dtype == torch.float32 else x.float().div_(scale)
+        return self._round_(scaled, x, generator).mul_(scale), scale
 
-    def _round(self, x32: Tensor, generator: torch.Generator | None) -> Tensor:
+    def _round_(self, x32: Tensor, signs: Tensor, generator: torch.Generator | None) -> Tensor:
+        """Round our own float32 temporary in place."""
         uniform = self._uniform(x32, generator)
-        return self.element.round(x32, self.rounding, self.options["overflow"], uniform)
+        return self.element.round_(x32, signs, self.rounding, self.options["overflow"], uniform)
+

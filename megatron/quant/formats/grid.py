@@ -56,29 +56,40 @@ class ElementGrid(ABC):
 
     def round(self, x: Tensor, rounding: str = "nearest", overflow: str = "saturate",
               uniform: Tensor | None = None) -> Tensor:
-        """Round float32 x onto the grid; ``uniform`` (U[0,1), x's shape) for stochastic.
+        """Round float32 x onto the grid (a new tensor); ``uniform``: U[0,1) noise of x's
+        shape for stochastic rounding, which it overwrites."""
+        return self.round_(x.clone(), x, rounding, overflow, uniform)
 
-        Works in place on its own temporaries (and on ``uniform``); x is left alone.
+    def round_(self, x: Tensor, signs: Tensor, rounding: str = "nearest", overflow: str = "saturate",
+               uniform: Tensor | None = None) -> Tensor:
+        """Round float32 x onto the grid in place (x must be the caller's temporary).
+
+        ``signs``: any tensor of x's shape with x's signs (e.g. the unscaled input), used
+        where the rounding rule works on magnitudes. One int32 temporary is allocated.
         """
-        spacing = self.spacing_field(bits.exponent_field(x))
-        a = (_NEGATE_FIELD - spacing).view(torch.float32).mul_(x)  # x / 2**q, exact
+        field = self.spacing_field(bits.exponent_field(x))  # of 2**q
+        field.neg_().add_(_NEGATE_FIELD)  # now of 2**-q
+        x.mul_(field.view(torch.float32))  # exact
         if rounding == "nearest" and self.ties == "even":
-            y = round_half_even_(a)  # symmetric, keeps the sign (and -0)
-        else:
-            magnitude = a.abs_()
-            y = round_stochastic_(magnitude, uniform) if rounding == "stochastic" else round_half_away_(magnitude)
-            y.copysign_(x)
-        y.mul_(spacing.view(torch.float32))
-        y = self._apply_overflow_(y, overflow)
+            round_half_even_(x)  # symmetric: keeps the sign (and -0)
+        else:  # rules on magnitudes
+            if rounding == "stochastic":
+                round_stochastic_(x.abs_(), uniform)
+            else:
+                round_half_away_(x.abs_())
+            x.copysign_(signs)
+        x.mul_(field.neg_().add_(_NEGATE_FIELD).view(torch.float32))  # back to 2**q; exact
+        self._apply_overflow_(x, overflow)
         if not self.signed_zero:
-            y.masked_fill_(y == 0, 0.0)  # not "+ 0.0": compilers may drop that as a no-op
-        return y
+            x.masked_fill_(x == 0, 0.0)  # not "+ 0.0": compilers may drop that as a no-op
+        return x
 
-    def _apply_overflow_(self, y: Tensor, overflow: str) -> Tensor:
+    def _apply_overflow_(self, y: Tensor, overflow: str) -> None:
         if overflow == "saturate":  # Inf saturates too (like NVIDIA's SATFINITE); NaN stays
-            return y.clamp_(-self.max_value, self.max_value)
-        beyond = math.inf if self.has_inf else math.nan  # y is nonzero here, so y * inf keeps its sign
-        return torch.where(y.abs() > self.max_value, y * beyond, y)
+            y.clamp_(-self.max_value, self.max_value)
+        else:  # beyond max: +-Inf, or NaN where the format has no Inf
+            beyond = math.inf if self.has_inf else math.nan
+            y.masked_fill_(y > self.max_value, beyond).masked_fill_(y < -self.max_value, -beyond)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from . import bits
+from .base import float32_copy
 from .elementwise import ElementwiseFormat
 from .grid import ElementGrid
 
@@ -120,8 +121,7 @@ class HiFloat8Format(ElementwiseFormat):
         """uint8 codes of x rounded onto the HiF8 grid with this format's rounding and
         overflow rule. No scaling is applied: with ``scaling="tensor"``, encode
         ``x / scale`` from ``quantize_with_scale``."""
-        x32 = x.float()
-        return codes_of(self._round(x32, generator))
+        return codes_of(self._round_(float32_copy(x), x, generator))
 
     @staticmethod
     def decode(codes: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from . import bits
+from .base import abs_max
 from .blocks import BlockFormat
 from .grid import Minifloat
 
@@ -50,10 +51,10 @@ class MXFormat(BlockFormat):
         self.min_positive = element.min_positive
 
     def _quantize_blocks(self, blocks, x, amax, generator):
-        block_amax = blocks.abs().amax(-1, keepdim=True)
+        block_amax = abs_max(blocks, dim=-1)
         exponent = mx_scale_exponent(block_amax, self.element, self.options["scale_mode"])
         finite = bits.exponent_field(block_amax) != bits.EXPONENT_FIELD_MASK
         scale = torch.where(finite, bits.exp2_int(exponent), torch.nan)
         scaled = blocks * bits.exp2_int(-exponent)  # exact: a power of two
-        elements = self.element.round(scaled, self.rounding, "saturate", self._uniform(scaled, generator))
+        elements = self.element.round_(scaled, blocks, self.rounding, "saturate", self._uniform(scaled, generator))
         return elements.mul_(scale), scale

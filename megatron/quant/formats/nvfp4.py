@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import absmax, tensor_scale
+from .base import abs_max, tensor_scale
 from .blocks import BlockFormat
 from .grid import FP4_E2M1, FP8_E4M3
 
@@ -31,10 +31,11 @@ class NVFP4Format(BlockFormat):
     min_positive = FP4_E2M1.min_positive
 
     def _quantize_blocks(self, blocks, x, amax, generator):
-        global_scale = tensor_scale(absmax(x, amax), self.block_scale_format.max_value * self.element.max_value)
-        block_amax = blocks.abs().amax(-1, keepdim=True)
+        global_amax = abs_max(x) if amax is None else amax
+        global_scale = tensor_scale(global_amax, self.block_scale_format.max_value * self.element.max_value)
+        block_amax = abs_max(blocks, dim=-1)
         block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
         scale = torch.where(torch.isfinite(block_amax), block_scale * global_scale, torch.nan)
         scaled = (blocks / scale).masked_fill_(scale == 0, 0.0)
-        elements = self.element.round(scaled, self.rounding, "saturate", self._uniform(scaled, generator))
+        elements = self.element.round_(scaled, blocks, self.rounding, "saturate", self._uniform(scaled, generator))
         return elements.mul_(scale), scale

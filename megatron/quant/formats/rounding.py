@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 ROUNDING_MODES = ("nearest", "stochastic")
+_BELOW_HALF = 0.5 - 2.0**-25  # the largest float32 below 0.5
 
 
 def round_half_even_(a: Tensor) -> Tensor:
@@ -20,28 +21,28 @@ def round_half_even_(a: Tensor) -> Tensor:
 
 
 def round_half_away_(magnitude: Tensor) -> Tensor:
-    """Nearest integer, ties away from zero (HiFloat8). Overwrites ``magnitude``.
+    """Nearest integer, ties away from zero (HiFloat8), of magnitudes. Overwrites them.
 
-    ``floor(a + 0.5)`` would be wrong: the sum can itself round up just below a tie.
-    Instead round to even and move the ties that went down one step up. Inf stays Inf
-    (Inf - Inf is NaN, which compares false).
+    ``trunc(a + 0.5)`` is wrong for a = 0.5 - 2**-25: the sum rounds up to 1.0. Adding the
+    float just below one half instead is exact enough everywhere: a tie N + 0.5 sums to
+    N + 1 - 2**-25, which rounds to N + 1 (its binade's spacing is at least 2**-24, and
+    for N = 0 the tie between 1 - 2**-24 and 1 goes to the even 1), while anything below
+    a tie stays below N + 1. Inf stays Inf, NaN stays NaN.
     """
-    nearest = magnitude.round()
-    return nearest.add_(magnitude.sub_(nearest).eq_(0.5))
+    return magnitude.add_(_BELOW_HALF).trunc_()
 
 
 def round_stochastic_(magnitude: Tensor, uniform: Tensor) -> Tensor:
-    """Round down or up with probability equal to the distance to the other neighbour.
-    Overwrites ``magnitude`` and ``uniform``.
+    """Round magnitudes down or up with probability equal to the distance to the other
+    neighbour. Overwrites ``magnitude`` and ``uniform``.
 
     ``uniform`` is U[0, 1) with 24-bit resolution (``torch.rand``), so the expectation is
     exact whenever the fraction has at most 24 bits, which holds for every float32 value
     inside a format's normal range; deep in its subnormal range the bias is below 2**-24
     of one grid step. Inf stays Inf.
     """
-    down = magnitude.floor()
-    fraction = magnitude.sub_(down)  # exact
-    return down.add_(uniform.lt_(fraction))
+    fraction = magnitude.frac()  # exact
+    return magnitude.trunc_().add_(uniform.lt_(fraction))
 
 
 class RandomStream:
