@@ -62,6 +62,7 @@ def timed_step(mode: str, model, optimizer, batches, iteration: int, save_dir: s
                                        iterations="every:1", save_dir=save_dir, queue_mb=queue_mb))
     start = time.perf_counter()
     training_step(model, optimizer, batches, iteration)
+    tensor_saver.iteration_summary()  # what the loop logs each step; waits for pending statistics
     step_s = time.perf_counter() - start
     wait_s = tensor_saver.writer_stats()["wait_s"]
     start = time.perf_counter()
