@@ -56,3 +56,18 @@ class RecordingSaver:
 
     def names(self) -> list[tuple[str, str, tuple[str, ...]]]:
         return [(op, phase, tuple(sorted(t))) for _, op, phase, t in self.calls]
+
+
+class CountingFormat:
+    """Delegates to a real format; counts all quantizations and those of weight-shaped tensors."""
+
+    def __init__(self, fmt, weight_shape=()):
+        self.fmt, self.weight_shape, self.weight_calls, self.calls = fmt, tuple(weight_shape), 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.fmt, name)
+
+    def quantize(self, x, axis=-1, amax=None):
+        self.calls += 1
+        self.weight_calls += tuple(x.shape) == self.weight_shape
+        return self.fmt.quantize(x, axis=axis, amax=amax)

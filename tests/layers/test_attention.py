@@ -8,7 +8,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
-from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT, RecordingSaver, attention_formats, q, transformer_config
+from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, attention_formats, q,
+                                   transformer_config)
 
 SEQ, BATCH, HEADS, GROUPS, HEAD_DIM = 64, 2, 4, 2, 64  # head_dim 64: softmax scale 1/8 is exact
 SITE = CaptureSite("attention", "FA", 0, "test.core_attention", "core_attention", "test")
@@ -106,6 +107,21 @@ def test_fused_and_unfused_paths_agree(parallel, fmt_name):
     torch.testing.assert_close(out_f, out_u, rtol=1e-5, atol=1e-6)
     # The fused backward recomputes the unfused path: identical gradients.
     assert all(torch.equal(a, b) for a, b in zip(grads_f, grads_u))
+
+
+@pytest.mark.parametrize("fmt_name,expected", [
+    (TENSOR_FORMAT, 4 + 2),   # Q, K, P, V; each product's gradient once, saved copies reused
+    (BLOCK_FORMAT, 4 + 8),    # blocks along other axes: every backward operand again
+])
+def test_no_quantization_beyond_what_the_axes_require(parallel, fmt_name, expected):
+    counting = CountingFormat(attention_formats(fmt_name)["qk.query"])
+    module = _attention(QuantDotProductAttention)
+    module.configure_quant(AttentionQuant.from_formats({k: counting for k in attention_formats(None)}), SITE)
+    qkv, grad = _inputs(seed=5)
+    out, grads = _run(module, qkv, grad)
+    assert counting.calls == expected
+    out_ref, grads_ref = _reference(qkv, grad, attention_formats(fmt_name), module.softmax_scale)
+    torch.testing.assert_close(grads[1], grads_ref[1], rtol=1e-4, atol=1e-5)
 
 
 def test_quantized_probabilities_or_stochastic_qkv_disable_the_fused_path(parallel):

@@ -7,7 +7,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear, invalidate_quantized_weights
 from megatron.quant.ops import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
-from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, RecordingSaver, linear_formats, q,
+from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, linear_formats, q,
                                    transformer_config)
 
 IN, OUT, SEQ, BATCH = 64, 96, 32, 2
@@ -94,18 +94,19 @@ def test_fprop_and_dgrad_quantize_the_weight_along_different_axes(parallel):
     assert not torch.equal(fmt.quantize(w, axis=1), fmt.quantize(w, axis=0))
 
 
-class CountingFormat:
-    """Delegates to a real format and counts quantizations of tensors shaped like the weight."""
-
-    def __init__(self, fmt, weight_shape):
-        self.fmt, self.weight_shape, self.weight_calls = fmt, tuple(weight_shape), 0
-
-    def __getattr__(self, name):
-        return getattr(self.fmt, name)
-
-    def quantize(self, x, axis=-1, amax=None):
-        self.weight_calls += tuple(x.shape) == self.weight_shape
-        return self.fmt.quantize(x, axis=axis, amax=amax)
+@pytest.mark.parametrize("fmt_name,activation_quantizations", [
+    (TENSOR_FORMAT, 2),  # one scale per tensor: fprop's X and dgrad's dY are reused by wgrad
+    (BLOCK_FORMAT, 4),   # blocks along another axis: wgrad quantizes dY and X again
+])
+def test_no_quantization_beyond_what_the_axes_require(parallel, fmt_name, activation_quantizations):
+    layer = _build("column", bias=False)
+    counting = CountingFormat(linear_formats(fmt_name)["fprop.input"], layer.weight.shape)
+    layer.configure_quant(LinearQuant.from_formats({k: counting for k in linear_formats(None)}), SITE)
+    x, grad = _data(torch.float32, seed=7)
+    y, grads = _run(layer, x, grad)
+    assert (counting.calls - counting.weight_calls, counting.weight_calls) == (activation_quantizations, 2)
+    y_ref, grads_ref = _reference(x, layer.weight.detach(), 0, grad, linear_formats(fmt_name))
+    torch.testing.assert_close(grads["weight"], grads_ref["weight"], rtol=0, atol=0)
 
 
 def test_weight_quantized_once_per_optimizer_step(parallel):
