@@ -76,8 +76,11 @@ def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("one_rank")
     cache, ckpt = str(tmp / "cache"), str(tmp / "ckpt")
     argv = train_argv(corpus, cache)
+    capture_env = {"CUSTOM_QUANT_TYPE": "mxfp8_e4m3", "TENSOR_SAVE_ENABLED": "true", "TENSOR_SAVE_DIR": str(tmp / "tensors"),
+                   "TENSOR_SAVER_ITERATION": "2", "TENSOR_SAVE_EXIT_AFTER": "true", "TENSOR_SAVE_ROLES": "qkv"}
     plan = [
-        ("fp32", "train", ({}, argv)),
+        ("fp32", "train", ({}, argv + ["--tensorboard-dir", str(tmp / "tb")])),
+        ("capture", "train", (capture_env, argv)),
         ("bf16", "train", ({}, argv + ["--bf16"])),
         ("hifp8", "train", ({"CUSTOM_QUANT_TYPE": "hifp8"}, argv)),
         ("resume_part1", "train", ({}, argv + ["--save", ckpt, "--exit-interval", str(ITERS // 2)])),
@@ -86,7 +89,7 @@ def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
     plan += [(f"hf_{name}", "hf_logits", (path, tokens)) for name, (path, tokens, _) in hf_models.items()]
     plan += [(f"accounting_{name}", "model_accounting", (shape, 2)) for name, shape in accounting_shapes().items()]
     results = run_distributed(run_plan, 1, plan, timeout=600)[0]
-    results["checkpoint_dir"] = ckpt
+    results.update(checkpoint_dir=ckpt, tensorboard_dir=str(tmp / "tb"), tensor_dir=str(tmp / "tensors"))
     return results
 
 

@@ -61,3 +61,13 @@ def test_memory_estimate_scales_with_parallelism():
     assert two["parameters"] == pytest.approx(one["parameters"] / 2)
     assert two["optimizer"] == pytest.approx(one["optimizer"] / 2 / 8)
     assert two["activations"] < one["activations"]
+
+
+def test_capture_digest_picks_the_worst_entries():
+    digest = metrics.capture_digest({
+        "capture/records": 3.0, "capture/wait_s": 0.5,
+        "quant/qkv/input/overflow_ratio": 0.1, "quant/fc1/weight/overflow_ratio": 0.3,
+        "quant/qkv/input/underflow_ratio": 0.0, "quant/qkv/input/sqnr_db": 20.0, "quant/fc2/input/sqnr_db": 10.0})
+    assert digest == {"captures": 3, "saver wait (s)": 0.5, "max overflow_ratio": "0.3 (fc1/weight)",
+                      "max underflow_ratio": "0 (qkv/input)", "min sqnr_db": "10 (fc2/input)"}
+    assert metrics.capture_digest({}) == {}

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from megatron.quant import tensor_saver
 from megatron.quant.training import checkpoint
 from megatron.quant.training.data import BatchLayout, get_batch
-from megatron.quant.training.metrics import MetricsLogger, format_line
+from megatron.quant.training.metrics import MetricsLogger, capture_digest, format_line
 
 
 @dataclass
@@ -162,12 +162,11 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         values = train_step(run, iteration)
         values.update(_speed(run, time.perf_counter() - start))
         capture = tensor_saver.iteration_summary()
-        values.update(capture)
         iteration += 1
         run.history.append(dict(values, iteration=iteration))
-        logger.scalars(iteration, values)
-        if iteration % args.log_interval == 0 or iteration == args.train_iters:
-            logger.print(format_line(iteration, args.train_iters, values))
+        logger.scalars(iteration, {**values, **capture})
+        if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
+            logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
         if args.eval_iters and iteration % args.eval_interval == 0:
             if capture:
                 # Eval forwards would be captured under this training iteration's name.

@@ -103,6 +103,22 @@ class MetricsLogger:
             self.writer.close()
 
 
+def capture_digest(summary: Mapping[str, float]) -> dict[str, float | str]:
+    """The console's view of a stats-mode capture summary: records, writer wait, and the worst
+    overflow/underflow ratio and SQNR over ``quant/<role>/<tensor>/<metric>`` entries (TensorBoard gets all)."""
+    if not summary:
+        return {}
+    digest: dict[str, float | str] = {"captures": int(summary.get("capture/records", 0)),
+                                      "saver wait (s)": summary.get("capture/wait_s", 0.0)}
+    for metric, pick in (("overflow_ratio", max), ("underflow_ratio", max), ("sqnr_db", min)):
+        entries = {key.removeprefix("quant/").removesuffix("/" + metric): value
+                   for key, value in summary.items() if key.startswith("quant/") and key.endswith("/" + metric)}
+        if entries:
+            where = pick(entries, key=entries.get)
+            digest[f"{'max' if pick is max else 'min'} {metric}"] = f"{entries[where]:.4g} ({where})"
+    return digest
+
+
 def format_line(iteration: int, train_iters: int, values: Mapping[str, float]) -> str:
     """Megatron-LM-style ``iteration  N/ M | key: value | ...`` console line."""
     parts = [f"iteration {iteration:>6}/{train_iters}"]
