@@ -63,7 +63,7 @@ class FormatChoice:
 
 @dataclass(frozen=True)
 class LayerSelector:
-    """One layer index (negative counts from the end) or a Python-style slice ``start:stop``."""
+    """One layer index (negative counts from the end), or the layers of ``range(n)[start:stop]``."""
 
     start: int
     stop: Optional[int]  # None: a single index
@@ -272,23 +272,37 @@ def _parse_overrides(value: Any, allowed: tuple[str, ...], path: str, source: st
     return tuple((k, _parse_choice(v, f"{path}.{k}", source, base)) for k, v in data.items())
 
 
+_LAYER_GRAMMAR = ("an index (negative counts from the end), an inclusive range 'a-b' (as TENSOR_SAVE_LAYERS) "
+                  "or a Python slice 'start:stop'")
+
+
+def _parse_layer(item: Any) -> LayerSelector:
+    """int | 'N' | 'a-b' (inclusive) | 'start:stop' (slice); ValueError otherwise."""
+    if isinstance(item, bool):
+        raise ValueError
+    if isinstance(item, int):
+        return LayerSelector(item, None)
+    if not isinstance(item, str):
+        raise ValueError
+    text = item.strip()
+    if ":" in text:
+        start, _, stop = text.partition(":")
+        return LayerSelector(int(start) if start.strip() else 0, int(stop) if stop.strip() else 2**31)
+    first, dash, last = text[1:].partition("-") if text.startswith("-") else text.partition("-")
+    if not dash:
+        return LayerSelector(int(text), None)
+    if text.startswith("-") or int(last) < int(first):
+        raise ValueError
+    return LayerSelector(int(first), int(last) + 1)
+
+
 def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ...]:
-    items = value if isinstance(value, list) else [value]
     selectors = []
-    for i, item in enumerate(items):
-        if isinstance(item, int) and not isinstance(item, bool):
-            selectors.append(LayerSelector(item, None))
-            continue
-        parts = item.split(":") if isinstance(item, str) else []
+    for i, item in enumerate(value if isinstance(value, list) else [value]):
         try:
-            if len(parts) != 2:
-                raise ValueError
-            start = int(parts[0]) if parts[0].strip() else 0
-            stop = int(parts[1]) if parts[1].strip() else None
+            selectors.append(_parse_layer(item))
         except ValueError:
-            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {item!r}; use an index "
-                              f"(negative counts from the end) or 'start:stop' (Python slice)") from None
-        selectors.append(LayerSelector(start, 2**31 if stop is None else stop))
+            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {item!r}; use {_LAYER_GRAMMAR}") from None
     return tuple(selectors)
 
 

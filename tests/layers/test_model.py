@@ -103,3 +103,35 @@ def test_layer_index_is_global_across_pipeline_stages():
                      ("decoder.layers.1.self_attention.linear_qkv", 1)]
     assert second == [("decoder.layers.0.self_attention.linear_qkv", 2),
                       ("decoder.layers.1.self_attention.linear_qkv", 3)]
+
+
+def test_real_saver_writes_layer_captures(parallel, tmp_path):
+    from megatron.quant import tensor_saver
+    from megatron.quant.tensor_saver import SaverConfig
+
+    model = _build(QuantRecipe.uniform(BLOCK_FORMAT))
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations=0, layers={0},
+                                       save_quantized=True))
+    try:
+        tensor_saver.set_iteration(0)
+        tensor_saver.set_microbatch(0, 0)
+        _loss_and_grads(model)
+        tensor_saver.flush()
+    finally:
+        tensor_saver.configure(SaverConfig(enabled=False))
+    names = sorted(p.name.split("_", 3)[3] for p in (tmp_path / BLOCK_FORMAT).glob("*.pt"))
+    for expected in ("linear_L0_forward_pre_linear_mxfp8_rank00_sample000_input.pt",
+                     "linear_L0_forward_pre_linear_mxfp8_rank00_sample000_input_quantized.pt",
+                     "linear_L0_backward_post_linear_mxfp8_rank00_sample000_grad_weight.pt",
+                     "attention_L0_forward_pre_FA_mxfp8_rank00_sample000_query_quantized.pt",
+                     "attention_L0_backward_post_FA_mxfp8_rank00_sample000_grad_value.pt"):
+        assert any(n.endswith(expected) for n in names), expected
+    assert not any("_L1_" in n for n in names)
+    def by_module(suffix):
+        records = (torch.load(p, weights_only=True) for p in (tmp_path / BLOCK_FORMAT).glob(f"*linear_L0_forward_pre*{suffix}"))
+        return {r["metadata"]["module"]: r["tensor"] for r in records}
+
+    inputs, quantized = by_module("_input.pt"), by_module("_input_quantized.pt")
+    assert set(inputs) == set(quantized) and len(inputs) == 4  # qkv, proj, fc1, fc2
+    fmt = formats.get_format(BLOCK_FORMAT)
+    assert all(torch.equal(quantized[m], fmt.quantize(x, axis=-1)) for m, x in inputs.items())

@@ -68,7 +68,7 @@ operands:
 rules:
   - match: {{layers: [0, -1]}}
     format: bf16
-  - match: {{roles: [fc2], layers: ["1:3"]}}
+  - match: {{roles: [fc2], layers: ["1-2"]}}
     operands:
       fprop.input: {TENSOR_FORMAT}
   - match: {{roles: [output_layer]}}
@@ -109,6 +109,7 @@ def test_json_recipe_named_after_file_and_env_fills_defaults(tmp_path):
     ({"rules": [{"match": {"layer": [0]}, "format": "bf16"}]}, ["rules[0].match.layer", "roles, layers"]),
     ({"rules": [{"match": {"roles": ["mlp"]}, "format": "bf16"}]}, ["rules[0].match.roles", "'mlp'", "fc1"]),
     ({"rules": [{"match": {"layers": ["first"]}, "format": "bf16"}]}, ["rules[0].match.layers[0]", "'first'"]),
+    ({"rules": [{"match": {"layers": [0, "3-1"]}, "format": "bf16"}]}, ["rules[0].match.layers[1]", "'3-1'"]),
     ({"rules": [{"match": {"layers": [0]}}]}, ["rules[0]", "needs"]),
     ({"format": BLOCK_FORMAT, "options": {"rounding": "sideways"}}, ["format", "'sideways'"]),
     ({"format": "bf16", "options": {"rounding": "stochastic"}}, ["passthrough", "bf16"]),
@@ -134,6 +135,15 @@ def test_unreadable_or_unknown_recipe_files(tmp_path):
     (tmp_path / "r.yaml").write_text("format: [unclosed")
     with pytest.raises(RecipeError, match="not valid yaml"):
         QuantRecipe.from_file(tmp_path / "r.yaml")
+
+
+@pytest.mark.parametrize("selector,selected", [
+    (0, [0]), (-1, [3]), ("-2", [2]), ("1-2", [1, 2]), ("1:3", [1, 2]), ("-2:", [2, 3]), (":1", [0])])
+def test_layer_selectors(selector, selected):
+    recipe = QuantRecipe.from_dict({"format": TENSOR_FORMAT, "rules": [{"match": {"layers": [selector]},
+                                                                        "format": "bf16"}]})
+    passthrough = [i for i in range(NUM_LAYERS) if recipe.resolve("qkv", i, NUM_LAYERS)["fprop.input"] is None]
+    assert passthrough == selected
 
 
 def test_python_construction_is_frozen_and_resolves_once_per_call():
