@@ -2,13 +2,14 @@
 import errno
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import torch
 
 from megatron.quant import tensor_saver
-from megatron.quant.capture.naming import FILE_NAME_RE
+from megatron.quant.capture.naming import FILE_NAME_RE, parse_file_name
 from megatron.quant.tensor_saver import CaptureSite, SaverConfig
 from tests.capture._fake_model import CAPTURES_PER_LAYER, FakeModel, run_iteration
 
@@ -54,11 +55,9 @@ def test_names_files_and_manifest_agree(tmp_path):
         meta = loaded["metadata"]
         assert set(loaded) == {"tensor", "metadata"} and set(meta) == METADATA_KEYS
         assert json.loads(json.dumps(meta)) == entry["metadata"]
-        fields = FILE_NAME_RE.match(entry["file"]).groupdict()
-        for key in ("layer_type", "operation", "phase", "component", "quant_type", "tensor_name"):
-            assert fields[key] == meta[key]
-        for key in ("iteration", "layer_idx", "rank", "sample"):
-            assert int(fields[key]) == meta[key]
+        fields = parse_file_name(entry["file"])
+        assert all(meta[key] == value for key, value in fields.items() if key not in ("timestamp", "counter"))
+        assert fields["timestamp"] == datetime.fromisoformat(meta["saved_at"]).strftime("%Y%m%d_%H%M%S")
         assert meta["iteration"] == 1 and meta["sample"] == meta["microbatch"]
         assert meta["first_sample"] == (2 + meta["microbatch"]) * 2
         assert list(loaded["tensor"].shape) == meta["shape"] == meta["stats"]["shape"]
@@ -82,7 +81,6 @@ def test_counters_are_unique_and_ordered(tmp_path):
 
 def test_restart_never_overwrites(tmp_path, monkeypatch):
     import megatron.quant.capture.session as session
-    from datetime import datetime
 
     class FrozenClock(datetime):
         @classmethod

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Mapping
+from typing import Mapping, Optional
 
 FILE_NAME_RE = re.compile(
     r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d{4,})_iter(?P<iteration>\d{3,})"
@@ -11,6 +11,8 @@ FILE_NAME_RE = re.compile(
     r"_(?P<phase>pre|post)_(?P<component>FA|linear)_(?P<quant_type>[A-Za-z0-9.+-]+(?:_[A-Za-z0-9.+-]+)*?)"
     r"_rank(?P<rank>\d{2,})_sample(?P<sample>\d{3,})_(?P<tensor_name>[A-Za-z0-9_]+)\.pt$"
 )
+_INT_FIELDS = ("counter", "iteration", "layer_idx", "rank", "sample")
+
 # quant_type is a directory name and a file-name token: no separators or spaces.
 QUANT_TYPE_RE = re.compile(r"^[A-Za-z0-9.+-]+(?:_[A-Za-z0-9.+-]+)*$")
 
@@ -26,6 +28,14 @@ def file_name(metadata: Mapping, counter: int) -> str:
     return (f"{stamp}_{counter:04d}_iter{m['iteration']:03d}_{m['layer_type']}_L{m['layer_idx']}"
             f"_{m['operation']}_{m['phase']}_{m['component']}_{m['quant_type']}"
             f"_rank{m['rank']:02d}_sample{m['sample']:03d}_{m['tensor_name']}.pt")
+
+
+def parse_file_name(name: str) -> Optional[dict]:
+    """The fields of a capture file name (numbers as int), or None if it is not one."""
+    match = FILE_NAME_RE.match(name)
+    if match is None:
+        return None
+    return {key: int(value) if key in _INT_FIELDS else value for key, value in match.groupdict().items()}
 
 
 def manifest_name(rank: int) -> str:
