@@ -131,7 +131,9 @@ def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger
 
     start = 0
     if args.load and checkpoint.latest_iteration(args.load) is not None:
-        start = checkpoint.load_checkpoint(args.load, gpt, opt, scheduler)
+        keep_optim = not args.no_load_optim
+        start = checkpoint.load_checkpoint(args.load, gpt, opt if keep_optim else None,
+                                           scheduler if keep_optim else None, restore_rng=not args.no_load_rng)
         logger.print(f"resumed from {args.load} at iteration {start}")
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")

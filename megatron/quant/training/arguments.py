@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save", metavar="DIR")
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--load", metavar="DIR")
+    g.add_argument("--no-load-optim", action="store_true", help="with --load: weights and iteration only")
+    g.add_argument("--no-load-rng", action="store_true",
+                   help="with --load: keep fresh RNG states (needed when the parallel layout changed)")
     g.add_argument("--tensorboard-dir", metavar="DIR")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--peak-tflops", type=float, default=None,

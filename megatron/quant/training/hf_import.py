@@ -141,6 +141,9 @@ def load_hf_weights(model: torch.nn.Module, path: str, shape: Mapping) -> None:
     """Copy the HF checkpoint in ``path`` into ``model`` (an unwrapped GPTModel) on this TP rank."""
     from megatron.core import parallel_state
 
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        raise ValueError("importing a Hugging Face checkpoint needs --pipeline-model-parallel-size 1; "
+                         "import with PP 1 and --save, then --load with --no-load-rng at the new layout")
     own = model.state_dict()
     vocab_size = own["embedding.word_embeddings.weight"].shape[0] * parallel_state.get_tensor_model_parallel_world_size()
     state = megatron_state_dict(path, shape, vocab_size=vocab_size, model_keys=set(own),

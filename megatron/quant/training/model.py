@@ -26,6 +26,7 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         init_method_std=init_method_std, attention_dropout=attention_dropout, hidden_dropout=hidden_dropout,
         tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
         sequence_parallel=sequence_parallel, params_dtype=PRECISIONS[precision],
+        pipeline_dtype=PRECISIONS[precision],
         bf16=precision == "bf16", fp16=precision == "fp16", use_cpu_initialization=not torch.cuda.is_available(),
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, fp8=fp8_format)
