@@ -153,3 +153,16 @@ def test_python_construction_is_frozen_and_resolves_once_per_call():
         recipe.name = "other"  # type: ignore[misc]
     with pytest.raises(ValueError, match="unknown module role"):
         recipe.resolve("mlp", 0, NUM_LAYERS)
+
+
+def test_readme_recipe_examples_load(tmp_path):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "readme_parts" / "20_layers_and_recipes.md").read_text()
+    examples = [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
+    assert len(examples) == 3
+    for i, example in enumerate(examples):
+        path = tmp_path / f"example{i}.yaml"
+        path.write_text(example)
+        recipe = QuantRecipe.from_file(path)
+        assert recipe.resolve("fc1", 5, 16) is not None
