@@ -46,11 +46,11 @@ class BlockFormat(NumericFormat):
         axis = normalize_axis(self.name, axis, x.dim())
         x32 = x.float()
         blocks = split_blocks(x32, axis, self.block_size)
-        q, scale = self._quantize_blocks(blocks, x32, amax, generator)
+        q, scale = self._quantize_blocks(blocks, amax, generator)
         return merge_blocks(q, axis, x.shape[axis]), scale
 
     @abstractmethod
-    def _quantize_blocks(self, blocks: Tensor, x: Tensor, amax: Tensor | None,
+    def _quantize_blocks(self, blocks: Tensor, amax: Tensor | None,
                          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """(fake-quantized blocks, per-block scale of shape (..., n_blocks, 1))."""
 

@@ -33,6 +33,7 @@ INF_CODE = 0x6F
 _DENORMAL_OFFSET = 23  # denormal code m holds 2**(m - 23)
 _MIN_EXPONENT = -22
 _MAX_EXPONENT = 15
+_TWO_POW_23_BITS = 0x4B000000  # float32 2**23: OR-ing a small int t into it gives 2**23 + t
 # (dot prefix, its length, exponent width D, mantissa width M); the all-zero dot is the denormals.
 _DOT_FIELDS = ((0b11, 2, 4, 1), (0b10, 2, 3, 2), (0b01, 2, 2, 3), (0b001, 3, 1, 3), (0b0001, 4, 0, 3))
 
@@ -78,13 +79,15 @@ class HiFloat8Grid(ElementGrid):
     signed_zero = False  # 0x80 is NaN, so -0 is stored as 0x00
 
     def spacing_field(self, exponent_field: Tensor) -> Tensor:
+        # q = e - (mantissa bits) = e - 3 + c with c = [t >= 4] + [t >= 8] + [t >= 16], t = |e|,
+        # i.e. c = clamp(floor(log2 t) - 1, 0, 3), read off float(t)'s exponent. All in place
+        # but for t: comparisons and type casts would each cost a full-size temporary.
         e = exponent_field.bitwise_right_shift_(bits.MANTISSA_BITS).sub_(bits.EXPONENT_BIAS)
         e.clamp_(_MIN_EXPONENT, _MAX_EXPONENT)
-        magnitude = e.abs()
-        denormal = e <= -16
-        # spacing exponent q = e - (mantissa bits) = e - 3 + [|e| >= 4] + [|e| >= 8] + [e <= -16]
-        biased = e.add_(bits.EXPONENT_BIAS - 3).add_(magnitude >= 4).add_(magnitude >= 8).add_(denormal)
-        return biased.bitwise_left_shift_(bits.MANTISSA_BITS)
+        t = e.abs().bitwise_or_(_TWO_POW_23_BITS)  # the float 2**23 + t
+        t.view(torch.float32).sub_(2.0**23)  # float(t), exactly (t = 0 gives +0)
+        c = t.bitwise_right_shift_(bits.MANTISSA_BITS).sub_(bits.EXPONENT_BIAS + 1).clamp_(0, 3)
+        return e.add_(c).add_(bits.EXPONENT_BIAS - 3).bitwise_left_shift_(bits.MANTISSA_BITS)
 
     def code_values(self) -> list[tuple[int, float]]:
         return [(code, decode_code(code)) for code in range(256)]

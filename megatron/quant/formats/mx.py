@@ -50,7 +50,7 @@ class MXFormat(BlockFormat):
         self.max_value = element.max_value
         self.min_positive = element.min_positive
 
-    def _quantize_blocks(self, blocks, x, amax, generator):
+    def _quantize_blocks(self, blocks, amax, generator):
         block_amax = abs_max(blocks, dim=-1)
         exponent = mx_scale_exponent(block_amax, self.element, self.options["scale_mode"])
         finite = bits.exponent_field(block_amax) != bits.EXPONENT_FIELD_MASK

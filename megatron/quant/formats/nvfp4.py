@@ -30,10 +30,10 @@ class NVFP4Format(BlockFormat):
     max_value = FP4_E2M1.max_value
     min_positive = FP4_E2M1.min_positive
 
-    def _quantize_blocks(self, blocks, x, amax, generator):
-        global_amax = abs_max(x) if amax is None else amax
-        global_scale = tensor_scale(global_amax, self.block_scale_format.max_value * self.element.max_value)
+    def _quantize_blocks(self, blocks, amax, generator):
         block_amax = abs_max(blocks, dim=-1)
+        global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
+        global_scale = tensor_scale(global_amax, self.block_scale_format.max_value * self.element.max_value)
         block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
         scale = torch.where(torch.isfinite(block_amax), block_scale * global_scale, torch.nan)
         scaled = (blocks / scale).masked_fill_(scale == 0, 0.0)
