@@ -100,3 +100,12 @@ def test_launch_script_needs_five_positionals():
     result = subprocess.run(["bash", "examples/llama/train_llama31_8b_h100_fp8.sh", "only", "two"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "CHECKPOINT_DIR TENSORBOARD_DIR TOKENIZER DATA_PATH DTYPE" in result.stderr
+
+
+def test_hf_checkpoint_sets_the_shape_including_query_groups(hf_models):
+    path = hf_models["untied_llama3_rope"][0]
+    args = validate_args(parse_args(["--hf-checkpoint", path, "--mock-data", "--train-iters", "1"]), 1, cuda=False)
+    assert (args.num_layers, args.hidden_size, args.num_attention_heads, args.num_query_groups) == (2, 256, 4, 2)
+    assert args.untie_embeddings_and_output_weights and args.rope_scaling_factor == 8.0
+    with pytest.raises(SystemExit):
+        parse_args(["--hf-checkpoint", path, "--model", "llama-tiny", "--train-iters", "1"])

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Llama 3.1-style RoPE scaling factor (presets set the published one)")
     g.add_argument("--normalization", default=S, help="RMSNorm (Llama)")
     g.add_argument("--norm-epsilon", type=float, default=S)
-    g.add_argument("--swiglu", action="store_true", default=S)
+    g.add_argument("--swiglu", action="store_true", default=S,
+                   help="accepted for compatibility; the Llama MLP is always SwiGLU")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=S)
     g.add_argument("--disable-bias-linear", action="store_true", default=True,
                    help="accepted for compatibility; Llama linears never have a bias")
@@ -135,7 +136,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.hf_checkpoint:
         from megatron.quant.training.hf_import import hf_shape
 
-        preset = hf_shape(args.hf_checkpoint)
+        preset = dict(hf_shape(args.hf_checkpoint), group_query_attention=True, swiglu=True)
     else:
         preset = get_preset(args.model) if args.model else {}
     for key, default in _SHAPE_DEFAULTS.items():
