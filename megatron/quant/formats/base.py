@@ -13,7 +13,9 @@ from torch import Tensor
 from .rounding import ROUNDING_MODES, RandomStream, uniform_like
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-SCALINGS = ("none", "tensor", "block")
+# Eager CPU work runs in pieces of this many elements so that the temporaries of the
+# rounding routine stay in cache; each fresh full-size tensor would cost page faults.
+EAGER_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class NumericFormat(ABC):
     scaling: str = "none"
     needs_tensor_amax: bool = False
     options: dict
+    eager_chunks: bool = True  # False where chunking cannot help (plain casts)
 
     def __init__(self, options: dict[str, Any]):
         self.options = dict(options)
@@ -82,6 +85,8 @@ class NumericFormat(ABC):
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone()
+        if self._in_chunks(x):
+            return self._quantize_in_chunks(x, axis, amax)
         q, _ = self._quantize(x, axis, amax, generator)
         return q.to(x.dtype)
 
@@ -94,6 +99,32 @@ class NumericFormat(ABC):
             return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
         q, scale = self._quantize(x, axis, amax, generator)
         return q.to(x.dtype), self._scale_like_input(scale, x, axis)
+
+    def _in_chunks(self, x: Tensor) -> bool:
+        """Chunk eager CPU round-to-nearest calls on big tensors (same result; stochastic
+        rounding draws one noise tensor per call, so it is left whole)."""
+        return (self.eager_chunks and x.device.type == "cpu" and self.rounding == "nearest"
+                and x.numel() > 2 * EAGER_CHUNK_ELEMENTS and not torch.compiler.is_compiling())
+
+    def _quantize_in_chunks(self, x: Tensor, axis: int, amax: Tensor | None) -> Tensor:
+        """``quantize`` one slice of whole rows (whole blocks) at a time, into one output."""
+        if self.needs_tensor_amax and amax is None:
+            amax = abs_max(x)
+        if self.block_size is None:
+            moved = x.reshape(-1, 1)
+        else:
+            axis = normalize_axis(self.name, axis, x.dim())
+            moved = x.movedim(axis, -1)
+        length = moved.shape[-1]
+        width = self.block_size if self.block_size and length % self.block_size == 0 else length
+        rows = moved.reshape(-1, width)
+        out = torch.empty_like(rows)
+        step = max(1, EAGER_CHUNK_ELEMENTS // width)
+        for start in range(0, rows.shape[0], step):
+            out[start : start + step] = self._quantize(rows[start : start + step], -1, amax, None)[0]
+        if self.block_size is None:
+            return out.reshape(x.shape)
+        return out.reshape(moved.shape).movedim(-1, axis).contiguous()
 
     @abstractmethod
     def _quantize(self, x: Tensor, axis: int, amax: Tensor | None,
@@ -117,6 +148,15 @@ class NumericFormat(ABC):
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         return f"{type(self).__name__}({self.name!r}{', ' if options else ''}{options})"
+
+
+def normalize_axis(name: str, axis: int, ndim: int) -> int:
+    """``axis`` as a non-negative index; ValueError names the valid range."""
+    if ndim == 0:
+        raise ValueError(f"{name}: a block format needs a tensor with at least one dimension")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}: axis={axis} is out of range for a {ndim}-D tensor (valid: {-ndim}..{ndim - 1})")
+    return axis % ndim
 
 
 def _check_input(name: str, x: Tensor) -> None:

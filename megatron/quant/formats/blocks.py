@@ -7,15 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import NumericFormat
-
-
-def normalize_axis(name: str, axis: int, ndim: int) -> int:
-    if ndim == 0:
-        raise ValueError(f"{name}: a block format needs a tensor with at least one dimension")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"{name}: axis={axis} is out of range for a {ndim}-D tensor (valid: {-ndim}..{ndim - 1})")
-    return axis % ndim
+from .base import NumericFormat, normalize_axis
 
 
 def split_blocks(x: Tensor, axis: int, block_size: int) -> Tensor:

@@ -20,6 +20,8 @@ def _one(x: Tensor) -> Tensor:
 class CastFormat(NumericFormat):
     """A round trip through a torch dtype: fp32 (identity), bf16, fp16 (IEEE: overflow is Inf)."""
 
+    eager_chunks = False  # a single cast already is one pass
+
     def __init__(self, name: str, dtype: torch.dtype, options: dict[str, Any]):
         super().__init__(options)
         finfo = torch.finfo(dtype)

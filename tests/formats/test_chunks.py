@@ -1,0 +1,26 @@
+"""Eager CPU calls on big tensors run in cache-sized chunks; the result must be the same as
+the whole-tensor computation (quantize_with_scale is never chunked)."""
+import pytest
+import torch
+
+import megatron.quant.formats.base as formats_base
+from megatron.quant.formats import get_format, list_formats
+from tests.formats._oracle import mismatches
+
+SHAPES_AND_AXES = [((7, 96, 5), 1), ((7, 96, 5), -1), ((3, 1000), -1), ((4000,), 0)]
+
+
+@pytest.mark.parametrize("name", [n for n in list_formats() if n not in ("fp32", "bf16", "fp16")])
+def test_chunked_equals_whole(name, monkeypatch):
+    monkeypatch.setattr(formats_base, "EAGER_CHUNK_ELEMENTS", 64)
+    fmt = get_format(name)
+    generator = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, axis in SHAPES_AND_AXES:
+            x = (torch.randn(shape, generator=generator) * 2.0 ** torch.randint(-8, 8, shape, generator=generator)).to(dtype)
+            x.view(-1)[::97] = 0.0
+            assert fmt._in_chunks(x)
+            whole, _ = fmt.quantize_with_scale(x, axis=axis)
+            chunked = fmt.quantize(x, axis=axis)
+            assert chunked.dtype == dtype and chunked.shape == x.shape and chunked.is_contiguous()
+            assert not mismatches(chunked, whole, x), f"{name} {dtype} {shape} axis={axis}"
