@@ -140,7 +140,7 @@ def _parse_positive_int(value: str, source: str) -> int:
 
 
 def _parse_mode(value: str, source: str) -> str:
-    if value.strip() not in MODES:
+    if not isinstance(value, str) or value.strip() not in MODES:
         raise _bad(source, value, " or ".join(MODES))
     return value.strip()
 

@@ -12,8 +12,8 @@ from megatron.quant.capture.config import IterationWindow, SaverConfig
 from megatron.quant.capture.naming import QUANT_TYPE_RE
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
+from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
 from megatron.quant.capture.summary import IterationSummary
-from megatron.quant.capture.snapshot import StatsMemo, take_snapshot
 from megatron.quant.capture.writer import BackgroundWriter, WriteJob
 
 OPERATIONS = ("forward", "backward")
@@ -152,7 +152,7 @@ class CaptureSession:
             "saved_at": datetime.now().isoformat(timespec="microseconds"), "quantized": False,
         }
 
-    def _submit(self, site: CaptureSite, metadata: dict, snapshot) -> None:
+    def _submit(self, site: CaptureSite, metadata: dict, snapshot: Snapshot) -> None:
         self._writer.submit(WriteJob(f"{self.config.save_dir}/{site.quant_type}", metadata, snapshot))
 
     # -- helpers ----------------------------------------------------------------------------
@@ -177,7 +177,8 @@ class CaptureSession:
 
     def _update_active(self) -> None:
         cfg = self.config
-        self.active = (cfg.enabled and not self._writer.stopped and self._iteration in self._window
+        self.active = (cfg.enabled and not self._writer.stopped and self._window is not None
+                       and self._iteration in self._window
                        and (cfg.ranks is None or self._ranks["rank"] in cfg.ranks)
                        and (cfg.microbatches is None or self._microbatch in cfg.microbatches))
 

@@ -23,7 +23,6 @@ from megatron.quant.capture.naming import file_name, manifest_name, temporary_na
 from megatron.quant.capture.snapshot import Snapshot
 
 
-
 class _QuotaReached(Exception):
     pass
 
@@ -40,6 +39,8 @@ class WriteJob:
 
 
 class BackgroundWriter:
+    """One per capture session; the thread starts with the first job."""
+
     def __init__(self, queue_bytes: int, quota_bytes: Optional[int],
                  on_stats: Callable[[dict], None] = lambda metadata: None) -> None:
         self._queue_bytes = queue_bytes
@@ -58,7 +59,7 @@ class BackgroundWriter:
         self._counter = 0
         self._manifests: dict[str, Any] = {}
         self.wait_seconds = 0.0
-        self.waits = 0  # submissions that had to wait for the queue
+        self.waits = 0  # times the training thread waited: full queue, summary, flush
         self.files_written = 0
         self.lines_written = 0
         self.bytes_written = 0
@@ -126,7 +127,8 @@ class BackgroundWriter:
 
     def stats(self) -> dict[str, float]:
         return {"files": self.files_written, "manifest_lines": self.lines_written,
-                "bytes": self.bytes_written, "waits": self.waits, "wait_s": self.wait_seconds, "stopped": float(self.stopped)}
+                "bytes": self.bytes_written, "waits": self.waits, "wait_s": self.wait_seconds,
+                "stopped": float(self.stopped)}
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
@@ -204,9 +206,14 @@ class BackgroundWriter:
             self.files_written += 1
         else:
             self._check_quota(size)
-        manifest = self._manifest(job.directory, job.metadata["rank"])
-        manifest.write(line)
-        manifest.flush()
+        try:
+            manifest = self._manifest(job.directory, job.metadata["rank"])
+            manifest.write(line)
+            manifest.flush()
+        except OSError:
+            if path is not None:  # no file without its manifest line
+                os.remove(path)
+            raise
         self.bytes_written += size
         self.lines_written += 1
 
