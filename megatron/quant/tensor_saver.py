@@ -1,7 +1,7 @@
 """The shared capture module: layers call ``is_active``/``capture``; the training loop drives it.
 
 This is the package's only global mutable state: one capture session per process. See
-docs/interfaces.md section 2 for the contract and docs/readme_parts/30_capture.md for usage.
+docs/interfaces.md section 2 for the contract and the README capture section for usage.
 
 Layers::
 
