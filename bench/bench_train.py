@@ -47,7 +47,10 @@ def step_times(env: dict, iters: int, micro_batch: int, save_dir: str) -> list[f
                         "--log-interval", str(iters)])
     finally:
         for key, value in saved.items():
-            os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         shutil.rmtree(save_dir, ignore_errors=True)
     return [h["iteration time (s)"] for h in history[1:]]  # the first iteration warms up
 
