@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# Megatron-LM's default for the distributed optimizer: fully parallel I/O, reshardable over DP.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 RUN_CONFIG = "run_config.json"
 
 
@@ -119,7 +121,8 @@ def _sharded_state(model, optimizer, scheduler, iteration: int, *, is_loading: b
     if rng:
         state["rng"] = _rng_sharded_object(_rng_state())
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                          metadata=OPTIMIZER_METADATA)
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     return state

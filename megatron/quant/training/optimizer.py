@@ -82,8 +82,12 @@ class CpuAdamW:
                 state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(master),
                              exp_avg_sq=torch.zeros_like(master))
 
-    def sharded_state_dict(self, model_sharded_state_dict: dict, is_loading: bool = False) -> dict:
-        """Optimizer state as megatron-core ShardedTensors laid out like the model's parameters."""
+    def sharded_state_dict(self, model_sharded_state_dict: dict, is_loading: bool = False,
+                           metadata: dict | None = None) -> dict:
+        """Optimizer state as megatron-core ShardedTensors laid out like the model's parameters.
+
+        ``metadata`` (megatron-core's distributed-optimizer options) does not apply here.
+        """
         from megatron.core.dist_checkpointing.optimizer import (
             get_param_id_to_sharded_param_map, make_sharded_optimizer_tensor, optim_state_to_sharding_state)
 
