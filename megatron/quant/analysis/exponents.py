@@ -30,8 +30,9 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         plan.notes.append(f"No exponent histogram for quant type(s) {', '.join(missing)}: no "
                           f"format is known for them.")
     for quant_type, items in group_by(viewed, lambda s: s.record.quant_type).items():
-        panels = list(group_by(items, lambda s: (s.record.tensor_key, s.format_view.format_name,
-                                                 s.format_view.applied)).items())
+        # Formats the layers applied first, then the reference views of the other tensors.
+        panels = list(group_by(items, lambda s: (not s.format_view.applied, s.record.tensor_key,
+                                                 s.format_view.format_name)).items())
         kept = panels[:inp.settings.max_panels]
         plan.notes += truncation_note(f"exponent histograms {quant_type}", len(kept), len(panels))
         plan.figures.append(FigureJob(
@@ -46,7 +47,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 
 def panel(key: tuple, items: list[TensorSummary]) -> dict:
     """Histograms of the captures added up on a common axis, and element-weighted shares."""
-    tensor_key, format_name, applied = key
+    not_applied, tensor_key, format_name = key
     views = [s.format_view for s in items]
     start = min(v.log2_start for v in views)
     counts = np.zeros(max(v.log2_start + v.log2_counts.size for v in views) - start, np.int64)
@@ -56,7 +57,7 @@ def panel(key: tuple, items: list[TensorSummary]) -> dict:
     numel = sum(v.numel for v in views)
     first = views[0]
     return {"title": f"{tensor_key.label}\n{format_name}"
-                     f"{'' if applied else ' (reference, not applied)'}",
+                     f"{' (reference, not applied)' if not_applied else ''}",
             "start": start, "counts": counts, "scaled": first.scaled,
             "max_value": first.max_value, "min_positive": first.min_positive,
             "underflow": sum(v.underflow_share * v.numel for v in views) / numel,
@@ -86,7 +87,7 @@ def draw_exponents(payload: dict):
                    label=f"above max {p['max_value']:g}: {100 * p['overflow']:.3g}% clipped")
         ax.axvline(low, color="tab:blue", linewidth=1)
         ax.axvline(high, color="tab:red", linewidth=1)
-        ax.set_yscale("log")
+        figures.log_scale(ax)
         ax.set_xlabel("log2(|x| / scale) (binade)" if p["scaled"] else "log2|x| (binade)")
         ax.set_ylabel("% of nonzero values (log scale)")
         ax.legend(fontsize=7, loc="upper left")

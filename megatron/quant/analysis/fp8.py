@@ -3,7 +3,6 @@ correlation of the same capture point, and how close each is to a normal distrib
 from __future__ import annotations
 
 import numpy as np
-import scipy.stats
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
@@ -126,6 +125,7 @@ def draw_correlation(payload: dict):
 
 
 def draw_normal_fit(payload: dict):
+    import scipy.stats  # here only: importing it costs every report process a second
     fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.0, 4.4))
     grid = np.linspace(-5, 5, 400)
     for ax, (name, values) in zip(axes, payload.items()):
@@ -140,7 +140,7 @@ def draw_normal_fit(payload: dict):
                 label=f"standardised values (n={z.size:,}; {np.mean(np.abs(z) > 5):.2%} "
                       f"beyond ±5)")
         ax.plot(grid, scipy.stats.norm.pdf(grid), "k-", label=f"N(0, 1); KS distance {distance:.3f}")
-        ax.set_yscale("log")
+        figures.log_scale(ax)
         ax.set_xlabel("(x - mean) / std")
         ax.set_ylabel("probability density (log scale)")
         ax.legend(fontsize=8)

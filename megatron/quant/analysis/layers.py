@@ -26,15 +26,25 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         {qt: {lt: (LOG2_LOW - 1, summed_log2_counts(group))
               for lt, group in group_by(items, lambda s: s.record.layer_type).items()}
          for qt, items in kept}))
-    plan.figures.append(FigureJob(
-        figure_path(FOLDER, "per_layer_statistics"),
-        "Median std and max |x| of each tensor along the layers, per quant type.",
-        draw_per_layer,
-        {qt: {stat: median_curves(items, tensor_label, _layer, lambda s, st=stat: s.stat(st))
-              for stat in ("std", "absmax")} for qt, items in kept}))
+    for quant_type, items in kept:
+        passes = group_by(items, lambda s: (s.record.layer_type, s.record.operation))
+        plan.figures.append(FigureJob(
+            figure_path(FOLDER, "per_layer_statistics", quant_type),
+            f"{quant_type}: median max |x| and std of each tensor along the layers.",
+            draw_per_layer,
+            {"title": f"{quant_type}: tensor statistics along the layers",
+             "panels": {f"{lt} {op}": {stat: median_curves(group, _short_tensor_label, _layer,
+                                                           lambda s, st=stat: s.stat(st))
+                                       for stat in ("absmax", "std")}
+                        for (lt, op), group in passes.items()}}))
     _add_sample_analysis(plan, kept)
     _add_layer_trends(plan, kept)
     return plan
+
+
+def _short_tensor_label(summary: TensorSummary) -> str:
+    key = summary.record.tensor_key
+    return " ".join(filter(None, (key.role, key.phase, key.tensor_name)))
 
 
 def _layer(summary: TensorSummary) -> int:
@@ -81,13 +91,14 @@ def draw_attention_vs_linear(payload: dict):
 
 
 def draw_per_layer(payload: dict):
-    fig, axes = figures.subplot_grid(2 * len(payload), ncols=2, panel_size=(6.6, 4.6))
-    for i, (quant_type, stats) in enumerate(payload.items()):
-        figures.line_panel(axes[2 * i], stats["std"], f"{quant_type}: std by layer",
-                           "layer index", "median std (value units)")
-        figures.line_panel(axes[2 * i + 1], stats["absmax"], f"{quant_type}: max |x| by layer",
+    panels = payload["panels"]
+    fig, axes = figures.subplot_grid(2 * len(panels), ncols=len(panels), panel_size=(5.6, 4.4))
+    for i, (name, stats) in enumerate(panels.items()):
+        figures.line_panel(axes[i], stats["absmax"], f"{name}: max |x| by layer",
                            "layer index", "median max |x| (value units)")
-    return figures.finish(fig, "Tensor statistics along the layers")
+        figures.line_panel(axes[len(panels) + i], stats["std"], f"{name}: std by layer",
+                           "layer index", "median std (value units)")
+    return figures.finish(fig, payload["title"])
 
 
 def draw_samples(payload: dict):
@@ -99,8 +110,9 @@ def draw_samples(payload: dict):
 
 
 def draw_layer_trends(payload: dict):
-    fig, axes = figures.subplot_grid(len(_TREND_METRICS), ncols=3, panel_size=(5.6, 4.6))
+    fig, axes = figures.subplot_grid(len(_TREND_METRICS), ncols=3, panel_size=(5.2, 4.4),
+                                     legend_width=3.4)
     for ax, (metric, title, ylabel, _) in zip(axes, _TREND_METRICS):
         figures.line_panel(ax, payload["curves"][metric], f"{title} by layer", "layer index",
-                           ylabel, log=False if metric == "sqnr_db" else None)
-    return figures.finish(fig, payload["title"])
+                           ylabel, log=False if metric == "sqnr_db" else None, legend=False)
+    return figures.finish(fig, payload["title"], shared_legend=axes)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
-import scipy.stats
 import torch
 
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, enrich_from_file,
@@ -104,8 +103,8 @@ def summarize(record: CaptureRecord, options: SummaryOptions) -> TensorSummary:
         if fmt is not None:
             view, sampled_quant = format_view(tensor, fmt, applied, record.axis,
                                               float(stats["absmax"] or 0.0), options)
-    if quant is None and sampled_quant is not None:
-        quant, quant_source = sampled_quant, "sampled rows"
+    if quant is None and sampled_quant is not None and view.applied:
+        quant, quant_source = sampled_quant, "sampled rows"  # never for a reference format
     return TensorSummary(record, stats, quant, quant_source, log2_counts, sample, heatmap, view)
 
 
@@ -193,12 +192,14 @@ def tensor_moments(flat: torch.Tensor) -> tuple[dict, np.ndarray]:
 
 
 def sample_shape_moments(sample: np.ndarray) -> dict[str, Optional[float]]:
-    """Skewness and excess kurtosis estimated from the sampled values."""
+    """Skewness and excess kurtosis (population moments) estimated from the sampled values."""
     values = finite(sample).astype(np.float64)
-    if values.size < 3 or float(values.std()) == 0.0:
+    centred = values - values.mean() if values.size else values
+    variance = float((centred ** 2).mean()) if values.size else 0.0
+    if values.size < 3 or variance == 0.0:
         return {"skewness": None, "kurtosis": None}
-    return {"skewness": float(scipy.stats.skew(values)),
-            "kurtosis": float(scipy.stats.kurtosis(values))}
+    return {"skewness": float((centred ** 3).mean() / variance ** 1.5),
+            "kurtosis": float((centred ** 4).mean() / variance ** 2 - 3.0)}
 
 
 def pooled_absmax(tensor: torch.Tensor, size: int) -> np.ndarray:

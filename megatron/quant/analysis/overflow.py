@@ -66,8 +66,8 @@ def draw_overview(payload: dict):
     scatter_ax, hist_ax = axes[1], axes[3]
     for quant_type, (over, under) in payload["points"].items():
         scatter_ax.plot(under, over, "o", markersize=4, alpha=0.6, label=quant_type)
-    scatter_ax.set_xscale("symlog", linthresh=1e-4)
-    scatter_ax.set_yscale("symlog", linthresh=1e-4)
+    figures.log_scale(scatter_ax, "x", linthresh=1e-4)
+    figures.log_scale(scatter_ax, "y", linthresh=1e-4)
     scatter_ax.set_xlabel("underflow (% of elements, symlog)")
     scatter_ax.set_ylabel("overflow (% of elements, symlog)")
     scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
@@ -82,7 +82,7 @@ def draw_overview(payload: dict):
             zeros = int((total == 0).sum())
             hist_ax.hist(total[total > 0], bins=edges, histtype="step", linewidth=1.4,
                          label=f"{quant_type} ({zeros} captures at 0%)")
-        hist_ax.set_xscale("log")
+        figures.log_scale(hist_ax, "x")
         hist_ax.set_xlabel("overflow + underflow (% of elements, log scale)")
         hist_ax.set_ylabel("captures")
         hist_ax.legend(fontsize=8)

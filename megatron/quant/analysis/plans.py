@@ -75,7 +75,7 @@ class Analysis:
 
 def figure_path(folder: str, *parts: object) -> str:
     """``folder/part1_part2.png`` with characters unsafe in file names or URLs replaced."""
-    stem = "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", str(part)) for part in parts)
+    stem = "_".join(re.sub(r"[^A-Za-z0-9._+-]+", "-", str(part)) for part in parts)
     return f"{folder}/{stem}.png" if folder else f"{stem}.png"
 
 

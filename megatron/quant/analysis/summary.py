@@ -89,9 +89,14 @@ def group_by(items: Iterable[T], key: Callable[[T], Hashable]) -> dict[Hashable,
     return {k: groups[k] for k in sorted(groups, key=_sort_key)}
 
 
+# Passes and phases in the order they happen, not alphabetically.
+_NATURAL_ORDER = {"forward": "0", "backward": "1", "pre": "0", "post": "1"}
+
+
 def _sort_key(key: Hashable) -> tuple:
     items = key if isinstance(key, tuple) else (key,)
-    return tuple((0, item) if isinstance(item, (int, float)) else (1, str(item)) for item in items)
+    return tuple((0, item) if isinstance(item, (int, float)) and not isinstance(item, bool)
+                 else (1, _NATURAL_ORDER.get(str(item), str(item))) for item in items)
 
 
 def pooled_sample(summaries: Sequence[TensorSummary], budget: int) -> np.ndarray:

@@ -42,8 +42,9 @@ def _iteration(summary: TensorSummary) -> int:
 
 
 def draw_trends(payload: dict):
-    fig, axes = figures.subplot_grid(len(_METRICS), ncols=3, panel_size=(5.8, 4.6))
+    fig, axes = figures.subplot_grid(len(_METRICS), ncols=3, panel_size=(5.2, 4.4),
+                                     legend_width=3.4)
     for ax, (metric, title, ylabel, _, _) in zip(axes, _METRICS):
         figures.line_panel(ax, payload["curves"][metric], title, "iteration", ylabel,
-                           log=False if metric == "sqnr_db" else None)
-    return figures.finish(fig, payload["title"])
+                           log=False if metric == "sqnr_db" else None, legend=False)
+    return figures.finish(fig, payload["title"], shared_legend=axes)
