@@ -48,6 +48,9 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
         fmt = get_format(name)
         modes = {"eager": fmt.quantize}
         if compile_too:
+            # Every format shares NumericFormat.quantize's code object: without a reset,
+            # dynamo's recompile limit (8) would silently fall back to eager.
+            torch._dynamo.reset()
             modes["compiled"] = torch.compile(fmt.quantize, dynamic=False)
         for mode, fn in modes.items():
             seconds = median_seconds(lambda: fn(x), repeats)
