@@ -2,12 +2,14 @@
 
     python bench/bench_layers.py            # hidden 1024, ffn 2816, 16 heads, 4 KV groups, 2048 tokens
     python bench/bench_layers.py --quick    # hifp8 and mxfp8 only, fewer repeats
+    python bench/bench_layers.py --compile --formats hifp8 mxfp8   # quantize under torch.compile
 
 One TransformerLayer from ``spec.llama_layer_spec`` per recipe (``QuantRecipe.uniform``:
 every linear and attention GEMM operand quantized, forward and backward). Recipes are timed
 round-robin (one forward+backward each per round) so machine noise hits them alike; each
 time is the median over rounds, and the ratio is against the unquantized (bf16 recipe =
 passthrough) block timed in the same run. Goal (issue 3): hifp8 and mxfp8 within 2x.
+The warm-up step (untimed; with ``--compile`` it includes compilation) is reported apart.
 Writes bench/results/bench_layers.json.
 """
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2048, help="sequence length (batch 1), default 2048")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="params/activations dtype")
     parser.add_argument("--formats", nargs="*", default=None, help="subset of formats (default: all)")
+    parser.add_argument("--compile", action="store_true", help="recipes with compile: true (torch.compile)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -71,16 +74,20 @@ def main() -> None:
     names = args.formats or (list(GOAL_FORMATS) if args.quick else
                              [n for n in formats.list_formats() if not formats.is_passthrough(n)])
     rounds = 3 if args.quick and args.rounds == 5 else args.rounds
-    recipes = {"unquantized": QuantRecipe.uniform("bf16"), **{n: QuantRecipe.uniform(n) for n in names}}
+    recipes = {"unquantized": QuantRecipe.uniform("bf16"),
+               **{n: QuantRecipe.uniform(n, compile=args.compile) for n in names}}
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(args.tokens, 1, SHAPE["hidden_size"], generator=g).to(dtype)
     grad = torch.randn(args.tokens, 1, SHAPE["hidden_size"], generator=g).to(dtype)
-    blocks = {}
+    print(f"{len(recipes)} blocks, {args.tokens} tokens, {args.dtype}, {args.threads} threads, {rounds} rounds"
+          f"{', compiled quantization' if args.compile else ''}", flush=True)
+    blocks, warmup = {}, {}
     for name, recipe in recipes.items():
         blocks[name] = build_block(recipe, dtype)
-        step(blocks[name], hidden, grad)  # warm-up
-    print(f"{len(blocks)} blocks, {args.tokens} tokens, {args.dtype}, {args.threads} threads, {rounds} rounds",
-          flush=True)
+        start = time.perf_counter()
+        step(blocks[name], hidden, grad)
+        warmup[name] = time.perf_counter() - start
+        print(f"  warm-up {name}: {warmup[name]:.1f}s", flush=True)
     times: dict[str, list[float]] = {name: [] for name in blocks}
     for r in range(rounds):
         for name, block in blocks.items():
@@ -93,7 +100,8 @@ def main() -> None:
     print(f"\n{'recipe':<14}{'median s':>10}{'ratio':>8}")
     for name, samples in times.items():
         median = statistics.median(samples)
-        row = {"recipe": name, "median_s": median, "ratio": median / base, "samples_s": samples}
+        row = {"recipe": name, "median_s": median, "ratio": median / base, "samples_s": samples,
+               "warmup_s": warmup[name]}
         if name in GOAL_FORMATS:
             row.update(goal=GOAL, meets_goal=median / base <= GOAL)
         rows.append(row)
@@ -102,7 +110,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "benchmark": "bench_layers", "shape": SHAPE, "tokens": args.tokens, "dtype": args.dtype,
-        "threads": args.threads, "rounds": rounds, "machine": platform.processor() or platform.machine(),
+        "threads": args.threads, "rounds": rounds, "compile": args.compile, "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "torch": torch.__version__, "load_average": os.getloadavg(), "rows": rows}, indent=2))
     print(f"\nwrote {args.output}")
     cpu.destroy_parallel()

@@ -26,6 +26,29 @@ from megatron.quant import tensor_saver
 from megatron.quant.tensor_saver import CaptureSite, Operand
 
 
+class CompiledFormat:
+    """A NumericFormat whose ``quantize`` runs under ``torch.compile`` (static shapes).
+
+    Same results as the eager format (the formats are written to compile to the same bit
+    operations); several times faster on CPU after a one-off compilation per tensor shape and
+    axis. Share one instance per format across a model so that those compilations are shared.
+    """
+
+    # A Llama layer quantizes ~20 distinct (shape, axis) combinations per format.
+    RECOMPILE_LIMIT = 64
+
+    def __init__(self, fmt: Any) -> None:
+        self.fmt = fmt
+        self._compiled = torch.compile(fmt.quantize, dynamic=False)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fmt, name)
+
+    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None) -> Tensor:
+        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT):
+            return self._compiled(x, axis=axis, amax=amax)
+
+
 @dataclass(frozen=True)
 class OperandSpec:
     """How one GEMM operand is fake-quantized: ``fmt`` None means not at all."""

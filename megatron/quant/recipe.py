@@ -32,7 +32,7 @@ SCOPES = {"linear": LINEAR_OPERANDS, "attention": ATTENTION_OPERANDS,
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"
 
-_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules")
+_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
@@ -100,15 +100,17 @@ class QuantRecipe:
     scope: frozenset[str] = frozenset(DEFAULT_SCOPE)
     operands: tuple[tuple[str, FormatChoice], ...] = ()
     rules: tuple[Rule, ...] = field(default=())
+    compile: bool = False  # quantize through torch.compile (round-to-nearest formats)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def uniform(cls, fmt_name: str, scope: Iterable[str] = DEFAULT_SCOPE, **options: Any) -> "QuantRecipe":
+    def uniform(cls, fmt_name: str, scope: Iterable[str] = DEFAULT_SCOPE, *, compile: bool = False,
+                **options: Any) -> "QuantRecipe":
         """One format (with ``options``) for every operand in ``scope``."""
         scopes = _parse_scope(list(scope), "scope", "<python>")
         name = _check_format(str(fmt_name).lower(), options, "format", "<python>")
         return cls(name=_default_name(name, scopes), format=FormatChoice(name, tuple(options.items())),
-                   scope=scopes)
+                   scope=scopes, compile=_parse_bool(compile, "compile", "<python>"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>",
@@ -131,7 +133,8 @@ class QuantRecipe:
         if not isinstance(name, str) or not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
             raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r} "
                               f"(it becomes a directory and file-name token)")
-        return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules)
+        return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
+                   compile=_parse_bool(merged.get("compile", False), "compile", source))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
@@ -155,9 +158,10 @@ class QuantRecipe:
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "QuantRecipe":
-        """CUSTOM_QUANT_RECIPE (file) or CUSTOM_QUANT_TYPE (default bf16) with CUSTOM_QUANT_SCOPE.
+        """CUSTOM_QUANT_RECIPE (file) or CUSTOM_QUANT_TYPE (default bf16) with CUSTOM_QUANT_SCOPE
+        and CUSTOM_QUANT_COMPILE.
 
-        With a recipe file, CUSTOM_QUANT_TYPE/SCOPE fill only the keys the file omits.
+        With a recipe file, the other variables fill only the keys the file omits.
         """
         env = os.environ if environ is None else environ
         defaults: dict[str, Any] = {}
@@ -165,6 +169,8 @@ class QuantRecipe:
             defaults["format"] = env["CUSTOM_QUANT_TYPE"].strip().lower()
         if env.get("CUSTOM_QUANT_SCOPE"):
             defaults["scope"] = [s.strip() for s in env["CUSTOM_QUANT_SCOPE"].split(",")]
+        if env.get("CUSTOM_QUANT_COMPILE"):
+            defaults["compile"] = env["CUSTOM_QUANT_COMPILE"].strip().lower()
         if env.get("CUSTOM_QUANT_RECIPE"):
             return cls.from_file(env["CUSTOM_QUANT_RECIPE"], defaults=defaults)
         return cls.from_dict(defaults, source="CUSTOM_QUANT_TYPE/CUSTOM_QUANT_SCOPE")
@@ -191,12 +197,27 @@ class QuantRecipe:
                     chosen[key] = override.over(chosen[key])
         return chosen
 
-    def resolve(self, role: str, layer_idx: int, num_layers: int) -> dict[str, Any]:
-        """Operand key -> built ``NumericFormat``, or None where nothing is fake-quantized."""
-        from megatron.quant import formats
+    def resolve(self, role: str, layer_idx: int, num_layers: int,
+                shared: Optional[dict[FormatChoice, Any]] = None) -> dict[str, Any]:
+        """Operand key -> built ``NumericFormat``, or None where nothing is fake-quantized.
 
-        return {key: None if formats.is_passthrough(c.name) else formats.get_format(c.name, **dict(c.options))
-                for key, c in self.choices(role, layer_idx, num_layers).items()}
+        ``shared``: formats already built for other modules of the same model, reused (and
+        extended) so that equal choices share one instance (and, with ``compile``, its kernels).
+        """
+        shared = {} if shared is None else shared
+        return {key: self._build(c, shared) for key, c in self.choices(role, layer_idx, num_layers).items()}
+
+    def _build(self, choice: FormatChoice, shared: dict[FormatChoice, Any]) -> Any:
+        from megatron.quant import formats
+        from megatron.quant.ops import CompiledFormat
+
+        if formats.is_passthrough(choice.name):
+            return None
+        if choice not in shared:
+            fmt = formats.get_format(choice.name, **dict(choice.options))
+            deterministic = fmt.options.get("rounding", "nearest") != "stochastic"
+            shared[choice] = CompiledFormat(fmt) if self.compile and deterministic else fmt
+        return shared[choice]
 
 
 ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
@@ -243,6 +264,17 @@ def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     except (ValueError, TypeError) as exc:  # the formats' message lists the valid names/values
         raise RecipeError(f"{source}: {path}: format {name!r} with options {dict(options)} is refused: {exc}") from exc
     return name
+
+
+def _parse_bool(value: Any, path: str, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise RecipeError(f"{source}: {path}: {value!r} is not a boolean; use true/false, 1/0, yes/no or on/off")
 
 
 def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:

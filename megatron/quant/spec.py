@@ -53,8 +53,9 @@ def _site(name: str, layer_idx: int, role: str, recipe: QuantRecipe) -> CaptureS
                        layer_idx=layer_idx, module=name, role=role, quant_type=recipe.name)
 
 
-def _configure(module, name: str, layer_idx: int, role: str, recipe: QuantRecipe, num_layers: int) -> None:
-    formats = recipe.resolve(role, layer_idx, num_layers)
+def _configure(module, name: str, layer_idx: int, role: str, recipe: QuantRecipe, num_layers: int,
+               shared: dict) -> None:
+    formats = recipe.resolve(role, layer_idx, num_layers, shared)
     site = _site(name, layer_idx, role, recipe)
     if isinstance(module, QuantDotProductAttention):
         module.configure_quant(AttentionQuant.from_formats(formats), site)
@@ -71,6 +72,7 @@ def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_lay
     when a rule names the role ``output_layer``.
     """
     sites = []
+    shared: dict = {}  # one format instance per distinct choice across the model
     for layer_name, layer in model.named_modules():
         if not isinstance(layer, TransformerLayer):
             continue
@@ -79,14 +81,15 @@ def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_lay
             role = ROLE_BY_ATTRIBUTE.get(sub_name.rsplit(".", 1)[-1])
             if role and isinstance(module, (QuantLinearMixin, QuantDotProductAttention)):
                 qualified = ".".join(part for part in (layer_name, sub_name) if part)
-                _configure(module, qualified, layer_idx, role, recipe, num_layers)
+                _configure(module, qualified, layer_idx, role, recipe, num_layers, shared)
                 sites.append(module.capture_site)
     output_layer = getattr(model, "output_layer", None)
-    if output_layer is not None and any(f is not None for f in recipe.resolve("output_layer", -1, num_layers).values()):
+    if output_layer is not None and any(f is not None for f in recipe.resolve("output_layer", -1, num_layers,
+                                                                               shared).values()):
         # GPTModel builds its LM head directly (no spec hook); the quantized subclass adds only
         # methods and class-level defaults, so promoting the instance keeps all its state.
         output_layer.__class__ = QuantColumnParallelLinear
-        _configure(output_layer, "output_layer", -1, "output_layer", recipe, num_layers)
+        _configure(output_layer, "output_layer", -1, "output_layer", recipe, num_layers, shared)
         sites.append(output_layer.capture_site)
     return sites
 

@@ -181,3 +181,21 @@ def test_unconfigured_layer_is_stock(parallel):
     quant.load_state_dict(stock.state_dict())
     x, grad = _data(torch.float32)
     assert torch.equal(_run(stock, x, grad)[0], _run(quant, x, grad)[0])
+
+
+def test_compiled_quantization_equals_eager(parallel):
+    from megatron.quant.recipe import QuantRecipe
+
+    x, grad = _data(torch.float32, seed=8)
+    results = []
+    for compile in (False, True):
+        layer = _build("row", bias=False)
+        torch.manual_seed(0)
+        torch.nn.init.normal_(layer.weight)
+        formats = QuantRecipe.uniform("hifp8", compile=compile).resolve("fc2", 0, 1)
+        layer.configure_quant(LinearQuant.from_formats(formats), SITE)
+        results.append(_run(layer, x, grad))
+    (y_eager, g_eager), (y_compiled, g_compiled) = results
+    assert type(layer.quant.fprop_input.fmt).__name__ == "CompiledFormat"
+    assert torch.equal(y_eager, y_compiled)
+    assert all(torch.equal(g_eager[k], g_compiled[k]) for k in g_eager)

@@ -166,3 +166,16 @@ def test_readme_recipe_examples_load(tmp_path):
         path.write_text(example)
         recipe = QuantRecipe.from_file(path)
         assert recipe.resolve("fc1", 5, 16) is not None
+
+
+def test_compile_switch_and_shared_instances():
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": BLOCK_FORMAT, "CUSTOM_QUANT_COMPILE": "1"})
+    assert recipe.compile
+    shared = {}
+    first, second = recipe.resolve("qkv", 0, 2, shared), recipe.resolve("fc2", 1, 2, shared)
+    assert first["fprop.input"] is second["wgrad.input"] and len(shared) == 1
+    assert type(first["fprop.input"]).__name__ == "CompiledFormat"
+    stochastic = QuantRecipe.uniform(BLOCK_FORMAT, compile=True, rounding="stochastic", seed=3)
+    assert type(stochastic.resolve("qkv", 0, 2)["fprop.input"]).__name__ != "CompiledFormat"
+    with pytest.raises(RecipeError, match="'maybe' is not a boolean"):
+        QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": BLOCK_FORMAT, "CUSTOM_QUANT_COMPILE": "maybe"})
