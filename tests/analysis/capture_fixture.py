@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 LOG2_EDGES = list(range(-40, 21))
+# Report options for tests: small figures, few panels, two workers (outputs, not looks).
+FAST = ["--workers", "2", "--no_progress", "--max_panels", "4", "--dpi", "40"]
 START = datetime(2025, 9, 8, 9, 52, 20)
 
 LINEAR_TENSORS = {("forward", "pre"): ("input", "weight"), ("forward", "post"): ("output",),
