@@ -20,6 +20,8 @@ setup(
         "tensorboard>=2.14",
         "safetensors>=0.4",
         "tqdm>=4.60",
+        # megatron-core's checkpoint writer processes need it.
+        "psutil>=5.9",
     ],
     extras_require={
         "test": [
