@@ -24,7 +24,8 @@ Training loop::
 from __future__ import annotations
 
 import atexit
-from typing import Mapping, Optional, Union
+import contextlib
+from typing import Iterator, Mapping, Optional, Union
 
 from torch import Tensor
 
@@ -35,7 +36,7 @@ from megatron.quant.capture.site import CaptureSite, Operand
 __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
     "configure", "is_active", "capture", "set_iteration", "set_microbatch",
-    "capture_complete", "iteration_summary", "flush", "close", "writer_stats",
+    "capture_complete", "iteration_summary", "paused", "flush", "close", "writer_stats",
 ]
 
 _session: Optional[CaptureSession] = None
@@ -76,6 +77,20 @@ def set_microbatch(index: int, first_sample: int) -> None:
     """``index``: micro-batch within the iteration (``sample`` in names); ``first_sample``: global sample index."""
     if _session is not None:
         _session.set_microbatch(index, first_sample)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Record nothing inside the block (e.g. validation forwards during a captured iteration)."""
+    session = _session
+    if session is None:
+        yield
+        return
+    session.set_paused(True)
+    try:
+        yield
+    finally:
+        session.set_paused(False)
 
 
 def capture_complete() -> bool:

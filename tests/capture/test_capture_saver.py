@@ -321,3 +321,17 @@ def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypa
     tensor_saver.flush()
     means = [e["metadata"]["stats"]["mean"] for e in manifest(tmp_path) if e["metadata"]["tensor_name"] == "weight"]
     assert means == [1.0, 1.0, 2.0, 2.0] and len(computed) == 5
+
+
+def test_paused_block_records_nothing_and_capture_resumes_after(tmp_path):
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), mode="stats"))
+    model = FakeModel(n_layers=1)
+    run_iteration(model, 0, n_microbatches=1)
+    tensor_saver.flush()
+    before = len(manifest(tmp_path))
+    with tensor_saver.paused():
+        assert not tensor_saver.is_active()
+        model(torch.randn(2, 4, model.hidden)).sum().backward()  # e.g. a validation pass
+    tensor_saver.flush()
+    assert before > 0 and len(manifest(tmp_path)) == before
+    assert tensor_saver.is_active()

@@ -80,7 +80,7 @@ def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
                    "TENSOR_SAVER_ITERATION": "2", "TENSOR_SAVE_EXIT_AFTER": "true", "TENSOR_SAVE_ROLES": "qkv"}
     plan = [
         ("fp32", "train", ({}, argv + ["--tensorboard-dir", str(tmp / "tb")])),
-        ("capture", "train", (capture_env, argv)),
+        ("capture", "train", (capture_env, argv + ["--eval-interval", "3"])),  # validates inside the window
         ("bf16", "train", ({}, argv + ["--bf16"])),
         ("hifp8", "train", ({"CUSTOM_QUANT_TYPE": "hifp8"}, argv)),
         ("resume_part1", "train", ({}, argv + ["--save", ckpt, "--exit-interval", str(ITERS // 2)])),

@@ -65,3 +65,7 @@ def test_loop_tells_the_saver_iteration_and_microbatches_and_exits_after_capture
     seen = {(r["iteration"], r["microbatch"], r["first_sample"]) for r in records}
     # global batch 4 = 2 micro-batches of 2 samples on one rank: iteration 2 reads samples 8..11
     assert seen == {(2, 0, 8), (2, 1, 10)}
+    # The validation pass inside the window is not captured: every forward has its backward.
+    forwards = [r for r in records if r["operation"] == "forward" and r["tensor_name"] == "input"]
+    backwards = [r for r in records if r["operation"] == "backward" and r["tensor_name"] == "grad_output"]
+    assert len(forwards) == len(backwards) > 0

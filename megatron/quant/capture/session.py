@@ -47,6 +47,7 @@ class CaptureSession:
         self._summary_lock = threading.Lock()  # the writer thread adds, the training thread reads
         self._wait_at_iteration_start = 0.0
         self._checked_quant_types: set[str] = set()
+        self._paused = False
         self.active = False
 
     # -- training-loop side -------------------------------------------------------------
@@ -64,6 +65,10 @@ class CaptureSession:
 
     def set_microbatch(self, index: int, first_sample: int) -> None:
         self._microbatch, self._first_sample = index, first_sample
+        self._update_active()
+
+    def set_paused(self, paused: bool) -> None:
+        self._paused = paused
         self._update_active()
 
     def capture_complete(self) -> bool:
@@ -177,7 +182,7 @@ class CaptureSession:
 
     def _update_active(self) -> None:
         cfg = self.config
-        self.active = (cfg.enabled and not self._writer.stopped and self._window is not None
+        self.active = (cfg.enabled and not self._paused and not self._writer.stopped and self._window is not None
                        and self._iteration in self._window
                        and (cfg.ranks is None or self._ranks["rank"] in cfg.ranks)
                        and (cfg.microbatches is None or self._microbatch in cfg.microbatches))

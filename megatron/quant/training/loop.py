@@ -168,13 +168,10 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
             logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
         if args.eval_iters and iteration % args.eval_interval == 0:
-            if capture:
-                # Eval forwards would be captured under this training iteration's name.
-                logger.print(f"validation skipped at iteration {iteration}: it is in the capture window")
-            else:
+            with tensor_saver.paused():  # eval forwards are not part of the captured training iteration
                 val = evaluate(run, iteration // args.eval_interval)
-                logger.scalars(iteration, {"lm loss": val}, prefix="validation/")
-                logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
+            logger.scalars(iteration, {"lm loss": val}, prefix="validation/")
+            logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
         if args.save and args.save_interval and iteration % args.save_interval == 0:
             _save(run, iteration, logger)
         if args.exit_interval and iteration % args.exit_interval == 0:
