@@ -59,7 +59,7 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
             rows.append({"format": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode,
                          "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
                          "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
-            print(f"  {name:<12} {mode:<9} {seconds * 1e3:9.2f} ms  {ratio:6.2f}x clone"
+            print(f"  {name:<12} {mode:<9} {seconds * 1e3:9.2f} ms  {x.numel() / seconds / 1e9:6.3f} G el/s  {ratio:6.2f}x clone"
                   f"  (goal {goal:.0f}x{'' if ratio <= goal else ', missed'})", flush=True)
     return rows
 
