@@ -46,6 +46,7 @@ def _rows(fmt, scaled_values: np.ndarray, repeats: int) -> tuple[torch.Tensor, i
 
 
 @pytest.mark.parametrize("name", FORMATS)
+@np.errstate(divide="ignore", invalid="ignore")  # NVFP4 blocks with scale 0 are skipped below
 def test_result_is_always_a_neighbour(name):
     values = representable(name)
     top = values[-1]
