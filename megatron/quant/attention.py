@@ -54,16 +54,16 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query: Tensor, key: Tensor, value: Tensor, attn: "QuantDotProductAttention",
-                attention_mask: Optional[Tensor]) -> Tensor:
+                attention_mask: Optional[Tensor], amaxes: Optional[dict]) -> Tensor:
         ctx.attn, ctx.attention_mask = attn, attention_mask
         ctx.save_for_backward(query, key, value)
-        return attn._sdpa(query, key, value, attention_mask)
+        return attn._sdpa(query, key, value, attention_mask, amaxes)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         attn, mask = ctx.attn, ctx.attention_mask
         grads = recompute_backward(lambda q, k, v: attn._unfused(q, k, v, mask), ctx.saved_tensors, grad_output)
-        return grads + (None, None)
+        return grads + (None, None, None)
 
 
 class QuantDotProductAttention(DotProductAttention):
@@ -95,32 +95,37 @@ class QuantDotProductAttention(DotProductAttention):
                              "(as megatron-core's DotProductAttention)")
         site = self.capture_site
         capture = capturing(site)
+        amaxes = {} if capture else None  # the (TP-reduced) amaxes the GEMMs used, for the capture
+        inputs = (query, key, value)
         if capture:
-            self._capture_inputs(query, key, value)
             query, key, value = CaptureGradients.apply(site, "post", ("grad_query", "grad_key", "grad_value"),
                                                        query, key, value)
         if self.uses_fused_path(query, key, attention_mask):
-            context = _FusedAttention.apply(query, key, value, self, attention_mask)
+            context = _FusedAttention.apply(query, key, value, self, attention_mask, amaxes)
         else:
-            context = self._unfused(query, key, value, attention_mask)
+            context = self._unfused(query, key, value, attention_mask, amaxes)
         if capture:
+            self._capture_inputs(*inputs, amaxes)
             tensor_saver.capture(site, "forward", "post", {"output": context})
             (context,) = CaptureGradients.apply(site, "pre", ("grad_output",), context)
         return context
 
-    def _capture_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        # Megatron layout [s, b, heads, hn]: Q/K blocks along hn (last), V blocks along keys (dim 0),
-        # the same values the GEMMs see after their reshapes.
+    def _capture_inputs(self, query: Tensor, key: Tensor, value: Tensor, amaxes: dict) -> None:
+        # Megatron layout [s, b, heads, hn]: Q/K blocks along hn (last), V blocks along keys (dim 0):
+        # the values the GEMMs used after their reshapes, re-quantized with the amaxes they used
+        # (no collective here: capture may be active on some ranks only).
         specs = {"query": (query, replace(self.quant.qk.a, axis=-1)),
                  "key": (key, replace(self.quant.qk.b, axis=-1)),
                  "value": (value, replace(self.quant.pv.b, axis=0))}
         named = {}
         for name, (x, spec) in specs.items():
-            q, amax = quantize_operand(x, spec, self.tp_group)
+            amax = amaxes.get(name)
+            q = x if spec.fmt is None else spec.fmt.quantize(x, axis=spec.axis, amax=amax)
             named[name] = operand(x, spec, q, amax)
         tensor_saver.capture(self.capture_site, "forward", "pre", named)
 
-    def _unfused(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
+    def _unfused(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                 amaxes: Optional[dict] = None) -> Tensor:
         """megatron-core's DotProductAttention.forward with the two products quantized."""
         group = self.tp_group
         rep = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
@@ -132,7 +137,7 @@ class QuantDotProductAttention(DotProductAttention):
         query = query.reshape(sq, b * heads, -1)
         key = key.view(sk, b * heads, -1)
         scores = QuantBmmFunction.apply(query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2),
-                                        self.softmax_scale, self.quant.qk, group)
+                                        self.softmax_scale, self.quant.qk, group, amaxes, ("query", "key"))
         probs = self.scale_mask_softmax(scores.view(b, heads, sq, sk), attention_mask, self.softmax_offset)
         if not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
@@ -141,16 +146,20 @@ class QuantDotProductAttention(DotProductAttention):
             probs = self.attention_dropout(probs)
         value = value.view(sk, b * heads, -1)
         probs = probs.view(b * heads, sq, -1)
-        context = QuantBmmFunction.apply(probs, value.transpose(0, 1), None, self.quant.pv, group)
+        context = QuantBmmFunction.apply(probs, value.transpose(0, 1), None, self.quant.pv, group, amaxes,
+                                         ("probs", "value"))
         context = context.view(b, heads, sq, -1).permute(2, 0, 1, 3).contiguous()
         return context.view(sq, b, self.hidden_size_per_partition)
 
-    def _sdpa(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
+    def _sdpa(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+              amaxes: Optional[dict] = None) -> Tensor:
         group = self.tp_group
         # [s, b, heads, hn] -> [b, heads, s, hn]; GQA stays unexpanded (enable_gqa).
-        q, _ = quantize_operand(query.permute(1, 2, 0, 3), replace(self.quant.qk.a, axis=-1), group)
-        k, _ = quantize_operand(key.permute(1, 2, 0, 3), replace(self.quant.qk.b, axis=-1), group)
-        v, _ = quantize_operand(value.permute(1, 2, 0, 3), replace(self.quant.pv.b, axis=-2), group)
+        q, q_amax = quantize_operand(query.permute(1, 2, 0, 3), replace(self.quant.qk.a, axis=-1), group)
+        k, k_amax = quantize_operand(key.permute(1, 2, 0, 3), replace(self.quant.qk.b, axis=-1), group)
+        v, v_amax = quantize_operand(value.permute(1, 2, 0, 3), replace(self.quant.pv.b, axis=-2), group)
+        if amaxes is not None:
+            amaxes.update(query=q_amax, key=k_amax, value=v_amax)
         causal = attention_mask is None and self.attn_mask_type == AttnMaskType.causal
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=None if attention_mask is None else ~attention_mask, is_causal=causal,

@@ -313,10 +313,14 @@ class QuantBmmFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, alpha: Optional[float], quant: BmmQuant,
-                group: Optional[dist.ProcessGroup]) -> Tensor:
+                group: Optional[dist.ProcessGroup], amaxes: Optional[dict] = None,
+                names: tuple[str, str] = ("a", "b")) -> Tensor:
+        """``amaxes``: when given, receives the amax used for A and B under ``names`` (capture)."""
         ctx.alpha, ctx.quant, ctx.group = alpha, quant, group
-        a_q, _ = quantize_operand(a, quant.a, group)
-        b_q, _ = quantize_operand(b, quant.b, group)
+        a_q, a_amax = quantize_operand(a, quant.a, group)
+        b_q, b_amax = quantize_operand(b, quant.b, group)
+        if amaxes is not None:
+            amaxes.update({names[0]: a_amax, names[1]: b_amax})
         ctx.a_quantized = same_quantization(quant.a, quant.grad_b_a)
         ctx.b_quantized = same_quantization(quant.b, quant.grad_a_b)
         ctx.save_for_backward(a_q if ctx.a_quantized else a, b_q if ctx.b_quantized else b)
@@ -342,7 +346,7 @@ class QuantBmmFunction(torch.autograd.Function):
             else:
                 dc_b, _ = quantize_operand(grad_c, q.grad_b_dc, ctx.group)
             grad_b = _scaled(a_q.transpose(1, 2).bmm(dc_b), ctx.alpha)
-        return grad_a, grad_b, None, None, None
+        return grad_a, grad_b, None, None, None, None, None
 
 
 class CaptureGradients(torch.autograd.Function):
