@@ -72,7 +72,7 @@ class LayerSelector:
         if layer_idx < 0:
             return False
         if self.stop is None:
-            return layer_idx == (self.start % num_layers if self.start < 0 else self.start)
+            return layer_idx == (self.start + num_layers if self.start < 0 else self.start)
         return layer_idx in range(num_layers)[self.start:self.stop]
 
 

@@ -138,7 +138,8 @@ def test_unreadable_or_unknown_recipe_files(tmp_path):
 
 
 @pytest.mark.parametrize("selector,selected", [
-    (0, [0]), (-1, [3]), ("-2", [2]), ("1-2", [1, 2]), ("1:3", [1, 2]), ("-2:", [2, 3]), (":1", [0])])
+    (0, [0]), (-1, [3]), ("-2", [2]), (-5, []), (7, []), ("1-2", [1, 2]), ("1:3", [1, 2]), ("-2:", [2, 3]),
+    (":1", [0])])
 def test_layer_selectors(selector, selected):
     recipe = QuantRecipe.from_dict({"format": TENSOR_FORMAT, "rules": [{"match": {"layers": [selector]},
                                                                         "format": "bf16"}]})

@@ -50,6 +50,7 @@ def _layer_results(rank: int, world_size: int) -> dict:
         y, _ = layer(x_in)
         y.backward(grad)
         results[(kind, fmt)] = (y.detach(), x_in.grad, layer.weight.grad)
+    results["attention_capture"] = _attention_captured_on_rank0(rank, world_size)
     if world_size > 1:  # in the same processes, to spare a spawn
         results["refusals"] = _build_refusals(world_size)
     cpu.destroy_parallel()
@@ -80,6 +81,40 @@ def test_tp1_equals_tp2(tp_runs, kind, fmt):
         assert torch.equal(both[0][(kind, fmt)][0], both[1][(kind, fmt)][0])
 
 
+def _attention_captured_on_rank0(rank: int, world_size: int):
+    """Per-tensor-scaled attention with capture active on rank 0 only (as a rank filter does):
+    (rank-0 output heads, captured quantized query heads) for rank 0, None elsewhere."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron.quant import tensor_saver
+    from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
+    from megatron.quant.tensor_saver import CaptureSite
+    from tests.layers._helpers import attention_formats, transformer_config
+
+    heads, groups, head_dim, seq = 4, 2, 32, 32
+    config = transformer_config(hidden_size=heads * head_dim, num_attention_heads=heads, num_query_groups=groups,
+                                tensor_model_parallel_size=world_size)
+    module = QuantDotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
+                                      attention_type="self")
+    module.configure_quant(AttentionQuant.from_formats(attention_formats(TENSOR_FORMAT)),
+                           CaptureSite("attention", "FA", 0, "core_attention", "core_attention", "t"))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(seq, 1, h, head_dim, generator=g) for h in (heads, groups, groups))
+    q[:, :, heads // 2:] *= 8  # the second rank's heads hold the amax
+    shard = lambda t: t.chunk(world_size, dim=2)[rank].clone().requires_grad_()  # noqa: E731
+    q, k, v = shard(q), shard(k), shard(v)
+    captured = []
+    saved = tensor_saver.is_active, tensor_saver.capture
+    tensor_saver.is_active = lambda: rank == 0
+    tensor_saver.capture = lambda site, op, phase, tensors: captured.append(dict(tensors))
+    try:
+        out = module(q, k, v, attention_mask=None)
+        out.sum().backward()
+    finally:
+        tensor_saver.is_active, tensor_saver.capture = saved
+    return (out.detach(), captured[0]["query"].quantized.detach()) if rank == 0 else None
+
+
 def _build_refusals(world_size: int) -> dict[str, str]:
     """Messages of the configurations refused at build time at TP>1."""
     from megatron.quant.layers import QuantRowParallelLinear
@@ -105,6 +140,15 @@ def _build_refusals(world_size: int) -> dict[str, str]:
         except ValueError as exc:
             messages[name] = str(exc)
     return messages
+
+
+def test_attention_capture_on_one_rank_matches_tp1(tp_runs):
+    single, both = tp_runs
+    out_1, query_1 = single[0]["attention_capture"]
+    out_2, query_2 = both[0]["attention_capture"]
+    # Rank 0 holds the first half of the heads; the capture used the TP-reduced amax.
+    assert torch.equal(query_2, query_1[:, :, : query_2.shape[2]])
+    torch.testing.assert_close(out_2, out_1[..., : out_2.shape[-1]], rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
