@@ -54,20 +54,21 @@ class QuantLinearMixin:
         if self.weight_cache is not None:
             self.weight_cache.invalidate()
 
-    def _forward_impl(self, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
-                      sequence_parallel, tp_group=None, grad_output_buffer=None, wgrad_deferral_limit=None):
+    def _forward_impl(self, input, weight, **kwargs):
+        # megatron-core calls this with keywords: bias, gradient_accumulation_fusion,
+        # allreduce_dgrad, sequence_parallel, tp_group (None from RowParallelLinear),
+        # grad_output_buffer, wgrad_deferral_limit (ColumnParallelLinear only).
         if self.quant is None:
-            return super()._forward_impl(
-                input=input, weight=weight, bias=bias, gradient_accumulation_fusion=gradient_accumulation_fusion,
-                allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group,
-                grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit)
+            return super()._forward_impl(input=input, weight=weight, **kwargs)
+        tp_group = kwargs.get("tp_group")
         cfg = LinearGemmConfig(
-            quant=self.quant, weight_cache=self.weight_cache, quant_group=self.tp_group,
-            site=self.capture_site, gradient_accumulation_fusion=gradient_accumulation_fusion,
-            allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel,
-            tp_group=self.tp_group if tp_group is None else tp_group,  # row-parallel passes None
-            grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit)
-        return QuantLinearFunction.apply(input, weight, bias, cfg)
+            quant=self.quant, weight_cache=self.weight_cache, quant_group=self.tp_group, site=self.capture_site,
+            gradient_accumulation_fusion=kwargs["gradient_accumulation_fusion"],
+            allreduce_dgrad=kwargs["allreduce_dgrad"], sequence_parallel=kwargs["sequence_parallel"],
+            tp_group=self.tp_group if tp_group is None else tp_group,
+            grad_output_buffer=kwargs.get("grad_output_buffer"),
+            wgrad_deferral_limit=kwargs.get("wgrad_deferral_limit"))
+        return QuantLinearFunction.apply(input, weight, kwargs.get("bias"), cfg)
 
 
 class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
