@@ -108,7 +108,7 @@ def test_manifest_statistics_are_used_without_recomputing(tiny_logs):
                   if r.path is not None and r.tensor_name == "weight" and r.format_name)
     summary = summarize(record, SummaryOptions())
     assert summary.stats["mean"] == record.stats["mean"]
-    assert summary.quant_source == "manifest"
+    assert summary.quant_source == "saver"
     assert summary.log2_counts.tolist() == record.stats["log2_hist"]["counts"]
 
 

@@ -3,4 +3,4 @@ import sys
 
 from megatron.quant.analysis.cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m megatron.quant.analysis"))

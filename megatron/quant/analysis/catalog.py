@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
@@ -167,8 +167,7 @@ def enrich_from_file(record: CaptureRecord, metadata: Mapping[str, Any]) -> Capt
     if record.source != "file name":
         return record
     try:
-        return replace(record_from_metadata(metadata, record.path, "file metadata"),
-                       stats=None)  # stats in a file are not trusted over recomputing them
+        return record_from_metadata(metadata, record.path, "file metadata")
     except ValueError:
         return record
 

@@ -45,9 +45,10 @@ def _str_tokens(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
-def build_parser(description: str, default_analyses: Sequence[str]) -> argparse.ArgumentParser:
+def build_parser(description: str, default_analyses: Sequence[str],
+                 prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=description,
+        prog=prog, description=description,
         epilog="Analysis sets: " + "; ".join(f"{name} = {' '.join(keys)}"
                                             for name, keys in SETS.items()))
     parser.add_argument("--tensor_dir", default="./tensor_logs",
@@ -93,8 +94,12 @@ def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names:
 
 
 def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] = ("all",),
-         description: str = "Draw figures and an HTML report from captured tensors.") -> int:
-    parser = build_parser(description, default_analyses)
+         description: str = "Draw figures and an HTML report from captured tensors.",
+         prog: Optional[str] = None) -> int:
+    """Exit status: 0 done, 1 some figure failed (named on stderr and in the report), 2 bad
+    input (message on stderr)."""
+    parser = build_parser(description, default_analyses, prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     _positive(parser, args, "workers", "sample_size", "figure_budget", "max_panels",
               "min_trend_iterations", "dpi")
@@ -111,8 +116,7 @@ def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] =
         settings=PlotSettings(figure_budget=args.figure_budget, max_panels=args.max_panels,
                               min_trend_iterations=args.min_trend_iterations),
         workers=args.workers, dpi=args.dpi, progress=not args.no_progress,
-        command=" ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name,
-                                                   *(sys.argv[1:] if argv is None else argv)]))
+        command=shlex.join([parser.prog, *argv]))
     try:
         result = run_report(options)
     except (CatalogError, FilterError) as error:

@@ -88,13 +88,13 @@ def summarize(record: CaptureRecord, options: SummaryOptions) -> TensorSummary:
     record = replace(enrich_from_file(record, metadata), shape=tuple(tensor.shape),
                      dtype=str(tensor.dtype).removeprefix("torch."))
     flat = tensor.reshape(-1)
-    stats, log2_counts = _manifest_tensor_stats(record, flat.numel())
+    stats, log2_counts = _saved_tensor_stats(record, flat.numel())
     if stats is None:
         stats, log2_counts = tensor_moments(flat)
     sample = flat[torch.from_numpy(sample_indices(flat.numel(), options.sample_size))]
     sample = sample.to(torch.float32).numpy()
     stats = {**stats, **sample_shape_moments(sample)}
-    quant, quant_source = _manifest_quant_stats(record)
+    quant, quant_source = _saved_quant_stats(record)
     heatmap = (pooled_absmax(tensor, options.heatmap_size)
                if options.heatmap_size and tensor.ndim >= 2 else None)
     view, sampled_quant = None, None
@@ -109,35 +109,35 @@ def summarize(record: CaptureRecord, options: SummaryOptions) -> TensorSummary:
 
 
 def _stats_only_summary(record: CaptureRecord) -> TensorSummary:
-    stats, log2_counts = _manifest_tensor_stats(record, None)
+    stats, log2_counts = _saved_tensor_stats(record, None)
     if stats is None:
         raise CaptureLoadError("manifest entry has neither a file nor statistics")
-    quant, quant_source = _manifest_quant_stats(record)
+    quant, quant_source = _saved_quant_stats(record)
     return TensorSummary(record, stats, quant, quant_source, log2_counts, None, None, None)
 
 
-def _manifest_tensor_stats(record: CaptureRecord, numel: Optional[int]
+def _saved_tensor_stats(record: CaptureRecord, numel: Optional[int]
                            ) -> tuple[Optional[dict], Optional[np.ndarray]]:
     stats = record.stats
     if not stats or any(key not in stats for key in TENSOR_STAT_KEYS):
         return None, None
     if numel is not None and stats["numel"] != numel:
         return None, None  # the file does not hold what the manifest describes
-    counts = log2_counts_from_manifest(stats.get("log2_hist"))
+    counts = log2_counts_from_stats(stats.get("log2_hist"))
     if counts is None:
         return None, None
     return {key: stats[key] for key in TENSOR_STAT_KEYS}, counts
 
 
-def _manifest_quant_stats(record: CaptureRecord) -> tuple[Optional[dict], Optional[str]]:
+def _saved_quant_stats(record: CaptureRecord) -> tuple[Optional[dict], Optional[str]]:
     stats = record.stats or {}
     if "overflow_ratio" not in stats:
         return None, None
-    return {key: stats.get(key) for key in QUANT_METRICS}, "manifest"
+    return {key: stats.get(key) for key in QUANT_METRICS}, "saver"
 
 
-def log2_counts_from_manifest(hist: Any) -> Optional[np.ndarray]:
-    """Manifest log2 histogram as LOG2_BINS counts (end bins included); None if not that shape."""
+def log2_counts_from_stats(hist: Any) -> Optional[np.ndarray]:
+    """The saver's log2 histogram as LOG2_BINS counts (end bins included); None if not that shape."""
     if not isinstance(hist, Mapping):
         return None
     edges, counts = hist.get("edges"), hist.get("counts")

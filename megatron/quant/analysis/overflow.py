@@ -68,6 +68,8 @@ def draw_overview(payload: dict):
         scatter_ax.plot(under, over, "o", markersize=4, alpha=0.6, label=quant_type)
     figures.log_scale(scatter_ax, "x", linthresh=1e-4)
     figures.log_scale(scatter_ax, "y", linthresh=1e-4)
+    scatter_ax.set_xlim(left=0)  # shares are never negative
+    scatter_ax.set_ylim(bottom=0)
     scatter_ax.set_xlabel("underflow (% of elements, symlog)")
     scatter_ax.set_ylabel("overflow (% of elements, symlog)")
     scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
@@ -77,13 +79,17 @@ def draw_overview(payload: dict):
     positive = np.concatenate([t[t > 0] for t in totals.values()])
     hist_ax.set_title("Total overflow + underflow per capture", fontsize=10)
     if positive.size:
-        edges = np.logspace(np.log10(positive.min()), np.log10(positive.max()) + 1e-9, 40)
+        log = figures.spans_decades(positive, decades=1.0)
+        low, high = float(positive.min()), float(positive.max()) * (1 + 1e-9)
+        edges = (np.logspace(np.log10(low), np.log10(high), 40) if log
+                 else np.linspace(0, high, 40))
         for quant_type, total in totals.items():
             zeros = int((total == 0).sum())
             hist_ax.hist(total[total > 0], bins=edges, histtype="step", linewidth=1.4,
                          label=f"{quant_type} ({zeros} captures at 0%)")
-        figures.log_scale(hist_ax, "x")
-        hist_ax.set_xlabel("overflow + underflow (% of elements, log scale)")
+        if log:
+            figures.log_scale(hist_ax, "x")
+        hist_ax.set_xlabel("overflow + underflow (% of elements" + (", log scale)" if log else ")"))
         hist_ax.set_ylabel("captures")
         hist_ax.legend(fontsize=8)
         hist_ax.grid(alpha=0.3)

@@ -5,7 +5,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Optional, Sequence, TypeVar
 
 from tqdm import tqdm
 
@@ -28,8 +28,11 @@ def _init_worker() -> None:
 
 
 def parallel_map(fn: Callable[[Item], Result], items: Sequence[Item], workers: int,
-                 description: str, progress: bool = True) -> Iterator[Result]:
-    """``fn`` over ``items`` in order. ``fn`` must be a module-level function (it is pickled)."""
+                 description: str, progress: bool = True,
+                 chunksize: Optional[int] = None) -> Iterator[Result]:
+    """``fn`` over ``items`` in order. ``fn`` must be a module-level function (it is pickled).
+
+    ``chunksize`` None batches many small items per task; use 1 for few slow ones."""
     bar = tqdm(total=len(items), desc=description, unit="item", file=sys.stderr,
                disable=not progress, dynamic_ncols=True, leave=False)
     try:
@@ -41,7 +44,8 @@ def parallel_map(fn: Callable[[Item], Result], items: Sequence[Item], workers: i
         # fork shares the already imported torch/matplotlib: workers start in milliseconds.
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         context = multiprocessing.get_context(method)
-        chunksize = max(1, min(16, len(items) // (workers * 8)))
+        if chunksize is None:
+            chunksize = max(1, min(16, len(items) // (workers * 8)))
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:
             for result in pool.map(fn, items, chunksize=chunksize):
                 yield result

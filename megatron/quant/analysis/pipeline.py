@@ -67,7 +67,7 @@ def run_report(options: ReportOptions) -> ReportResult:
     jobs = [job for _, plan in plans for job in plan.figures]
     errors = dict(zip((job.path for job in jobs), parallel_map(
         _render, [(job, options.output_dir, options.dpi) for job in jobs], options.workers,
-        "drawing figures", options.progress)))
+        "drawing figures", options.progress, chunksize=1)))
     sections = [_section(analysis, plan, errors, options.output_dir) for analysis, plan in plans]
     index = write_report(options.output_dir, _run_summary(options, inp), sections,
                          order=[a.key for a in ANALYSES])

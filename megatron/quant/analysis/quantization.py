@@ -44,8 +44,8 @@ def no_quant_stats_note() -> str:
 def source_note(measured: list[TensorSummary]) -> str:
     sampled = sum(s.quant_source == "sampled rows" for s in measured)
     if not sampled:
-        return "exact, from the manifests"
-    return f"{len(measured) - sampled} exact from manifests, {sampled} estimated on sampled rows"
+        return "exact, computed by the saver"
+    return f"{len(measured) - sampled} exact from the saver, {sampled} estimated on sampled rows"
 
 
 def metric_table(measured: list[TensorSummary]) -> dict:

@@ -51,7 +51,7 @@ class TensorSummary:
     record: CaptureRecord
     stats: Mapping[str, Any]               # section-3 tensor statistics of the whole tensor
     quant: Optional[Mapping[str, Any]]     # section-3 quantization statistics, if any
-    quant_source: Optional[str]            # "manifest" or "sampled rows"
+    quant_source: Optional[str]            # "saver" (manifest or file) or "sampled rows"
     log2_counts: Optional[np.ndarray]      # whole-tensor log2|x| histogram (LOG2_BINS counts)
     sample: Optional[np.ndarray]           # float32 values at indices fixed by numel
     heatmap: Optional[np.ndarray]          # max |x| per block of a 2-D view
