@@ -112,7 +112,8 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
         "benchmark": "bench_layers", "shape": SHAPE, "tokens": args.tokens, "dtype": args.dtype,
-        "threads": args.threads, "rounds": rounds, "compile": args.compile, "machine": platform.processor() or platform.machine(),
+        "threads": args.threads, "rounds": rounds, "compile": args.compile,
+        "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "torch": torch.__version__, "load_average": os.getloadavg(), "rows": rows}, indent=2))
     print(f"\nwrote {args.output}")
     cpu.destroy_parallel()

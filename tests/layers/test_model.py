@@ -89,7 +89,8 @@ def _pipeline_sites(rank: int, world_size: int) -> list[tuple[str, int]]:
     config = transformer_config(num_layers=4, pipeline_model_parallel_size=world_size, pipeline_dtype=torch.float32)
     # Untied embeddings: megatron-core syncs tied ones across stages with a hard-coded .cuda().
     model = build_llama_model(config, QuantRecipe.uniform("bf16"), vocab_size=VOCAB, max_sequence_length=SEQ,
-                              share_embeddings_and_output_weights=False, pre_process=parallel_state.is_pipeline_first_stage(),
+                              share_embeddings_and_output_weights=False,
+                              pre_process=parallel_state.is_pipeline_first_stage(),
                               post_process=parallel_state.is_pipeline_last_stage())
     sites = sorted({(m.capture_site.module, m.capture_site.layer_idx) for m in model.modules()
                     if getattr(m, "capture_site", None) and m.capture_site.role == "qkv"})
@@ -128,7 +129,8 @@ def test_real_saver_writes_layer_captures(parallel, tmp_path):
         assert any(n.endswith(expected) for n in names), expected
     assert not any("_L1_" in n for n in names)
     def by_module(suffix):
-        records = (torch.load(p, weights_only=True) for p in (tmp_path / BLOCK_FORMAT).glob(f"*linear_L0_forward_pre*{suffix}"))
+        paths = (tmp_path / BLOCK_FORMAT).glob(f"*linear_L0_forward_pre*{suffix}")
+        records = (torch.load(p, weights_only=True) for p in paths)
         return {r["metadata"]["module"]: r["tensor"] for r in records}
 
     inputs, quantized = by_module("_input.pt"), by_module("_input_quantized.pt")

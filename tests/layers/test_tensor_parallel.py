@@ -23,8 +23,6 @@ def _full_data():
 
 def _layer_results(rank: int, world_size: int) -> dict:
     """Each case's output and gradients on this rank, as full (un-sharded) tensors where sharded."""
-    from megatron.core.tensor_parallel import ColumnParallelLinear  # noqa: F401 (megatron import order)
-
     from megatron.quant import cpu
     from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear
     from megatron.quant.ops import LinearQuant
@@ -145,8 +143,10 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
         y.backward(grad_shard)
         dx = x_in.grad if sp else x_in.grad.chunk(world_size, 0)[rank]
         runs[name] = (y.detach(), dx, layer.weight.grad)
-    same = lambda a, b, exact: all(torch.equal(u, v) if exact else torch.allclose(u, v, rtol=1e-5, atol=1e-4)  # noqa: E731
-                                   for u, v in zip(runs[a], runs[b]))
+    def same(a: str, b: str, exact: bool) -> bool:
+        return all(torch.equal(u, v) if exact else torch.allclose(u, v, rtol=1e-5, atol=1e-4)
+                   for u, v in zip(runs[a], runs[b]))
+
     return {"passthrough_is_stock": same("stock", "passthrough", True),
             "mxfp8_sp_equals_mxfp8": same("mxfp8_sp", "mxfp8", False),
             "mxfp8_is_quantized": not torch.allclose(runs["mxfp8"][0], runs["passthrough"][0], rtol=1e-3)}
@@ -206,4 +206,5 @@ def test_block_not_dividing_the_shard_is_refused(refusals):
 
 
 def test_sequence_parallel_without_te_or_apex_is_refused(refusals):
-    assert "sequence_parallel" in refusals["sequence_parallel"] and "Transformer Engine" in refusals["sequence_parallel"]
+    message = refusals["sequence_parallel"]
+    assert "sequence_parallel" in message and "Transformer Engine" in message
