@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.quant import tensor_saver
+from megatron.quant.layers import invalidate_quantized_weights
 from megatron.quant.training import checkpoint
 from megatron.quant.training.data import BatchLayout, get_batch
 from megatron.quant.training.metrics import MetricsLogger, capture_digest, format_line
@@ -117,6 +118,10 @@ def train_step(run: Run, iteration: int) -> dict[str, float]:
     step = _forward_backward_gpu if run.cuda else _forward_backward_cpu
     reports = step(run, batches, forward_only=False)
     ok, grad_norm, _ = run.optimizer.step()
+    # megatron-core's GPU optimizers write weights through .data and buffer views, which the
+    # quantized-weight cache's version check cannot see.
+    for chunk in run.model_chunks:
+        invalidate_quantized_weights(chunk)
     lr = run.optimizer.param_groups[0]["lr"]
     if ok:
         run.scheduler.step(increment=1)
