@@ -45,9 +45,10 @@ class TensorKey(NamedTuple):
 
     @property
     def label(self) -> str:
-        """e.g. "linear fc1 fwd pre input"."""
-        short = {"forward": "fwd", "backward": "bwd"}
-        return " ".join(short.get(part, part) for part in self if part)
+        """e.g. "fc1 fwd pre input", "attn bwd post grad_query" (the role names the layer type)."""
+        short = {"forward": "fwd", "backward": "bwd", "core_attention": "attn"}
+        parts = (self.role or self.layer_type, self.operation, self.phase, self.tensor_name)
+        return " ".join(short.get(part, part) for part in parts)
 
 
 @dataclass(frozen=True)

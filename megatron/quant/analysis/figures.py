@@ -17,6 +17,8 @@ import numpy as np  # noqa: E402
 from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()
+# Scientific notation outside [1e-3, 1e4], so that small gradients keep short tick labels.
+_STYLE = {"axes.formatter.limits": (-3, 4), "axes.titlesize": 10}
 DENSITY_LABEL = "probability density (1/value)"
 _LEGEND_FONT = 8
 
@@ -248,9 +250,10 @@ def render(job: FigureJob, output_dir: Path, dpi: int) -> Optional[str]:
     target.parent.mkdir(parents=True, exist_ok=True)
     fig = None
     try:
-        fig = job.draw(job.payload)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        fig.savefig(partial, dpi=dpi, format="png")
+        with plt.rc_context(_STYLE):
+            fig = job.draw(job.payload)
+            partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            fig.savefig(partial, dpi=dpi, format="png")
         os.replace(partial, target)  # never a half-written PNG under the final name
         return None
     except Exception as error:  # one broken figure must not lose the rest of the report

@@ -82,15 +82,12 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 def matched_pairs(members: dict) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
     """Per tensor, the sampled values of HiFP8/MXFP8 captures of the same point and shape."""
     mx = {(s.record.site_key, s.record.shape): s for s in members["mxfp8"]}
-    xs: dict[tuple, list] = {}
-    for hi in members["hifp8"]:
-        partner = mx.get((hi.record.site_key, hi.record.shape))
-        if partner is not None:
-            xs.setdefault(hi.record.tensor_key, []).append((hi.sample, partner.sample))
+    matched = [(hi, mx[(hi.record.site_key, hi.record.shape)]) for hi in members["hifp8"]
+               if (hi.record.site_key, hi.record.shape) in mx]
     pairs = {}
-    for key, samples in sorted(xs.items()):
-        x = np.concatenate([a for a, _ in samples])
-        y = np.concatenate([b for _, b in samples])
+    for key, group in group_by(matched, lambda pair: pair[0].record.tensor_key).items():
+        x = np.concatenate([hi.sample for hi, _ in group])
+        y = np.concatenate([mx_.sample for _, mx_ in group])
         both = np.isfinite(x) & np.isfinite(y)
         x, y = x[both], y[both]
         picks = subsample_indices(x.size, MAX_POINTS)
