@@ -54,3 +54,18 @@ def _rng_worker(rank: int, world_size: int) -> bool:
 
 def test_rng_tracker_forks_cpu_states():
     assert run_distributed(_rng_worker, 1) == [True]
+
+
+
+def test_one_process_world_leaves_launcher_env_alone():
+    # Child processes (scripts, torchrun) must not inherit a stale one-process world.
+    import os
+    import subprocess
+    import sys
+
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    code = ("import os, torch.distributed as dist; from megatron.quant import cpu; cpu.init_parallel(); "
+            f"print(dist.get_world_size(), [k for k in {launcher!r} if k in os.environ])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "1 []"

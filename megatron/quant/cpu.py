@@ -114,13 +114,14 @@ def init_parallel(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     cpu = enable_cpu_compat()
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         if not cpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("gloo" if cpu else "nccl")
+        backend = "gloo" if cpu else "nccl"
+        if "RANK" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            # A world of one; the environment is left alone so child processes start clean.
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     world = dist.get_world_size()
     model_parallel = tensor_model_parallel_size * pipeline_model_parallel_size
     if world % model_parallel:
