@@ -77,6 +77,11 @@ class NumericFormat(ABC):
         stochastic = options.get("rounding") == "stochastic"
         self._stream = RandomStream(options.get("seed", 0)) if stochastic else None
 
+    def _describe_elements(self, name: str, element) -> None:
+        """Name the format; bits, max and min positive are those of its element grid."""
+        self.name, self.element = name, element
+        self.bits, self.max_value, self.min_positive = element.bits, element.max_value, element.min_positive
+
     def quantize(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
                  generator: torch.Generator | None = None) -> Tensor:
         """Fake-quantized x. ``amax`` (0-d) replaces x's own absolute max where a per-tensor

@@ -63,11 +63,7 @@ class ElementwiseFormat(NumericFormat):
 
     def __init__(self, name: str, element: ElementGrid, options: dict[str, Any]):
         super().__init__(options)
-        self.name = name
-        self.element = element
-        self.bits = element.bits
-        self.max_value = element.max_value
-        self.min_positive = element.min_positive
+        self._describe_elements(name, element)
         self.scaling = options["scaling"]
         self.needs_tensor_amax = self.scaling == "tensor"
         self.scale_target = options.get("scale_target") or element.max_value

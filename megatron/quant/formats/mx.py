@@ -44,11 +44,7 @@ class MXFormat(BlockFormat):
 
     def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):
         super().__init__(options)
-        self.name = name
-        self.element = element
-        self.bits = element.bits
-        self.max_value = element.max_value
-        self.min_positive = element.min_positive
+        self._describe_elements(name, element)
 
     def _quantize_blocks(self, blocks, amax, generator):
         block_amax = abs_max(blocks, dim=-1)
