@@ -37,20 +37,15 @@ def variants(format_names: list[str]) -> dict[str, dict]:
 
 def step_times(env: dict, iters: int, micro_batch: int, save_dir: str) -> list[float]:
     from megatron.quant.train import main
+    from megatron.quant.training.env import scoped_environ
 
     env = dict(env, TENSOR_SAVE_DIR=save_dir)
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
     try:
-        history = main(["--model", "llama-tiny", "--mock-data", "--train-iters", str(iters), "--eval-iters", "0",
-                        "--micro-batch-size", str(micro_batch), "--global-batch-size", str(2 * micro_batch),
-                        "--log-interval", str(iters)])
+        with scoped_environ(env):
+            history = main(["--model", "llama-tiny", "--mock-data", "--train-iters", str(iters), "--eval-iters", "0",
+                            "--micro-batch-size", str(micro_batch), "--global-batch-size", str(2 * micro_batch),
+                            "--log-interval", str(iters)])
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         shutil.rmtree(save_dir, ignore_errors=True)
     return [h["iteration time (s)"] for h in history[1:]]  # the first iteration warms up
 

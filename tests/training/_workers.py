@@ -2,7 +2,6 @@
 importing megatron-core dominates a spawned rank's cost."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -13,17 +12,10 @@ LOGGED = ("iteration", "lm loss", "grad norm", "learning rate")
 def train(world_size: int, env: dict, argv: list[str]) -> list[dict]:
     """``main(argv)`` under ``env``; the logged values of every iteration."""
     from megatron.quant.train import main
+    from megatron.quant.training.env import scoped_environ
 
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
+    with scoped_environ(env):
         history = main(argv)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return [{key: h[key] for key in LOGGED} for h in history]
 
 
