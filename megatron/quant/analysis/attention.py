@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.loading import CaptureLoadError, load_capture
@@ -81,7 +82,7 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor) -> np.ndarra
     return torch.softmax(scores.masked_fill(causal, -math.inf), dim=-1).numpy()
 
 
-def draw_attention_maps(payload: dict):
+def draw_attention_maps(payload: dict) -> Figure:
     pairs = payload["pairs"]
     fig, axes = figures.subplot_grid(len(pairs), ncols=2, panel_size=(5.6, 4.8))
     for ax, pair in zip(axes, pairs):

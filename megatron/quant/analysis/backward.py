@@ -2,6 +2,8 @@
 activations, so the comparison is drawn on log2|x|."""
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
                                            truncation_note)
@@ -48,14 +50,14 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     return plan
 
 
-def draw_forward_vs_backward(payload: dict):
+def draw_forward_vs_backward(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.4, 4.6))
     for ax, (layer_type, histograms) in zip(axes, payload.items()):
         figures.log2_panel(ax, histograms, f"{layer_type} layers")
     return figures.finish(fig, "Forward vs backward magnitudes")
 
 
-def draw_statistics(payload: dict):
+def draw_statistics(payload: dict) -> Figure:
     width = max(8.0, 0.5 * max(len(series) for series in payload.values()))
     fig, axes = figures.subplot_grid(2, ncols=1, panel_size=(width, 4.6))
     labels = {"std": ("Standard deviation", "std (value units)"),

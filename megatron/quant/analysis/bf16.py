@@ -3,6 +3,7 @@ and the variance, skewness and kurtosis of each tensor."""
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
@@ -56,7 +57,7 @@ def _moment(summary: TensorSummary, name: str) -> float:
     return summary.stat(name)
 
 
-def draw_distributions(payload: dict):
+def draw_distributions(payload: dict) -> Figure:
     fig, (raw_ax, norm_ax) = figures.subplot_grid(2, ncols=2, panel_size=(6.4, 4.6))
     figures.value_histograms(raw_ax, payload["raw"], "Raw density")
     figures.value_histograms(norm_ax, payload["normalised"], "Min-max normalised density",
@@ -64,7 +65,7 @@ def draw_distributions(payload: dict):
     return figures.finish(fig, "bf16 value distributions")
 
 
-def draw_moments(payload: dict):
+def draw_moments(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(3, ncols=3, panel_size=(5.4, 4.4))
     labels = {"variance": ("Variance", "variance (value units squared)", None),
               "skewness": ("Skewness", "skewness (dimensionless)", False),

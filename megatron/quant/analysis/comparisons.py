@@ -1,6 +1,8 @@
 """comparisons/: the same tensor (layer type, pass, phase, name) across quant types."""
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
                                            truncation_note)
@@ -53,7 +55,7 @@ def _median(items: list[TensorSummary], quant_type: str, stat: str) -> float:
     return finite_median(s.stat(stat) for s in items if s.record.quant_type == quant_type)
 
 
-def draw_magnitudes(payload: dict):
+def draw_magnitudes(payload: dict) -> Figure:
     fig, (std_ax, max_ax) = figures.subplot_grid(2, ncols=1, panel_size=(
         max(8.0, 0.6 * len(payload["categories"])), 4.5))
     figures.grouped_bars(std_ax, payload["categories"], payload["std"],

@@ -1,6 +1,8 @@
 """distributions/: histogram, box plot and normal Q-Q plot per quant type, layer type and pass."""
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, figure_path
 from megatron.quant.analysis.summary import group_by, sampled_series
@@ -26,7 +28,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     return plan
 
 
-def draw_distribution(payload: dict):
+def draw_distribution(payload: dict) -> Figure:
     fig, (hist_ax, box_ax, qq_ax) = figures.subplot_grid(3, ncols=3, panel_size=(5.5, 4.2))
     series = payload["series"]
     figures.value_histograms(hist_ax, series, "Histogram (sampled values)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
@@ -65,7 +66,7 @@ def panel(key: tuple, items: list[TensorSummary]) -> dict:
             "captures": len(views), "numel": numel}
 
 
-def draw_exponents(payload: dict):
+def draw_exponents(payload: dict) -> Figure:
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(len(panels), ncols=3, panel_size=(5.4, 4.4))
     for ax, p in zip(axes, panels):

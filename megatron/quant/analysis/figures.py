@@ -11,6 +11,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -30,7 +32,7 @@ _GAP_WIDTH, _GAP_HEIGHT = 1.15, 1.45
 
 
 def subplot_grid(n_panels: int, ncols: int = 3, panel_size: tuple[float, float] = (5.0, 3.8),
-                 legend_width: float = 0.0):
+                 legend_width: float = 0.0) -> tuple[Figure, list[Axes]]:
     """A figure with ``n_panels`` axes (row-major), each about ``panel_size`` inches including
     its labels; ``legend_width`` inches are kept free on the right for a shared legend."""
     ncols = max(1, min(ncols, n_panels))
@@ -49,7 +51,7 @@ def subplot_grid(n_panels: int, ncols: int = 3, panel_size: tuple[float, float] 
     return fig, flat[:n_panels]
 
 
-def finish(fig, title: str, shared_legend: Optional[Sequence] = None):
+def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = None) -> Figure:
     """The figure title; ``shared_legend``: axes whose labels get one legend to their right
     (panels drawing the same series; make room with subplot_grid's ``legend_width``)."""
     fig.suptitle(title, fontsize=13, y=1 - 0.2 / fig.get_figheight(), va="top")
@@ -235,7 +237,7 @@ def log2_panel(ax, histograms: Mapping[str, tuple[int, np.ndarray]], title: str,
     ax.grid(alpha=0.3)
 
 
-def draw_histogram_panels(payload: dict):
+def draw_histogram_panels(payload: dict) -> Figure:
     """A figure of value-histogram panels: {"title": str, "panels": [{"title", "series"}]}."""
     panels = payload["panels"]
     fig, axes = subplot_grid(len(panels), ncols=3)

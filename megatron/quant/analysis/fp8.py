@@ -3,6 +3,7 @@ correlation of the same capture point, and how close each is to a normal distrib
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
@@ -97,14 +98,14 @@ def matched_pairs(members: dict) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
     return pairs
 
 
-def draw_statistics(payload: dict):
+def draw_statistics(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(5.5, 4.0))
     for ax, (stat, series) in zip(axes, payload.items()):
         figures.box_plot(ax, series, f"{stat} per capture", f"{stat} (value units)", log=False)
     return figures.finish(fig, "HiFP8 vs MXFP8: capture statistics")
 
 
-def draw_correlation(payload: dict):
+def draw_correlation(payload: dict) -> Figure:
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(len(panels), ncols=3, panel_size=(4.8, 4.4))
     for ax, panel in zip(axes, panels):
@@ -121,7 +122,7 @@ def draw_correlation(payload: dict):
     return figures.finish(fig, "HiFP8 vs MXFP8: same capture point, element by element")
 
 
-def draw_normal_fit(payload: dict):
+def draw_normal_fit(payload: dict) -> Figure:
     import scipy.stats  # here only: importing it costs every report process a second
     fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.0, 4.4))
     grid = np.linspace(-5, 5, 400)

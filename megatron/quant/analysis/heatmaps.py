@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
@@ -45,7 +46,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     return plan
 
 
-def draw_heatmaps(payload: dict):
+def draw_heatmaps(payload: dict) -> Figure:
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(len(panels), ncols=3, panel_size=(5.2, 4.4))
     for ax, panel in zip(axes, panels):

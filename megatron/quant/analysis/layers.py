@@ -2,6 +2,8 @@
 of the model, and differences between samples (micro-batches)."""
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
                                            truncation_note)
@@ -83,14 +85,14 @@ def _add_layer_trends(plan: AnalysisPlan, by_quant: list) -> None:
                  for metric, _, _, factor in _TREND_METRICS}}))
 
 
-def draw_attention_vs_linear(payload: dict):
+def draw_attention_vs_linear(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.4, 4.6))
     for ax, (quant_type, histograms) in zip(axes, payload.items()):
         figures.log2_panel(ax, histograms, f"{quant_type}: attention vs linear")
     return figures.finish(fig, "Attention vs linear layer magnitudes")
 
 
-def draw_per_layer(payload: dict):
+def draw_per_layer(payload: dict) -> Figure:
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(2 * len(panels), ncols=len(panels), panel_size=(5.6, 4.4))
     for i, (name, stats) in enumerate(panels.items()):
@@ -101,7 +103,7 @@ def draw_per_layer(payload: dict):
     return figures.finish(fig, payload["title"])
 
 
-def draw_samples(payload: dict):
+def draw_samples(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.0, 4.4))
     for ax, (quant_type, series) in zip(axes, payload.items()):
         figures.box_plot(ax, series, f"{quant_type}: max |x| per capture by sample",
@@ -109,7 +111,7 @@ def draw_samples(payload: dict):
     return figures.finish(fig, "Differences between samples (micro-batches)")
 
 
-def draw_layer_trends(payload: dict):
+def draw_layer_trends(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(_TREND_METRICS), ncols=3, panel_size=(5.2, 4.4),
                                      legend_width=3.4)
     for ax, (metric, title, ylabel, _) in zip(axes, _TREND_METRICS):

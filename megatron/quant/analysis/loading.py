@@ -20,10 +20,10 @@ import torch
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, enrich_from_file,
                                              relative_path)
 from megatron.quant.analysis.parallel import parallel_map
-from megatron.quant.formats import NumericFormat, get_format
-from megatron.quant.stats import quant_stats
 from megatron.quant.analysis.summary import (LOG2_BINS, LOG2_HIGH, LOG2_LOW, QUANT_METRICS,
                                              FormatView, TensorSummary, finite)
+from megatron.quant.formats import NumericFormat, get_format
+from megatron.quant.stats import quant_stats
 
 TENSOR_STAT_KEYS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs")
 _CHUNK = 1 << 22  # elements converted to float64 at a time for exact statistics

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
@@ -57,7 +58,7 @@ def _shares(groups: dict[str, list[TensorSummary]]) -> dict:
                                              for v in groups.values()]}}
 
 
-def draw_overview(payload: dict):
+def draw_overview(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.2, 4.4))
     for ax, key, title in ((axes[0], "by_quant", "By quant type"),
                            (axes[2], "by_layer_type", "By quant type and layer type")):
@@ -98,7 +99,7 @@ def draw_overview(payload: dict):
     return figures.finish(fig, "Overflow and underflow")
 
 
-def draw_by_tensor(payload: dict):
+def draw_by_tensor(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(payload), ncols=1, panel_size=(
         max(8.0, 0.6 * max(len(p["categories"]) for p in payload.values())), 4.2))
     for ax, (quant_type, shares) in zip(axes, payload.items()):

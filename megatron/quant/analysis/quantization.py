@@ -3,6 +3,7 @@ cosine similarity), and the original vs quantized values themselves."""
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, figure_path
@@ -74,7 +75,7 @@ def value_pairs(viewed: list[TensorSummary]) -> dict:
     return pairs
 
 
-def draw_error_metrics(payload: dict):
+def draw_error_metrics(payload: dict) -> Figure:
     width = max(8.0, 0.6 * len(payload["categories"]))
     fig, axes = figures.subplot_grid(3, ncols=1, panel_size=(width, 4.2))
     figures.grouped_bars(axes[0], payload["categories"], payload["sqnr_db"],
@@ -88,7 +89,7 @@ def draw_error_metrics(payload: dict):
     return figures.finish(fig, "Quantization error by tensor and quant type")
 
 
-def draw_pairs(payload: dict):
+def draw_pairs(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(2 * len(payload), ncols=2, panel_size=(5.8, 4.4))
     for i, (quant_type, pair) in enumerate(payload.items()):
         x, q = pair["x"], pair["q"]

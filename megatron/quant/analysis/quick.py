@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, OutputFile
 from megatron.quant.analysis.summary import TensorSummary, pooled_moments, pooled_sample
@@ -38,7 +40,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         files=[OutputFile("tensor_stats.txt", "Totals, value statistics and capture counts.")])
 
 
-def draw_quick(payload: dict):
+def draw_quick(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.5, 4.8))
     values = payload["values"]
     axes[0].hist(values, bins=100, color="tab:blue")

@@ -2,6 +2,8 @@
 batches), per rank and per tensor."""
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, figure_path
 from megatron.quant.analysis.summary import finite_median, group_by
@@ -33,7 +35,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     return plan
 
 
-def draw_statistics(payload: dict):
+def draw_statistics(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(3, ncols=3, panel_size=(5.2, 4.2))
     counts = payload["counts"]
     axes[0].bar(list(counts), list(counts.values()))
@@ -45,7 +47,7 @@ def draw_statistics(payload: dict):
     return figures.finish(fig, "Captures by rank")
 
 
-def draw_by_tensor(payload: dict):
+def draw_by_tensor(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(1, ncols=1, panel_size=(
         max(8.0, 0.6 * len(payload["categories"])), 4.6))
     figures.grouped_bars(axes[0], payload["categories"], payload["groups"],

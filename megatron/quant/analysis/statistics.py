@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, OutputFile,
@@ -68,7 +69,7 @@ def write_csv(inp: AnalysisInput, summaries: list[TensorSummary]) -> None:
                 s.quant_source or ""])
 
 
-def draw_by_quant_type(payload: dict):
+def draw_by_quant_type(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.0, 4.2))
     titles = {"mean": ("Mean", "mean (value units)", False),
               "std": ("Standard deviation", "std (value units)", None),
@@ -80,7 +81,7 @@ def draw_by_quant_type(payload: dict):
     return figures.finish(fig, "Capture statistics by quant type")
 
 
-def draw_by_tensor(payload: dict):
+def draw_by_tensor(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(7.0, 4.6))
     for ax, (quant_type, series) in zip(axes, payload.items()):
         figures.box_plot(ax, series, f"{quant_type}: max |x| per capture", "max |x| (value units)")

@@ -2,6 +2,8 @@
 statistics-only manifests make this cheap for long runs)."""
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, figure_path
 from megatron.quant.analysis.summary import TensorSummary, group_by, median_curves, tensor_label
@@ -41,7 +43,7 @@ def _iteration(summary: TensorSummary) -> int:
     return summary.record.iteration
 
 
-def draw_trends(payload: dict):
+def draw_trends(payload: dict) -> Figure:
     fig, axes = figures.subplot_grid(len(_METRICS), ncols=3, panel_size=(5.2, 4.4),
                                      legend_width=3.4)
     for ax, (metric, title, ylabel, _, _) in zip(axes, _METRICS):
