@@ -162,3 +162,39 @@ def test_bad_arguments_are_clear_errors(capture_dir, tmp_path, capsys, extra, me
 def test_missing_tensor_dir_is_a_clear_error(tmp_path, capsys):
     assert run_whatif.main(["--tensor_dir", str(tmp_path / "nowhere")]) == 2
     assert "tensor directory does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("report_first", [True, False])
+def test_comparison_joins_the_visualization_report(capture_dir, tmp_path, report_first):
+    from html.parser import HTMLParser
+    from urllib.parse import unquote
+
+    from megatron.quant.analysis import cli
+
+    def report():
+        assert cli.main(["--tensor_dir", str(capture_dir), "--output_dir", str(tmp_path),
+                         "--analyses", "quick", "--workers", "1"]) in (0, 1)
+
+    def compare():
+        run_whatif.run(run_whatif.build_parser().parse_args(
+            ["--tensor_dir", str(capture_dir), "--output_dir", str(tmp_path), "--formats", "mxfp8", "nvfp4"]),
+            log=lambda _: None)
+
+    for step in ((report, compare) if report_first else (compare, report)):
+        step()
+
+    class Targets(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found += [v for k, v in attrs if (tag, k) in (("a", "href"), ("img", "src"))]
+
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert 'id="format-comparison"' in page and "href='#format-comparison'" in page
+    parser = Targets()
+    parser.feed(page)
+    files = [unquote(t) for t in parser.found if not t.startswith("#")]
+    assert any(t.startswith("format_comparison/") for t in files)
+    assert all((tmp_path / t).is_file() for t in files), [t for t in files if not (tmp_path / t).is_file()]

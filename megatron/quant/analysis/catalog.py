@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
-MANIFEST_RE = re.compile(r"^manifest-rank\d{2,}\.jsonl$")
-FILE_NAME_RE = re.compile(
-    r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d{4,})_iter(?P<iteration>\d{3,})"
-    r"_(?P<layer_type>[A-Za-z0-9]+)_L(?P<layer_idx>-?\d+)_(?P<operation>forward|backward)"
-    r"_(?P<phase>pre|post)_(?P<component>[A-Za-z0-9]+)_(?P<quant_type>.+?)"
-    r"_rank(?P<rank>\d{2,})_sample(?P<sample>\d{3,})_(?P<tensor_name>\w+)\.pt$"
-)
+from megatron.quant.capture.naming import MANIFEST_RE, parse_file_name
+
 # Metadata keys every capture must have to be placed in an analysis.
 REQUIRED_KEYS = ("quant_type", "layer_type", "layer_idx", "operation", "phase", "component",
                  "tensor_name", "iteration", "rank")
@@ -150,15 +144,14 @@ def _format_reference(fmt: Any) -> tuple[Optional[str], Mapping[str, Any]]:
 
 def record_from_file_name(path: Path) -> Optional[CaptureRecord]:
     """Describe a capture from its file name alone; None when the name is not a capture name."""
-    match = FILE_NAME_RE.match(path.name)
-    if match is None:
+    g = parse_file_name(path.name)
+    if g is None:
         return None
-    g = match.groupdict()
     return CaptureRecord(
         path=path, quant_type=g["quant_type"], layer_type=g["layer_type"],
-        layer_idx=int(g["layer_idx"]), operation=g["operation"], phase=g["phase"],
-        component=g["component"], tensor_name=g["tensor_name"], iteration=int(g["iteration"]),
-        rank=int(g["rank"]), sample=int(g["sample"]),
+        layer_idx=g["layer_idx"], operation=g["operation"], phase=g["phase"],
+        component=g["component"], tensor_name=g["tensor_name"], iteration=g["iteration"],
+        rank=g["rank"], sample=g["sample"],
         quantized=g["tensor_name"].endswith("_quantized"), source="file name",
     )
 

@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 STATE_DIR = ".report"
 INDEX = "index.html"
+# Written by script/compare_formats.py into the same output directory (links relative to it).
+COMPARISON_FRAGMENT = Path("format_comparison") / "summary.html"
 
 
 @dataclass
@@ -58,6 +60,18 @@ def write_report(output_dir: Path, run: RunSummary, sections: list[Section],
     return index
 
 
+def refresh_index(output_dir: Path) -> Path | None:
+    """Re-render index.html from the stored sections (e.g. after a format comparison was added);
+    None when no report has been written into ``output_dir``."""
+    data = _load_state(output_dir / STATE_DIR)
+    if data is None:
+        return None
+    index = output_dir / INDEX
+    index.write_text(render_html(RunSummary(**data["run"]), [Section(**s) for s in data["sections"].values()],
+                                 output_dir), encoding="utf-8")
+    return index
+
+
 def _load_state(state: Path) -> dict | None:
     try:
         data = json.loads((state / "report.json").read_text(encoding="utf-8"))
@@ -97,6 +111,8 @@ padding:.4em .8em;margin:.4em 0} nav a{margin-right:1em} code{background:#f3f3f3
 
 
 def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> str:
+    comparison = output_dir / COMPARISON_FRAGMENT
+    comparison_html = comparison.read_text(encoding="utf-8") if comparison.is_file() else None
     parts = [
         "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
         "<title>Tensor capture report</title>", f"<style>{_STYLE}</style></head><body>",
@@ -104,6 +120,7 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
         f"<p>Captures in <code>{html.escape(run.tensor_dir)}</code>, generated "
         f"{html.escape(run.generated_at)} by <code>{html.escape(run.command)}</code>.</p>",
         "<nav>" + "".join(f"<a href='#{s.key}'>{html.escape(s.title)}</a>" for s in sections)
+        + ("<a href='#format-comparison'>Format comparison</a>" if comparison_html else "")
         + "<a href='#skipped'>Skipped files</a></nav>",
         "<h2 id='summary'>Summary</h2>",
         _table(["", ""], [[k, v] for k, v in run.totals.items()]
@@ -127,6 +144,8 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
                          f" alt='{html.escape(item['path'], quote=True)}' loading='lazy'></a>"
                          f"<figcaption><b>{html.escape(item['path'])}</b>: "
                          f"{html.escape(item['caption'])}</figcaption></figure>")
+    if comparison_html:
+        parts.append(comparison_html)
     parts.append(f"<h2 id='skipped'>Skipped files ({len(run.skipped)})</h2>")
     if run.skipped:
         parts.append(_table(["file", "reason"], [[s["path"], s["reason"]] for s in run.skipped]))

@@ -11,6 +11,7 @@ FILE_NAME_RE = re.compile(
     r"_(?P<phase>pre|post)_(?P<component>FA|linear)_(?P<quant_type>[A-Za-z0-9.+-]+(?:_[A-Za-z0-9.+-]+)*?)"
     r"_rank(?P<rank>\d{2,})_sample(?P<sample>\d{3,})_(?P<tensor_name>[A-Za-z0-9_]+)\.pt$"
 )
+MANIFEST_RE = re.compile(r"^manifest-rank\d{2,}\.jsonl$")
 _INT_FIELDS = ("counter", "iteration", "layer_idx", "rank", "sample")
 
 # quant_type is a directory name and a file-name token: no separators or spaces.

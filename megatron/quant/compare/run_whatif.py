@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from megatron.quant.analysis import report
 from megatron.quant.analysis.catalog import CatalogError
 from megatron.quant.analysis.selection import CaptureFilter
 from megatron.quant.compare import whatif, whatif_report
@@ -68,4 +69,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
     for row in (b for b in best if b["among_bits"] == "all"):
         log(f"best for {row['tensor_class']}: {row['format']} ({row['mean_sqnr_db']:.2f} dB)")
     log(f"wrote {len(written)} files to {folder}")
+    index = report.refresh_index(Path(args.output_dir))
+    if index is not None:
+        log(f"added the comparison to {index}")
     return written
