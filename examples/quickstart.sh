@@ -1,6 +1,6 @@
 #!/bin/bash
 # Quickstart (CPU, a few minutes): train a tiny Llama with a fake-quantized format, capture one
-# iteration's GEMM operands, render the report.
+# iteration's GEMM operands, render the report with a what-if comparison of formats.
 #   pip install torch==2.13.0 && pip install -e .[test]
 #   bash examples/quickstart.sh
 # CUSTOM_QUANT_TYPE (default hifp8), OUT (default ./quickstart_out), TENSOR_SAVER_ITERATION (default 16).
@@ -20,14 +20,16 @@ python -m megatron.quant.train --model llama-tiny --mock-data \
     --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 3 --log-interval 5 --eval-interval 12 --eval-iters 2 \
     --save "$out/checkpoints" --tensorboard-dir "$out/tensorboard"
 
-if [ -f script/one_click_visualize.sh ]; then
-    echo "== rendering the report"
-    bash script/one_click_visualize.sh "$out/tensor_logs" "$out/draw"
-fi
+echo "== rendering the report"
+bash script/one_click_visualize.sh "$out/tensor_logs" "$out/draw"
+
+echo "== what if these tensors had been quantized with other formats?"
+python script/compare_formats.py --tensor_dir "$out/tensor_logs" --output_dir "$out/draw" \
+    --formats hifp8 mxfp8 mxfp4 nvfp4 fp8_e4m3
 
 echo
 echo "== where to look"
 echo "captured tensors + manifests: $out/tensor_logs/$CUSTOM_QUANT_TYPE/"
-[ -d "$out/draw" ] && echo "report and plots:             $out/draw/"
+echo "report (open in a browser):   $out/draw/index.html"
 echo "checkpoint:                   $out/checkpoints/"
 echo "TensorBoard:                  tensorboard --logdir $out/tensorboard"

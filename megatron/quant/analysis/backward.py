@@ -24,10 +24,12 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "forward_vs_backward"),
         "Share of values per binade (all elements of every capture) in the forward and the "
-        "backward pass, per layer type.", draw_forward_vs_backward,
-        {layer_type: {op: (LOG2_LOW - 1, summed_log2_counts(group))
-                      for op, group in group_by(items, lambda s: s.record.operation).items()}
-         for layer_type, items in by_layer_type.items()}))
+        "backward pass, per layer type.", figures.draw_log2_panels,
+        {"title": "Forward vs backward magnitudes",
+         "panels": [{"title": f"{layer_type} layers",
+                     "histograms": {op: (LOG2_LOW - 1, summed_log2_counts(group))
+                                    for op, group in group_by(items, lambda s: s.record.operation).items()}}
+                    for layer_type, items in by_layer_type.items()]}))
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "backward_statistics"),
         "Per-capture std and max |x| of every forward and backward tensor.", draw_statistics,
@@ -48,13 +50,6 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
              "panels": [{"title": quant_type,
                          "series": sampled_series(group_by(items, tensor_label), budget)} for quant_type, items in kept]}))
     return plan
-
-
-def draw_forward_vs_backward(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.4, 4.6))
-    for ax, (layer_type, histograms) in zip(axes, payload.items()):
-        figures.log2_panel(ax, histograms, f"{layer_type} layers")
-    return figures.finish(fig, "Forward vs backward magnitudes")
 
 
 def draw_statistics(payload: dict) -> Figure:

@@ -37,9 +37,14 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "bf16_moments"),
         "Per-capture variance (exact), skewness and excess kurtosis (from sampled values).",
-        draw_moments,
-        {name: {k.label: np.array([_moment(s, name) for s in v]) for k, v in kept}
-         for name in ("variance", "skewness", "kurtosis")}))
+        figures.draw_box_plot_panels,
+        {"title": "bf16 tensor moments", "ncols": 3, "panel_size": (5.4, 4.4),
+         "panels": [{"title": f"{title} per capture", "ylabel": ylabel, "log": log,
+                     "series": {k.label: np.array([_moment(s, name) for s in v]) for k, v in kept}}
+                    for name, title, ylabel, log in (
+                        ("variance", "Variance", "variance (value units squared)", None),
+                        ("skewness", "Skewness", "skewness (dimensionless)", False),
+                        ("kurtosis", "Excess kurtosis", "excess kurtosis (dimensionless)", False))]}))
     return plan
 
 
@@ -65,12 +70,3 @@ def draw_distributions(payload: dict) -> Figure:
     return figures.finish(fig, "bf16 value distributions")
 
 
-def draw_moments(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(3, ncols=3, panel_size=(5.4, 4.4))
-    labels = {"variance": ("Variance", "variance (value units squared)", None),
-              "skewness": ("Skewness", "skewness (dimensionless)", False),
-              "kurtosis": ("Excess kurtosis", "excess kurtosis (dimensionless)", False)}
-    for ax, (name, series) in zip(axes, payload.items()):
-        title, ylabel, log = labels[name]
-        figures.box_plot(ax, series, f"{title} per capture", ylabel, log=log)
-    return figures.finish(fig, "bf16 tensor moments")

@@ -237,6 +237,39 @@ def log2_panel(ax, histograms: Mapping[str, tuple[int, np.ndarray]], title: str,
     ax.grid(alpha=0.3)
 
 
+def scatter_against_diagonal(ax, x: np.ndarray, y: np.ndarray, title: str, xlabel: str, ylabel: str,
+                             diagonal_label: str, point_label: Optional[str] = None) -> None:
+    """y against x element by element, with the y = x line that equal values would lie on."""
+    ax.plot(x, y, ".", markersize=2, alpha=0.5, label=point_label)
+    finite = np.abs(np.concatenate([x, y]))
+    limit = float(np.nanmax(finite)) if finite.size else 1.0
+    ax.plot([-limit, limit], [-limit, limit], "k--", linewidth=1, label=diagonal_label)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def draw_log2_panels(payload: dict) -> Figure:
+    """A figure of log2|x| histogram panels: {"title": str, "panels": [{"title", "histograms"}]}."""
+    panels = payload["panels"]
+    fig, axes = subplot_grid(len(panels), ncols=2, panel_size=(6.4, 4.6))
+    for ax, panel in zip(axes, panels):
+        log2_panel(ax, panel["histograms"], panel["title"])
+    return finish(fig, payload["title"])
+
+
+def draw_box_plot_panels(payload: dict) -> Figure:
+    """A figure of box-plot panels: {"title", "ncols", "panel_size",
+    "panels": [{"title", "ylabel", "log", "series"}]}."""
+    panels = payload["panels"]
+    fig, axes = subplot_grid(len(panels), ncols=payload["ncols"], panel_size=payload["panel_size"])
+    for ax, panel in zip(axes, panels):
+        box_plot(ax, panel["series"], panel["title"], panel["ylabel"], log=panel["log"])
+    return finish(fig, payload["title"])
+
+
 def draw_histogram_panels(payload: dict) -> Figure:
     """A figure of value-histogram panels: {"title": str, "panels": [{"title", "series"}]}."""
     panels = payload["panels"]

@@ -111,14 +111,8 @@ def draw_correlation(payload: dict) -> Figure:
     for ax, panel in zip(axes, panels):
         x, y = panel["x"], panel["y"]
         r = float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else float("nan")
-        ax.plot(x, y, ".", markersize=2, alpha=0.5)
-        limit = float(max(np.abs(x).max(), np.abs(y).max()))
-        ax.plot([-limit, limit], [-limit, limit], "k--", linewidth=1, label="y = x")
-        ax.set_title(f"{panel['title']} (r = {r:.4f}, n = {x.size})", fontsize=9)
-        ax.set_xlabel("HiFP8 capture value")
-        ax.set_ylabel("MXFP8 capture value")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        figures.scatter_against_diagonal(ax, x, y, f"{panel['title']} (r = {r:.4f}, n = {x.size})",
+                                         "HiFP8 capture value", "MXFP8 capture value", "y = x")
     return figures.finish(fig, "HiFP8 vs MXFP8: same capture point, element by element")
 
 

@@ -24,10 +24,12 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "attention_vs_linear"),
         "Share of values per binade in attention and linear layers (all elements), per quant "
-        "type.", draw_attention_vs_linear,
-        {qt: {lt: (LOG2_LOW - 1, summed_log2_counts(group))
-              for lt, group in group_by(items, lambda s: s.record.layer_type).items()}
-         for qt, items in kept}))
+        "type.", figures.draw_log2_panels,
+        {"title": "Attention vs linear layer magnitudes",
+         "panels": [{"title": f"{qt}: attention vs linear",
+                     "histograms": {lt: (LOG2_LOW - 1, summed_log2_counts(group))
+                                    for lt, group in group_by(items, lambda s: s.record.layer_type).items()}}
+                    for qt, items in kept]}))
     for quant_type, items in kept:
         passes = group_by(items, lambda s: (s.record.layer_type, s.record.operation))
         plan.figures.append(FigureJob(
@@ -83,13 +85,6 @@ def _add_layer_trends(plan: AnalysisPlan, by_quant: list) -> None:
                  measured, tensor_label, _layer,
                  lambda s, m=metric, f=factor: f * s.quant_metric(m))
                  for metric, _, _, factor in _TREND_METRICS}}))
-
-
-def draw_attention_vs_linear(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(6.4, 4.6))
-    for ax, (quant_type, histograms) in zip(axes, payload.items()):
-        figures.log2_panel(ax, histograms, f"{quant_type}: attention vs linear")
-    return figures.finish(fig, "Attention vs linear layer magnitudes")
 
 
 def draw_per_layer(payload: dict) -> Figure:

@@ -95,14 +95,8 @@ def draw_pairs(payload: dict) -> Figure:
         x, q = pair["x"], pair["q"]
         scatter_ax, error_ax = axes[2 * i], axes[2 * i + 1]
         formats = ", ".join(pair["formats"])
-        scatter_ax.plot(x, q, ".", markersize=2, alpha=0.5, label="sampled elements")
-        limit = float(np.nanmax(np.abs(np.concatenate([x, q])))) if x.size else 1.0
-        scatter_ax.plot([-limit, limit], [-limit, limit], "k--", linewidth=1, label="q = x")
-        scatter_ax.set_title(f"{quant_type} ({formats}): quantized vs original", fontsize=10)
-        scatter_ax.set_xlabel("original value x")
-        scatter_ax.set_ylabel("quantized value q")
-        scatter_ax.legend(fontsize=8)
-        scatter_ax.grid(alpha=0.3)
+        figures.scatter_against_diagonal(scatter_ax, x, q, f"{quant_type} ({formats}): quantized vs original",
+                                         "original value x", "quantized value q", "q = x", "sampled elements")
         nonzero = (x != 0) & np.isfinite(x) & np.isfinite(q)
         relative = np.abs(q[nonzero] - x[nonzero]) / np.abs(x[nonzero])
         error_ax.set_title(f"{quant_type}: relative error |q - x| / |x|", fontsize=10)

@@ -30,9 +30,15 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "statistics_by_quant_type"),
         "Distribution over captures of each tensor's mean, std, max |x| and share of zeros, "
-        "per quant type.", draw_by_quant_type,
-        {name: {qt: _values(items, name) for qt, items in by_quant.items()}
-         for name in ("mean", "std", "absmax", "zero_share")}))
+        "per quant type.", figures.draw_box_plot_panels,
+        {"title": "Capture statistics by quant type", "ncols": 2, "panel_size": (6.0, 4.2),
+         "panels": [{"title": f"{title} per capture", "ylabel": ylabel, "log": log,
+                     "series": {qt: _values(items, name) for qt, items in by_quant.items()}}
+                    for name, title, ylabel, log in (
+                        ("mean", "Mean", "mean (value units)", False),
+                        ("std", "Standard deviation", "std (value units)", None),
+                        ("absmax", "Max |x|", "max |x| (value units)", None),
+                        ("zero_share", "Exact zeros", "zeros (% of elements)", False))]}))
     kept = list(by_quant.items())[:inp.settings.max_panels]
     plan.notes += truncation_note("statistics by tensor", len(kept), len(by_quant))
     plan.figures.append(FigureJob(
@@ -69,16 +75,6 @@ def write_csv(inp: AnalysisInput, summaries: list[TensorSummary]) -> None:
                 s.quant_source or ""])
 
 
-def draw_by_quant_type(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.0, 4.2))
-    titles = {"mean": ("Mean", "mean (value units)", False),
-              "std": ("Standard deviation", "std (value units)", None),
-              "absmax": ("Max |x|", "max |x| (value units)", None),
-              "zero_share": ("Exact zeros", "zeros (% of elements)", False)}
-    for ax, (name, series) in zip(axes, payload.items()):
-        title, ylabel, log = titles[name]
-        figures.box_plot(ax, series, f"{title} per capture", ylabel, log=log)
-    return figures.finish(fig, "Capture statistics by quant type")
 
 
 def draw_by_tensor(payload: dict) -> Figure:
