@@ -24,7 +24,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-from megatron.quant.ops import (BmmQuant, CaptureGradients, QuantBmmFunction, capturing, operand,
+from megatron.quant.ops import (BmmQuant, CaptureGradients, QuantBmmFunction, capturing, captured_operand,
                                 quantize_operand, recompute_backward)
 from megatron.quant.recipe import PV_OPERANDS, QK_OPERANDS
 from megatron.quant import tensor_saver
@@ -117,11 +117,7 @@ class QuantDotProductAttention(DotProductAttention):
         specs = {"query": (query, replace(self.quant.qk.a, axis=-1)),
                  "key": (key, replace(self.quant.qk.b, axis=-1)),
                  "value": (value, replace(self.quant.pv.b, axis=0))}
-        named = {}
-        for name, (x, spec) in specs.items():
-            amax = amaxes.get(name)
-            q = x if spec.fmt is None else spec.fmt.quantize(x, axis=spec.axis, amax=amax)
-            named[name] = operand(x, spec, q, amax)
+        named = {name: captured_operand(x, spec, amaxes.get(name)) for name, (x, spec) in specs.items()}
         tensor_saver.capture(self.capture_site, "forward", "pre", named)
 
     def _unfused(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],

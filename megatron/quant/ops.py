@@ -79,6 +79,22 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     return spec.fmt.quantize(x, axis=spec.axis, amax=amax), amax
 
 
+def captured_operand(x: Tensor, spec: OperandSpec, amax: Optional[Tensor]) -> Operand:
+    """What the saver records for ``x``: quantized with the amax its GEMM used, the scale kept so
+    the capture statistics need not quantize ``x`` a second time. No collective."""
+    if spec.fmt is None:
+        return Operand(tensor=x, axis=spec.axis)
+    q, scale = spec.fmt.quantize_with_scale(x, axis=spec.axis, amax=amax)
+    return Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale)
+
+
+def quantize_captured_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
+                              ) -> tuple[Tensor, Operand]:
+    """``quantize_operand`` for a GEMM being captured: the same values, and their Operand."""
+    seen = captured_operand(x, spec, None if spec.fmt is None else tensor_amax(x, spec.fmt, group))
+    return (x if seen.quantized is None else seen.quantized), seen
+
+
 def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
     same deterministic format without blocks (elementwise or one scale per tensor)."""
@@ -208,7 +224,11 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.main_grad = weight.main_grad if cfg.gradient_accumulation_fusion and hasattr(weight, "main_grad") else None
         total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
         q = cfg.quant
-        x_q, x_amax = quantize_operand(total_input, q.fprop_input, cfg.quant_group)
+        capture = capturing(cfg.site)
+        if capture:
+            x_q, x_seen = quantize_captured_operand(total_input, q.fprop_input, cfg.quant_group)
+        else:
+            x_q, _ = quantize_operand(total_input, q.fprop_input, cfg.quant_group)
         w_q, w_amax = cfg.weight_cache.get(weight, q.fprop_weight, cfg.quant_group)
         # The input is only needed for wgrad (a frozen weight has none); under sequence
         # parallelism the local shard is kept and gathered again, as megatron-core does.
@@ -218,9 +238,9 @@ class QuantLinearFunction(torch.autograd.Function):
         output = torch.matmul(x_q, w_q.t())
         if bias is not None:
             output = output + bias
-        if capturing(cfg.site):
+        if capture:
             tensor_saver.capture(cfg.site, "forward", "pre", {
-                "input": operand(total_input, q.fprop_input, x_q, x_amax),
+                "input": x_seen,
                 "weight": operand(weight, q.fprop_weight, w_q, w_amax)})
             tensor_saver.capture(cfg.site, "forward", "post", {"output": output})
         return output
@@ -241,12 +261,16 @@ class QuantLinearFunction(torch.autograd.Function):
         if wgrad_compute:
             total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
 
-        dy_q, dy_amax = quantize_operand(grad_output, q.dgrad_grad_output, cfg.quant_group)
+        capture = capturing(cfg.site)
+        if capture:
+            dy_q, dy_seen = quantize_captured_operand(grad_output, q.dgrad_grad_output, cfg.quant_group)
+        else:
+            dy_q, _ = quantize_operand(grad_output, q.dgrad_grad_output, cfg.quant_group)
         w_q, w_amax = cfg.weight_cache.get(weight, q.dgrad_weight, cfg.quant_group)
         grad_input = dy_q.matmul(w_q)
-        if capturing(cfg.site):
+        if capture:
             tensor_saver.capture(cfg.site, "backward", "pre", {
-                "grad_output": operand(grad_output, q.dgrad_grad_output, dy_q, dy_amax),
+                "grad_output": dy_seen,
                 "weight": operand(weight, q.dgrad_weight, w_q, w_amax)})
 
         handle = None
@@ -277,7 +301,7 @@ class QuantLinearFunction(torch.autograd.Function):
             handle.wait()
         if cfg.sequence_parallel:
             grad_input = sub_grad_input
-        if capturing(cfg.site):
+        if capture:
             post = {"grad_input": grad_input}
             if grad_weight is not None and not cfg.gradient_accumulation_fusion:
                 post["grad_weight"] = grad_weight
