@@ -88,9 +88,11 @@ def captured_operand(x: Tensor, spec: OperandSpec, amax: Optional[Tensor]) -> Op
     return Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale)
 
 
-def quantize_captured_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
-                              ) -> tuple[Tensor, Operand]:
-    """``quantize_operand`` for a GEMM being captured: the same values, and their Operand."""
+def quantize_seen_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup], capture: bool
+                          ) -> tuple[Tensor, Optional[Operand]]:
+    """``quantize_operand``'s values; when ``capture``, also the Operand the saver records."""
+    if not capture:
+        return quantize_operand(x, spec, group)[0], None
     seen = captured_operand(x, spec, None if spec.fmt is None else tensor_amax(x, spec.fmt, group))
     return (x if seen.quantized is None else seen.quantized), seen
 
@@ -225,10 +227,7 @@ class QuantLinearFunction(torch.autograd.Function):
         total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
         q = cfg.quant
         capture = capturing(cfg.site)
-        if capture:
-            x_q, x_seen = quantize_captured_operand(total_input, q.fprop_input, cfg.quant_group)
-        else:
-            x_q, _ = quantize_operand(total_input, q.fprop_input, cfg.quant_group)
+        x_q, x_seen = quantize_seen_operand(total_input, q.fprop_input, cfg.quant_group, capture)
         w_q, w_amax = cfg.weight_cache.get(weight, q.fprop_weight, cfg.quant_group)
         # The input is only needed for wgrad (a frozen weight has none); under sequence
         # parallelism the local shard is kept and gathered again, as megatron-core does.
@@ -262,10 +261,7 @@ class QuantLinearFunction(torch.autograd.Function):
             total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
 
         capture = capturing(cfg.site)
-        if capture:
-            dy_q, dy_seen = quantize_captured_operand(grad_output, q.dgrad_grad_output, cfg.quant_group)
-        else:
-            dy_q, _ = quantize_operand(grad_output, q.dgrad_grad_output, cfg.quant_group)
+        dy_q, dy_seen = quantize_seen_operand(grad_output, q.dgrad_grad_output, cfg.quant_group, capture)
         w_q, w_amax = cfg.weight_cache.get(weight, q.dgrad_weight, cfg.quant_group)
         grad_input = dy_q.matmul(w_q)
         if capture:
