@@ -7,8 +7,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
                                            truncation_note)
-from megatron.quant.analysis.summary import (LOG2_LOW, group_by, sampled_series,
-                                             summed_log2_counts, tensor_label)
+from megatron.quant.analysis.summary import group_by, log2_histograms_by, sampled_series, tensor_label
 
 FOLDER = "backward_analysis"
 
@@ -27,8 +26,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         "backward pass, per layer type.", figures.draw_log2_panels,
         {"title": "Forward vs backward magnitudes",
          "panels": [{"title": f"{layer_type} layers",
-                     "histograms": {op: (LOG2_LOW - 1, summed_log2_counts(group))
-                                    for op, group in group_by(items, lambda s: s.record.operation).items()}}
+                     "histograms": log2_histograms_by(items, lambda s: s.record.operation)}
                     for layer_type, items in by_layer_type.items()]}))
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "backward_statistics"),

@@ -7,8 +7,8 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
                                            truncation_note)
-from megatron.quant.analysis.summary import (LOG2_LOW, TensorSummary, group_by, median_curves,
-                                             summed_log2_counts, tensor_label)
+from megatron.quant.analysis.summary import (TensorSummary, group_by, log2_histograms_by, median_curves,
+                                             tensor_label)
 
 FOLDER = "layer_analysis"
 _TREND_METRICS = (("overflow_ratio", "Overflow", "overflow (% of elements)", 100.0),
@@ -27,8 +27,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         "type.", figures.draw_log2_panels,
         {"title": "Attention vs linear layer magnitudes",
          "panels": [{"title": f"{qt}: attention vs linear",
-                     "histograms": {lt: (LOG2_LOW - 1, summed_log2_counts(group))
-                                    for lt, group in group_by(items, lambda s: s.record.layer_type).items()}}
+                     "histograms": log2_histograms_by(items, lambda s: s.record.layer_type)}
                     for qt, items in kept]}))
     for quant_type, items in kept:
         passes = group_by(items, lambda s: (s.record.layer_type, s.record.operation))

@@ -148,6 +148,12 @@ def summed_log2_counts(summaries: Sequence[TensorSummary]) -> np.ndarray:
     return total
 
 
+def log2_histograms_by(summaries: Iterable[TensorSummary], key: Callable[[TensorSummary], Hashable]
+                       ) -> dict[Hashable, tuple[int, np.ndarray]]:
+    """Per group of ``key``: (first bin's binade, summed log2|x| counts), as figures.log2_panel takes."""
+    return {group: (LOG2_LOW - 1, summed_log2_counts(items)) for group, items in group_by(summaries, key).items()}
+
+
 def pooled_moments(summaries: Sequence[TensorSummary]) -> dict[str, float]:
     """Exact numel, min, max, mean and std over the union of the tensors' finite elements."""
     rows = [(s.stat("numel") - s.stat("nans") - s.stat("infs"), s.stat("mean"), s.stat("std"),
