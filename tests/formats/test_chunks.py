@@ -7,7 +7,9 @@ import megatron.quant.formats.base as formats_base
 from megatron.quant.formats import get_format, list_formats
 from tests.formats._oracle import mismatches
 
-SHAPES_AND_AXES = [((7, 96, 5), 1), ((7, 96, 5), -1), ((3, 1000), -1), ((4000,), 0)]
+# Middle axes: cut across the rows before the axis, or (one row before it) across those after.
+SHAPES_AND_AXES = [((7, 96, 5), 1), ((7, 100, 5), 1), ((96, 40), 0), ((100, 3, 4), 0), ((7, 96, 5), -1),
+                   ((3, 1000), -1), ((4000,), 0)]
 
 
 @pytest.mark.parametrize("name", [n for n in list_formats() if n not in ("fp32", "bf16", "fp16")])

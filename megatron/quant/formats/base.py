@@ -112,24 +112,36 @@ class NumericFormat(ABC):
                 and x.numel() > 2 * EAGER_CHUNK_ELEMENTS and not torch.compiler.is_compiling())
 
     def _quantize_in_chunks(self, x: Tensor, axis: int, amax: Tensor | None) -> Tensor:
-        """``quantize`` one slice of whole rows (whole blocks) at a time, into one output."""
+        """``quantize`` a slice of whole blocks at a time, into one output."""
         if self.needs_tensor_amax and amax is None:
             amax = abs_max(x)
-        if self.block_size is None:
-            moved = x.reshape(-1, 1)
-        else:
+        if self.block_size is not None:
             axis = normalize_axis(self.name, axis, x.dim())
-            moved = x.movedim(axis, -1)
-        length = moved.shape[-1]
-        width = self.block_size if self.block_size and length % self.block_size == 0 else length
-        rows = moved.reshape(-1, width)
+            if axis != x.dim() - 1:
+                return self._quantize_in_slabs(x, axis, amax)
+        length = x.shape[-1]
+        if self.block_size is None:
+            width = 1
+        else:
+            width = self.block_size if length % self.block_size == 0 else length
+        rows = x.reshape(-1, width)
         out = torch.empty_like(rows)
         step = max(1, EAGER_CHUNK_ELEMENTS // width)
         for start in range(0, rows.shape[0], step):
             out[start : start + step] = self._quantize(rows[start : start + step], -1, amax, None)[0]
-        if self.block_size is None:
-            return out.reshape(x.shape)
-        return out.reshape(moved.shape).movedim(-1, axis).contiguous()
+        return out.reshape(x.shape)
+
+    def _quantize_in_slabs(self, x: Tensor, axis: int, amax: Tensor | None) -> Tensor:
+        """Blocks along a middle axis: x as (before, axis, after), cut across ``before`` (or
+        ``after`` when there is one ``before`` row); every slab holds whole blocks."""
+        view = x.reshape(math.prod(x.shape[:axis]), x.shape[axis], -1)
+        dim = 0 if view.shape[0] > 1 else 2
+        out = torch.empty_like(view)
+        step = max(1, EAGER_CHUNK_ELEMENTS * view.shape[dim] // view.numel())
+        for start in range(0, view.shape[dim], step):
+            size = min(step, view.shape[dim] - start)
+            out.narrow(dim, start, size).copy_(self._quantize(view.narrow(dim, start, size), 1, amax, None)[0])
+        return out.reshape(x.shape)
 
     @abstractmethod
     def _quantize(self, x: Tensor, axis: int, amax: Tensor | None,

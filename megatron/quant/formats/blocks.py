@@ -4,28 +4,31 @@ from __future__ import annotations
 from abc import abstractmethod
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .base import NumericFormat, normalize_axis
 
 
 def split_blocks(x: Tensor, axis: int, block_size: int) -> Tensor:
-    """x with ``axis`` moved last and cut into blocks: shape (..., n_blocks, block_size).
+    """x viewed as blocks along ``axis`` (non-negative) without moving it: ``axis`` becomes
+    (n_blocks, block_size), so the block dimension is ``axis + 1``.
 
-    A length that is not a multiple of ``block_size`` is zero-padded, which leaves every
-    block's amax, and so the result, as if the last block were simply shorter.
+    Keeping the axis in place keeps every later pass contiguous; moving a middle axis last
+    would cost two transposed copies. A length that is not a multiple of ``block_size`` is
+    zero-padded, which leaves every block's amax, and so the result, as if the last block
+    were simply shorter.
     """
-    moved = x.movedim(axis, -1)
-    pad = -moved.shape[-1] % block_size
+    pad = -x.shape[axis] % block_size
     if pad:
-        moved = F.pad(moved, (0, pad))
-    return moved.reshape(*moved.shape[:-1], -1, block_size)
+        padding = list(x.shape)
+        padding[axis] = pad
+        x = torch.cat([x, x.new_zeros(padding)], dim=axis)
+    return x.unflatten(axis, (-1, block_size))
 
 
 def merge_blocks(blocks: Tensor, axis: int, length: int) -> Tensor:
     """Inverse of ``split_blocks`` (contiguous result)."""
-    return blocks.flatten(-2)[..., :length].movedim(-1, axis).contiguous()
+    return blocks.flatten(axis, axis + 1).narrow(axis, 0, length).contiguous()
 
 
 class BlockFormat(NumericFormat):
@@ -38,14 +41,16 @@ class BlockFormat(NumericFormat):
         axis = normalize_axis(self.name, axis, x.dim())
         x32 = x.float()
         blocks = split_blocks(x32, axis, self.block_size)
-        q, scale = self._quantize_blocks(blocks, amax, generator)
+        q, scale = self._quantize_blocks(blocks, axis + 1, amax, generator)
         return merge_blocks(q, axis, x.shape[axis]), scale
 
     @abstractmethod
-    def _quantize_blocks(self, blocks: Tensor, amax: Tensor | None,
+    def _quantize_blocks(self, blocks: Tensor, block_dim: int, amax: Tensor | None,
                          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """(fake-quantized blocks, per-block scale of shape (..., n_blocks, 1))."""
+        """(fake-quantized blocks, per-block scale: ``blocks``' shape with 1 at ``block_dim``)."""
 
     def _scale_like_input(self, scale, x, axis):
         axis = normalize_axis(self.name, axis, x.dim())
-        return merge_blocks(scale.expand(*scale.shape[:-1], self.block_size), axis, x.shape[axis])
+        per_element = list(scale.shape)
+        per_element[axis + 1] = self.block_size
+        return merge_blocks(scale.expand(per_element), axis, x.shape[axis])

@@ -46,8 +46,8 @@ class MXFormat(BlockFormat):
         super().__init__(options)
         self._describe_elements(name, element)
 
-    def _quantize_blocks(self, blocks, amax, generator):
-        block_amax = abs_max(blocks, dim=-1)
+    def _quantize_blocks(self, blocks, block_dim, amax, generator):
+        block_amax = abs_max(blocks, dim=block_dim)
         exponent = mx_scale_exponent(block_amax, self.element, self.options["scale_mode"])
         finite = bits.exponent_field(block_amax) != bits.EXPONENT_FIELD_MASK
         scale = torch.where(finite, bits.exp2_int(exponent), torch.nan)

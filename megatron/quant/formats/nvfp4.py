@@ -30,8 +30,8 @@ class NVFP4Format(BlockFormat):
     max_value = FP4_E2M1.max_value
     min_positive = FP4_E2M1.min_positive
 
-    def _quantize_blocks(self, blocks, amax, generator):
-        block_amax = abs_max(blocks, dim=-1)
+    def _quantize_blocks(self, blocks, block_dim, amax, generator):
+        block_amax = abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
         global_scale = tensor_scale(global_amax, self.block_scale_format.max_value * self.element.max_value)
         block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
