@@ -1,8 +1,8 @@
 """megatron-core on CPU, and the one place that sets up parallel state.
 
 megatron-core assumes CUDA in a few places: its RNG tracker forks CUDA generator states,
-several modules allocate on ``torch.cuda.current_device()``, and the default causal mask is
-built with ``device="cuda"``. On a machine without CUDA, :func:`enable_cpu_compat` swaps in
+several modules allocate on ``torch.cuda.current_device()``, the default causal mask is
+built with ``device="cuda"``, and the checkpoint writer calls ``torch.cuda.synchronize()``. On a machine without CUDA, :func:`enable_cpu_compat` swaps in
 CPU equivalents so GPTModel builds, runs forward/backward, and runs tensor parallelism over
 gloo. With CUDA present it does nothing.
 """
@@ -21,6 +21,12 @@ _CPU_COMPAT_ENABLED = False
 def _cpu_current_device() -> torch.device:
     # megatron-core only passes the result as ``device=``; the CPU build would raise instead.
     return torch.device("cpu")
+
+
+def _cpu_synchronize(device=None) -> None:
+    # dist_checkpointing's writer synchronizes unconditionally; raising there on one rank
+    # while the others wait in a collective is the checkpoint hang seen on CPU.
+    return None
 
 
 def _make_cpu_rng_tracker():
@@ -78,6 +84,7 @@ def enable_cpu_compat() -> bool:
     from megatron.core.transformer import utils as tutils
 
     torch.cuda.current_device = _cpu_current_device
+    torch.cuda.synchronize = _cpu_synchronize
     tracker_cls = _make_cpu_rng_tracker()
     mrandom._CUDA_RNG_STATE_TRACKER = tracker_cls()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

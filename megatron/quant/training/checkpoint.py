@@ -13,7 +13,6 @@ rank's RNG states.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -67,21 +66,6 @@ def resolve_checkpoint_dir(path: str) -> str:
 def read_run_config(path: str) -> dict:
     with open(os.path.join(resolve_checkpoint_dir(path), RUN_CONFIG)) as f:
         return json.load(f)
-
-
-@contextlib.contextmanager
-def _cuda_sync_without_cuda():
-    # dist_checkpointing's writer calls torch.cuda.synchronize() unconditionally; without
-    # CUDA that raises on one rank while the others wait in a collective (the reported hang).
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.cuda.synchronize
-    torch.cuda.synchronize = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize = original
 
 
 def _rng_state() -> dict:
@@ -141,8 +125,7 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run_
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
     dist.barrier()
-    with _cuda_sync_without_cuda():
-        dist_checkpointing.save(_sharded_state(model, optimizer, scheduler, iteration, is_loading=False, rng=True), tmp)
+    dist_checkpointing.save(_sharded_state(model, optimizer, scheduler, iteration, is_loading=False, rng=True), tmp)
     dist.barrier()
     if dist.get_rank() == 0:
         _write_atomically(os.path.join(tmp, RUN_CONFIG), json.dumps(run_config, indent=1, default=str))
@@ -164,8 +147,7 @@ def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore
 
     directory = resolve_checkpoint_dir(path)
     template = _sharded_state(model, optimizer, scheduler, 0, is_loading=True, rng=restore_rng)
-    with _cuda_sync_without_cuda():
-        state = dist_checkpointing.load(template, directory)
+    state = dist_checkpointing.load(template, directory)
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     bad = [k for k in missing + unexpected if not k.endswith("_extra_state")]
     if bad:
