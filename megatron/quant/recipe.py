@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
+from megatron.quant.flags import switch_value
+
 LINEAR_OPERANDS = ("fprop.input", "fprop.weight", "dgrad.grad_output", "dgrad.weight",
                    "wgrad.grad_output", "wgrad.input")
 # Forward GEMM and the two backward GEMMs that differentiate it, per attention product.
@@ -267,13 +269,9 @@ def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
 
 
 def _parse_bool(value: Any, path: str, source: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
+    switch = value if isinstance(value, bool) else switch_value(str(value))
+    if switch is not None:
+        return switch
     raise RecipeError(f"{source}: {path}: {value!r} is not a boolean; use true/false, 1/0, yes/no or on/off")
 
 

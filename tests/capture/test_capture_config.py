@@ -77,10 +77,3 @@ def test_window_restricted_to_the_run():
     assert IterationWindow.parse("every:4").restricted_to(1, 10).members == {4, 8}
     assert IterationWindow.parse("2").restricted_to(3, None).is_empty()
     assert IterationWindow.parse("every:4").restricted_to(3, None).every == 4
-
-
-def test_known_roles_are_the_recipe_roles():
-    from megatron.quant.capture.config import KNOWN_ROLES
-    from megatron.quant.recipe import ROLES
-
-    assert set(KNOWN_ROLES) == set(ROLES)

@@ -9,16 +9,16 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from megatron.quant.flags import switch_value
+from megatron.quant.recipe import ROLES
+
 MODES = ("full", "stats")
-# Roles and tensor names the layers emit (docs/interfaces.md section 2); filters reject others
+# Tensor names the layers emit (docs/interfaces.md section 2; roles are recipe.ROLES); filters reject others
 # so that a typo cannot silently capture nothing.
-KNOWN_ROLES = ("qkv", "proj", "fc1", "fc2", "core_attention", "output_layer")
 KNOWN_TENSOR_NAMES = (
     "input", "weight", "output", "grad_output", "grad_input", "grad_weight",
     "query", "key", "value", "grad_query", "grad_key", "grad_value",
 )
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 def _bad(source: str, value: object, allowed: str) -> ValueError:
@@ -26,12 +26,10 @@ def _bad(source: str, value: object, allowed: str) -> ValueError:
 
 
 def parse_bool(value: str, source: str) -> bool:
-    text = value.strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise _bad(source, value, "true/false, 1/0, yes/no, on/off")
+    switch = switch_value(value)
+    if switch is None:
+        raise _bad(source, value, "true/false, 1/0, yes/no, on/off")
+    return switch
 
 
 def _parse_int(text: str, source: str, whole: str, allowed: str) -> int:
@@ -66,7 +64,7 @@ def _name_set_parser(known: tuple[str, ...]) -> Callable[[str, str], frozenset[s
     return parse
 
 
-parse_roles = _name_set_parser(KNOWN_ROLES)
+parse_roles = _name_set_parser(ROLES)
 parse_tensor_names = _name_set_parser(KNOWN_TENSOR_NAMES)
 
 
