@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
+from megatron.quant.formats import abs_max
 from megatron.quant.tensor_saver import CaptureSite, Operand
 
 
@@ -65,7 +66,7 @@ def tensor_amax(x: Tensor, fmt: Any, group: Optional[dist.ProcessGroup]) -> Opti
     """
     if not fmt.needs_tensor_amax or group is None or dist.get_world_size(group) == 1:
         return None
-    amax = x.detach().abs().amax().float()
+    amax = abs_max(x.detach()).float()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
 

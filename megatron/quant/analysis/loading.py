@@ -269,6 +269,7 @@ def format_view(tensor: torch.Tensor, fmt: NumericFormat, applied: bool, axis: i
     start = int(exponent.min()) if exponent.numel() else 0
     counts = np.bincount((exponent - start).numpy(), minlength=1) if exponent.numel() else np.zeros(1)
     numel = rows.numel()
+    stats = quant_stats(rows, fmt, axis=-1, amax=amax, q=quantized, scale=scale)
     flat_x, flat_q = rows.reshape(-1), quantized.to(torch.float32).reshape(-1)
     picks = torch.from_numpy(np.linspace(0, numel - 1, min(numel, options.pair_count))
                              .round().astype(np.int64))
@@ -276,16 +277,9 @@ def format_view(tensor: torch.Tensor, fmt: NumericFormat, applied: bool, axis: i
         format_name=fmt.name, applied=applied, scaled=fmt.scaling != "none",
         max_value=float(fmt.max_value), min_positive=float(fmt.min_positive),
         log2_start=start, log2_counts=counts.astype(np.int64), numel=numel,
-        overflow_share=float((rows.abs() > fmt.max_value * scale).sum()) / numel,
-        underflow_share=float(((rows != 0) & (quantized == 0)).sum()) / numel,
+        overflow_share=stats["overflow_ratio"], underflow_share=stats["underflow_ratio"],
         x_pairs=flat_x[picks].numpy().copy(), q_pairs=flat_q[picks].numpy().copy())
-    return view, _sampled_quant_stats(rows, fmt, amax, quantized)
-
-
-def _sampled_quant_stats(rows: torch.Tensor, fmt: NumericFormat, amax: Optional[torch.Tensor],
-                         quantized: torch.Tensor) -> dict:
-    stats = quant_stats(rows, fmt, axis=-1, amax=amax, q=quantized)
-    return {key: stats.get(key) for key in QUANT_METRICS}
+    return view, {key: stats.get(key) for key in QUANT_METRICS}
 
 
 def summarize_or_skip(job: tuple[CaptureRecord, SummaryOptions, Path]

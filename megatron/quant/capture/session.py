@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 import warnings
 from datetime import datetime
 from typing import Mapping, Optional, Union
@@ -15,6 +16,7 @@ from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
 from megatron.quant.capture.summary import IterationSummary
 from megatron.quant.capture.writer import BackgroundWriter, WriteJob
+from megatron.quant.stats import quantize_aside
 
 OPERATIONS = ("forward", "backward")
 PHASES = ("pre", "post")
@@ -133,14 +135,17 @@ class CaptureSession:
 
     def _record(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand) -> None:
         full = self.config.mode == "full"
+        save_quantized = full and self.config.save_quantized and operand.fmt is not None
+        if save_quantized and operand.quantized is None:
+            # Quantize once: the statistics and the saved copy then describe the same values.
+            quantized, scale = quantize_aside(operand.tensor, operand.fmt, operand.axis, operand.amax)
+            operand = replace(operand, quantized=quantized, scale=scale)
         self._submit(site, self._metadata(site, operation, phase, name, operand, operand.tensor),
                      take_snapshot(operand, full, self._memo))
-        if full and self.config.save_quantized and operand.fmt is not None:
-            quantized = operand.quantized
-            if quantized is None:
-                quantized = operand.fmt.quantize(operand.tensor.detach(), axis=operand.axis, amax=operand.amax)
-            metadata = self._metadata(site, operation, phase, f"{name}_quantized", operand, quantized)
-            self._submit(site, {**metadata, "quantized": True}, take_snapshot(Operand(quantized), True, self._memo))
+        if save_quantized:
+            metadata = self._metadata(site, operation, phase, f"{name}_quantized", operand, operand.quantized)
+            self._submit(site, {**metadata, "quantized": True},
+                         take_snapshot(Operand(operand.quantized), True, self._memo))
 
     def _metadata(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand,
                   tensor: Tensor) -> dict:

@@ -10,8 +10,12 @@ from typing import Sequence
 
 import torch
 
+from megatron.quant.formats import get_format
+from megatron.quant.formats.registry import PASSTHROUGH
+
 REFERENCE = "fp32"
-PASSTHROUGH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The formats that are plain dtypes: their modes run the whole model in that dtype.
+PASSTHROUGH_DTYPES = {name: get_format(name).dtype for name in PASSTHROUGH}
 ESSENTIAL = ("fp32", "bf16", "hifp8", "mxfp8", "mxfp4")
 PRESETS = ("all", "essential", "quant_only")
 RECIPE_SUFFIXES = (".yaml", ".yml", ".json")

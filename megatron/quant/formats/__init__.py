@@ -7,7 +7,7 @@
 ``python -m megatron.quant.formats list`` shows every format; ``... values hifp8`` prints
 a format's codes and values. Nothing here imports Megatron.
 """
-from .base import NumericFormat
+from .base import NumericFormat, abs_max
 from .hifloat8 import HiFloat8Format
 from .registry import ALIASES, canonical_name, get_format, is_passthrough, list_formats, quantize
 
@@ -15,6 +15,7 @@ __all__ = [
     "ALIASES",
     "HiFloat8Format",
     "NumericFormat",
+    "abs_max",
     "canonical_name",
     "get_format",
     "is_passthrough",
