@@ -125,13 +125,14 @@ class QuantizedWeightCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int], tuple[tuple[int, int], Tensor, Optional[Tensor]]] = {}
+        self._entries: dict[tuple[int, Optional[int]], tuple[tuple[int, int], Tensor, Optional[Tensor]]] = {}
 
     def get(self, weight: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
             ) -> tuple[Tensor, Optional[Tensor]]:
         if spec.fmt is None:
             return weight, None
-        slot = (id(spec.fmt), spec.axis)
+        # Formats without blocks and without random rounding give the same values on any axis.
+        slot = (id(spec.fmt), None if same_quantization(spec, spec) else spec.axis)
         version = (weight.data_ptr(), weight._version)
         entry = self._entries.get(slot)
         if entry is None or entry[0] != version:

@@ -94,17 +94,21 @@ def test_fprop_and_dgrad_quantize_the_weight_along_different_axes(parallel):
     assert not torch.equal(fmt.quantize(w, axis=1), fmt.quantize(w, axis=0))
 
 
-@pytest.mark.parametrize("fmt_name,activation_quantizations", [
-    (TENSOR_FORMAT, 2),  # one scale per tensor: fprop's X and dgrad's dY are reused by wgrad
-    (BLOCK_FORMAT, 4),   # blocks along another axis: wgrad quantizes dY and X again
+@pytest.mark.parametrize("fmt_name,activation_quantizations,weight_quantizations", [
+    # one scale per tensor: fprop's X and dgrad's dY are reused by wgrad, fprop's W by dgrad
+    (TENSOR_FORMAT, 2, 1),
+    # blocks along another axis: wgrad quantizes dY and X again, dgrad quantizes W again
+    (BLOCK_FORMAT, 4, 2),
 ])
-def test_no_quantization_beyond_what_the_axes_require(parallel, fmt_name, activation_quantizations):
+def test_no_quantization_beyond_what_the_axes_require(parallel, fmt_name, activation_quantizations,
+                                                      weight_quantizations):
     layer = _build("column", bias=False)
     counting = CountingFormat(linear_formats(fmt_name)["fprop.input"], layer.weight.shape)
     layer.configure_quant(LinearQuant.from_formats({k: counting for k in linear_formats(None)}), SITE)
     x, grad = _data(torch.float32, seed=7)
     y, grads = _run(layer, x, grad)
-    assert (counting.calls - counting.weight_calls, counting.weight_calls) == (activation_quantizations, 2)
+    assert (counting.calls - counting.weight_calls, counting.weight_calls) == (activation_quantizations,
+                                                                           weight_quantizations)
     y_ref, grads_ref = _reference(x, layer.weight.detach(), 0, grad, linear_formats(fmt_name))
     torch.testing.assert_close(grads["weight"], grads_ref["weight"], rtol=0, atol=0)
 
