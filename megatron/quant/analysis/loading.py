@@ -20,10 +20,10 @@ import torch
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, enrich_from_file,
                                              relative_path)
 from megatron.quant.analysis.parallel import parallel_map
-from megatron.quant.analysis.summary import (LOG2_BINS, LOG2_HIGH, LOG2_LOW, QUANT_METRICS,
+from megatron.quant.analysis.summary import (LOG2_BINS, LOG2_LOW, QUANT_METRICS,
                                              FormatView, TensorSummary, finite)
 from megatron.quant.formats import NumericFormat, get_format
-from megatron.quant.stats import quant_stats
+from megatron.quant.stats import LOG2_EDGES, quant_stats
 
 TENSOR_STAT_KEYS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs")
 _CHUNK = 1 << 22  # elements converted to float64 at a time for exact statistics
@@ -141,7 +141,7 @@ def log2_counts_from_stats(hist: Any) -> Optional[np.ndarray]:
     if not isinstance(hist, Mapping):
         return None
     edges, counts = hist.get("edges"), hist.get("counts")
-    if list(edges or []) != list(range(LOG2_LOW, LOG2_HIGH + 1)) or not isinstance(counts, list):
+    if list(edges or []) != LOG2_EDGES or not isinstance(counts, list):
         return None
     if len(counts) == LOG2_BINS:
         return np.asarray(counts, dtype=np.int64)

@@ -14,12 +14,12 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 import numpy as np
 
 from megatron.quant.analysis.catalog import CaptureRecord
+from megatron.quant.stats import LOG2_EDGES, LOG2_LOW
 
 # Histogram of log2|x| as in docs/interfaces.md section 3: bin 0 holds the nonzero values
 # below 2**LOG2_LOW, bin k (1..60) holds 2**(LOG2_LOW+k-1) <= |x| < 2**(LOG2_LOW+k), the last
 # bin those at or above 2**LOG2_HIGH. Zeros are counted apart (stats["zeros"]).
-LOG2_LOW, LOG2_HIGH = -40, 20
-LOG2_BINS = LOG2_HIGH - LOG2_LOW + 2
+LOG2_BINS = len(LOG2_EDGES) + 1
 
 T = TypeVar("T")
 
