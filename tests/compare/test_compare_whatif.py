@@ -143,6 +143,11 @@ def test_filters_select_captures_and_stale_outputs_go(capture_dir, tmp_path):
     assert not list((tmp_path / "format_comparison").glob("*.png"))
 
 
+def test_filters_take_the_report_s_ranges_and_comma_lists(capture_dir, tmp_path):
+    rows = _rows_of_run(capture_dir, tmp_path, "--layers", "1-1", "--tensor_names", "weight,grad_output")
+    assert sorted({(r["layer_idx"], r["tensor_name"]) for r in rows}) == [("1", "grad_output"), ("1", "weight")]
+
+
 def test_gemm_results_only_on_request(capture_dir, tmp_path):
     assert "output" not in {r["tensor_name"] for r in _rows_of_run(capture_dir, tmp_path)}
     with_outputs = _rows_of_run(capture_dir, tmp_path, "--include_outputs", "--tensor_names", "output")

@@ -45,6 +45,15 @@ def _str_tokens(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The capture filters (--quant_types, --layers, ...); ``capture_filter(args)`` reads them."""
+    filters = parser.add_argument_group("filters (several values: any of them; values may also "
+                                        "be comma-separated)")
+    for name, (kind, text) in _FILTERS.items():
+        filters.add_argument(f"--{name}", nargs="+", action="extend", help=text,
+                             type=_int_tokens if kind == "int" else _str_tokens)
+
+
 def build_parser(description: str, default_analyses: Sequence[str],
                  prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -57,11 +66,7 @@ def build_parser(description: str, default_analyses: Sequence[str],
     parser.add_argument("--analyses", nargs="+", type=_str_tokens, action="extend",
                         help=f"analyses or sets to run (default: {' '.join(default_analyses)}); "
                              f"analyses: {', '.join(BY_KEY)}")
-    filters = parser.add_argument_group("filters (several values: any of them; values may also "
-                                        "be comma-separated)")
-    for name, (kind, text) in _FILTERS.items():
-        filters.add_argument(f"--{name}", nargs="+", action="extend", help=text,
-                             type=_int_tokens if kind == "int" else _str_tokens)
+    add_filter_arguments(parser)
     tuning = parser.add_argument_group("performance and figures")
     tuning.add_argument("--workers", type=int, default=default_workers(),
                         help="worker processes reading captures and drawing figures (default: %(default)s)")

@@ -7,14 +7,11 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from megatron.quant.analysis import report
+from megatron.quant.analysis import cli, report
 from megatron.quant.analysis.catalog import CatalogError
-from megatron.quant.analysis.selection import CaptureFilter
 from megatron.quant.compare import whatif, whatif_report
 
 DEFAULT_FORMATS = ("hifp8", "mxfp8", "mxfp4", "nvfp4")
-# Filter options, as the visualization tool names them: option -> value type.
-FILTERS = {"quant_types": str, "layers": int, "roles": str, "tensor_names": str, "iterations": int, "ranks": int}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,8 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"results go into OUTPUT_DIR/{whatif_report.FOLDER}/ (default ./draw)")
     parser.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS),
                         help=f"format names (default {' '.join(DEFAULT_FORMATS)})")
-    for name, kind in FILTERS.items():
-        parser.add_argument(f"--{name}", nargs="+", type=kind, help=f"only captures with these {name.replace('_', ' ')}")
+    cli.add_filter_arguments(parser)
     parser.add_argument("--include_outputs", action="store_true",
                         help="also re-quantize GEMM results (phase post: outputs, gradients), along their "
                              "recorded axis; by default only GEMM operands (phase pre)")
@@ -50,8 +46,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
     from megatron.quant.formats import get_format
 
     fmts = [get_format(name) for name in args.formats]
-    capture_filter = CaptureFilter(**{name: frozenset(getattr(args, name)) for name in FILTERS
-                                      if getattr(args, name)})
+    capture_filter = cli.capture_filter(args)
     root = Path(args.tensor_dir)
     records = whatif.find_captures(root, capture_filter, args.include_outputs, log)
     log(f"{len(records)} captures, formats {', '.join(f.name for f in fmts)}")
