@@ -11,6 +11,7 @@ import importlib.util
 from typing import Sequence
 
 from megatron.quant.training.presets import PRESETS, get_preset
+from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 TOKENIZER_TYPES = ("ByteTokenizer", "HuggingFaceTokenizer", "NullTokenizer")
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--disable-bias-linear", action="store_true", default=True,
                    help="accepted for compatibility; Llama linears never have a bias")
     g.add_argument("--vocab-size", type=int, default=S, help="vocabulary size for NullTokenizer / mock data")
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=VOCAB_DIVISOR)
     g.add_argument("--init-method-std", type=float, default=0.02)
     g.add_argument("--attention-dropout", type=float, default=0.0)
     g.add_argument("--hidden-dropout", type=float, default=0.0)

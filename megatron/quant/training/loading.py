@@ -8,18 +8,18 @@ import torch
 from megatron.quant.training import checkpoint, hf_import
 from megatron.quant.training.model import PRECISIONS, build_gpt, transformer_config
 from megatron.quant.training.presets import PRESETS, SHAPE_KEYS, get_preset
-from megatron.quant.training.tokenizers import padded_vocab_size
+from megatron.quant.training.tokenizers import VOCAB_DIVISOR, padded_vocab_size
 
 _PRECISION_OF = {dtype: name for name, dtype in PRECISIONS.items()}
 
 
-def _ensure_parallel(seed: int) -> None:
+def _ensure_parallel() -> None:
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
         from megatron.quant.cpu import init_parallel
 
-        init_parallel(seed=seed)
+        init_parallel()
 
 
 def _shape_of(source: str) -> tuple[str, dict]:
@@ -53,12 +53,12 @@ def load_model(source: str, recipe, *, seed: int = 0, params_dtype: torch.dtype 
         raise ValueError(f"params_dtype {params_dtype} is not supported; valid: {list(_PRECISION_OF)}")
     kind, shape = _shape_of(source)
     shape = {key: shape.get(key) for key in SHAPE_KEYS}
-    _ensure_parallel(seed)
-    torch.manual_seed(seed)
+    _ensure_parallel()
+    torch.manual_seed(seed)  # also when the parallel state existed already
     model_parallel_cuda_manual_seed(seed)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     config = transformer_config(shape, precision=_PRECISION_OF[params_dtype], tensor_parallel=tp)
-    vocab = padded_vocab_size(shape["vocab_size"], 128, tp) if kind == "hf" else shape["vocab_size"]
+    vocab = padded_vocab_size(shape["vocab_size"], VOCAB_DIVISOR, tp) if kind == "hf" else shape["vocab_size"]
     model = build_gpt(config, shape, recipe, vocab_size=vocab)
     if kind == "hf":
         hf_import.load_hf_weights(model, source, shape)

@@ -92,6 +92,10 @@ def build_tokenizer(tokenizer_type: str, tokenizer_model: str | None = None,
                      "HuggingFaceTokenizer, NullTokenizer")
 
 
+# Megatron-LM's --make-vocab-size-divisible-by default.
+VOCAB_DIVISOR = 128
+
+
 def padded_vocab_size(tokenizer_vocab: int, divisible_by: int, tensor_parallel: int) -> int:
     """Megatron-LM's vocabulary padding: a multiple of ``divisible_by x TP``."""
     multiple = divisible_by * tensor_parallel
