@@ -2,12 +2,14 @@
 
     python bench/bench_formats.py            # 16M elements (4096 x 4096), fp32 and bf16
     python bench/bench_formats.py --quick    # 1M elements, for a smoke run
+    python bench/bench_formats.py --device cuda   # on a GPU: GB/s against a device-to-device copy
 
 Each time is the median of ``--repeats`` runs after a warm-up (which includes compilation);
 the ratio is against ``x.clone()`` of the same tensor timed in the same run, so it carries
 over between machines better than the absolute numbers. Blocks run along the last axis.
-Goals (issue 2): compiled elementwise <= 2x clone, block <= 3x; eager <= 4x and 6x.
-Writes bench/results/bench_formats.json.
+Goals on CPU (issue 2): compiled elementwise <= 2x clone, block <= 3x; eager <= 4x and 6x.
+On CUDA (issue 13): compiled moves >= 80 % of the copy's bandwidth (ratio <= 1.25); eager has no goal.
+Writes bench/results/bench_formats.json (bench_formats_cuda.json on a GPU).
 """
 from __future__ import annotations
 
@@ -24,25 +26,32 @@ import torch
 
 from megatron.quant.formats import get_format, list_formats
 
-GOALS = {("eager", False): 4.0, ("eager", True): 6.0, ("compiled", False): 2.0, ("compiled", True): 3.0}
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_formats.json"
+GOALS = {"cpu": {("eager", False): 4.0, ("eager", True): 6.0, ("compiled", False): 2.0, ("compiled", True): 3.0},
+         "cuda": {("eager", False): float("inf"), ("eager", True): float("inf"),
+                  ("compiled", False): 1.25, ("compiled", True): 1.25}}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()  # warm-up: compilation, allocator
+    sync()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, compile_too: bool) -> list[dict]:
+def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, compile_too: bool,
+                device: str) -> list[dict]:
     side = int(numel**0.5)
-    x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    moved = 2 * x.numel() * x.element_size()  # bytes read + written by a copy and by a quantization
     clone = median_seconds(x.clone, repeats)
-    print(f"\n{str(dtype):<15} clone: {clone * 1e3:8.2f} ms  ({x.numel() / clone / 1e9:.2f} G elements/s)", flush=True)
+    print(f"\n{str(dtype):<15} clone: {clone * 1e3:8.2f} ms  ({moved / clone / 1e9:.1f} GB/s moved)", flush=True)
     rows = []
     for name in names:
         fmt = get_format(name)
@@ -55,12 +64,13 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
         for mode, fn in modes.items():
             seconds = median_seconds(lambda: fn(x), repeats)
             ratio = seconds / clone
-            goal = GOALS[(mode, fmt.block_size is not None)]
+            goal = GOALS[device][(mode, fmt.block_size is not None)]
             rows.append({"format": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode,
                          "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
+                         "GBps": moved / seconds, "copy_GBps": moved / clone,
                          "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
-            print(f"  {name:<12} {mode:<9} {seconds * 1e3:9.2f} ms  {x.numel() / seconds / 1e9:6.3f} G el/s  {ratio:6.2f}x clone"
-                  f"  (goal {goal:.0f}x{'' if ratio <= goal else ', missed'})", flush=True)
+            print(f"  {name:<12} {mode:<9} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s  {ratio:6.2f}x clone"
+                  f"  (goal {goal:.2f}x{'' if ratio <= goal else ', missed'})", flush=True)
     return rows
 
 
@@ -71,31 +81,37 @@ def main() -> None:
     parser.add_argument("--formats", nargs="*", default=None, help="subset of formats (default: all)")
     parser.add_argument("--eager-only", action="store_true", help="skip torch.compile")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON path (default bench/results/bench_formats[_cuda].json)")
     args = parser.parse_args()
     if args.repeats < 5:
         parser.error("--repeats must be at least 5")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    output = args.output or RESULTS / f"bench_formats{'_cuda' if args.device == 'cuda' else ''}.json"
     torch.set_num_threads(args.threads)
     numel = (1 << 20) if args.quick else (1 << 24)
     names = args.formats or list_formats()
     started = time.time()
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        rows += bench_dtype(dtype, names, numel, args.repeats, not args.eager_only)
+        rows += bench_dtype(dtype, names, numel, args.repeats, not args.eager_only, args.device)
     report = {
         "benchmark": "bench_formats",
         "numel": numel,
         "repeats": args.repeats,
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__, "load_average": os.getloadavg()},
+                    "torch": torch.__version__, "load_average": os.getloadavg(),
+                    "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"},
         "seconds": time.time() - started,
         "results": rows,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2))
     missed = [f"{r['format']}/{r['dtype']}/{r['mode']}" for r in rows if not r["meets_goal"]]
-    print(f"\nwrote {args.output}; goals missed: {', '.join(missed) or 'none'}")
+    print(f"\nwrote {output}; goals missed: {', '.join(missed) or 'none'}")
 
 
 if __name__ == "__main__":

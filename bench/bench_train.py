@@ -1,4 +1,4 @@
-"""Training step time of llama-tiny on CPU: each format and capture mode vs bf16 (no fake quantization).
+"""Training step time: each format, compile and capture mode vs bf16 (no fake quantization).
 
 Every variant is a real ``megatron-quant-train`` run (``main(argv)``: data, DDP, optimizer,
 logging); the step time is the median of its iterations after warm-up. Variants run in
@@ -6,18 +6,24 @@ interleaved rounds so machine noise hits all alike; ratios are against the bf16 
 of the same run.
 
     python bench/bench_train.py [--iters 8] [--rounds 2] [--formats hifp8,mxfp8_e4m3]
-Writes bench/results/bench_train.json.
+    python bench/bench_train.py --model llama3.2-1b --seq-length 2048 --bf16 --rounds 1 --iters 4 \
+        --variants bf16,mxfp8+compile,hifp8+compile+stats          # one GPU
+A variant is FORMAT[+compile][+stats|+full]: CUSTOM_QUANT_COMPILE=1, and capture of every
+iteration after the first in stats mode or (full) of iteration 2 only.
+Writes bench/results/bench_train.json (bench_train_cuda.json on a GPU).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import shutil
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -25,29 +31,45 @@ import torch
 BASELINE = "bf16"
 
 
-def variants(format_names: list[str]) -> dict[str, dict]:
-    """name -> environment; capture variants capture every iteration after the first."""
-    out = {BASELINE: {"CUSTOM_QUANT_TYPE": BASELINE}}
-    out.update({name: {"CUSTOM_QUANT_TYPE": name} for name in format_names})
-    for mode in ("stats", "full"):
-        out[f"hifp8+capture_{mode}"] = {"CUSTOM_QUANT_TYPE": "hifp8", "TENSOR_SAVE_ENABLED": "true",
-                                        "TENSOR_SAVE_MODE": mode, "TENSOR_SAVER_ITERATION": "1-1000"}
-    return out
+_CAPTURE = {"stats": {"TENSOR_SAVE_MODE": "stats", "TENSOR_SAVER_ITERATION": "1-1000"},
+            "full": {"TENSOR_SAVE_MODE": "full", "TENSOR_SAVER_ITERATION": "2"}}
 
 
-def step_times(env: dict, iters: int, micro_batch: int, save_dir: str) -> list[float]:
+def variant_env(spec: str) -> dict:
+    """FORMAT[+compile][+stats|+full] -> environment."""
+    fmt, *flags = spec.split("+")
+    env = {"CUSTOM_QUANT_TYPE": fmt}
+    for flag in flags:
+        if flag == "compile":
+            env["CUSTOM_QUANT_COMPILE"] = "1"
+        elif flag in _CAPTURE:
+            env.update(_CAPTURE[flag], TENSOR_SAVE_ENABLED="true")
+        else:
+            raise SystemExit(f"bench_train: unknown variant flag {flag!r} in {spec!r} (allowed: compile, stats, full)")
+    return env
+
+
+def default_variants(format_names: list[str]) -> list[str]:
+    return [BASELINE, *format_names, "hifp8+stats", "hifp8+full"]
+
+
+def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]:
+    """Per timed iteration: step time, MFU (when known) and the saver's wait."""
     from megatron.quant.train import main
     from megatron.quant.training.env import scoped_environ
 
     env = dict(env, TENSOR_SAVE_DIR=save_dir)
+    argv = ["--model", args.model, "--mock-data", "--train-iters", str(args.iters), "--eval-iters", "0",
+            "--micro-batch-size", str(args.micro_batch_size), "--global-batch-size", str(2 * args.micro_batch_size),
+            "--log-interval", str(args.iters)]
+    argv += ["--seq-length", str(args.seq_length)] if args.seq_length else []
+    argv += ["--bf16"] if args.bf16 else []
     try:
         with scoped_environ(env):
-            history = main(["--model", "llama-tiny", "--mock-data", "--train-iters", str(iters), "--eval-iters", "0",
-                            "--micro-batch-size", str(micro_batch), "--global-batch-size", str(2 * micro_batch),
-                            "--log-interval", str(iters)])
+            history = main(argv)
     finally:
         shutil.rmtree(save_dir, ignore_errors=True)
-    return [h["iteration time (s)"] for h in history[1:]]  # the first iteration warms up
+    return history[1:]  # the first iteration warms up (and compiles)
 
 
 def main() -> None:
@@ -58,30 +80,59 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--formats", default=None, help="comma-separated; default: every non-passthrough format")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated FORMAT[+compile][+stats|+full]; default: bf16, --formats, hifp8+stats, hifp8+full")
+    p.add_argument("--model", default="llama-tiny", help="preset (default llama-tiny)")
+    p.add_argument("--seq-length", type=int, default=None)
+    p.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU runs)")
     args = p.parse_args()
     names = args.formats.split(",") if args.formats else [f for f in formats.list_formats() if not formats.is_passthrough(f)]
-    runs = variants(names)
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    specs = args.variants.split(",") if args.variants else default_variants(names)
+    if BASELINE not in specs:
+        specs.insert(0, BASELINE)
+    runs = {spec: variant_env(spec) for spec in specs}
+    samples: dict[str, list[dict]] = {name: [] for name in runs}
     tmp = tempfile.mkdtemp(prefix="bench_train_")
     start = time.perf_counter()
     for round_ in range(args.rounds):
         for name, env in runs.items():
-            times[name] += step_times(env, args.iters, args.micro_batch_size, os.path.join(tmp, name))
-            print(f"round {round_ + 1}/{args.rounds} {name}: median step {statistics.median(times[name]):.3f}s "
+            samples[name] += in_fresh_process(step_times, env, args, os.path.join(tmp, name))
+            median = statistics.median(h["iteration time (s)"] for h in samples[name])
+            print(f"round {round_ + 1}/{args.rounds} {name}: median step {median:.3f}s "
                   f"({time.perf_counter() - start:.0f}s elapsed)", flush=True)
-    base = statistics.median(times[BASELINE])
-    rows = {name: {"median_step_s": statistics.median(t), "ratio_vs_bf16": statistics.median(t) / base,
-                   "samples": len(t)} for name, t in times.items()}
-    print(f"\n{'variant':<26} {'step (s)':>9} {'vs bf16':>8}")
+    rows = {name: _summary(history) for name, history in samples.items()}
+    base = rows[BASELINE]["median_step_s"]
+    print(f"\n{'variant':<26} {'step (s)':>9} {'vs bf16':>8} {'MFU':>6} {'saver wait':>11}")
     for name, row in rows.items():
-        print(f"{name:<26} {row['median_step_s']:>9.3f} {row['ratio_vs_bf16']:>7.2f}x")
+        row["ratio_vs_bf16"] = row["median_step_s"] / base
+        print(f"{name:<26} {row['median_step_s']:>9.3f} {row['ratio_vs_bf16']:>7.2f}x {row['mfu']:>6.3f} "
+              f"{row['saver_wait_fraction']:>10.1%}")
+    cuda = torch.cuda.is_available()
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "load_avg": os.getloadavg()}
-    out = Path(__file__).parent / "results" / "bench_train.json"
+               "load_avg": os.getloadavg(), "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    out = Path(__file__).parent / "results" / f"bench_train{'_cuda' if cuda else ''}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": machine, "config": vars(args), "results": rows}, indent=1))
     print(f"wrote {out}")
+
+
+def in_fresh_process(fn, *args):
+    """Each run in its own process: no compile caches, allocator pools or parallel state carry over
+    from one variant to the next (on a GPU, a second 1B model in one process would not fit)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _summary(history: list[dict]) -> dict:
+    """Median step time and MFU; for captured iterations, the share of the step spent waiting for the writer."""
+    steps = [h["iteration time (s)"] for h in history]
+    captured = [h for h in history if "capture/wait_s" in h]
+    wait = max((h["capture/wait_s"] / h["iteration time (s)"] for h in captured), default=float("nan"))
+    return {"median_step_s": statistics.median(steps), "samples": len(steps),
+            "mfu": statistics.median(h.get("MFU", float("nan")) for h in history),
+            "captured_step_s": statistics.median(h["iteration time (s)"] for h in captured) if captured else None,
+            "saver_wait_fraction": wait}
 
 
 if __name__ == "__main__":

@@ -141,7 +141,8 @@ def init_parallel(
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
-        create_gloo_process_groups=cpu,
+        # Megatron-LM's default: the distributed optimizer and checkpointing need gloo groups on GPU too.
+        create_gloo_process_groups=True,
     )
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)

@@ -168,7 +168,7 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         values.update(_speed(run, time.perf_counter() - start))
         capture = tensor_saver.iteration_summary()
         iteration += 1
-        run.history.append(dict(values, iteration=iteration))
+        run.history.append(dict(values, **capture, iteration=iteration))
         logger.scalars(iteration, {**values, **capture})
         if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
             logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
