@@ -8,8 +8,9 @@ of the same run.
     python bench/bench_train.py [--iters 8] [--rounds 2] [--formats hifp8,mxfp8_e4m3]
     python bench/bench_train.py --model llama3.2-1b --seq-length 2048 --bf16 --rounds 1 --iters 4 \
         --variants bf16,mxfp8+compile,hifp8+compile+stats          # one GPU
-A variant is FORMAT[+compile][+stats|+full]: CUSTOM_QUANT_COMPILE=1, and capture of every
-iteration after the first in stats mode or (full) of iteration 2 only.
+A variant is FORMAT[+compile][+linear][+stats|+full]: CUSTOM_QUANT_COMPILE=1, only the linear
+layers quantized (CUSTOM_QUANT_SCOPE=linear: attention keeps megatron-core's fused path), and
+capture of every iteration after the first in stats mode or (full) of iteration 2 only.
 Writes bench/results/bench_train.json (bench_train_cuda.json on a GPU).
 """
 from __future__ import annotations
@@ -36,16 +37,18 @@ _CAPTURE = {"stats": {"TENSOR_SAVE_MODE": "stats", "TENSOR_SAVER_ITERATION": "1-
 
 
 def variant_env(spec: str) -> dict:
-    """FORMAT[+compile][+stats|+full] -> environment."""
+    """FORMAT[+compile][+linear][+stats|+full] -> environment."""
     fmt, *flags = spec.split("+")
     env = {"CUSTOM_QUANT_TYPE": fmt}
     for flag in flags:
         if flag == "compile":
             env["CUSTOM_QUANT_COMPILE"] = "1"
+        elif flag == "linear":
+            env["CUSTOM_QUANT_SCOPE"] = "linear"
         elif flag in _CAPTURE:
             env.update(_CAPTURE[flag], TENSOR_SAVE_ENABLED="true")
         else:
-            raise SystemExit(f"bench_train: unknown variant flag {flag!r} in {spec!r} (allowed: compile, stats, full)")
+            raise SystemExit(f"bench_train: unknown variant flag {flag!r} in {spec!r} (allowed: compile, linear, stats, full)")
     return env
 
 
@@ -81,7 +84,7 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--formats", default=None, help="comma-separated; default: every non-passthrough format")
     p.add_argument("--variants", default=None,
-                   help="comma-separated FORMAT[+compile][+stats|+full]; default: bf16, --formats, hifp8+stats, hifp8+full")
+                   help="comma-separated FORMAT[+compile][+linear][+stats|+full]; default: bf16, --formats, hifp8+stats, hifp8+full")
     p.add_argument("--model", default="llama-tiny", help="preset (default llama-tiny)")
     p.add_argument("--seq-length", type=int, default=None)
     p.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU runs)")
