@@ -13,3 +13,12 @@ def test_compiled_hifp8_matches_eager_bit_for_bit():
     for data in (all_bf16(), random_fp32(1 << 16, seed=7)):
         x = torch.from_numpy(data)
         assert not mismatches(compiled(x), fmt.quantize(x), x)
+
+
+def test_compiled_casts_round():
+    # inductor folds a dtype round trip (x.to(bf16).to(fp32)) into nothing: the casts must not be one.
+    x = torch.from_numpy(random_fp32(1 << 16, seed=5))
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        torch._dynamo.reset()
+        compiled = torch.compile(get_format(name).quantize, fullgraph=True, dynamic=False)
+        assert not mismatches(compiled(x), x.to(dtype).float(), x), name

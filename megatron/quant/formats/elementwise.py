@@ -34,25 +34,30 @@ class CastFormat(NumericFormat):
     def _quantize(self, x, axis, amax, generator):
         if self.dtype == torch.float32 or x.dtype == self.dtype:  # already representable
             return x, _one(x)
-        if self.rounding == "nearest":
-            return x.to(self.dtype), _one(x)
+        # Rounded with integer ops, never as a dtype round trip: inductor folds x.to(bf16).to(fp32)
+        # into a no-op, which made the compiled casts return x unchanged.
         x32 = x.float()
-        uniform = self._uniform(x32, generator)
+        uniform = self._uniform(x32, generator) if self.rounding == "stochastic" else None
         if self.dtype == torch.float16:
-            return FP16.round(x32, "stochastic", "inf", uniform), _one(x)
-        return _stochastic_bf16(x32, uniform), _one(x)
+            return FP16.round(x32, self.rounding, "inf", uniform), _one(x)
+        return _round_bf16(x32, uniform), _one(x)
 
 
-def _stochastic_bf16(x: Tensor, uniform: Tensor) -> Tensor:
-    """Stochastic rounding of float32 to bfloat16 values: add random low bits, then truncate.
+def _round_bf16(x: Tensor, uniform: Tensor | None) -> Tensor:
+    """float32 to bfloat16 values, to nearest even or stochastically (``uniform`` given).
 
-    bf16's spacing in 2**-133 .. 2**120 is beyond the grid routine's range, but on the
-    float32 bit pattern bf16 is exactly "clear the low 16 bits", which is linear within each
-    binade (subnormals included) and carries into the exponent on the way up. The integer
-    noise is uniform over all 2**16 dropped-bit values, so the result is exactly unbiased.
+    On the float32 bit pattern bf16 is exactly "clear the low 16 bits", which is linear within
+    each binade (subnormals included) and carries into the exponent on the way up (to Inf past
+    the largest bf16). Nearest adds half an ulp less one plus the kept lowest bit (ties to even);
+    stochastic adds integer noise uniform over all 2**16 dropped-bit values, so it is exactly
+    unbiased. bf16's range is beyond the grid routine's, hence this separate path.
     """
-    noise = (uniform * (1 << _BF16_DROPPED_BITS)).to(torch.int32)
-    truncated = (x.view(torch.int32) + noise) & -(1 << _BF16_DROPPED_BITS)
+    bits = x.view(torch.int32)
+    if uniform is None:
+        added = ((bits >> _BF16_DROPPED_BITS) & 1) + ((1 << (_BF16_DROPPED_BITS - 1)) - 1)
+    else:
+        added = (uniform * (1 << _BF16_DROPPED_BITS)).to(torch.int32)
+    truncated = (bits + added) & -(1 << _BF16_DROPPED_BITS)
     return torch.where(torch.isnan(x), x, truncated.view(torch.float32))
 
 
