@@ -190,6 +190,9 @@ def _draw_loss(payload: dict):
         loss_ax.plot(steps, smoothed, color=f"C{i % 10}", linewidth=1.6, label=name)
     loss_ax.set(title=f"training loss (faint: raw, solid: smoothed {payload['smoothing']})",
                 xlabel="iteration", ylabel="lm loss")
+    losses = [v for _, raw, _ in payload["loss"].values() for v in raw]
+    if losses and min(losses) > 0 and figures.spans_decades(losses, 1.0):
+        figures.log_scale(loss_ax)  # a loss falling by decades: the late gaps stay visible
     band = payload["band"]
     if band is not None:
         gap_ax.fill_between(band[0], 100 * np.asarray(band[1]), 100 * np.asarray(band[2]), color="0.8",
@@ -284,11 +287,13 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _display(row: dict) -> list:
-    """Table cells: gaps and ratios in %, missing values as a dash."""
+    """Table cells: gaps and ratios in %, yes/no, missing values as a dash."""
     cells = []
     for key, value in row.items():
         if value is None or (isinstance(value, float) and math.isnan(value)):
             cells.append("–")
+        elif isinstance(value, bool):
+            cells.append("yes" if value else "no")
         elif key.startswith("gap") or key.endswith("vs baseline"):
             cells.append(f"{100 * value:+.2f} %" if key.startswith("gap") else f"{100 * value:.1f} %")
         else:

@@ -2,8 +2,9 @@
 
 Every run gets the same training flags (model, data order, initialisation, seed) and differs
 only in its recipe (``CUSTOM_QUANT_TYPE`` for a format name, ``CUSTOM_QUANT_RECIPE`` for a recipe
-file). Run ``NAME`` lives in ``OUTPUT_DIR/NAME/``: ``checkpoints/``, ``tensorboard/`` and
-``run.json`` (recipe, flags, git commit, machine, status and every attempt's start/end).
+file). Run ``NAME`` lives in ``OUTPUT_DIR/NAME/``: ``checkpoints/``, ``tensorboard/``, ``run.json``
+(recipe, flags, git commit, machine, status and every attempt's start/end) and, with capture
+enabled and no ``TENSOR_SAVE_DIR``, ``tensor_logs/``.
 
 Re-running the sweep skips runs whose status is finished or diverged and resumes the others
 from their checkpoints. ``--seeds`` adds runs ``<baseline>-seed<N>`` of the baseline recipe
@@ -201,6 +202,7 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key not in _RECIPE_ENV}
     env.update(run.env)
+    env.setdefault("TENSOR_SAVE_DIR", str(run_dir / "tensor_logs"))  # captures, when enabled, stay with the run
     record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
                                    "start_time": _now(), "attempts": []}
     attempt = {"start_time": _now(), "command": command, "git_commit": git_commit(), "machine": machine()}
