@@ -31,6 +31,8 @@ setup(
             "en_dtypes>=0.0.4",
             "transformers>=4.45",
         ],
+        # --wandb-project: the same scalars as TensorBoard, to Weights & Biases (WANDB_MODE=offline works offline).
+        "wandb": ["wandb>=0.16"],
         # Transformer Engine needs CUDA to build; it is only used for DTYPE=fp8 on GPUs.
         "gpu": ["transformer_engine[pytorch]>=2.0"],
     },

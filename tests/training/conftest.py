@@ -85,11 +85,15 @@ def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
         ("hifp8", "train", ({"CUSTOM_QUANT_TYPE": "hifp8"}, argv)),
         ("resume_part1", "train", ({}, argv + ["--save", ckpt, "--exit-interval", str(ITERS // 2)])),
         ("resume_part2", "train", ({}, argv + ["--save", ckpt, "--load", ckpt])),
+        # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).
+        ("diverge", "train", ({}, argv + ["--save", str(tmp / "diverged" / "checkpoints"), "--tensorboard-dir",
+                                          str(tmp / "diverged" / "tensorboard"), "--divergence-threshold", "1"])),
     ]
     plan += [(f"hf_{name}", "hf_logits", (path, tokens)) for name, (path, tokens, _) in hf_models.items()]
     plan += [(f"accounting_{name}", "model_accounting", (shape, 2)) for name, shape in accounting_shapes().items()]
     results = run_distributed(run_plan, 1, plan, timeout=600)[0]
-    results.update(checkpoint_dir=ckpt, tensorboard_dir=str(tmp / "tb"), tensor_dir=str(tmp / "tensors"))
+    results.update(checkpoint_dir=ckpt, tensorboard_dir=str(tmp / "tb"), tensor_dir=str(tmp / "tensors"),
+                   diverged_run_dir=str(tmp / "diverged"))
     return results
 
 

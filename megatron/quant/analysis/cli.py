@@ -102,9 +102,13 @@ def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] =
          description: str = "Draw figures and an HTML report from captured tensors.",
          prog: Optional[str] = None) -> int:
     """Exit status: 0 done, 1 some figure failed (named on stderr and in the report), 2 bad
-    input (message on stderr)."""
-    parser = build_parser(description, default_analyses, prog)
+    input (message on stderr). ``runs ...`` compares training runs instead (``runs_report``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["runs"]:
+        from megatron.quant.analysis import runs_report
+
+        return runs_report.main(argv[1:], prog=f"{prog or Path(sys.argv[0]).name} runs")
+    parser = build_parser(description, default_analyses, prog)
     args = parser.parse_args(argv)
     _positive(parser, args, "workers", "sample_size", "figure_budget", "max_panels",
               "min_trend_iterations", "dpi")

@@ -80,15 +80,24 @@ def _load_state(state: Path) -> dict | None:
         return None
 
 
-def _link(path: str) -> str:
+def link(path: str) -> str:
+    """``path`` as an href/src attribute value."""
     return html.escape(quote(path), quote=True)
 
 
-def _table(header: list[str], rows: list[list[object]]) -> str:
+def table(header: list[str], rows: list[list[object]]) -> str:
+    """An HTML table; floats to 5 significant digits, ints with thousands separators."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(c))}</td>" for c in row) + "</tr>"
                    for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def figure_html(path: str, caption: str) -> str:
+    """A linked PNG (``path`` relative to the page) with its caption."""
+    return (f"<figure><a href='{link(path)}'><img src='{link(path)}' alt='{html.escape(path, quote=True)}'"
+            f" loading='lazy'></a><figcaption><b>{html.escape(path)}</b>: {html.escape(caption)}"
+            "</figcaption></figure>")
 
 
 def _cell(value: object) -> str:
@@ -99,7 +108,7 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-_STYLE = """
+STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0 1em;color:#222}
 h1{margin-bottom:.2em} h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:.5em 0 1em} td,th{border:1px solid #ccc;padding:.25em .6em;
@@ -115,7 +124,7 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
     comparison_html = comparison.read_text(encoding="utf-8") if comparison.is_file() else None
     parts = [
         "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
-        "<title>Tensor capture report</title>", f"<style>{_STYLE}</style></head><body>",
+        "<title>Tensor capture report</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>Tensor capture report</h1>",
         f"<p>Captures in <code>{html.escape(run.tensor_dir)}</code>, generated "
         f"{html.escape(run.generated_at)} by <code>{html.escape(run.command)}</code>.</p>",
@@ -123,32 +132,29 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
         + ("<a href='#format-comparison'>Format comparison</a>" if comparison_html else "")
         + "<a href='#skipped'>Skipped files</a></nav>",
         "<h2 id='summary'>Summary</h2>",
-        _table(["", ""], [[k, v] for k, v in run.totals.items()]
-               + [["filters", run.filters], ["options", run.options]]),
+        table(["", ""], [[k, v] for k, v in run.totals.items()]
+              + [["filters", run.filters], ["options", run.options]]),
     ]
     if run.per_quant_type:
         header = list(run.per_quant_type[0])
-        parts.append(_table(header, [[row[h] for h in header] for row in run.per_quant_type]))
+        parts.append(table(header, [[row[h] for h in header] for row in run.per_quant_type]))
     for section in sections:
         parts.append(f"<h2 id='{html.escape(section.key)}'>{html.escape(section.title)}</h2>")
         where = f"folder <code>{html.escape(section.folder)}/</code>: " if section.folder else ""
         parts.append(f"<p>{where}{html.escape(section.description)}</p>")
         parts += [f"<p class='note'>{html.escape(note)}</p>" for note in section.notes]
         for item in section.files:
-            parts.append(f"<p><a href='{_link(item['path'])}'>{html.escape(item['path'])}</a>: "
+            parts.append(f"<p><a href='{link(item['path'])}'>{html.escape(item['path'])}</a>: "
                          f"{html.escape(item['caption'])}</p>")
         for item in section.figures:
             if not (output_dir / item["path"]).is_file():
                 continue  # a figure of an earlier run that this run's settings did not redraw
-            parts.append(f"<figure><a href='{_link(item['path'])}'><img src='{_link(item['path'])}'"
-                         f" alt='{html.escape(item['path'], quote=True)}' loading='lazy'></a>"
-                         f"<figcaption><b>{html.escape(item['path'])}</b>: "
-                         f"{html.escape(item['caption'])}</figcaption></figure>")
+            parts.append(figure_html(item["path"], item["caption"]))
     if comparison_html:
         parts.append(comparison_html)
     parts.append(f"<h2 id='skipped'>Skipped files ({len(run.skipped)})</h2>")
     if run.skipped:
-        parts.append(_table(["file", "reason"], [[s["path"], s["reason"]] for s in run.skipped]))
+        parts.append(table(["file", "reason"], [[s["path"], s["reason"]] for s in run.skipped]))
     else:
         parts.append("<p>None: every capture file was read.</p>")
     parts.append("</body></html>")

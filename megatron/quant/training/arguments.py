@@ -113,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="peak dense TFLOP/s of one device for MFU (default: from the device table)")
+    g.add_argument("--divergence-threshold", type=float, default=None,
+                   help="stop the run as diverged when the training loss exceeds this (a NaN/Inf loss always "
+                        "stops it); the last checkpoint is kept, the diverged state is not saved")
+    g.add_argument("--wandb-project", default=None,
+                   help="also log every scalar to this Weights & Biases project (needs the wandb package; "
+                        "WANDB_MODE=offline works without a network)")
+    g.add_argument("--wandb-exp-name", default=None, help="W&B run name (default: W&B's)")
+    g.add_argument("--wandb-save-dir", default=None, help="W&B's local directory (default: W&B's)")
 
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None,
@@ -230,6 +238,18 @@ def _check_run(args: argparse.Namespace, world_size: int) -> None:
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval > 0, f"--save-interval must be positive, got {args.save_interval}")
+    _require(args.divergence_threshold is None or args.divergence_threshold > 0,
+             f"--divergence-threshold must be positive, got {args.divergence_threshold}")
+
+
+def _check_logging(args: argparse.Namespace) -> None:
+    if args.wandb_project is None:
+        _require(args.wandb_exp_name is None and args.wandb_save_dir is None,
+                 "--wandb-exp-name and --wandb-save-dir need --wandb-project")
+        return
+    _require(importlib.util.find_spec("wandb") is not None,
+             f"--wandb-project {args.wandb_project!r} needs the wandb package, which is not installed: "
+             "pip install 'megatron-quant[wandb]' (or drop the --wandb-* flags)")
 
 
 def _check_data(args: argparse.Namespace) -> None:
@@ -250,4 +270,5 @@ def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argp
     _check_devices(args, cuda)
     _check_run(args, world_size)
     _check_data(args)
+    _check_logging(args)
     return args

@@ -6,6 +6,9 @@ plain loop does, with the loss scaled exactly as the schedule scales it.
 """
 from __future__ import annotations
 
+import json
+import math
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,7 +21,7 @@ from megatron.quant import tensor_saver
 from megatron.quant.layers import invalidate_quantized_weights
 from megatron.quant.training import checkpoint
 from megatron.quant.training.data import BatchLayout, get_batch
-from megatron.quant.training.metrics import MetricsLogger, capture_digest, format_line
+from megatron.quant.training.metrics import DIVERGED, MetricsLogger, capture_digest, format_line
 
 
 @dataclass
@@ -157,10 +160,54 @@ def _save(run: Run, iteration: int, logger: MetricsLogger) -> None:
     logger.print(f"saved checkpoint at iteration {iteration} to {path}")
 
 
+def diverged(loss: float, threshold: float | None) -> bool:
+    """A NaN/Inf loss, or one above ``threshold`` (None: no threshold)."""
+    return not math.isfinite(loss) or (threshold is not None and loss > threshold)
+
+
+def _any_rank_diverged(run: Run, loss: float) -> bool:
+    """The last pipeline stage's verdict (the others have no loss), agreed on by every rank."""
+    from megatron.core import parallel_state
+
+    mine = parallel_state.is_pipeline_last_stage() and diverged(loss, run.args.divergence_threshold)
+    if dist.get_world_size() == 1:
+        return mine
+    flag = torch.tensor([float(mine)], device=torch.cuda.current_device() if run.cuda else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _remove_file(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _record_divergence(run: Run, iteration: int, loss: float, logger: MetricsLogger) -> None:
+    logger.print(f"diverged at iteration {iteration}: lm loss {loss} (--divergence-threshold "
+                 f"{run.args.divergence_threshold}); stopping without saving this state")
+    logger.scalars(iteration, {"diverged": 1.0})
+    if run.args.save and dist.get_rank() == dist.get_world_size() - 1:
+        os.makedirs(run.args.save, exist_ok=True)
+        with open(os.path.join(run.args.save, DIVERGED), "w") as f:
+            json.dump({"iteration": iteration, "lm loss": repr(loss),
+                       "divergence_threshold": run.args.divergence_threshold}, f)
+
+
 def train(run: Run, logger: MetricsLogger) -> list[dict]:
-    """Iterate from ``run.start_iteration`` to ``--train-iters``; returns the per-iteration values."""
+    """Iterate from ``run.start_iteration`` to ``--train-iters``; returns the per-iteration values.
+
+    A diverged run (see ``diverged``) stops early, writes ``DIVERGED`` into ``--save`` and saves
+    no checkpoint of the diverged state.
+    """
     args = run.args
     iteration = run.start_iteration
+    if args.save and dist.get_rank() == dist.get_world_size() - 1:
+        _remove_file(os.path.join(args.save, DIVERGED))  # a verdict on an earlier attempt
+    if args.wandb_project:
+        logger.start_wandb(args.wandb_project, args.wandb_exp_name, args.wandb_save_dir,
+                           {key: str(value) for key, value in vars(args).items()})
     while iteration < args.train_iters:
         tensor_saver.set_iteration(iteration)
         start = time.perf_counter()
@@ -172,6 +219,10 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         logger.scalars(iteration, {**values, **capture})
         if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
             logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
+        if _any_rank_diverged(run, values["lm loss"]):
+            _record_divergence(run, iteration, values["lm loss"], logger)
+            tensor_saver.flush()
+            return run.history
         if args.eval_iters and iteration % args.eval_interval == 0:
             with tensor_saver.paused():  # eval forwards are not part of the captured training iteration
                 val = evaluate(run, iteration // args.eval_interval)

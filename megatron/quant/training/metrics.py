@@ -7,6 +7,7 @@ does: no causal-mask discount, elementwise work ignored.
 from __future__ import annotations
 
 import math
+import os
 from typing import Mapping
 
 import torch
@@ -18,6 +19,8 @@ PEAK_BF16_TFLOPS = {
     "H800": 989.0, "H20": 148.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "L4": 121.0,
     "B200": 2250.0, "GB200": 2500.0,
 }
+# Written into --save when a run diverged: the sweep records such a run as diverged, not crashed.
+DIVERGED = "diverged.json"
 
 
 def forward_gemm_flops(shape: Mapping, *, tokens: int, seq_length: int, vocab_size: int) -> float:
@@ -78,29 +81,49 @@ def memory_estimate_gb(shape: Mapping, *, num_parameters: int, micro_batch_size:
 
 
 class MetricsLogger:
-    """Console lines and TensorBoard scalars; only the logging rank writes."""
+    """Console lines, TensorBoard scalars and optionally W&B; only the logging rank writes.
+
+    The TensorBoard writer opens at the first logged step and purges any events from that step
+    on, so a resumed run's curve replaces what the interrupted one logged after its checkpoint.
+    """
 
     def __init__(self, tensorboard_dir: str | None, enabled: bool) -> None:
         self.enabled = enabled
+        self.tensorboard_dir = tensorboard_dir if enabled else None
         self.writer = None
-        if enabled and tensorboard_dir:
-            from torch.utils.tensorboard import SummaryWriter
+        self.wandb_run = None
 
-            self.writer = SummaryWriter(tensorboard_dir)
+    def start_wandb(self, project: str, name: str | None, save_dir: str | None, config: Mapping) -> None:
+        """Log the same scalars to W&B (``wandb`` is checked by the argument validation)."""
+        if self.enabled:
+            import wandb
+
+            if save_dir:
+                os.makedirs(save_dir, exist_ok=True)
+            self.wandb_run = wandb.init(project=project, name=name, dir=save_dir, config=dict(config))
 
     def print(self, text: str) -> None:
         if self.enabled:
             print(text, flush=True)
 
     def scalars(self, iteration: int, values: Mapping[str, float], prefix: str = "train/") -> None:
+        finite = {prefix + key: float(value) for key, value in values.items()
+                  if isinstance(value, (int, float)) and math.isfinite(value)}
+        if self.tensorboard_dir and self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(self.tensorboard_dir, purge_step=iteration)
         if self.writer is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self.writer.add_scalar(prefix + key, value, iteration)
+            for tag, value in finite.items():
+                self.writer.add_scalar(tag, value, iteration)
+        if self.wandb_run is not None and finite:
+            self.wandb_run.log(finite, step=iteration)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
 
 
 def capture_digest(summary: Mapping[str, float]) -> dict[str, float | str]:

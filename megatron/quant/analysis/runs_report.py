@@ -1,0 +1,408 @@
+"""Compare training runs (e.g. a recipe sweep) from their TensorBoard event files.
+
+``python -m megatron.quant.analysis runs OUTPUT_DIR [--output_dir REPORT_DIR] [--baseline bf16]``:
+every subdirectory of OUTPUT_DIR holding event files (at any depth, e.g. ``NAME/tensorboard/``)
+is one run named after the subdirectory; runs ``<baseline>-seed<N>`` are extra seeds of the
+baseline and give the noise band. Writes ``index.html`` (self-contained, links the PNGs beside
+it) and ``runs.csv`` (one row per run).
+
+Gaps are relative: ``loss_run / loss_baseline - 1`` at the iterations both logged. The gap at
+the end and the first iteration above 1 % / 5 % use the smoothed losses (TensorBoard's debiased
+exponential moving average, ``--smoothing``); the average over the last 10 % uses the raw ones.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import html
+import json
+import math
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import FigureJob
+from megatron.quant.analysis.report import STYLE, figure_html, link, table
+
+LOSS, GRAD_NORM, LR = "train/lm loss", "train/grad norm", "train/learning rate"
+TOKENS_PER_S, VALIDATION, DIVERGED = "train/tokens/s", "validation/lm loss", "train/diverged"
+# Stats-mode capture summaries: train/quant/<role>/<operand>/<metric> (any metric, present or future).
+STATS_TAG = re.compile(r"^train/quant/(?P<site>.+)/(?P<metric>[^/]+)$")
+GAP_THRESHOLDS = (0.01, 0.05)
+LAST_SHARE = 0.1          # "the last 10 %" of the common iterations
+SPIKE_FACTOR, SPIKE_WINDOW = 4.0, 50  # a grad-norm spike: above 4x the median of the previous 50
+SEED_RUN = re.compile(r"^(?P<recipe>.+)-seed(?P<seed>\d+)$")  # the sweep's seed runs
+EVENTS_GLOB = "events.out.tfevents.*"
+CSV_NAME = "runs.csv"
+
+
+class RunsReportError(ValueError):
+    """Missing directory, no runs, or an absent baseline; the message names what exists."""
+
+
+Series = tuple[np.ndarray, np.ndarray]  # (iterations, values)
+
+
+@dataclass
+class Run:
+    name: str
+    scalars: dict[str, Series]
+    record: dict = field(default_factory=dict)  # run.json, when the sweep wrote one
+
+    def series(self, tag: str) -> Series:
+        return self.scalars.get(tag, (np.zeros(0, dtype=np.int64), np.zeros(0)))
+
+    @property
+    def diverged(self) -> bool:
+        return self.record.get("status") == "diverged" or DIVERGED in self.scalars
+
+    @property
+    def seed_of(self) -> Optional[str]:
+        match = SEED_RUN.match(self.name)
+        return match["recipe"] if match else None
+
+
+# ---- reading --------------------------------------------------------------------------------
+def read_scalars(event_dir: Path) -> dict[str, Series]:
+    """Every scalar tag of the event files in ``event_dir`` (all points: no reservoir sampling).
+
+    A resumed run's second event file purges the first one's points from the resume step on."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    events = EventAccumulator(str(event_dir), size_guidance={SCALARS: 0}).Reload()
+    out = {}
+    for tag in events.Tags()[SCALARS]:
+        points = events.Scalars(tag)
+        out[tag] = (np.array([p.step for p in points], dtype=np.int64), np.array([p.value for p in points]))
+    return out
+
+
+def load_runs(output_dir: Path) -> list[Run]:
+    """The runs under ``output_dir``, sorted by name."""
+    if not output_dir.is_dir():
+        raise RunsReportError(f"runs directory {str(output_dir)!r} does not exist")
+    runs = []
+    for run_dir in sorted(p for p in output_dir.iterdir() if p.is_dir()):
+        event_dirs = sorted({f.parent for f in run_dir.rglob(EVENTS_GLOB)})
+        if not event_dirs:
+            continue
+        scalars: dict[str, Series] = {}
+        for event_dir in event_dirs:
+            scalars.update(read_scalars(event_dir))
+        record_path = run_dir / "run.json"
+        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        runs.append(Run(run_dir.name, scalars, record))
+    if not runs:
+        found = ", ".join(sorted(p.name for p in output_dir.iterdir() if p.is_dir())) or "nothing"
+        raise RunsReportError(f"no runs in {str(output_dir)!r}: no subdirectory holds TensorBoard event files "
+                              f"({EVENTS_GLOB}); subdirectories: {found}")
+    return runs
+
+
+# ---- numbers --------------------------------------------------------------------------------
+def smooth(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: exponential moving average with the startup bias removed."""
+    out = np.empty(len(values))
+    average, norm = 0.0, 0.0
+    for i, value in enumerate(values):
+        average = average * weight + (1 - weight) * value
+        norm = norm * weight + (1 - weight)
+        out[i] = average / norm if norm else value
+    return out
+
+
+def relative_gap(run: Series, baseline: Series, smoothing: float = 0.0) -> Series:
+    """``run / baseline - 1`` at the iterations both logged, of the (smoothed) curves."""
+    common, i, j = np.intersect1d(run[0], baseline[0], return_indices=True)
+    return common, smooth(run[1], smoothing)[i] / smooth(baseline[1], smoothing)[j] - 1.0
+
+
+def first_above(gap: Series, threshold: float) -> Optional[int]:
+    above = np.flatnonzero(gap[1] > threshold)
+    return int(gap[0][above[0]]) if above.size else None
+
+
+def last_share_mean(values: np.ndarray, share: float = LAST_SHARE) -> float:
+    if not values.size:
+        return math.nan
+    return float(values[-max(1, math.ceil(share * values.size)):].mean())
+
+
+def grad_norm_spikes(values: np.ndarray, factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW) -> int:
+    """Iterations whose grad norm exceeds ``factor`` x the median of the previous ``window`` (>= 5 of them)."""
+    return sum(1 for i in range(5, len(values))
+               if values[i] > factor * np.median(values[max(0, i - window):i]))
+
+
+def _median(series: Series) -> float:
+    return float(np.median(series[1])) if series[1].size else math.nan
+
+
+def summarize(run: Run, baseline: Run, smoothing: float) -> dict:
+    """The table/CSV row of ``run`` against ``baseline``."""
+    loss = run.series(LOSS)
+    raw_gap = relative_gap(loss, baseline.series(LOSS))
+    gap = relative_gap(loss, baseline.series(LOSS), smoothing)
+    validation = run.series(VALIDATION)
+    row = {
+        "run": run.name, "recipe": run.record.get("recipe", run.seed_of or run.name),
+        "status": run.record.get("status", "diverged" if run.diverged else "unknown"),
+        "diverged": run.diverged,
+        "iterations": int(loss[0][-1]) if loss[0].size else 0,
+        "final loss": float(loss[1][-1]) if loss[1].size else math.nan,
+        "gap at end": float(gap[1][-1]) if gap[1].size else math.nan,
+        "gap last 10%": last_share_mean(raw_gap[1]),
+    }
+    for threshold in GAP_THRESHOLDS:
+        row[f"first iteration gap > {threshold:.0%}"] = first_above(gap, threshold)
+    row["grad-norm spikes"] = grad_norm_spikes(run.series(GRAD_NORM)[1])
+    row["tokens/s"] = _median(run.series(TOKENS_PER_S))
+    row["tokens/s vs baseline"] = row["tokens/s"] / _median(baseline.series(TOKENS_PER_S))
+    row["final validation loss"] = float(validation[1][-1]) if validation[1].size else math.nan
+    return row
+
+
+def noise_band(baseline: Run, seeds: Sequence[Run], smoothing: float) -> Optional[tuple[np.ndarray, ...]]:
+    """(iterations, low, high): the spread of the baseline's seed runs' gaps to it (0 included);
+    None without seed runs."""
+    gaps = [relative_gap(seed.series(LOSS), baseline.series(LOSS), smoothing) for seed in seeds]
+    if not gaps:
+        return None
+    common = gaps[0][0]
+    for steps, _ in gaps[1:]:
+        common = np.intersect1d(common, steps)
+    stacked = np.stack([values[np.isin(steps, common)] for steps, values in gaps] + [np.zeros(common.size)])
+    return common, stacked.min(0), stacked.max(0)
+
+
+# ---- figures --------------------------------------------------------------------------------
+def _draw_loss(payload: dict):
+    fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6), legend_width=1.6)
+    for i, (name, (steps, raw, smoothed)) in enumerate(payload["loss"].items()):
+        loss_ax.plot(steps, raw, color=f"C{i % 10}", alpha=0.25, linewidth=0.8)
+        loss_ax.plot(steps, smoothed, color=f"C{i % 10}", linewidth=1.6, label=name)
+    loss_ax.set(title=f"training loss (faint: raw, solid: smoothed {payload['smoothing']})",
+                xlabel="iteration", ylabel="lm loss")
+    losses = [v for _, raw, _ in payload["loss"].values() for v in raw]
+    if losses and min(losses) > 0 and figures.spans_decades(losses, 1.0):
+        figures.log_scale(loss_ax)  # a loss falling by decades: the late gaps stay visible
+    band = payload["band"]
+    if band is not None:
+        gap_ax.fill_between(band[0], 100 * np.asarray(band[1]), 100 * np.asarray(band[2]), color="0.8",
+                            label=f"{payload['baseline']} seed noise")
+    for i, (name, (steps, gap)) in enumerate(payload["gap"].items()):
+        gap_ax.plot(steps, 100 * np.asarray(gap), color=f"C{i % 10}", linewidth=1.4, label=name)
+    for threshold in GAP_THRESHOLDS:
+        gap_ax.axhline(100 * threshold, color="0.5", linestyle=":", linewidth=0.8)
+    gap_ax.set(title=f"relative loss gap to {payload['baseline']} (smoothed)", xlabel="iteration",
+               ylabel="gap (%)")
+    for ax in (loss_ax, gap_ax):
+        ax.grid(alpha=0.3)
+    return figures.finish(fig, "Loss against the baseline", shared_legend=[loss_ax, gap_ax])
+
+
+def _draw_lines(payload: dict):
+    """One panel per entry of ``payload["panels"]`` ({title: {run: (x, y)}}), one line per run."""
+    panels = payload["panels"]
+    fig, axes = figures.subplot_grid(len(panels), ncols=payload.get("ncols", 3), panel_size=(5.0, 3.6),
+                                     legend_width=1.6)
+    for ax, (title, series) in zip(axes, panels.items()):
+        ax.set_title(title, fontsize=10)
+        values = [v for _, ys in series.values() for v in ys]
+        for name, (xs, ys) in series.items():
+            ax.plot(xs, ys, color=f"C{payload['colors'][name] % 10}", linewidth=1.2, label=name)
+        if values and min(values) > 0 and figures.spans_decades(values):
+            figures.log_scale(ax)
+        ax.set(xlabel="iteration", ylabel=payload["ylabel"].get(title, title))
+        ax.grid(alpha=0.3)
+    return figures.finish(fig, payload["title"], shared_legend=axes)
+
+
+def _lines(runs: Sequence[Run], tag: str) -> dict[str, tuple[list, list]]:
+    return {run.name: (run.series(tag)[0].tolist(), run.series(tag)[1].tolist())
+            for run in runs if run.series(tag)[0].size}
+
+
+def stats_panels(runs: Sequence[Run]) -> dict[str, dict[str, dict]]:
+    """metric -> {"role/operand": {run: (x, y)}} from the stats-mode tags, whatever metrics exist."""
+    out: dict[str, dict[str, dict]] = {}
+    for run in runs:
+        for tag, (steps, values) in run.scalars.items():
+            match = STATS_TAG.match(tag)
+            if match:
+                out.setdefault(match["metric"], {}).setdefault(match["site"], {})[run.name] = (
+                    steps.tolist(), values.tolist())
+    return {metric: dict(sorted(sites.items())) for metric, sites in sorted(out.items())}
+
+
+def figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band) -> list[FigureJob]:
+    """``curves``: the runs drawn as lines (the baseline's seed runs only make the band)."""
+    colors = {run.name: i for i, run in enumerate(curves)}
+    loss = {run.name: (run.series(LOSS)[0].tolist(), run.series(LOSS)[1].tolist(),
+                       smooth(run.series(LOSS)[1], smoothing).tolist()) for run in curves}
+    gaps = {run.name: tuple(v.tolist() for v in relative_gap(run.series(LOSS), baseline.series(LOSS), smoothing))
+            for run in curves}
+    jobs = [FigureJob("loss.png", f"Training loss of every run (raw and smoothed) and its relative gap to "
+                                  f"{baseline.name}" + (", with the band of its seed runs" if band else ""),
+                      _draw_loss, {"loss": loss, "gap": gaps, "band": None if band is None else [b.tolist() for b in band],
+                                   "baseline": baseline.name, "smoothing": smoothing})]
+    training = {"grad norm": _lines(curves, GRAD_NORM), "learning rate": _lines(curves, LR),
+                "tokens/s": _lines(curves, TOKENS_PER_S)}
+    jobs.append(FigureJob("training.png", "Gradient norm, learning rate and throughput over training",
+                          _draw_lines, {"panels": training, "title": "Training dynamics", "colors": colors,
+                                        "ylabel": {}}))
+    if any(run.series(VALIDATION)[0].size for run in curves):
+        jobs.append(FigureJob("validation.png", "Validation loss", _draw_lines, {
+            "panels": {"validation lm loss": _lines(curves, VALIDATION)}, "title": "Validation loss",
+            "colors": colors, "ylabel": {}, "ncols": 1}))
+    for metric, sites in stats_panels(curves).items():
+        jobs.append(FigureJob(f"stats_{metric}.png", f"{metric} per role/operand over training (stats-mode "
+                                                    "capture), one line per run", _draw_lines,
+                              {"panels": sites, "title": metric, "colors": colors,
+                               "ylabel": {site: metric for site in sites}, "ncols": 4}))
+    return jobs
+
+
+# ---- report ---------------------------------------------------------------------------------
+@dataclass
+class RunsReport:
+    index: Path
+    csv: Path
+    rows: list[dict]
+    failed: list[tuple[str, str]]  # (figure, error)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({key: "" if value is None else value for key, value in row.items()} for row in rows)
+
+
+def _display(row: dict) -> list:
+    """Table cells: gaps and ratios in %, yes/no, missing values as a dash."""
+    cells = []
+    for key, value in row.items():
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            cells.append("–")
+        elif isinstance(value, bool):
+            cells.append("yes" if value else "no")
+        elif key.startswith("gap") or key.endswith("vs baseline"):
+            cells.append(f"{100 * value:+.2f} %" if key.startswith("gap") else f"{100 * value:.1f} %")
+        else:
+            cells.append(value)
+    return cells
+
+
+def _details(runs: Sequence[Run]) -> list[list]:
+    rows = []
+    for run in runs:
+        rec = run.record
+        rows.append([run.name, rec.get("status", "no run.json"), rec.get("recipe", ""), rec.get("git_commit") or "",
+                     (rec.get("machine") or {}).get("host", ""), rec.get("start_time", ""), rec.get("end_time", ""),
+                     len(rec.get("attempts", []))])
+    return rows
+
+
+def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[Run], jobs: Sequence[FigureJob],
+                report_dir: Path, command: str, band) -> str:
+    stats = [job for job in jobs if job.path.startswith("stats_")]
+    drawn = [job for job in jobs if (report_dir / job.path).is_file()]
+    parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
+             "<title>Training run comparison</title>", f"<style>{STYLE}</style></head><body>",
+             "<h1>Training run comparison</h1>",
+             f"<p>{len(runs)} runs in <code>{html.escape(str(runs_dir))}</code> against the baseline "
+             f"<b>{html.escape(baseline.name)}</b>, generated "
+             f"{datetime.datetime.now().isoformat(timespec='seconds')} by <code>{html.escape(command)}</code>.</p>",
+             "<nav><a href='#summary'>Summary</a><a href='#curves'>Curves</a><a href='#stats'>Quantization "
+             "statistics</a><a href='#runs'>Runs</a></nav>",
+             "<h2 id='summary'>Summary</h2>",
+             table(list(rows[0]), [_display(row) for row in rows]),
+             f"<p>Gap: loss / baseline loss − 1. Gap at end and first iteration above a threshold: smoothed "
+             f"curves; last 10 %: raw. Grad-norm spikes: iterations above {SPIKE_FACTOR:g}× the median of the "
+             f"previous {SPIKE_WINDOW}. Tokens/s: median. All numbers in <a href='{link(CSV_NAME)}'>"
+             f"{CSV_NAME}</a>.</p>"]
+    if band is not None:
+        parts.append(f"<p class='note'>Baseline noise at the end (spread of its seed runs): "
+                     f"{100 * band[1][-1]:+.2f} % to {100 * band[2][-1]:+.2f} %.</p>")
+    parts.append("<h2 id='curves'>Curves</h2>")
+    parts += [figure_html(job.path, job.caption) for job in drawn if job not in stats]
+    parts.append("<h2 id='stats'>Quantization statistics</h2>")
+    if stats:
+        parts += [figure_html(job.path, job.caption) for job in drawn if job in stats]
+    else:
+        parts.append("<p>None of the runs logged stats-mode capture summaries (<code>train/quant/...</code>): "
+                     "train with <code>TENSOR_SAVE_ENABLED=true TENSOR_SAVE_MODE=stats</code> to get them.</p>")
+    parts += ["<h2 id='runs'>Runs</h2>",
+              table(["run", "status", "recipe", "git commit", "host", "start", "end", "attempts"], _details(runs)),
+              "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf16", smoothing: float = 0.6,
+                      dpi: int = 100, command: str = "") -> RunsReport:
+    """Read the runs, draw the figures, write index.html and runs.csv into ``report_dir``."""
+    if not 0 <= smoothing < 1:
+        raise RunsReportError(f"smoothing must be in [0, 1), got {smoothing}")
+    runs = load_runs(runs_dir)
+    by_name = {run.name: run for run in runs}
+    if baseline_name not in by_name:
+        raise RunsReportError(f"baseline {baseline_name!r} is not among the runs in {str(runs_dir)!r}: "
+                              f"{', '.join(by_name)}; pick one with --baseline")
+    baseline = by_name[baseline_name]
+    if not baseline.series(LOSS)[0].size:
+        raise RunsReportError(f"baseline {baseline_name!r} logged no {LOSS!r}; tags: {', '.join(baseline.scalars)}")
+    ordered = [baseline] + [run for run in runs if run is not baseline]
+    seeds = [run for run in ordered if run.seed_of == baseline_name]
+    curves = [run for run in ordered if run not in seeds]
+    band = noise_band(baseline, seeds, smoothing)
+    rows = [summarize(run, baseline, smoothing) for run in ordered]
+    report_dir.mkdir(parents=True, exist_ok=True)
+    jobs = figure_jobs(curves, baseline, smoothing, band)
+    failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
+    _write_csv(report_dir / CSV_NAME, rows)
+    index = report_dir / "index.html"
+    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band),
+                     encoding="utf-8")
+    return RunsReport(index, report_dir / CSV_NAME, rows, failed)
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Compare training runs (one subdirectory of RUNS_DIR each, e.g. a recipe sweep): "
+                               "loss curves and gaps to a baseline, throughput, quantization statistics.")
+    parser.add_argument("runs_dir", type=Path, help="directory with one subdirectory per run")
+    parser.add_argument("--output_dir", type=Path, default=None,
+                        help="where index.html, runs.csv and the PNGs go (default: RUNS_DIR/report)")
+    parser.add_argument("--baseline", default="bf16", help="run the gaps are relative to (default: %(default)s)")
+    parser.add_argument("--smoothing", type=float, default=0.6,
+                        help="TensorBoard-style smoothing weight in [0, 1) (default: %(default)s)")
+    parser.add_argument("--dpi", type=int, default=100, help="resolution of the PNG files (default: %(default)s)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """Exit status: 0 done, 1 a figure failed (named on stderr), 2 bad input (message on stderr)."""
+    parser = build_parser(prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    if args.dpi < 1:
+        parser.error(f"--dpi must be at least 1, got {args.dpi}")
+    report_dir = args.output_dir or args.runs_dir / "report"
+    try:
+        result = write_runs_report(args.runs_dir, report_dir, args.baseline, args.smoothing, args.dpi,
+                                   shlex.join([parser.prog, *argv]))
+    except RunsReportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{len(result.rows)} runs compared; report: {result.index}, table: {result.csv}")
+    for path, error in result.failed:
+        print(f"error: figure {path} could not be drawn: {error}", file=sys.stderr)
+    return 1 if result.failed else 0

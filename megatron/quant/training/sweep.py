@@ -1,0 +1,293 @@
+"""One model, several recipes: ``python -m megatron.quant.training.sweep OUTPUT_DIR RECIPES -- FLAGS``.
+
+Every run gets the same training flags (model, data order, initialisation, seed) and differs
+only in its recipe (``CUSTOM_QUANT_TYPE`` for a format name, ``CUSTOM_QUANT_RECIPE`` for a recipe
+file). Run ``NAME`` lives in ``OUTPUT_DIR/NAME/``: ``checkpoints/``, ``tensorboard/``, ``run.json``
+(recipe, flags, git commit, machine, status and every attempt's start/end) and, with capture
+enabled and no ``TENSOR_SAVE_DIR``, ``tensor_logs/``.
+
+Re-running the sweep skips runs whose status is finished or diverged and resumes the others
+from their checkpoints. ``--seeds`` adds runs ``<baseline>-seed<N>`` of the baseline recipe
+(the report's noise band); ``--print`` prints one command per run (a job array) instead of
+running them; ``--only NAME`` runs one of them.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from megatron.quant.training import checkpoint
+from megatron.quant.training.arguments import ArgumentError, parse_args
+from megatron.quant.training.metrics import DIVERGED
+
+RUN_JSON = "run.json"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+FINISHED, DIVERGED_STATUS, CRASHED, INCOMPLETE, RUNNING, INTERRUPTED = (
+    "finished", "diverged", "crashed", "incomplete", "running", "interrupted")
+DONE = (FINISHED, DIVERGED_STATUS)  # statuses a re-run skips
+SEED_SUFFIX = "-seed"  # run NAME-seedN: recipe NAME with --seed N (the report's baseline noise band)
+_RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_RECIPE")
+# The sweep sets these per run.
+_OWN_FLAGS = ("save", "load", "tensorboard_dir")
+
+
+class SweepError(ValueError):
+    """Bad sweep input; the message names the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    name: str                    # directory under OUTPUT_DIR
+    recipe: str                  # the recipe token as given (format name or recipe file)
+    env: tuple[tuple[str, str], ...]  # the recipe's environment variables
+    extra_flags: tuple[str, ...] = ()  # e.g. a seed run's --seed N
+
+
+def _recipe_tokens(text: str) -> list[str]:
+    """Recipe tokens with the comparison presets (essential, quant_only, all) expanded."""
+    from megatron.quant.compare import modes
+
+    tokens: list[str] = []
+    for token in text.replace(",", " ").split():
+        if token in modes.PRESETS:  # expand_presets puts its fp32 reference first: keep it only if the preset has it
+            expanded = modes.expand_presets([token])
+            tokens += expanded if token != "quant_only" else expanded[1:]
+        else:
+            tokens.append(token)
+    return tokens
+
+
+def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
+    """(run name, recipe environment) for a format name or a recipe file."""
+    from megatron.quant import formats
+    from megatron.quant.compare.modes import PRESETS, RECIPE_SUFFIXES
+    from megatron.quant.recipe import QuantRecipe, RecipeError
+
+    if token.lower().endswith(RECIPE_SUFFIXES) or Path(token).is_file():
+        if not Path(token).is_file():
+            raise SweepError(f"recipe file {token!r} does not exist")
+        try:
+            name = QuantRecipe.from_file(token).name
+        except RecipeError as error:
+            raise SweepError(str(error)) from error
+        return name, {"CUSTOM_QUANT_RECIPE": str(Path(token).resolve())}
+    valid = sorted(set(formats.list_formats()) | set(formats.ALIASES))
+    if token.lower() not in valid:
+        raise SweepError(f"unknown recipe {token!r}; give format names ({', '.join(valid)}), presets "
+                         f"({', '.join(PRESETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
+    return token, {"CUSTOM_QUANT_TYPE": token.lower()}
+
+
+def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = None) -> list[SweepRun]:
+    """The runs of a sweep, in order: one per recipe, then the baseline's extra seeds."""
+    runs = []
+    for token in _recipe_tokens(recipes):
+        name, env = resolve_recipe(token)
+        runs.append(SweepRun(name, token, tuple(sorted(env.items()))))
+    if not runs:
+        raise SweepError(f"no recipes in {recipes!r}; give e.g. \"bf16 mxfp8 mxfp4 nvfp4 hifp8\"")
+    names = [run.name for run in runs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise SweepError(f"recipes {duplicates} are given twice (a recipe file's name equals another recipe)")
+    if seeds:
+        baseline = baseline or names[0]
+        if baseline not in names:
+            raise SweepError(f"baseline {baseline!r} is not one of the sweep's recipes: {', '.join(names)}")
+        base = runs[names.index(baseline)]
+        runs += [SweepRun(f"{baseline}{SEED_SUFFIX}{seed}", base.recipe, base.env, ("--seed", str(seed)))
+                 for seed in seeds]
+    return runs
+
+
+def check_flags(flags: Sequence[str]) -> argparse.Namespace:
+    """Parse the training flags once (an error before any run starts) and refuse the per-run ones."""
+    try:
+        args = parse_args(list(flags))
+    except SystemExit as exit_:
+        raise SweepError(f"the training flags {shlex.join(flags)!r} are refused (see above)") from exit_
+    given = [f"--{key.replace('_', '-')}" for key in _OWN_FLAGS if getattr(args, key) is not None]
+    if given:
+        raise SweepError(f"the sweep sets {', '.join(given)} per run (OUTPUT_DIR/<recipe>/); drop them")
+    return args
+
+
+def train_command(run: SweepRun, run_dir: Path, launcher: Sequence[str], flags: Sequence[str],
+                  wandb: bool) -> list[str]:
+    """The launcher running ``megatron.quant.train`` for ``run`` into ``run_dir``."""
+    checkpoints = str(run_dir / CHECKPOINTS)
+    own = ["--save", checkpoints, "--load", checkpoints, "--tensorboard-dir", str(run_dir / TENSORBOARD)]
+    if wandb and "--wandb-exp-name" not in flags:
+        own += ["--wandb-exp-name", run.name]
+    return [*launcher, "-m", "megatron.quant.train", *flags, *run.extra_flags, *own]
+
+
+def print_command(output_dir: Path, recipes: str, run: SweepRun, options: argparse.Namespace,
+                  flags: Sequence[str]) -> str:
+    """The sweep itself restricted to ``run`` (``--only``): a job-array line that keeps run.json,
+    skip/resume and divergence handling."""
+    argv = [sys.executable, "-m", "megatron.quant.training.sweep", "--only", run.name,
+            "--launcher", options.launcher]
+    if options.seeds:
+        argv += ["--seeds", " ".join(map(str, options.seeds))]
+    if options.baseline:
+        argv += ["--baseline", options.baseline]
+    return shlex.join([*argv, str(output_dir), recipes, "--", *flags])
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this package runs from (``+dirty`` with local changes); None outside git."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict:
+    import torch
+
+    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpus": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+
+
+def read_run(run_dir: Path) -> dict | None:
+    """``run_dir``'s run.json; None when the run never started."""
+    path = run_dir / RUN_JSON
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as error:
+        raise SweepError(f"{path} is not valid JSON ({error}); move it away to restart that run") from error
+
+
+def _write_run(run_dir: Path, record: dict) -> None:
+    tmp = run_dir / f".{RUN_JSON}.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, run_dir / RUN_JSON)
+
+
+def outcome(run_dir: Path, returncode: int, train_iters: int) -> str:
+    """A finished attempt's status: diverged (the loop's marker), crashed, finished or incomplete."""
+    checkpoints = run_dir / CHECKPOINTS
+    if (checkpoints / DIVERGED).is_file():
+        return DIVERGED_STATUS
+    if returncode != 0:
+        return CRASHED
+    done = checkpoint.latest_iteration(str(checkpoints)) if checkpoints.is_dir() else None
+    return FINISHED if done == train_iters else INCOMPLETE  # e.g. --exit-interval: the next sweep resumes
+
+
+def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[str], train_iters: int) -> str:
+    """Run (or resume) ``run`` with ``command``, keeping run.json up to date; its status."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {key: value for key, value in os.environ.items() if key not in _RECIPE_ENV}
+    env.update(run.env)
+    env.setdefault("TENSOR_SAVE_DIR", str(run_dir / "tensor_logs"))  # captures, when enabled, stay with the run
+    record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
+                                   "start_time": _now(), "attempts": []}
+    attempt = {"start_time": _now(), "command": command, "git_commit": git_commit(), "machine": machine()}
+    record.update(flags=[*flags, *run.extra_flags], git_commit=attempt["git_commit"], machine=attempt["machine"], status=RUNNING)
+    record["attempts"].append(attempt)
+    _write_run(run_dir, record)
+    status = INTERRUPTED
+    try:
+        returncode = subprocess.run(command, env=env).returncode
+        status = outcome(run_dir, returncode, train_iters)
+        attempt["returncode"] = returncode
+    finally:  # an interrupted sweep still records it, and the next one resumes the run
+        attempt.update(end_time=_now(), status=status)
+        record.update(status=status, end_time=attempt["end_time"])
+        if status == DIVERGED_STATUS:
+            record["divergence"] = json.loads((run_dir / CHECKPOINTS / DIVERGED).read_text())
+        _write_run(run_dir, record)
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m megatron.quant.training.sweep",
+        description="Train the same model once per recipe into OUTPUT_DIR/<recipe>/ (training flags after --).")
+    p.add_argument("output_dir", type=Path)
+    p.add_argument("recipes", help="format names, presets (essential, quant_only, all) or recipe files, "
+                                   "space- or comma-separated, e.g. \"bf16 mxfp8 mxfp4 nvfp4 hifp8\"")
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="megatron-quant-train flags, after --")
+    p.add_argument("--launcher", default="torchrun --nproc-per-node 1",
+                   help="command that runs '-m megatron.quant.train' (default: %(default)s)")
+    p.add_argument("--seeds", default="", help="extra seeds of the baseline recipe, e.g. \"1 2 3\"")
+    p.add_argument("--baseline", default=None, help="recipe the extra seeds run (default: the first)")
+    p.add_argument("--print", action="store_true", help="print one command per run instead of running")
+    p.add_argument("--only", default=None, metavar="NAME", help="run only this one of the sweep's runs")
+    return p
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    options.flags = options.flags[1:] if options.flags[:1] == ["--"] else options.flags
+    try:
+        options.seeds = [int(seed) for seed in options.seeds.replace(",", " ").split()]
+    except ValueError:
+        parser.error(f"--seeds {options.seeds!r}: expected integers, e.g. \"1 2 3\"")
+    options.baseline = options.baseline or None
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 every run finished or diverged, 1 a run crashed or stopped early, 2 bad input."""
+    options = _parse(argv)
+    try:
+        args = check_flags(options.flags)
+        runs = plan_runs(options.recipes, options.seeds, options.baseline)
+        if options.only is not None:
+            chosen = [run for run in runs if run.name == options.only]
+            if not chosen:
+                raise SweepError(f"--only {options.only!r} is not one of the sweep's runs: "
+                                 f"{', '.join(run.name for run in runs)}")
+            runs = chosen
+        statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
+    except (SweepError, ArgumentError) as error:
+        print(f"sweep: error: {error}", file=sys.stderr)
+        return 2
+    launcher = shlex.split(options.launcher)
+    if options.print:
+        for run in runs:
+            print(print_command(options.output_dir, options.recipes, run, options, options.flags))
+        return 0
+    results = {}
+    for run in runs:
+        run_dir = options.output_dir / run.name
+        if statuses[run.name] in DONE:
+            print(f"sweep: {run.name}: {statuses[run.name]} already, skipped", flush=True)
+            results[run.name] = statuses[run.name]
+            continue
+        verb = "resuming" if statuses[run.name] else "starting"
+        print(f"sweep: {verb} {run.name} in {run_dir}", flush=True)
+        command = train_command(run, run_dir, launcher, options.flags, wandb=args.wandb_project is not None)
+        results[run.name] = execute(run, run_dir, command, options.flags, args.train_iters)
+        print(f"sweep: {run.name}: {results[run.name]}", flush=True)
+    print("sweep: " + ", ".join(f"{name} {status}" for name, status in results.items()))
+    return 0 if all(status in DONE for status in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
