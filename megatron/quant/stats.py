@@ -14,11 +14,14 @@ float32 and narrower inputs (torch reduces pairwise; relative error ~1e-6), floa
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from megatron.quant.formats import bits
 
 if TYPE_CHECKING:
     from megatron.quant.formats import NumericFormat
@@ -129,10 +132,41 @@ def tensor_stats(x: Tensor) -> dict:
     return unpack_tensor_stats(packed, x.shape, x.dtype)
 
 
-def _packed_quant_stats(v: Tensor, qv: Tensor, scale: Tensor, max_value: float, finite_only: bool) -> Tensor:
+@functools.lru_cache(maxsize=None)
+def overflow_bound(fmt: "NumericFormat") -> tuple[float, bool]:
+    """(b, inclusive): |x / scale| is not representable without saturation (rounds beyond the
+    format's max) iff it is above b, or equal to b when ``inclusive``.
+
+    b lies half a grid step above max (the grid continued past max by its top binade's
+    spacing); a value there is a tie, which rounds up unless ties go to even and max is the
+    even neighbour (E4M3: 464 rounds to 448). Stochastic rounding is judged by this rule too.
+    """
+    element = getattr(fmt, "element", None)
+    if element is None:  # a dtype cast: IEEE, ties to even
+        finfo = torch.finfo(fmt.dtype)
+        spacing, ties = float(finfo.eps) * 2.0 ** math.floor(math.log2(finfo.max)), "even"
+    else:
+        field = bits.exponent_field(torch.tensor([fmt.max_value], dtype=torch.float32))
+        spacing, ties = element.spacing_field(field).view(torch.float32).item(), element.ties
+    steps = round(fmt.max_value / spacing)  # max as a multiple of the spacing
+    return fmt.max_value + spacing / 2, ties == "away" or steps % 2 == 1
+
+
+def _overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat") -> Tensor:
+    """Elements not representable without saturation: Inf, and finite x whose x / scale (the
+    division the format does) rounds beyond max. A zero scale (an NVFP4 block whose E4M3
+    scale underflowed) quantizes its block to zero: underflow, not overflow; a NaN scale (a
+    block holding Inf or NaN) makes its finite elements NaN, neither."""
+    bound, inclusive = overflow_bound(fmt)
+    ratio = v.abs() / scale
+    beyond = ratio >= bound if inclusive else ratio > bound
+    return torch.count_nonzero((beyond & (scale != 0)) | torch.isinf(v))
+
+
+def _packed_quant_stats(v: Tensor, qv: Tensor, scale: Tensor, fmt: "NumericFormat", finite_only: bool) -> Tensor:
     """[overflow, underflow, sum x^2, sum (q-x)^2, sum x*q, sum q^2]; sums over elements finite
     in both when ``finite_only`` (else over all: void if any is not finite)."""
-    overflow = torch.count_nonzero(v.abs() > scale * max_value)
+    overflow = _overflow_count(v, scale, fmt)
     underflow = torch.count_nonzero((qv == 0) & (v != 0))
     if finite_only:
         both_finite = torch.isfinite(v) & torch.isfinite(qv)
@@ -168,7 +202,7 @@ def pack_quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Opti
     if x.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=x.device)
     v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
-    return _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=True)
+    return _packed_quant_stats(v, qv, scale, fmt, finite_only=True)
 
 
 def unpack_quant_stats(packed: Sequence[float], numel: int) -> dict:
@@ -193,8 +227,10 @@ def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[
                 q: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> dict:
     """Overflow/underflow against ``fmt`` with its scaling, and the error of quantizing ``x``.
 
-    overflow: |x| > fmt.max_value * scale (elements clipped at the format's max; Inf counts);
-    underflow: x != 0 and q == 0. Both ratios are over all elements. ``q`` is the quantized
+    overflow: elements not representable without saturation (``overflow_bound``: |x / scale|
+    rounds beyond the format's max; Inf counts, and Inf in a block counts as for per-tensor
+    scaling); underflow: x != 0 and q == 0 (an NVFP4 block whose scale rounds to zero is
+    underflow only). Both ratios are over all elements. ``q`` is the quantized
     value the layer used (e.g. stochastically rounded); by default the format's own result.
     ``scale`` is the one ``fmt.quantize_with_scale`` returned with it; given both, x is not
     quantized again. rel_mse = sum((q-x)^2) / sum(x^2) and sqnr_db = 10 log10(sum(x^2) / sum((q-x)^2)) over the
@@ -204,7 +240,7 @@ def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[
     if x.numel() == 0:
         return unpack_quant_stats([], 0)
     v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
-    packed = _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=False).tolist()
+    packed = _packed_quant_stats(v, qv, scale, fmt, finite_only=False).tolist()
     if not math.isfinite(sum(packed[2:])):  # Inf or NaN present: redo the sums over finite elements
-        packed = _packed_quant_stats(v, qv, scale, fmt.max_value, finite_only=True).tolist()
+        packed = _packed_quant_stats(v, qv, scale, fmt, finite_only=True).tolist()
     return unpack_quant_stats(packed, x.numel())
