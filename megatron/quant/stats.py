@@ -132,6 +132,30 @@ def tensor_stats(x: Tensor) -> dict:
     return unpack_tensor_stats(packed, x.shape, x.dtype)
 
 
+def _merge_packed_tensor_stats(first: Sequence[float], second: Sequence[float]) -> list[float]:
+    """Packed statistics of two parts combined (Chan et al.'s pairwise update of mean and
+    variance: exact even when |mean| >> std)."""
+    n1, n2 = first[0], second[0]
+    n = n1 + n2
+    delta = second[5] - first[5]
+    mean = first[5] + delta * n2 / n if n else 0.0
+    variance = (first[6] * n1 + second[6] * n2 + delta * delta * n1 * n2 / n) / n if n else 0.0
+    return [n, first[1] + second[1], first[2] + second[2], min(first[3], second[3]), max(first[4], second[4]),
+            mean, variance, *(a + b for a, b in zip(first[_TENSOR_SCALARS:], second[_TENSOR_SCALARS:]))]
+
+
+def tensor_stats_float64(x: Tensor, chunk: int = 1 << 22) -> dict:
+    """``tensor_stats`` with float64 sums, over ``chunk`` elements at a time: for tensors read
+    from files (memory-mapped), where exactness matters more than speed and memory must stay
+    bounded whatever the size."""
+    if x.numel() == 0:
+        return unpack_tensor_stats([], x.shape, x.dtype)
+    packed = functools.reduce(_merge_packed_tensor_stats,
+                              (_packed_tensor_stats(part.double(), finite_only=True).tolist()
+                               for part in x.detach().reshape(-1).split(chunk)))
+    return {**unpack_tensor_stats(packed, x.shape, torch.float64), "dtype": str(x.dtype).removeprefix("torch.")}
+
+
 @functools.lru_cache(maxsize=None)
 def overflow_bound(fmt: "NumericFormat") -> tuple[float, bool]:
     """(b, inclusive): |x / scale| is not representable without saturation (rounds beyond the
