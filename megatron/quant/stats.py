@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant.formats import bits
-from megatron.quant.formats.base import normalize_axis
+from megatron.quant.formats.base import abs_max, normalize_axis
 from megatron.quant.formats.blocks import split_blocks
 
 if TYPE_CHECKING:
@@ -206,10 +206,31 @@ def _overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat") -> Tensor:
     division the format does) rounds beyond max. A zero scale (an NVFP4 block whose E4M3
     scale underflowed) quantizes its block to zero: underflow, not overflow; a NaN scale (a
     block holding Inf or NaN) makes its finite elements NaN, neither."""
+    return torch.count_nonzero((_beyond(v.abs() / scale, fmt) & (scale != 0)) | torch.isinf(v))
+
+
+def _beyond(ratio: Tensor, fmt: "NumericFormat") -> Tensor:
+    """|x / scale| values that round beyond the format's max (``overflow_bound``)."""
     bound, inclusive = overflow_bound(fmt)
-    ratio = v.abs() / scale
-    beyond = ratio >= bound if inclusive else ratio > bound
-    return torch.count_nonzero((beyond & (scale != 0)) | torch.isinf(v))
+    return ratio >= bound if inclusive else ratio > bound
+
+
+def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat", axis: int, absmax: float) -> int:
+    """``_overflow_count`` of an all-finite v, element by element only where it can be nonzero:
+    division is monotonic, so nothing overflows unless absmax / scale does (per tensor, or
+    per block for block formats: then only the blocks whose absmax overflows are counted)."""
+    if scale.numel() == 1:
+        return 0 if not _beyond(v.new_tensor(absmax) / scale, fmt) else int(_overflow_count(v, scale, fmt))
+    if fmt.block_size is None:
+        return int(_overflow_count(v, scale, fmt))
+    axis = normalize_axis(fmt.name, axis, v.dim())
+    blocks = split_blocks(v, axis, fmt.block_size)
+    block_scale = split_blocks(scale.expand(v.shape), axis, fmt.block_size).select(axis + 1, 0)
+    candidate = _beyond(abs_max(blocks, dim=axis + 1).squeeze(axis + 1) / block_scale, fmt) & (block_scale != 0)
+    if not bool(candidate.any()):
+        return 0
+    picked = blocks.movedim(axis + 1, -1)[candidate]  # [blocks, block_size]
+    return int(torch.count_nonzero(_beyond(picked.abs() / block_scale[candidate].unsqueeze(-1), fmt)))
 
 
 def _packed_block_stats(v: Tensor, scale: Tensor, fmt: "NumericFormat", axis: int) -> Tensor:
@@ -368,12 +389,12 @@ def _sample(t: Tensor, axis: int, like: Tensor) -> Tensor:
     return view.index_select(dim, _sample_positions(view.shape[dim], count).to(t.device))
 
 
-def _exact_counts(v: Tensor, fmt: Optional["NumericFormat"], qv: Optional[Tensor], scale: Optional[Tensor]
-                  ) -> dict:
+def _exact_counts(v: Tensor, fmt: Optional["NumericFormat"], axis: int, qv: Optional[Tensor],
+                  scale: Optional[Tensor]) -> dict:
     """The fields every level gives exactly, with as few passes as the data allows: when x is
     all finite (seen from its min and max), nothing is masked, underflow is
-    nonzero(x) - nonzero(q) (a zero never quantizes to nonzero), and a single scale whose
-    absmax / scale stays in range proves there is no overflow."""
+    nonzero(x) - nonzero(q) (a zero never quantizes to nonzero), and overflow is looked for
+    only where an absmax overflows (``_finite_overflow_count``)."""
     numel = v.numel()
     lo, hi = (float(bound) for bound in torch.aminmax(v))
     nonzero = int(torch.count_nonzero(v))
@@ -392,8 +413,7 @@ def _exact_counts(v: Tensor, fmt: Optional["NumericFormat"], qv: Optional[Tensor
         return result
     if finite:
         underflow = nonzero - int(torch.count_nonzero(qv))
-        in_range = scale.numel() == 1 and int(_overflow_count(v.new_tensor([result["absmax"]]), scale, fmt)) == 0
-        overflow = 0 if in_range else int(_overflow_count(v, scale, fmt))
+        overflow = _finite_overflow_count(v, scale, fmt, axis, result["absmax"])
     else:
         underflow = int(torch.count_nonzero((qv == 0) & (v != 0)))
         overflow = int(_overflow_count(v, scale, fmt))
@@ -427,7 +447,7 @@ def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = 
         if fmt is not None:
             result.update(quant_stats(x, fmt, axis, amax, qv, v_scale))
         return {**result, "stats_level": level, "stats_sampled": x.numel()}
-    exact = _exact_counts(v, fmt, qv, v_scale)
+    exact = _exact_counts(v, fmt, axis, qv, v_scale)
     if level == "counts":
         keys = (*unpack_tensor_stats([], [0], x.dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if fmt is not None else ()))
         result, sampled = dict.fromkeys(keys), 0

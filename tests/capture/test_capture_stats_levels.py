@@ -117,3 +117,13 @@ def test_statistics_level_is_validated_in_one_line():
         SaverConfig.from_env({"TENSOR_SAVE_STATS": "fast"})
     with pytest.raises(ValueError, match="allowed: counts, sample, full"):
         capture_stats(torch.ones(3), level="some")
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_counts_level_overflow_with_partial_blocks(name, axis):
+    fmt = formats.get_format(name)
+    x = torch.randn(50, 70, generator=torch.Generator().manual_seed(4)) * 3  # 50 and 70: no whole number of blocks
+    q, scale = fmt.quantize_with_scale(x, axis=axis)
+    assert capture_stats(x, fmt, axis, q=q, scale=scale, level="counts")["overflow"] == \
+        brute_force_overflow(x, scale, fmt)
