@@ -48,5 +48,5 @@ def test_report_from_the_real_saver(saver_logs, tmp_path):
     drawn = set(result.figures)
     assert {"quick_analysis.png", "exponent_analysis/mxfp8.png",
             "overflow_analysis/overflow_overview.png", "training_trends/mxfp8.png",
-            "training_trends/bf16.png"} <= drawn
+            "training_trends/bf16.png", "statistics/block_scales.png"} <= drawn
     assert "quantized copies (not counted above): 12" in (out / "tensor_stats.txt").read_text()

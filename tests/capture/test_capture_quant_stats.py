@@ -1,6 +1,14 @@
-"""quant_stats against a brute-force count over megatron.quant.formats, and numpy error metrics."""
+"""quant_stats against a brute-force count over megatron.quant.formats, and numpy error metrics.
+
+Overflow oracle: x / scale cast with ml_dtypes / en_dtypes / numpy types that do not saturate
+(E4M3 to NaN, E5M2, HiF8, FP16 and BF16 to Inf), or rounded with numpy's frexp and round-half-
+even to the element's mantissa width with an unbounded exponent (FP6, FP4, whose ml_dtypes
+casts saturate); beyond max means overflow.
+"""
 import math
 
+import en_dtypes
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -9,13 +17,42 @@ from megatron.quant import formats
 from megatron.quant.stats import pack_quant_stats, quant_stats, unpack_quant_stats
 
 
+_NON_SATURATING = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "hifp8": en_dtypes.hifloat8,
+                   "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+_MANTISSA_BITS = {"e3m2": 2, "e2m3": 3, "e2m1": 1}
+
+
+def rounds_beyond_max(a: np.ndarray, fmt) -> np.ndarray:
+    """|x / scale| (float32) that the format's round-to-nearest takes beyond its max."""
+    name = getattr(getattr(fmt, "element", None), "name", fmt.name)
+    if name == "fp32":
+        return np.isinf(a)
+    if name in _NON_SATURATING:
+        cast = a.astype(_NON_SATURATING[name]).astype(np.float64)
+        return ~np.isfinite(cast) | (np.abs(cast) > fmt.max_value)
+    mbits = _MANTISSA_BITS[name]
+    fraction, exponent = np.frexp(a.astype(np.float64))  # a = fraction * 2**exponent, fraction in [0.5, 1)
+    rounded = np.round(fraction * 2.0 ** (mbits + 1)) * 2.0 ** (exponent - mbits - 1)  # ties to even
+    return ~np.isfinite(rounded) | (rounded > fmt.max_value)
+
+
+def brute_force_overflow(x: torch.Tensor, scale: torch.Tensor, fmt) -> int:
+    """Inf, plus finite x with a finite nonzero scale whose x / scale rounds beyond max."""
+    xs = x.float().numpy().ravel()
+    ss = scale.expand_as(x).float().numpy().ravel()
+    usable = np.isfinite(xs) & np.isfinite(ss) & (ss != 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.abs(xs / ss).astype(np.float32)
+    return int(np.isinf(xs).sum() + (usable & rounds_beyond_max(np.where(usable, ratio, 0), fmt)).sum())
+
+
 def brute_force_quant_stats(x: torch.Tensor, fmt, axis: int) -> dict:
     """Element by element over the format's own quantize_with_scale; error metrics in numpy
     over the elements finite in both x and q."""
     q, scale = fmt.quantize_with_scale(x, axis=axis)
+    overflow = brute_force_overflow(x, scale, fmt)
     scale = scale.expand_as(x)
-    xs, qs, ss = x.flatten().tolist(), q.flatten().tolist(), scale.flatten().tolist()
-    overflow = sum(1 for v, s in zip(xs, ss) if abs(v) > fmt.max_value * s)
+    xs, qs = x.flatten().tolist(), q.flatten().tolist()
     underflow = sum(1 for v, w in zip(xs, qs) if v != 0 and w == 0)
     both = [(v, w) for v, w in zip(xs, qs) if math.isfinite(v) and math.isfinite(w)]
     xd, qd = (np.array(column, dtype=np.float64) for column in zip(*both))
@@ -96,3 +133,42 @@ def test_given_quantized_value_and_scale_are_used_without_quantizing_again(monke
     expected = quant_stats(x, fmt)
     monkeypatch.setattr(type(fmt), "quantize_with_scale", lambda *a, **k: pytest.fail("quantized again"))
     assert quant_stats(x, fmt, q=q, scale=scale) == expected
+
+
+def test_nvfp4_block_whose_scale_rounds_to_zero_is_underflow_only():
+    x = torch.full((64,), 1e-3)
+    x[0] = 1e6  # the tensor scale makes every other block's E4M3 scale round to zero
+    fmt = formats.get_format("nvfp4")
+    stats = quant_stats(x, fmt)
+    assert (stats["overflow"], stats["underflow"]) == (0, 63)
+    assert stats["overflow"] == brute_force_overflow(x, fmt.quantize_with_scale(x)[1], fmt)
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4", "fp8_e4m3"])
+def test_inf_in_a_block_is_overflow(name):
+    x = torch.linspace(-1, 1, 64)
+    x[5], x[40] = float("inf"), -float("inf")
+    fmt = formats.get_format(name)
+    assert quant_stats(x, fmt)["overflow"] == 2 == brute_force_overflow(x, fmt.quantize_with_scale(x)[1], fmt)
+
+
+def _around(value: float) -> list[float]:
+    return [float(np.nextafter(np.float32(value), np.float32(d))) for d in (0, np.inf)] + [value]
+
+
+@pytest.mark.parametrize("name", QUANTIZED_FORMATS)
+def test_overflow_starts_at_the_rounding_boundary_above_max(name):
+    """|x / scale| between max and the rounding boundary above it rounds down to max: in range."""
+    fmt = formats.get_format(name)
+    top = fmt.max_value
+    x = torch.tensor(sorted({v for k in range(33) for v in _around(top * (1 + k / 64))}))
+    scale = torch.ones(())
+    overflow = quant_stats(x, fmt, q=x, scale=scale)["overflow"]
+    assert overflow == brute_force_overflow(x, scale, fmt)
+    assert 0 < overflow < int((x > top).sum())
+
+
+def test_mx_block_values_that_round_down_to_max_are_in_range():
+    x = torch.tensor([447.0, 448.0, 456.0, 463.0, 464.0, 465.0, 479.0, 480.0] * 4)  # scale 2**0
+    stats = quant_stats(x, formats.get_format("mxfp8_e4m3", scale_mode="floor"))
+    assert stats["overflow"] == 4 * 3  # 465, 479, 480; 464 is a tie that goes to even 448

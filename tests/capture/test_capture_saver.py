@@ -304,7 +304,7 @@ def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypa
     import megatron.quant.capture.snapshot as snapshot
 
     computed = []
-    monkeypatch.setattr(snapshot, "tensor_stats", lambda x: computed.append(1) or {"mean": x.mean().item()})
+    monkeypatch.setattr(snapshot, "capture_stats", lambda x, *args: computed.append(1) or {"mean": x.mean().item()})
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0-1", mode="stats"))
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
     weight = torch.nn.Parameter(torch.ones(4, 4))

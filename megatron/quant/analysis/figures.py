@@ -252,11 +252,12 @@ def scatter_against_diagonal(ax, x: np.ndarray, y: np.ndarray, title: str, xlabe
 
 
 def draw_log2_panels(payload: dict) -> Figure:
-    """A figure of log2|x| histogram panels: {"title": str, "panels": [{"title", "histograms"}]}."""
+    """A figure of log2 histogram panels: {"title": str, "panels": [{"title", "histograms"}]},
+    optionally "xlabel" (default log2|x|)."""
     panels = payload["panels"]
     fig, axes = subplot_grid(len(panels), ncols=2, panel_size=(6.4, 4.6))
     for ax, panel in zip(axes, panels):
-        log2_panel(ax, panel["histograms"], panel["title"])
+        log2_panel(ax, panel["histograms"], panel["title"], payload.get("xlabel", "log2|x| (binade)"))
     return finish(fig, payload["title"])
 
 

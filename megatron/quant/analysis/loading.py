@@ -20,13 +20,12 @@ import torch
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, enrich_from_file,
                                              relative_path)
 from megatron.quant.analysis.parallel import parallel_map
-from megatron.quant.analysis.summary import (LOG2_BINS, LOG2_LOW, QUANT_METRICS,
+from megatron.quant.analysis.summary import (LOG2_BINS, QUANT_METRICS,
                                              FormatView, TensorSummary, finite)
 from megatron.quant.formats import NumericFormat, get_format
-from megatron.quant.stats import LOG2_EDGES, quant_stats
+from megatron.quant.stats import LOG2_EDGES, quant_stats, tensor_stats_float64
 
 TENSOR_STAT_KEYS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs")
-_CHUNK = 1 << 22  # elements converted to float64 at a time for exact statistics
 
 
 class CaptureLoadError(Exception):
@@ -90,7 +89,7 @@ def summarize(record: CaptureRecord, options: SummaryOptions) -> TensorSummary:
     flat = tensor.reshape(-1)
     stats, log2_counts = _saved_tensor_stats(record, flat.numel())
     if stats is None:
-        stats, log2_counts = tensor_moments(flat)
+        stats, log2_counts = _split_stats(tensor_stats_float64(flat))
     sample = flat[torch.from_numpy(sample_indices(flat.numel(), options.sample_size))]
     sample = sample.to(torch.float32).numpy()
     stats = {**stats, **sample_shape_moments(sample)}
@@ -123,6 +122,11 @@ def _saved_tensor_stats(record: CaptureRecord, numel: Optional[int]
         return None, None
     if numel is not None and stats["numel"] != numel:
         return None, None  # the file does not hold what the manifest describes
+    return _split_stats(stats)
+
+
+def _split_stats(stats: dict) -> tuple[Optional[dict], Optional[np.ndarray]]:
+    """(the TENSOR_STAT_KEYS of ``stats``, its log2 histogram counts); Nones if it has none."""
     counts = log2_counts_from_stats(stats.get("log2_hist"))
     if counts is None:
         return None, None
@@ -148,47 +152,6 @@ def log2_counts_from_stats(hist: Any) -> Optional[np.ndarray]:
     if len(counts) == LOG2_BINS - 2:  # no end bins
         return np.concatenate([[0], np.asarray(counts, dtype=np.int64), [0]])
     return None
-
-
-def log2_bin_counts(values: np.ndarray) -> np.ndarray:
-    """LOG2_BINS counts of floor(log2|v|) for the nonzero finite ``values``."""
-    nonzero = values[(values != 0) & np.isfinite(values)]
-    _, exponent = np.frexp(np.abs(nonzero))  # |v| = m * 2**e, m in [0.5, 1)
-    bins = np.clip(exponent.astype(np.int64) - 1 - LOG2_LOW + 1, 0, LOG2_BINS - 1)
-    return np.bincount(bins, minlength=LOG2_BINS)
-
-
-def tensor_moments(flat: torch.Tensor) -> tuple[dict, np.ndarray]:
-    """Section-3 statistics of a 1-D tensor over its finite elements, in bounded chunks."""
-    count, mean, m2 = 0, 0.0, 0.0
-    low, high = math.inf, -math.inf
-    zeros = nans = infs = 0
-    log2_counts = np.zeros(LOG2_BINS, dtype=np.int64)
-    for chunk in flat.split(_CHUNK):
-        x = chunk.to(torch.float32).numpy().astype(np.float64)
-        is_finite = np.isfinite(x)
-        nans += int(np.isnan(x).sum())
-        infs += int((~is_finite).sum()) - int(np.isnan(x).sum())
-        zeros += int((x == 0).sum())
-        values = x[is_finite]
-        if values.size:
-            low, high = min(low, float(values.min())), max(high, float(values.max()))
-            # Chan et al. pairwise update: exact even when |mean| >> std.
-            chunk_mean = float(values.mean())
-            chunk_m2 = float(((values - chunk_mean) ** 2).sum())
-            total = count + values.size
-            delta = chunk_mean - mean
-            mean += delta * values.size / total
-            m2 += chunk_m2 + delta * delta * count * values.size / total
-            count = total
-            log2_counts += log2_bin_counts(values)
-    has = count > 0
-    stats = {"numel": int(flat.numel()), "min": low if has else None,
-             "max": high if has else None, "mean": mean if has else None,
-             "std": math.sqrt(m2 / count) if has else None,
-             "absmax": max(abs(low), abs(high)) if has else None,
-             "zeros": zeros, "nans": nans, "infs": infs}
-    return stats, log2_counts
 
 
 def sample_shape_moments(sample: np.ndarray) -> dict[str, Optional[float]]:

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, OutputFile,
                                            figure_path, truncation_note)
-from megatron.quant.analysis.summary import QUANT_METRICS, TensorSummary, group_by
+from megatron.quant.analysis.summary import LOG2_BINS, LOG2_LOW, QUANT_METRICS, TensorSummary, group_by
 
 FOLDER = "statistics"
 CSV_NAME = f"{FOLDER}/tensor_summary.csv"
@@ -48,7 +48,33 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         {qt: {key.label: _values(group, "absmax")
               for key, group in group_by(items, lambda s: s.record.tensor_key).items()}
          for qt, items in kept}))
+    plan.figures += _block_scale_figure(summaries, inp)
     return plan
+
+
+def _block_scale_figure(summaries: list[TensorSummary], inp: AnalysisInput) -> list[FigureJob]:
+    """Histograms of the block scales the saver recorded (block formats), per quant type."""
+    panels = {}
+    for qt, items in group_by(summaries, lambda s: s.record.quant_type).items():
+        histograms = {}
+        for key, group in group_by(items, lambda s: s.record.tensor_key).items():
+            counts = [(s.record.stats or {}).get("block_scale_hist") for s in group]
+            counts = [c["counts"] for c in counts if c and len(c["counts"]) == LOG2_BINS]
+            if counts:
+                histograms[key.label] = (LOG2_LOW - 1, np.sum(counts, axis=0))
+        if histograms:
+            panels[qt] = histograms
+    if not panels:
+        return []
+    kept = list(panels.items())[:inp.settings.max_panels]
+    return [FigureJob(
+        figure_path(FOLDER, "block_scales"),
+        "Block scales chosen by block formats (MX, NVFP4): share of the blocks in each binade of "
+        "the scale, over all captures of each tensor, per quant type (saver statistics; blocks "
+        "holding a nonzero value; with TENSOR_SAVE_STATS=sample, over the sampled blocks).",
+        figures.draw_log2_panels,
+        {"title": "Block scale distribution", "xlabel": "log2 block scale (binade)",
+         "panels": [{"title": qt, "histograms": histograms} for qt, histograms in kept]})]
 
 
 def _values(items: list[TensorSummary], name: str) -> np.ndarray:

@@ -40,7 +40,7 @@ class FormatView:
     log2_start: int
     log2_counts: np.ndarray
     numel: int              # elements looked at (zeros included)
-    overflow_share: float   # |x| > max_value * scale
+    overflow_share: float   # |x / scale| rounds beyond max (stats.quant_stats)
     underflow_share: float  # x != 0 and q == 0
     x_pairs: np.ndarray     # a few original values ...
     q_pairs: np.ndarray     # ... and what the format made of them

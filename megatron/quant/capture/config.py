@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Optional
 
 from megatron.quant.flags import switch_value
 from megatron.quant.recipe import ROLES
+from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
 # Tensor names the layers emit (docs/interfaces.md section 2; roles are recipe.ROLES); filters reject others
@@ -143,6 +144,12 @@ def _parse_mode(value: str, source: str) -> str:
     return value.strip()
 
 
+def _parse_stats_level(value: str, source: str) -> str:
+    if not isinstance(value, str) or value.strip() not in STATS_LEVELS:
+        raise _bad(source, value, " or ".join(STATS_LEVELS))
+    return value.strip()
+
+
 def _parse_dir(value: str, source: str) -> str:
     if not value.strip():
         raise _bad(source, value, "a directory path")
@@ -164,6 +171,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "save_quantized": ("TENSOR_SAVE_QUANTIZED", parse_bool),
     "exit_after_capture": ("TENSOR_SAVE_EXIT_AFTER", parse_bool),
     "queue_mb": ("TENSOR_SAVE_QUEUE_MB", _parse_positive_int),
+    "stats": ("TENSOR_SAVE_STATS", _parse_stats_level),
 }
 _SET_FIELDS = ("layers", "roles", "tensors", "ranks", "microbatches")
 ENV_VARS = tuple(env for env, _ in _ENV.values())
@@ -190,6 +198,7 @@ class SaverConfig:
     save_quantized: bool = False
     exit_after_capture: bool = False
     queue_mb: int = 1024  # bound on tensor bytes waiting for the background writer
+    stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.stats.capture_stats)
 
     def __post_init__(self) -> None:
         for name, (_, parse) in _ENV.items():
@@ -205,6 +214,7 @@ class SaverConfig:
         if self.max_gb is not None:
             _parse_positive_float(str(self.max_gb), "SaverConfig.max_gb")
         _parse_positive_int(str(self.queue_mb), "SaverConfig.queue_mb")
+        _parse_stats_level(self.stats, "SaverConfig.stats")
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SaverConfig":

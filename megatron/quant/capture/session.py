@@ -141,11 +141,11 @@ class CaptureSession:
             quantized, scale = quantize_aside(operand.tensor, operand.fmt, operand.axis, operand.amax)
             operand = replace(operand, quantized=quantized, scale=scale)
         self._submit(site, self._metadata(site, operation, phase, name, operand, operand.tensor),
-                     take_snapshot(operand, full, self._memo))
+                     take_snapshot(operand, full, self._memo, self.config.stats))
         if save_quantized:
             metadata = self._metadata(site, operation, phase, f"{name}_quantized", operand, operand.quantized)
             self._submit(site, {**metadata, "quantized": True},
-                         take_snapshot(Operand(operand.quantized), True, self._memo))
+                         take_snapshot(Operand(operand.quantized), True, self._memo, self.config.stats))
 
     def _metadata(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand,
                   tensor: Tensor) -> dict:

@@ -8,6 +8,7 @@ copied. Either way the writer calls ``finish_stats`` for the dict.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,8 +16,8 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.stats import (pack_quant_stats, pack_tensor_stats, quant_stats, tensor_stats,
-                                  unpack_quant_stats, unpack_tensor_stats)
+from megatron.quant.stats import (capture_stats, pack_quant_stats, pack_tensor_stats, unpack_quant_stats,
+                                  unpack_tensor_stats)
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
 
@@ -65,10 +66,13 @@ def _recorded_event() -> Any:
     return event
 
 
-def operand_stats(operand: Operand) -> StatsResult:
-    """tensor_stats, plus quant_stats when the operand has a format."""
+def operand_stats(operand: Operand, level: str = "full") -> StatsResult:
+    """``capture_stats`` at ``level``: tensor_stats, plus quant_stats when the operand has a
+    format. Full statistics of CUDA tensors are packed without a host sync; the cheaper levels
+    read their counts once per capture (they exist for runs where the statistics, not the
+    transfer, are the cost)."""
     x, fmt = operand.tensor.detach(), operand.fmt
-    if x.is_cuda:
+    if x.is_cuda and level == "full":
         packed = [pack_tensor_stats(x)]
         if fmt is not None:
             packed.append(pack_quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized,
@@ -80,12 +84,10 @@ def operand_stats(operand: Operand) -> StatsResult:
             stats = unpack_tensor_stats(host[0].tolist(), x.shape, x.dtype)
             if fmt is not None:
                 stats.update(unpack_quant_stats(host[1].tolist(), x.numel()))
-            return stats
+            return {**stats, "stats_level": level, "stats_sampled": x.numel()}
 
         return finish_stats, (event,)
-    stats = tensor_stats(x)
-    if fmt is not None:
-        stats.update(quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale))
+    stats = capture_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale, level)
     return (lambda: stats), ()
 
 
@@ -98,9 +100,10 @@ def _host_copy(x: Tensor) -> tuple[Tensor, tuple[Any, ...]]:
     return x.clone(memory_format=torch.contiguous_format), ()
 
 
-def take_snapshot(operand: Operand, keep_tensor: bool, memo: StatsMemo) -> Snapshot:
-    """What the writer needs from ``operand``: statistics always, the tensor if ``keep_tensor``."""
-    finish_stats, stats_copied = memo.stats(operand, operand_stats)
+def take_snapshot(operand: Operand, keep_tensor: bool, memo: StatsMemo, level: str = "full") -> Snapshot:
+    """What the writer needs from ``operand``: statistics at ``level`` always, the tensor if
+    ``keep_tensor``."""
+    finish_stats, stats_copied = memo.stats(operand, functools.partial(operand_stats, level=level))
     if not keep_tensor:
         return Snapshot(None, finish_stats, 0, stats_copied)
     tensor, tensor_copied = _host_copy(operand.tensor)

@@ -5,7 +5,7 @@ import math
 from collections import defaultdict
 
 # Quantization metrics averaged per (role, tensor name) over the iteration's captures.
-SUMMARY_METRICS = ("overflow_ratio", "underflow_ratio", "sqnr_db", "rel_mse")
+SUMMARY_METRICS = ("overflow_ratio", "underflow_ratio", "sqnr_db", "rel_mse", "mse", "dynamic_range_log2")
 
 
 class IterationSummary:
