@@ -1,12 +1,13 @@
 """Stochastic rounding: always one of the two neighbours (taken from the oracle dtypes),
-unbiased (a z-test that a deliberately biased rounding fails), seeded and reproducible."""
+unbiased (a z-test that a deliberately biased rounding fails), seeded, stateless and
+shard-consistent."""
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
-import megatron.quant.formats.base as formats_base
 from megatron.quant.formats import get_format
+from megatron.quant.formats.random_bits import RandomBits, Shard
 from tests.formats._oracle import MX_ELEMENTS, all_bf16, element_values, random_fp32
 
 ELEMENT_OF = {**MX_ELEMENTS, "nvfp4": "fp4_e2m1", "hifp8": "hifp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -91,19 +92,43 @@ def test_unbiased(name):
 
 def test_the_bias_test_catches_coarse_noise(monkeypatch):
     # A plausible bug: 4-bit noise, so P(up) = ceil(16 f) / 16 instead of f.
-    def coarse_uniform(like, generator):
-        return torch.floor(torch.rand(like.shape, generator=generator) * 16) / 16
+    exact = RandomBits.uniform
 
-    monkeypatch.setattr(formats_base, "uniform_like", coarse_uniform)
+    def coarse_uniform(self, shape, device):
+        return torch.floor(exact(self, shape, device) * 16) / 16
+
+    monkeypatch.setattr(RandomBits, "uniform", coarse_uniform)
     assert np.abs(_bias_z_scores("hifp8")).max() > 5
 
 
-def test_seeded_and_reproducible():
+def test_seeded_reproducible_and_stateless():
     x = torch.randn(4, 64)
     first, again = stochastic("mxfp4_e2m1", seed=3), stochastic("mxfp4_e2m1", seed=3)
     calls = [first.quantize(x) for _ in range(2)]
-    assert torch.equal(calls[0], again.quantize(x)) and torch.equal(calls[1], again.quantize(x))
-    assert not torch.equal(calls[0], calls[1])  # each call draws new noise
+    # No stream state: every call with the same seed and no key gives the same values.
+    assert torch.equal(calls[0], calls[1]) and torch.equal(calls[0], again.quantize(x))
     assert not torch.equal(calls[0], stochastic("mxfp4_e2m1", seed=4).quantize(x))
+    key = RandomBits.derive("layer", 1)
+    keyed = first.quantize(x, noise=key)
+    assert torch.equal(keyed, again.quantize(x, noise=key)) and not torch.equal(keyed, calls[0])
+    assert not torch.equal(keyed, first.quantize(x, noise=key.child("iteration", 1)))
     by_generator = [first.quantize(x, generator=torch.Generator().manual_seed(9)) for _ in range(2)]
     assert torch.equal(*by_generator)
+    with pytest.raises(ValueError, match="noise= or generator="):
+        first.quantize(x, noise=key, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("name", ["hifp8", "mxfp8_e4m3", "nvfp4", "bf16"])
+def test_a_shard_rounds_as_its_slice_of_the_whole(name):
+    """Keyed by global element index: each tensor-parallel shard gets exactly the noise of its
+    slice of the unsharded tensor (block formats with blocks inside the shard, and a fixed amax)."""
+    fmt = stochastic(name)
+    x = torch.randn(8, 128) * 3
+    amax = x.abs().amax()
+    key = RandomBits.derive("site", "operand")
+    whole = fmt.quantize(x, axis=-1, amax=amax, noise=key)
+    shards = [fmt.quantize(part, axis=-1, amax=amax, noise=key.sharded(Shard(dim=1, rank=r, world=2)))
+              for r, part in enumerate(x.chunk(2, dim=1))]
+    assert torch.equal(torch.cat(shards, dim=1), whole)
+    unsharded = [fmt.quantize(part, axis=-1, amax=amax, noise=key) for part in x.chunk(2, dim=1)]
+    assert not torch.equal(torch.cat(unsharded, dim=1), whole)  # what every rank drawing alike gives

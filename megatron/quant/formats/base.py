@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .rounding import ROUNDING_MODES, RandomStream, uniform_like
+from .random_bits import RandomBits
+from .rounding import ROUNDING_MODES
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Eager CPU work runs in pieces of this many elements so that the temporaries of the
@@ -74,8 +75,9 @@ class NumericFormat(ABC):
 
     def __init__(self, options: dict[str, Any]):
         self.options = dict(options)
-        stochastic = options.get("rounding") == "stochastic"
-        self._stream = RandomStream(options.get("seed", 0)) if stochastic else None
+        # Stochastic rounding without an explicit key: noise is a pure function of the seed
+        # and the element index, so the same call gives the same result in any process.
+        self._default_bits = RandomBits.derive("format", options.get("seed", 0))
 
     def _describe_elements(self, name: str, element) -> None:
         """Name the format; bits, max and min positive are those of its element grid."""
@@ -83,31 +85,51 @@ class NumericFormat(ABC):
         self.bits, self.max_value, self.min_positive = element.bits, element.max_value, element.min_positive
 
     def quantize(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
-                 generator: torch.Generator | None = None) -> Tensor:
+                 noise: RandomBits | None = None, generator: torch.Generator | None = None) -> Tensor:
         """Fake-quantized x. ``amax`` (0-d) replaces x's own absolute max where a per-tensor
-        amax enters (``needs_tensor_amax``); ``generator`` overrides the format's own random
-        stream for stochastic rounding."""
+        amax enters (``needs_tensor_amax``). Stochastic rounding draws its noise from ``noise``
+        (stateless, keyed per element: what the layers pass), else from ``generator``, else from
+        the format's ``seed`` keyed by element index (so repeated calls give the same result)."""
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone()
         if self._in_chunks(x):
             return self._quantize_in_chunks(x, axis, amax)
-        q, _ = self._quantize(x, axis, amax, generator)
+        q, _, _ = self._quantize(x, axis, amax, self._noise(x, noise, generator), False)
         return q.to(x.dtype)
 
     def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
-                            generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+                            noise: RandomBits | None = None, generator: torch.Generator | None = None
+                            ) -> tuple[Tensor, Tensor]:
         """(fake-quantized x, float32 scale broadcastable to x): the element grid was applied
         to ``x / scale`` (ones for unscaled formats)."""
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
-        q, scale = self._quantize(x, axis, amax, generator)
+        q, scale, _ = self._quantize(x, axis, amax, self._noise(x, noise, generator), False)
         return q.to(x.dtype), self._scale_like_input(scale, x, axis)
+
+    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
+                          noise: RandomBits | None = None, generator: torch.Generator | None = None
+                          ) -> tuple[Tensor, Tensor | None]:
+        """(operand, tensor scale): what a GEMM kernel decodes, and the per-tensor factor it
+        applies to its FP32 accumulator afterwards (None when the format has none).
+
+        The operand holds element-grid values times their block scales only, which every
+        format here represents exactly in x's dtype; ``quantize`` is operand x tensor scale,
+        rounded to x's dtype, which for bf16 inputs would leave the grid.
+        """
+        if not self.needs_tensor_amax:
+            return self.quantize(x, axis, amax, noise=noise, generator=generator), None
+        _check_input(self.name, x)
+        if x.numel() == 0:
+            return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
+        q, _, tensor_scale = self._quantize(x, axis, amax, self._noise(x, noise, generator), True)
+        return q.to(x.dtype), tensor_scale
 
     def _in_chunks(self, x: Tensor) -> bool:
         """Chunk eager CPU round-to-nearest calls on big tensors (same result; stochastic
-        rounding draws one noise tensor per call, so it is left whole)."""
+        rounding keys its noise on whole-tensor element indices, so it is left whole)."""
         return (self.eager_chunks and x.device.type == "cpu" and self.rounding == "nearest"
                 and x.numel() > 2 * EAGER_CHUNK_ELEMENTS and not torch.compiler.is_compiling())
 
@@ -128,7 +150,7 @@ class NumericFormat(ABC):
         out = torch.empty_like(rows)
         step = max(1, EAGER_CHUNK_ELEMENTS // width)
         for start in range(0, rows.shape[0], step):
-            out[start : start + step] = self._quantize(rows[start : start + step], -1, amax, None)[0]
+            out[start : start + step] = self._quantize(rows[start : start + step], -1, amax, None, False)[0]
         return out.reshape(x.shape)
 
     def _quantize_in_slabs(self, x: Tensor, axis: int, amax: Tensor | None) -> Tensor:
@@ -140,23 +162,32 @@ class NumericFormat(ABC):
         step = max(1, EAGER_CHUNK_ELEMENTS * view.shape[dim] // view.numel())
         for start in range(0, view.shape[dim], step):
             size = min(step, view.shape[dim] - start)
-            out.narrow(dim, start, size).copy_(self._quantize(view.narrow(dim, start, size), 1, amax, None)[0])
+            out.narrow(dim, start, size).copy_(self._quantize(view.narrow(dim, start, size), 1, amax, None, False)[0])
         return out.reshape(x.shape)
 
     @abstractmethod
-    def _quantize(self, x: Tensor, axis: int, amax: Tensor | None,
-                  generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """(fake-quantized x in float32 or x's dtype, scale in the format's own layout)."""
+    def _quantize(self, x: Tensor, axis: int, amax: Tensor | None, uniform: Tensor | None,
+                  split: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(values in float32 or x's dtype, scale in the format's own layout, tensor scale).
+
+        ``uniform``: U[0, 1) noise of x's shape for stochastic rounding (None otherwise).
+        Values are the fake-quantized x, or with ``split`` the same without the per-tensor
+        factor, which is then returned as the tensor scale (None where there is none).
+        """
 
     def _scale_like_input(self, scale: Tensor, x: Tensor, axis: int) -> Tensor:
         """The scale broadcastable to x (block formats expand their per-block scales)."""
         return scale
 
-    def _uniform(self, like: Tensor, generator: torch.Generator | None) -> Tensor | None:
-        """Noise for stochastic rounding (None for round-to-nearest)."""
-        if self._stream is None:
+    def _noise(self, x: Tensor, noise: RandomBits | None, generator: torch.Generator | None) -> Tensor | None:
+        """U[0, 1) noise of x's shape for stochastic rounding (None for round-to-nearest)."""
+        if self.rounding != "stochastic":
             return None
-        return uniform_like(like, generator or self._stream.generator(like.device))
+        if noise is not None and generator is not None:
+            raise ValueError(f"{self.name}: pass noise= or generator=, not both")
+        if generator is not None:
+            return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        return (noise or self._default_bits).uniform(tuple(x.shape), x.device)
 
     @property
     def rounding(self) -> str:

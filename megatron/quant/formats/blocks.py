@@ -37,17 +37,20 @@ class BlockFormat(NumericFormat):
     scaling = "block"
     scale_encoding: str  # how a block's scale is stored, for listings
 
-    def _quantize(self, x, axis, amax, generator):
+    def _quantize(self, x, axis, amax, uniform, split):
         axis = normalize_axis(self.name, axis, x.dim())
         x32 = x.float()
         blocks = split_blocks(x32, axis, self.block_size)
-        q, scale = self._quantize_blocks(blocks, axis + 1, amax, generator)
-        return merge_blocks(q, axis, x.shape[axis]), scale
+        if uniform is not None:
+            uniform = split_blocks(uniform, axis, self.block_size)
+        q, scale, tensor_scale = self._quantize_blocks(blocks, axis + 1, amax, uniform, split)
+        return merge_blocks(q, axis, x.shape[axis]), scale, tensor_scale
 
     @abstractmethod
-    def _quantize_blocks(self, blocks: Tensor, block_dim: int, amax: Tensor | None,
-                         generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """(fake-quantized blocks, per-block scale: ``blocks``' shape with 1 at ``block_dim``)."""
+    def _quantize_blocks(self, blocks: Tensor, block_dim: int, amax: Tensor | None, uniform: Tensor | None,
+                         split: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(fake-quantized blocks, per-block scale: ``blocks``' shape with 1 at ``block_dim``, tensor
+        scale); ``uniform`` and ``split`` as in ``NumericFormat._quantize``."""
 
     def _scale_like_input(self, scale, x, axis):
         axis = normalize_axis(self.name, axis, x.dim())

@@ -31,16 +31,15 @@ class CastFormat(NumericFormat):
         self.max_value = float(finfo.max)
         self.min_positive = float(finfo.smallest_normal * finfo.eps)
 
-    def _quantize(self, x, axis, amax, generator):
+    def _quantize(self, x, axis, amax, uniform, split):
         if self.dtype == torch.float32 or x.dtype == self.dtype:  # already representable
-            return x, _one(x)
+            return x, _one(x), None
         # Rounded with integer ops, never as a dtype round trip: inductor folds x.to(bf16).to(fp32)
         # into a no-op, which made the compiled casts return x unchanged.
         x32 = x.float()
-        uniform = self._uniform(x32, generator) if self.rounding == "stochastic" else None
         if self.dtype == torch.float16:
-            return FP16.round(x32, self.rounding, "inf", uniform), _one(x)
-        return _round_bf16(x32, uniform), _one(x)
+            return FP16.round(x32, self.rounding, "inf", uniform), _one(x), None
+        return _round_bf16(x32, uniform), _one(x), None
 
 
 def _round_bf16(x: Tensor, uniform: Tensor | None) -> Tensor:
@@ -73,15 +72,15 @@ class ElementwiseFormat(NumericFormat):
         self.needs_tensor_amax = self.scaling == "tensor"
         self.scale_target = options.get("scale_target") or element.max_value
 
-    def _quantize(self, x, axis, amax, generator):
+    def _quantize(self, x, axis, amax, uniform, split):
         if self.scaling == "none":
-            return self._round_(float32_copy(x), x, generator), _one(x)
+            return self._round_(float32_copy(x), x, uniform), _one(x), None
         scale = tensor_scale(abs_max(x) if amax is None else amax, self.scale_target)
         scaled = x / scale if x.dtype == torch.float32 else x.float().div_(scale)
-        return self._round_(scaled, x, generator).mul_(scale), scale
+        elements = self._round_(scaled, x, uniform)
+        return (elements if split else elements.mul_(scale)), scale, scale
 
-    def _round_(self, x32: Tensor, signs: Tensor, generator: torch.Generator | None) -> Tensor:
-        """Round our own float32 temporary in place."""
-        uniform = self._uniform(x32, generator)
+    def _round_(self, x32: Tensor, signs: Tensor, uniform: Tensor | None) -> Tensor:
+        """Round our own float32 temporary in place (``uniform``: noise, which it overwrites)."""
         return self.element.round_(x32, signs, self.rounding, self.options["overflow"], uniform)
 

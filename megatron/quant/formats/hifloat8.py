@@ -27,6 +27,7 @@ from . import bits
 from .base import float32_copy
 from .elementwise import ElementwiseFormat
 from .grid import ElementGrid
+from .random_bits import RandomBits
 
 NAN_CODE = 0x80
 INF_CODE = 0x6F
@@ -120,11 +121,12 @@ class HiFloat8Format(ElementwiseFormat):
     def __init__(self, options: dict[str, Any]):
         super().__init__("hifp8", HIFLOAT8, options)
 
-    def encode(self, x: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    def encode(self, x: Tensor, *, noise: RandomBits | None = None,
+               generator: torch.Generator | None = None) -> Tensor:
         """uint8 codes of x rounded onto the HiF8 grid with this format's rounding and
-        overflow rule. No scaling is applied: with ``scaling="tensor"``, encode
-        ``x / scale`` from ``quantize_with_scale``."""
-        return codes_of(self._round_(float32_copy(x), x, generator))
+        overflow rule (noise as in ``quantize``). No scaling is applied: with
+        ``scaling="tensor"``, encode ``x / scale`` from ``quantize_with_scale``."""
+        return codes_of(self._round_(float32_copy(x), x, self._noise(x, noise, generator)))
 
     @staticmethod
     def decode(codes: Tensor) -> Tensor:

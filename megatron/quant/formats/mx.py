@@ -46,11 +46,11 @@ class MXFormat(BlockFormat):
         super().__init__(options)
         self._describe_elements(name, element)
 
-    def _quantize_blocks(self, blocks, block_dim, amax, generator):
+    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
         block_amax = abs_max(blocks, dim=block_dim)
         exponent = mx_scale_exponent(block_amax, self.element, self.options["scale_mode"])
         finite = bits.exponent_field(block_amax) != bits.EXPONENT_FIELD_MASK
         scale = torch.where(finite, bits.exp2_int(exponent), torch.nan)
         scaled = blocks * bits.exp2_int(-exponent)  # exact: a power of two
-        elements = self.element.round_(scaled, blocks, self.rounding, "saturate", self._uniform(scaled, generator))
-        return elements.mul_(scale), scale
+        elements = self.element.round_(scaled, blocks, self.rounding, "saturate", uniform)
+        return elements.mul_(scale), scale, None

@@ -30,12 +30,15 @@ class NVFP4Format(BlockFormat):
     max_value = FP4_E2M1.max_value
     min_positive = FP4_E2M1.min_positive
 
-    def _quantize_blocks(self, blocks, block_dim, amax, generator):
+    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
         block_amax = abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
         global_scale = tensor_scale(global_amax, self.block_scale_format.max_value * self.element.max_value)
         block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
         scale = torch.where(torch.isfinite(block_amax), block_scale * global_scale, torch.nan)
         scaled = (blocks / scale).masked_fill_(scale == 0, 0.0)
-        elements = self.element.round_(scaled, blocks, self.rounding, "saturate", self._uniform(scaled, generator))
-        return elements.mul_(scale), scale
+        elements = self.element.round_(scaled, blocks, self.rounding, "saturate", uniform)
+        # A GEMM kernel decodes element x E4M3 block scale (exact in bf16) and applies the
+        # FP32 global scale to its accumulator.
+        decoded = elements.mul_(torch.where(torch.isfinite(block_amax), block_scale, torch.nan) if split else scale)
+        return decoded, scale, global_scale

@@ -1,4 +1,4 @@
-"""Rounding rules on the integer grid, and the seeded random stream for stochastic rounding.
+"""Rounding rules on the integer grid (the noise for stochastic rounding: ``random_bits``).
 
 Every format first scales a value so that its representable neighbours are consecutive
 integers (``grid.ElementGrid.round``); the rules below then pick an integer. All of them
@@ -36,34 +36,10 @@ def round_stochastic_(magnitude: Tensor, uniform: Tensor) -> Tensor:
     """Round magnitudes down or up with probability equal to the distance to the other
     neighbour. Overwrites ``magnitude`` and ``uniform``.
 
-    ``uniform`` is U[0, 1) with 24-bit resolution (``torch.rand``), so the expectation is
+    ``uniform`` is U[0, 1) with 24-bit resolution (``random_bits``, or ``torch.rand``), so the expectation is
     exact whenever the fraction has at most 24 bits, which holds for every float32 value
     inside a format's normal range; deep in its subnormal range the bias is below 2**-24
     of one grid step. Inf stays Inf.
     """
     fraction = magnitude.frac()  # exact
     return magnitude.trunc_().add_(uniform.lt_(fraction))
-
-
-class RandomStream:
-    """Seeded source of uniform noise, one ``torch.Generator`` per device made on first use.
-
-    A format object owns one stream, so its k-th stochastic call draws the same noise in
-    every run (reproducible) while consecutive calls draw different noise. Pass an explicit
-    generator to ``quantize`` to control the stream from outside (e.g. one per rank).
-    """
-
-    def __init__(self, seed: int):
-        self.seed = seed
-        self._generators: dict[torch.device, torch.Generator] = {}
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        device = torch.device(device)
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
-        return self._generators[device]
-
-
-def uniform_like(x: Tensor, generator: torch.Generator) -> Tensor:
-    """float32 U[0, 1) noise with x's shape, drawn from ``generator``."""
-    return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
