@@ -132,9 +132,11 @@ class QuantRecipe:
             raise RecipeError(f"{source}: rules: expected a list of rules, got {rules!r}")
         parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
         name = merged.get("name") or _default_name(fmt_name, scopes)
-        if not isinstance(name, str) or not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
-            raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r} "
-                              f"(it becomes a directory and file-name token)")
+        # The name becomes a directory under TENSOR_SAVE_DIR: '.', '..' or a hidden name would escape or hide it.
+        if not isinstance(name, str) or name.startswith(".") or \
+                not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
+            raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r}, "
+                              f"not starting with '.' (it becomes a directory and file-name token)")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                    compile=_parse_bool(merged.get("compile", False), "compile", source))
 
@@ -154,7 +156,7 @@ class QuantRecipe:
         except (ValueError, yaml.YAMLError) as exc:
             raise RecipeError(f"{path}: not valid {suffix[1:]}: {exc}") from exc
         data = {} if data is None else data
-        if isinstance(data, Mapping) and "name" not in data:
+        if isinstance(data, Mapping) and data.get("name") in (None, ""):  # absent, `name:` or `name: ""`
             data = {**data, "name": path.stem}
         return cls.from_dict(data, source=str(path), defaults=defaults)
 

@@ -10,7 +10,7 @@ from typing import Mapping, Optional, Union
 from torch import Tensor
 
 from megatron.quant.capture.config import IterationWindow, SaverConfig
-from megatron.quant.capture.naming import QUANT_TYPE_RE
+from megatron.quant.capture.naming import capture_directory
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
@@ -48,7 +48,7 @@ class CaptureSession:
         self._memo = StatsMemo()
         self._summary_lock = threading.Lock()  # the writer thread adds, the training thread reads
         self._wait_at_iteration_start = 0.0
-        self._checked_quant_types: set[str] = set()
+        self._directories: dict[str, str] = {}  # quant_type -> its checked capture directory
         self._paused = False
         self.active = False
 
@@ -123,7 +123,7 @@ class CaptureSession:
         if (cfg.layers is not None and site.layer_idx not in cfg.layers) or \
                 (cfg.roles is not None and site.role not in cfg.roles):
             return
-        self._check_quant_type(site.quant_type)
+        self._check_directory(site.quant_type)
         for name, value in tensors.items():
             if cfg.tensors is not None and name not in cfg.tensors:
                 continue
@@ -163,7 +163,7 @@ class CaptureSession:
         }
 
     def _submit(self, site: CaptureSite, metadata: dict, snapshot: Snapshot) -> None:
-        self._writer.submit(WriteJob(f"{self.config.save_dir}/{site.quant_type}", metadata, snapshot))
+        self._writer.submit(WriteJob(self._directories[site.quant_type], metadata, snapshot))
 
     # -- helpers ----------------------------------------------------------------------------
     def _resolve_window(self, first_iteration: int) -> IterationWindow:
@@ -192,9 +192,9 @@ class CaptureSession:
                        and (cfg.ranks is None or self._ranks["rank"] in cfg.ranks)
                        and (cfg.microbatches is None or self._microbatch in cfg.microbatches))
 
-    def _check_quant_type(self, quant_type: str) -> None:
-        if quant_type not in self._checked_quant_types:
-            if not QUANT_TYPE_RE.match(quant_type):
-                raise ValueError(f"CaptureSite.quant_type={quant_type!r} is invalid; allowed: letters, digits "
-                                 f"and . + - joined by single underscores (it is a directory and name token)")
-            self._checked_quant_types.add(quant_type)
+    def _check_directory(self, quant_type: str) -> None:
+        if quant_type not in self._directories:
+            try:
+                self._directories[quant_type] = capture_directory(self.config.save_dir, quant_type)
+            except ValueError as exc:
+                raise ValueError(f"CaptureSite.{exc}") from None
