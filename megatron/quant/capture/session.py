@@ -10,6 +10,7 @@ from typing import Mapping, Optional, Union
 from torch import Tensor
 
 from megatron.quant.capture.config import IterationWindow, SaverConfig
+from megatron.quant.capture.directory import check_writable
 from megatron.quant.capture.naming import capture_directory
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
@@ -34,6 +35,8 @@ class CaptureSession:
     def __init__(self, config: SaverConfig, run_iterations: Optional[range] = None) -> None:
         if run_iterations is not None and (run_iterations.step != 1 or len(run_iterations) == 0):
             raise ValueError(f"run_iterations={run_iterations!r} is invalid; allowed: a non-empty range(start, stop)")
+        if config.enabled:
+            check_writable(config.save_dir)
         self.config = config
         self._run_iterations = run_iterations
         self._window: Optional[IterationWindow] = None
