@@ -1,11 +1,10 @@
 """Bad capture settings stop the run at start: an unusable directory, filters that can never match."""
+import builtins
 import errno
 
 import pytest
 
 from megatron.quant import tensor_saver
-from megatron.quant.capture import directory
-from megatron.quant.capture.directory import check_writable
 from megatron.quant.tensor_saver import SaverConfig
 
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]  # 2 layers, one process
@@ -17,18 +16,27 @@ def _close_saver_session():
     tensor_saver.close()
 
 
-def _read_only(*args, **kwargs):
-    raise PermissionError(errno.EACCES, "Permission denied")  # tests run as root: simulate the mode bits
+def _read_only(root: str):
+    """``open`` refusing files under ``root``, as a read-only directory would (tests run as root)."""
+    real_open = builtins.open
+
+    def refusing_open(file, *args, **kwargs):
+        if str(file).startswith(root):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+    return refusing_open
 
 
 @pytest.mark.parametrize("where,reason", [("file", "it is a file"), ("under_file", "it lies under a file"),
                                           ("read_only", r"cannot write in it \(Permission denied\)")])
 def test_unusable_directory_is_refused_when_capture_is_configured(tmp_path, monkeypatch, where, reason):
+    from megatron.quant.capture.directory import check_writable
+
     (tmp_path / "file").write_text("")
     path = {"file": tmp_path / "file", "under_file": tmp_path / "file" / "captures",
             "read_only": tmp_path / "captures"}[where]
     if where == "read_only":
-        monkeypatch.setattr(directory, "open", _read_only, raising=False)
+        monkeypatch.setattr(builtins, "open", _read_only(str(path)))
     message = rf"^TENSOR_SAVE_DIR='{path}' is unusable: {reason}; allowed: a writable directory$"
     with pytest.raises(ValueError, match=message):
         check_writable(str(path))

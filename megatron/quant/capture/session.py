@@ -1,6 +1,7 @@
 """One capture session: which iterations, micro-batches and sites to record, and how."""
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import replace
 import warnings
@@ -47,6 +48,7 @@ class CaptureSession:
         self._microbatch = 0
         self._first_sample: Optional[int] = None
         self._ranks = current_ranks()
+        self._run_id = secrets.token_hex(6)  # tells apart runs sharing a directory
         self._summary = IterationSummary()
         self._memo = StatsMemo()
         self._summary_lock = threading.Lock()  # the writer thread adds, the training thread reads
@@ -163,6 +165,7 @@ class CaptureSession:
             "first_sample": self._first_sample, **self._ranks,
             "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
             "saved_at": datetime.now().isoformat(timespec="microseconds"), "quantized": False,
+            "run_id": self._run_id,
         }
 
     def _submit(self, site: CaptureSite, metadata: dict, snapshot: Snapshot) -> None:
