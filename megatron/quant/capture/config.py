@@ -12,6 +12,7 @@ from typing import Callable, Mapping, Optional
 
 from megatron.quant.flags import switch_value
 from megatron.quant.recipe import ROLES
+from megatron.quant.selectors import UNSIGNED_GRAMMAR, parse_selectors
 from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
@@ -40,20 +41,13 @@ def _parse_int(text: str, source: str, whole: str, allowed: str) -> int:
     return int(text)
 
 
-_INDEX_SET_GRAMMAR = "non-negative integers and inclusive ranges, comma-separated, e.g. '0,1,15' or '0-3,7'"
-
-
 def parse_index_set(value: str, source: str) -> frozenset[int]:
     """'0,1,15' or '0-3,7' -> {0, 1, 2, 3, 7}; ranges are inclusive."""
-    members: set[int] = set()
-    for item in value.split(","):
-        lo_text, dash, hi_text = item.partition("-")
-        lo = _parse_int(lo_text, source, value, _INDEX_SET_GRAMMAR)
-        hi = _parse_int(hi_text, source, value, _INDEX_SET_GRAMMAR) if dash else lo
-        if hi < lo:
-            raise _bad(source, value, _INDEX_SET_GRAMMAR + f" (range {item!r} is empty)")
-        members.update(range(lo, hi + 1))
-    return frozenset(members)
+    try:
+        selectors = parse_selectors(value, signed=False)
+    except ValueError as exc:
+        raise _bad(source, value, f"{UNSIGNED_GRAMMAR} ({exc})") from None
+    return frozenset(i for selector in selectors for i in selector.members())
 
 
 def _name_set_parser(known: tuple[str, ...]) -> Callable[[str, str], frozenset[str]]:
