@@ -86,3 +86,15 @@ def test_training_stops_at_start_with_one_line(tmp_path, monkeypatch, capsys, en
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and err.startswith("megatron-quant-train: error: ")
     assert expected in err and len(err.splitlines()) == 1
+
+
+def test_directory_without_hard_links_is_refused(tmp_path, monkeypatch):
+    from megatron.quant.capture import directory
+
+    def no_links(source, target):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(directory.os, "link", no_links)
+    with pytest.raises(ValueError, match=r"is unusable: cannot hard-link files in it \(Operation not permitted\)"):
+        tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []

@@ -25,6 +25,12 @@ def check_writable(path: str, source: str = "TENSOR_SAVE_DIR") -> None:
     try:
         with open(probe, "xb") as handle:
             handle.write(b"probe")
-        os.remove(probe)
     except OSError as exc:
         raise _unusable(path, source, f"cannot write in it ({exc.strerror})") from None
+    try:  # the writer names files by hard link (exclusive across processes)
+        os.link(probe, probe + ".link")
+        os.remove(probe + ".link")
+    except OSError as exc:
+        raise _unusable(path, source, f"cannot hard-link files in it ({exc.strerror})") from None
+    finally:
+        os.remove(probe)
