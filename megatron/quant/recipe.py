@@ -63,19 +63,8 @@ class FormatChoice:
         return self
 
 
-@dataclass(frozen=True)
-class LayerSelector:
-    """One layer index (negative counts from the end), or the layers of ``range(n)[start:stop]``."""
-
-    start: int
-    stop: Optional[int]  # None: a single index
-
-    def matches(self, layer_idx: int, num_layers: int) -> bool:
-        if layer_idx < 0:
-            return False
-        if self.stop is None:
-            return layer_idx == (self.start + num_layers if self.start < 0 else self.start)
-        return layer_idx in range(num_layers)[self.start:self.stop]
+# Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
+from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -132,9 +121,11 @@ class QuantRecipe:
             raise RecipeError(f"{source}: rules: expected a list of rules, got {rules!r}")
         parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
         name = merged.get("name") or _default_name(fmt_name, scopes)
-        if not isinstance(name, str) or not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
-            raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r} "
-                              f"(it becomes a directory and file-name token)")
+        # The name becomes a directory under TENSOR_SAVE_DIR: '.', '..' or a hidden name would escape or hide it.
+        if not isinstance(name, str) or name.startswith(".") or \
+                not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
+            raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r}, "
+                              f"not starting with '.' (it becomes a directory and file-name token)")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                    compile=_parse_bool(merged.get("compile", False), "compile", source))
 
@@ -154,7 +145,7 @@ class QuantRecipe:
         except (ValueError, yaml.YAMLError) as exc:
             raise RecipeError(f"{path}: not valid {suffix[1:]}: {exc}") from exc
         data = {} if data is None else data
-        if isinstance(data, Mapping) and "name" not in data:
+        if isinstance(data, Mapping) and data.get("name") in (None, ""):  # absent, `name:` or `name: ""`
             data = {**data, "name": path.stem}
         return cls.from_dict(data, source=str(path), defaults=defaults)
 
@@ -302,37 +293,14 @@ def _parse_overrides(value: Any, allowed: tuple[str, ...], path: str, source: st
     return tuple((k, _parse_choice(v, f"{path}.{k}", source, base)) for k, v in data.items())
 
 
-_LAYER_GRAMMAR = ("an index (negative counts from the end), an inclusive range 'a-b' (as TENSOR_SAVE_LAYERS) "
-                  "or a Python slice 'start:stop'")
-
-
-def _parse_layer(item: Any) -> LayerSelector:
-    """int | 'N' | 'a-b' (inclusive) | 'start:stop' (slice); ValueError otherwise."""
-    if isinstance(item, bool):
-        raise ValueError
-    if isinstance(item, int):
-        return LayerSelector(item, None)
-    if not isinstance(item, str):
-        raise ValueError
-    text = item.strip()
-    if ":" in text:
-        start, _, stop = text.partition(":")
-        return LayerSelector(int(start) if start.strip() else 0, int(stop) if stop.strip() else 2**31)
-    first, dash, last = text[1:].partition("-") if text.startswith("-") else text.partition("-")
-    if not dash:
-        return LayerSelector(int(text), None)
-    if text.startswith("-") or int(last) < int(first):
-        raise ValueError
-    return LayerSelector(int(first), int(last) + 1)
-
-
 def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ...]:
-    selectors = []
+    selectors: list[LayerSelector] = []
     for i, item in enumerate(value if isinstance(value, list) else [value]):
         try:
-            selectors.append(_parse_layer(item))
-        except ValueError:
-            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {item!r}; use {_LAYER_GRAMMAR}") from None
+            selectors.extend(parse_selectors(item, signed=True))
+        except ValueError as exc:
+            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {item!r} ({exc}); "
+                              f"use {SIGNED_GRAMMAR}") from None
     return tuple(selectors)
 
 

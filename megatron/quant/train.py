@@ -104,6 +104,8 @@ def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
 
     init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
+    saver_config.check_selectors(num_layers=shape["num_layers"], world_size=dist.get_world_size(),
+                                 num_microbatches=args.num_microbatches)
     logger = metrics.MetricsLogger(args.tensorboard_dir, enabled=dist.get_rank() == dist.get_world_size() - 1)
     config = transformer_config(
         shape, precision=_precision(args), tensor_parallel=args.tensor_model_parallel_size,

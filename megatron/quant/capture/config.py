@@ -6,11 +6,13 @@ the variable (env var or field), the value and what is allowed.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from megatron.quant.flags import switch_value
 from megatron.quant.recipe import ROLES
+from megatron.quant.selectors import UNSIGNED_GRAMMAR, parse_selectors
 from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
@@ -39,20 +41,13 @@ def _parse_int(text: str, source: str, whole: str, allowed: str) -> int:
     return int(text)
 
 
-_INDEX_SET_GRAMMAR = "non-negative integers and inclusive ranges, comma-separated, e.g. '0,1,15' or '0-3,7'"
-
-
 def parse_index_set(value: str, source: str) -> frozenset[int]:
     """'0,1,15' or '0-3,7' -> {0, 1, 2, 3, 7}; ranges are inclusive."""
-    members: set[int] = set()
-    for item in value.split(","):
-        lo_text, dash, hi_text = item.partition("-")
-        lo = _parse_int(lo_text, source, value, _INDEX_SET_GRAMMAR)
-        hi = _parse_int(hi_text, source, value, _INDEX_SET_GRAMMAR) if dash else lo
-        if hi < lo:
-            raise _bad(source, value, _INDEX_SET_GRAMMAR + f" (range {item!r} is empty)")
-        members.update(range(lo, hi + 1))
-    return frozenset(members)
+    try:
+        selectors = parse_selectors(value, signed=False)
+    except ValueError as exc:
+        raise _bad(source, value, f"{UNSIGNED_GRAMMAR} ({exc})") from None
+    return frozenset(i for selector in selectors for i in selector.members())
 
 
 def _name_set_parser(known: tuple[str, ...]) -> Callable[[str, str], frozenset[str]]:
@@ -174,6 +169,19 @@ _ENV: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "stats": ("TENSOR_SAVE_STATS", _parse_stats_level),
 }
 _SET_FIELDS = ("layers", "roles", "tensors", "ranks", "microbatches")
+# index filter -> what it counts, for check_selectors
+_COUNTED = {"layers": "transformer layers", "ranks": "ranks", "microbatches": "micro-batches per iteration"}
+
+
+def _spans(values: list[int]) -> str:
+    """Sorted indices in the filter grammar: [0, 1, 2, 7] -> '0-2,7'."""
+    spans: list[list[int]] = []
+    for value in values:
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
 ENV_VARS = tuple(env for env, _ in _ENV.values())
 _ENV_PREFIXES = ("TENSOR_SAVE_", "TENSOR_SAVER_")
 
@@ -229,3 +237,23 @@ class SaverConfig:
             if raw.strip():
                 values[name] = parse(raw, env)
         return cls(**values)
+
+    def check_selectors(self, *, num_layers: int, world_size: int, num_microbatches: Optional[int] = None) -> None:
+        """Check the index filters against the run, once it is known (capture off: nothing to check).
+
+        ValueError when a filter can match nothing (the run would exit "successfully" with no capture);
+        one RuntimeWarning per filter naming the members that lie outside the run.
+        """
+        if not self.enabled:
+            return
+        counts = {"layers": num_layers, "ranks": world_size, "microbatches": num_microbatches}
+        for name, count in counts.items():
+            chosen = getattr(self, name)
+            if chosen is None or count is None:
+                continue
+            env, outside = _ENV[name][0], sorted(i for i in chosen if i >= count)
+            run = f"the run has {count} {_COUNTED[name]} (0-{count - 1})"
+            if len(outside) == len(chosen):
+                raise ValueError(f"{env}={_spans(outside)} can never match: {run}")
+            if outside:
+                warnings.warn(f"{env}: {_spans(outside)} ignored, {run}", RuntimeWarning, stacklevel=2)

@@ -1,6 +1,7 @@
 """Capture file and manifest names (docs/interfaces.md section 2); the one place that spells them."""
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime
 from typing import Mapping, Optional
@@ -14,8 +15,9 @@ FILE_NAME_RE = re.compile(
 MANIFEST_RE = re.compile(r"^manifest-rank\d{2,}\.jsonl$")
 _INT_FIELDS = ("counter", "iteration", "layer_idx", "rank", "sample")
 
-# quant_type is a directory name and a file-name token: no separators or spaces.
-QUANT_TYPE_RE = re.compile(r"^[A-Za-z0-9.+-]+(?:_[A-Za-z0-9.+-]+)*$")
+# quant_type is a directory name and a file-name token: no separators or spaces, and no leading
+# '.' ('.' and '..' would put captures beside or above TENSOR_SAVE_DIR, '.x' would hide them).
+QUANT_TYPE_RE = re.compile(r"^[A-Za-z0-9+-][A-Za-z0-9.+-]*(?:_[A-Za-z0-9.+-]+)*$")
 
 
 def timestamp_token(moment: datetime) -> str:
@@ -26,9 +28,20 @@ def file_name(metadata: Mapping, counter: int) -> str:
     """The capture file name for ``metadata`` (saved_at is ISO 8601) and this rank's ``counter``."""
     m = metadata
     stamp = timestamp_token(datetime.fromisoformat(m["saved_at"]))
-    return (f"{stamp}_{counter:04d}_iter{m['iteration']:03d}_{m['layer_type']}_L{m['layer_idx']}"
+    name = (f"{stamp}_{counter:04d}_iter{m['iteration']:03d}_{m['layer_type']}_L{m['layer_idx']}"
             f"_{m['operation']}_{m['phase']}_{m['component']}_{m['quant_type']}"
             f"_rank{m['rank']:02d}_sample{m['sample']:03d}_{m['tensor_name']}.pt")
+    if not FILE_NAME_RE.match(name):  # e.g. a separator in a token: the file would land elsewhere
+        raise ValueError(f"capture file name {name!r} is invalid; allowed: names matching FILE_NAME_RE")
+    return name
+
+
+def capture_directory(save_dir: str, quant_type: str) -> str:
+    """``save_dir/quant_type``; ValueError unless ``quant_type`` is one path component inside ``save_dir``."""
+    if not QUANT_TYPE_RE.match(quant_type):
+        raise ValueError(f"quant_type={quant_type!r} is invalid; allowed: letters, digits and . + - joined by "
+                         f"single underscores, not starting with '.' (it is a directory and name token)")
+    return os.path.join(save_dir, quant_type)
 
 
 def parse_file_name(name: str) -> Optional[dict]:

@@ -1,6 +1,7 @@
 """One capture session: which iterations, micro-batches and sites to record, and how."""
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import replace
 import warnings
@@ -10,7 +11,8 @@ from typing import Mapping, Optional, Union
 from torch import Tensor
 
 from megatron.quant.capture.config import IterationWindow, SaverConfig
-from megatron.quant.capture.naming import QUANT_TYPE_RE
+from megatron.quant.capture.directory import check_writable
+from megatron.quant.capture.naming import capture_directory
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
@@ -34,6 +36,8 @@ class CaptureSession:
     def __init__(self, config: SaverConfig, run_iterations: Optional[range] = None) -> None:
         if run_iterations is not None and (run_iterations.step != 1 or len(run_iterations) == 0):
             raise ValueError(f"run_iterations={run_iterations!r} is invalid; allowed: a non-empty range(start, stop)")
+        if config.enabled:
+            check_writable(config.save_dir)
         self.config = config
         self._run_iterations = run_iterations
         self._window: Optional[IterationWindow] = None
@@ -44,11 +48,12 @@ class CaptureSession:
         self._microbatch = 0
         self._first_sample: Optional[int] = None
         self._ranks = current_ranks()
+        self._run_id = secrets.token_hex(6)  # tells apart runs sharing a directory
         self._summary = IterationSummary()
         self._memo = StatsMemo()
         self._summary_lock = threading.Lock()  # the writer thread adds, the training thread reads
         self._wait_at_iteration_start = 0.0
-        self._checked_quant_types: set[str] = set()
+        self._directories: dict[str, str] = {}  # quant_type -> its checked capture directory
         self._paused = False
         self.active = False
 
@@ -123,7 +128,7 @@ class CaptureSession:
         if (cfg.layers is not None and site.layer_idx not in cfg.layers) or \
                 (cfg.roles is not None and site.role not in cfg.roles):
             return
-        self._check_quant_type(site.quant_type)
+        self._check_directory(site.quant_type)
         for name, value in tensors.items():
             if cfg.tensors is not None and name not in cfg.tensors:
                 continue
@@ -160,10 +165,11 @@ class CaptureSession:
             "first_sample": self._first_sample, **self._ranks,
             "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
             "saved_at": datetime.now().isoformat(timespec="microseconds"), "quantized": False,
+            "run_id": self._run_id,
         }
 
     def _submit(self, site: CaptureSite, metadata: dict, snapshot: Snapshot) -> None:
-        self._writer.submit(WriteJob(f"{self.config.save_dir}/{site.quant_type}", metadata, snapshot))
+        self._writer.submit(WriteJob(self._directories[site.quant_type], metadata, snapshot))
 
     # -- helpers ----------------------------------------------------------------------------
     def _resolve_window(self, first_iteration: int) -> IterationWindow:
@@ -192,9 +198,9 @@ class CaptureSession:
                        and (cfg.ranks is None or self._ranks["rank"] in cfg.ranks)
                        and (cfg.microbatches is None or self._microbatch in cfg.microbatches))
 
-    def _check_quant_type(self, quant_type: str) -> None:
-        if quant_type not in self._checked_quant_types:
-            if not QUANT_TYPE_RE.match(quant_type):
-                raise ValueError(f"CaptureSite.quant_type={quant_type!r} is invalid; allowed: letters, digits "
-                                 f"and . + - joined by single underscores (it is a directory and name token)")
-            self._checked_quant_types.add(quant_type)
+    def _check_directory(self, quant_type: str) -> None:
+        if quant_type not in self._directories:
+            try:
+                self._directories[quant_type] = capture_directory(self.config.save_dir, quant_type)
+            except ValueError as exc:
+                raise ValueError(f"CaptureSite.{exc}") from None

@@ -1,13 +1,18 @@
-"""Bounded background writer: statistics, capture files (write, then rename), manifest lines.
+"""Bounded background writer: statistics, capture files (write, then link), manifest lines.
 
 The training thread hands over snapshots; one daemon thread finishes their statistics (all
 queued statistics before any file, so a summary never waits on the disk), then saves the
 files and appends the manifest lines in order. When the bytes held exceed the bound, the
 training thread waits (nothing is dropped) and every wait is counted. The first error (e.g.
 ENOSPC) or the quota stops all capture with one warning; training goes on.
+
+A file is written under a hidden temporary name and then hard-linked to its final name, which
+fails if the name exists: writers sharing a directory (restarts, concurrent runs) never
+overwrite each other; the loser takes the next counter.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -15,16 +20,50 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
+from megatron.quant.capture.manifest import ManifestFile
 from megatron.quant.capture.naming import file_name, manifest_name, temporary_name
 from megatron.quant.capture.snapshot import Snapshot
 
 
 class _QuotaReached(Exception):
     pass
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class _ErrorKeepingSink:
+    """The file object torch.save writes to; keeps the OSError that torch's zip writer would
+    replace with an opaque 'unexpected pos' error, so a full disk is reported as one."""
+
+    def __init__(self, handle) -> None:
+        self._handle = handle
+        self.error: Optional[OSError] = None
+
+    def write(self, data) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+
+def _save(obj: dict, path: str) -> None:
+    with open(path, "wb") as handle:
+        sink = _ErrorKeepingSink(handle)
+        try:
+            torch.save(obj, sink)
+        except Exception:
+            if sink.error is not None:
+                raise sink.error from None
+            raise
 
 
 @dataclass
@@ -57,7 +96,7 @@ class BackgroundWriter:
         self._stop_reason: Optional[str] = None
         self._warned = False
         self._counter = 0
-        self._manifests: dict[str, Any] = {}
+        self._manifests: dict[str, ManifestFile] = {}
         self.wait_seconds = 0.0
         self.waits = 0  # times the training thread waited: full queue, summary, flush
         self.files_written = 0
@@ -72,12 +111,8 @@ class BackgroundWriter:
         """Queue ``job``; waits while the queue is over its bound. Ignored once stopped."""
         cost = job.nbytes
         with self._cond:
-            if self._pending_bytes and self._pending_bytes + cost > self._queue_bytes:
-                start = time.perf_counter()
-                while self._pending_bytes and self._pending_bytes + cost > self._queue_bytes and not self.stopped:
-                    self._cond.wait()
-                self.wait_seconds += time.perf_counter() - start
-                self.waits += 1
+            self._wait_locked(lambda: self.stopped or not self._pending_bytes
+                              or self._pending_bytes + cost <= self._queue_bytes)
             if self._stop_reason is None:
                 self._stats_todo.append(job)
                 self._pending_bytes += cost
@@ -97,13 +132,17 @@ class BackgroundWriter:
 
     def _wait_until(self, done: Callable[[], bool]) -> None:
         with self._cond:
-            if not done():
-                start = time.perf_counter()
-                while not done():
-                    self._cond.wait()
-                self.wait_seconds += time.perf_counter() - start
-                self.waits += 1
+            self._wait_locked(done)
         self.warn_if_stopped()
+
+    def _wait_locked(self, done: Callable[[], bool]) -> None:
+        """Wait (holding the lock) until ``done()``; a training-thread wait, so it is timed and counted."""
+        if not done():
+            start = time.perf_counter()
+            while not done():
+                self._cond.wait()
+            self.wait_seconds += time.perf_counter() - start
+            self.waits += 1
 
     def close(self) -> None:
         self.flush()
@@ -114,16 +153,20 @@ class BackgroundWriter:
         if thread is not None:
             thread.join()
         self._exit = False
-        for handle in self._manifests.values():
-            handle.close()
+        for manifest in self._manifests.values():
+            try:
+                manifest.close()
+            except OSError as exc:  # reported like any disk error: a run never fails at exit
+                with self._cond:
+                    self._stop_locked(self._stop_message(os.path.dirname(manifest.path), exc))
         self._manifests.clear()
+        self.warn_if_stopped()
 
     def warn_if_stopped(self) -> None:
         """Emit the stop warning once, on the calling (training) thread."""
         if self._stop_reason is not None and not self._warned:
             self._warned = True
-            warnings.warn(f"tensor capture stopped: {self._stop_reason}; training continues without capture",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(self._stop_reason, RuntimeWarning, stacklevel=3)
 
     def stats(self) -> dict[str, float]:
         return {"files": self.files_written, "manifest_lines": self.lines_written,
@@ -162,12 +205,9 @@ class BackgroundWriter:
                     self._finish_stats(job)
                 else:
                     self._write(job)
-            except _QuotaReached as exc:
-                with self._cond:
-                    self._stop_locked(str(exc))
             except Exception as exc:  # a disk error (or any other) ends capture, never training
                 with self._cond:
-                    self._stop_locked(f"capturing to {job.directory} failed: {exc!r}")
+                    self._stop_locked(self._stop_message(job.directory, exc))
             with self._cond:
                 if finishing_stats:
                     self._pending_stats -= 1
@@ -178,6 +218,13 @@ class BackgroundWriter:
                     self._pending_jobs -= 1
                 self._cond.notify_all()
 
+    def _stop_message(self, directory: str, exc: Exception) -> str:
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+            return (f"disk full at {directory}: capture stopped after {self.files_written} files "
+                    f"({self.bytes_written} bytes)")
+        reason = str(exc) if isinstance(exc, _QuotaReached) else f"capturing to {directory} failed: {exc!r}"
+        return f"tensor capture stopped: {reason}; training continues without capture"
+
     def _finish_stats(self, job: WriteJob) -> None:
         for event in job.snapshot.copied:
             event.synchronize()
@@ -186,53 +233,54 @@ class BackgroundWriter:
 
     def _write(self, job: WriteJob) -> None:
         os.makedirs(job.directory, exist_ok=True)
-        tensor = job.snapshot.tensor
-        name = path = None
-        if tensor is not None:
-            name, path = self._unused_name(job)
-        line = json.dumps({"file": name, "metadata": job.metadata}) + "\n"
-        size = len(line)
-        if path is not None:
-            tmp = os.path.join(job.directory, temporary_name(name, os.getpid()))
+        name, file_size = None, 0
+        if job.snapshot.tensor is not None:
+            # The name is settled only by the link; the file's own metadata never holds it.
+            candidate = file_name(job.metadata, self._counter)
+            tmp = os.path.join(job.directory, temporary_name(candidate, os.getpid()))
             try:
-                torch.save({"tensor": tensor, "metadata": job.metadata}, tmp)
-                size += os.path.getsize(tmp)
-                self._check_quota(size)
-                os.replace(tmp, path)
-            except BaseException:
+                _save({"tensor": job.snapshot.tensor, "metadata": job.metadata}, tmp)
+                file_size = os.path.getsize(tmp)
+                self._check_quota(file_size + len(self._manifest_line(candidate, job)))
+                name = self._link_unused_name(tmp, job)
+            finally:
                 if os.path.exists(tmp):
                     os.remove(tmp)
-                raise
-            self.files_written += 1
-        else:
-            self._check_quota(size)
+        line = self._manifest_line(name, job)
+        if name is None:
+            self._check_quota(len(line))
         try:
-            manifest = self._manifest(job.directory, job.metadata["rank"])
-            manifest.write(line)
-            manifest.flush()
+            self._manifest(job.directory, job.metadata["rank"]).append(line)
         except OSError:
-            if path is not None:  # no file without its manifest line
-                os.remove(path)
+            if name is not None:  # no file without its manifest line
+                os.remove(os.path.join(job.directory, name))
             raise
-        self.bytes_written += size
+        self.files_written += name is not None
+        self.bytes_written += file_size + len(line)
         self.lines_written += 1
+
+    @staticmethod
+    def _manifest_line(name: Optional[str], job: WriteJob) -> str:
+        return json.dumps({"file": name, "metadata": job.metadata}) + "\n"
 
     def _check_quota(self, size: int) -> None:
         if self._quota_bytes is not None and self.bytes_written + size > self._quota_bytes:
             raise _QuotaReached(f"the size quota of {self._quota_bytes / 2**30:g} GB (TENSOR_SAVE_MAX_GB) "
                                 f"is reached after {self.bytes_written} bytes")
 
-    def _unused_name(self, job: WriteJob) -> tuple[str, str]:
-        # The rank in the name separates ranks; skipping taken names separates restarts.
+    def _link_unused_name(self, tmp: str, job: WriteJob) -> str:
+        """Link ``tmp`` to the first free name from this rank's counter on; exclusive across processes."""
         while True:
             name = file_name(job.metadata, self._counter)
             self._counter += 1
-            path = os.path.join(job.directory, name)
-            if not os.path.exists(path):
-                return name, path
+            try:
+                os.link(tmp, os.path.join(job.directory, name))
+            except FileExistsError:
+                continue  # another writer (or an earlier run) owns it
+            return name
 
-    def _manifest(self, directory: str, rank: int):
+    def _manifest(self, directory: str, rank: int) -> ManifestFile:
         path = os.path.join(directory, manifest_name(rank))
         if path not in self._manifests:
-            self._manifests[path] = open(path, "a", encoding="utf-8")
+            self._manifests[path] = ManifestFile(path)
         return self._manifests[path]
