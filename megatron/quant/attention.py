@@ -1,15 +1,21 @@
 """Quantized subclass of megatron-core's DotProductAttention.
 
-Unfused path (exact, every operand): S = Q K^T * scale, megatron-core's own mask + softmax
-(+ dropout), O = P V, both products through ``QuantBmmFunction`` so Q, K, P, V and the
-backward GEMMs' operands (dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO) are quantized
-per the recipe. With nothing quantized it runs megatron-core's exact operations.
+Q, K and V are quantized once, in megatron's [s, b, heads, hn] layout and before GQA expands
+K and V to every query head (as an FP8 attention kernel receives them): Q and K in blocks along
+hn, V along the keys. That one quantization feeds the GEMMs, the fused path and the capture,
+so they all see the same values. Then:
 
-Fused path, chosen automatically when some of Q/K/V but not P is quantized (round-to-nearest),
-with no dropout:
+Unfused path (exact, every operand): S = Q K^T * scale, megatron-core's own mask + softmax
+(+ dropout), O = P V, both products through ``QuantBmmFunction`` so P and the backward GEMMs'
+operands (dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO) are quantized per the recipe.
+With nothing quantized it runs megatron-core's exact operations.
+
+Fused path, chosen automatically when some of Q/K/V but not P is quantized, none of them with a
+per-tensor scale, no dropout, and a mask SDPA reproduces exactly (causal or none; not a sliding
+window, not an explicit mask, whose fully masked rows megatron-core fills differently):
 ``scaled_dot_product_attention`` on the quantized Q, K, V (no [s, s] tensor kept), and a
-backward that recomputes the unfused path (as flash attention does), so its gradients are
-those of the unfused path and backward-operand formats still apply.
+backward that recomputes the unfused path on the same quantized Q, K, V (as flash attention
+does), so its gradients are those of the unfused path and backward-operand formats still apply.
 """
 from __future__ import annotations
 
@@ -24,11 +30,14 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-from megatron.quant.ops import (BmmQuant, CaptureGradients, QuantBmmFunction, capturing, captured_operand,
-                                quantize_operand, recompute_backward)
-from megatron.quant.recipe import PV_OPERANDS, QK_OPERANDS
 from megatron.quant import tensor_saver
+from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.operands import PV_OPERANDS, QK_OPERANDS
+from megatron.quant.ops import (BmmOperands, BmmQuant, CaptureGradients, NoiseScope, QuantBmmFunction, Quantized,
+                                capturing, module_noise_root, noise_scope, quantize_operand, recompute_backward)
 from megatron.quant.tensor_saver import CaptureSite
+
+_HEADS = 2  # the heads dimension of megatron's [s, b, heads, hn]: what tensor parallelism splits
 
 
 @dataclass(frozen=True)
@@ -41,29 +50,36 @@ class AttentionQuant:
         return cls(qk=BmmQuant.from_formats(formats, QK_OPERANDS), pv=BmmQuant.from_formats(formats, PV_OPERANDS))
 
     @property
+    def inputs(self) -> dict:
+        """Q, K, V's specs in megatron's [s, b, heads, hn] layout."""
+        return {"query": replace(self.qk.a, axis=-1, shard_dim=_HEADS),
+                "key": replace(self.qk.b, axis=-1, shard_dim=_HEADS),
+                "value": replace(self.pv.b, axis=0, shard_dim=_HEADS)}
+
+    @property
     def fusable(self) -> bool:
-        """SDPA can apply it: Q/K/V quantized before the kernel, P untouched, and Q/K/V rounded
-        deterministically (the backward recomputes the forward and must see the same values)."""
-        qkv = [s.fmt for s in (self.qk.a, self.qk.b, self.pv.b) if s.fmt is not None]
-        return (self.pv.a.fmt is None and bool(qkv)
-                and all(f.options.get("rounding", "nearest") != "stochastic" for f in qkv))
+        """SDPA can apply it: Q/K/V quantized before the kernel without per-tensor scales (SDPA
+        takes no descaling factors here), P untouched."""
+        qkv = [s.fmt for s in self.inputs.values() if s.fmt is not None]
+        return self.pv.a.fmt is None and bool(qkv) and not any(f.needs_tensor_amax for f in qkv)
 
 
 class _FusedAttention(torch.autograd.Function):
-    """SDPA forward on quantized Q/K/V; backward by recomputing the unfused path."""
+    """SDPA forward on quantized Q/K/V; backward by recomputing the unfused path on them."""
 
     @staticmethod
     def forward(ctx, query: Tensor, key: Tensor, value: Tensor, attn: "QuantDotProductAttention",
-                attention_mask: Optional[Tensor], amaxes: Optional[dict]) -> Tensor:
-        ctx.attn, ctx.attention_mask = attn, attention_mask
+                attention_mask: Optional[Tensor], inputs: tuple, noise: Optional[NoiseScope]) -> Tensor:
+        ctx.attn, ctx.attention_mask, ctx.inputs, ctx.noise = attn, attention_mask, inputs, noise
         ctx.save_for_backward(query, key, value)
-        return attn._sdpa(query, key, value, attention_mask, amaxes)
+        return attn._sdpa(inputs)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
-        attn, mask = ctx.attn, ctx.attention_mask
-        grads = recompute_backward(lambda q, k, v: attn._unfused(q, k, v, mask), ctx.saved_tensors, grad_output)
-        return grads + (None, None, None)
+        attn, mask, inputs, noise = ctx.attn, ctx.attention_mask, ctx.inputs, ctx.noise
+        grads = recompute_backward(lambda q, k, v: attn._unfused(q, k, v, mask, inputs, noise),
+                                   ctx.saved_tensors, grad_output)
+        return grads + (None, None, None, None)
 
 
 class QuantDotProductAttention(DotProductAttention):
@@ -72,17 +88,22 @@ class QuantDotProductAttention(DotProductAttention):
     quant: Optional[AttentionQuant] = None
     capture_site: Optional[CaptureSite] = None
     allow_fused: bool = True
+    noise_root: Optional[RandomBits] = None
 
-    def configure_quant(self, quant: AttentionQuant, site: Optional[CaptureSite], allow_fused: bool = True) -> None:
+    def configure_quant(self, quant: AttentionQuant, site: Optional[CaptureSite], allow_fused: bool = True,
+                        seed: int = 0) -> None:
+        """``seed`` and the module name (the site's) key its stochastic rounding."""
         self.quant, self.capture_site, self.allow_fused = quant, site, allow_fused
+        specs = [*vars(quant.qk).values(), *vars(quant.pv).values()]
+        self.noise_root = module_noise_root(seed, site.module if site else "", specs)
 
     def uses_fused_path(self, query: Tensor, key: Tensor, attention_mask: Optional[Tensor]) -> bool:
         """True when this call would take the SDPA path (see the module docstring)."""
         return (self.allow_fused and self.quant.fusable and query.size(0) == key.size(0)
                 and (self.attention_dropout.p == 0.0 or not self.training)
                 and self.softmax_offset is None and self.scale_mask_softmax.scale is None
-                and (attention_mask is not None or self.attn_mask_type in (AttnMaskType.causal,
-                                                                            AttnMaskType.no_mask)))
+                and getattr(self.scale_mask_softmax, "window_size", None) is None
+                and attention_mask is None and self.attn_mask_type in (AttnMaskType.causal, AttnMaskType.no_mask))
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
@@ -95,70 +116,61 @@ class QuantDotProductAttention(DotProductAttention):
                              "(as megatron-core's DotProductAttention)")
         site = self.capture_site
         capture = capturing(site)
-        amaxes = {} if capture else None  # the (TP-reduced) amaxes the GEMMs used, for the capture
-        inputs = (query, key, value)
+        noise = noise_scope(self.noise_root, self.tp_group)
+        inputs = self._quantize_inputs(query, key, value, noise, capture)
         if capture:
+            tensor_saver.capture(site, "forward", "pre", {name: q.seen for name, q in zip(("query", "key", "value"),
+                                                                                           inputs)})
             query, key, value = CaptureGradients.apply(site, "post", ("grad_query", "grad_key", "grad_value"),
                                                        query, key, value)
         if self.uses_fused_path(query, key, attention_mask):
-            context = _FusedAttention.apply(query, key, value, self, attention_mask, amaxes)
+            context = _FusedAttention.apply(query, key, value, self, attention_mask, inputs, noise)
         else:
-            context = self._unfused(query, key, value, attention_mask, amaxes)
+            context = self._unfused(query, key, value, attention_mask, inputs, noise)
         if capture:
-            self._capture_inputs(*inputs, amaxes)
             tensor_saver.capture(site, "forward", "post", {"output": context})
             (context,) = CaptureGradients.apply(site, "pre", ("grad_output",), context)
         return context
 
-    def _capture_inputs(self, query: Tensor, key: Tensor, value: Tensor, amaxes: dict) -> None:
-        # Megatron layout [s, b, heads, hn]: Q/K blocks along hn (last), V blocks along keys (dim 0):
-        # the values the GEMMs used after their reshapes, re-quantized with the amaxes they used
-        # (no collective here: capture may be active on some ranks only).
-        specs = {"query": (query, replace(self.quant.qk.a, axis=-1)),
-                 "key": (key, replace(self.quant.qk.b, axis=-1)),
-                 "value": (value, replace(self.quant.pv.b, axis=0))}
-        named = {name: captured_operand(x, spec, amaxes.get(name)) for name, (x, spec) in specs.items()}
-        tensor_saver.capture(self.capture_site, "forward", "pre", named)
+    def _quantize_inputs(self, query: Tensor, key: Tensor, value: Tensor, noise: Optional[NoiseScope],
+                         capture: bool) -> tuple[Quantized, Quantized, Quantized]:
+        """Q, K, V quantized once in [s, b, heads, hn] (detached: the GEMMs pass gradients straight
+        through to the high-precision tensors)."""
+        with torch.no_grad():
+            return tuple(quantize_operand(x.detach(), spec, self.tp_group, noise, capture=capture)
+                         for x, spec in zip((query, key, value), self.quant.inputs.values()))
 
     def _unfused(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-                 amaxes: Optional[dict] = None) -> Tensor:
+                 inputs: tuple[Quantized, Quantized, Quantized], noise: Optional[NoiseScope]) -> Tensor:
         """megatron-core's DotProductAttention.forward with the two products quantized."""
-        group = self.tp_group
+        q_in, k_in, v_in = inputs
         rep = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         if rep > 1:
-            key = key.repeat_interleave(rep, dim=2)
-            value = value.repeat_interleave(rep, dim=2)
+            key, value = key.repeat_interleave(rep, dim=2), value.repeat_interleave(rep, dim=2)
+            k_in = replace(k_in, values=k_in.values.repeat_interleave(rep, dim=2))
+            v_in = replace(v_in, values=v_in.values.repeat_interleave(rep, dim=2))
         sq, b, heads, _ = query.shape
         sk = key.size(0)
-        query = query.reshape(sq, b * heads, -1)
-        key = key.view(sk, b * heads, -1)
-        scores = QuantBmmFunction.apply(query.transpose(0, 1), key.transpose(0, 1).transpose(1, 2),
-                                        self.softmax_scale, self.quant.qk, group, amaxes, ("query", "key"))
+        as_a = lambda t, s: t.reshape(s, b * heads, -1).transpose(0, 1)  # noqa: E731  [bn, s, hn]
+        as_kt = lambda t: as_a(t, sk).transpose(1, 2)  # noqa: E731                   [bn, hn, sk]
+        qk = BmmOperands(self.tp_group, noise, b, a=replace(q_in, values=as_a(q_in.values, sq)),
+                         b=replace(k_in, values=as_kt(k_in.values)))
+        scores = QuantBmmFunction.apply(as_a(query, sq), as_kt(key), self.softmax_scale, self.quant.qk, qk)
         probs = self.scale_mask_softmax(scores.view(b, heads, sq, sk), attention_mask, self.softmax_offset)
         if not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 probs = self.attention_dropout(probs)
         else:
             probs = self.attention_dropout(probs)
-        value = value.view(sk, b * heads, -1)
-        probs = probs.view(b * heads, sq, -1)
-        context = QuantBmmFunction.apply(probs, value.transpose(0, 1), None, self.quant.pv, group, amaxes,
-                                         ("probs", "value"))
+        pv = BmmOperands(self.tp_group, noise, b, b=replace(v_in, values=as_a(v_in.values, sk)))
+        context = QuantBmmFunction.apply(probs.view(b * heads, sq, -1), as_a(value, sk), None, self.quant.pv, pv)
         context = context.view(b, heads, sq, -1).permute(2, 0, 1, 3).contiguous()
         return context.view(sq, b, self.hidden_size_per_partition)
 
-    def _sdpa(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-              amaxes: Optional[dict] = None) -> Tensor:
-        group = self.tp_group
+    def _sdpa(self, inputs: tuple[Quantized, Quantized, Quantized]) -> Tensor:
         # [s, b, heads, hn] -> [b, heads, s, hn]; GQA stays unexpanded (enable_gqa).
-        q, q_amax = quantize_operand(query.permute(1, 2, 0, 3), replace(self.quant.qk.a, axis=-1), group)
-        k, k_amax = quantize_operand(key.permute(1, 2, 0, 3), replace(self.quant.qk.b, axis=-1), group)
-        v, v_amax = quantize_operand(value.permute(1, 2, 0, 3), replace(self.quant.pv.b, axis=-2), group)
-        if amaxes is not None:
-            amaxes.update(query=q_amax, key=k_amax, value=v_amax)
-        causal = attention_mask is None and self.attn_mask_type == AttnMaskType.causal
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if attention_mask is None else ~attention_mask, is_causal=causal,
-            scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1))
-        sq, b = query.shape[:2]
+        q, k, v = (x.values.permute(1, 2, 0, 3) for x in inputs)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.attn_mask_type == AttnMaskType.causal,
+                                             scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1))
+        sq, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)

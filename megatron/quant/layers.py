@@ -12,7 +12,9 @@ from typing import Optional
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-from megatron.quant.ops import LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction
+from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.ops import (LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction,
+                                module_noise_root)
 from megatron.quant.tensor_saver import CaptureSite
 
 
@@ -23,13 +25,17 @@ class QuantLinearMixin:
     quant: Optional[LinearQuant] = None
     capture_site: Optional[CaptureSite] = None
     weight_cache: Optional[QuantizedWeightCache] = None
+    noise_root: Optional[RandomBits] = None
+    parallel: str  # "column" | "row": which weight dimension tensor parallelism splits
 
     def _block_checked_dims(self) -> dict[str, int]:
         """Shard sizes along block axes, per recipe operand key (only the sharded ones)."""
         raise NotImplementedError
 
-    def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite]) -> None:
-        """Set this layer's operand formats and capture site; checks block sizes against shards."""
+    def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0) -> None:
+        """Set this layer's operand formats and capture site; checks block sizes against shards.
+
+        ``seed`` and the module name (the site's) key its stochastic rounding."""
         if torch.distributed.get_world_size(self.tp_group) > 1:
             specs = quant.specs()
             for key, size in self._block_checked_dims().items():
@@ -45,9 +51,10 @@ class QuantLinearMixin:
                     self, "grad_output_buffer", None) is not None:
                 raise ValueError("defer_embedding_wgrad_compute runs the output layer's wgrad outside this "
                                  "layer, so its wgrad operands cannot be quantized; disable one of them")
-        self.quant = quant
+        self.quant = quant.sharded(self.parallel)
         self.capture_site = site
         self.weight_cache = QuantizedWeightCache()
+        self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs().values())
 
     def invalidate_quantized_weights(self) -> None:
         """Forget cached quantized weights (after updating weights through ``.data``)."""
@@ -67,12 +74,14 @@ class QuantLinearMixin:
             allreduce_dgrad=kwargs["allreduce_dgrad"], sequence_parallel=kwargs["sequence_parallel"],
             tp_group=self.tp_group if tp_group is None else tp_group,
             grad_output_buffer=kwargs.get("grad_output_buffer"),
-            wgrad_deferral_limit=kwargs.get("wgrad_deferral_limit"))
+            wgrad_deferral_limit=kwargs.get("wgrad_deferral_limit"), noise_root=self.noise_root)
         return QuantLinearFunction.apply(input, weight, kwargs.get("bias"), cfg)
 
 
 class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
     """ColumnParallelLinear (weight sharded along out_features) with quantized GEMMs."""
+
+    parallel = "column"
 
     def _block_checked_dims(self) -> dict[str, int]:
         # dgrad reduces over out_features, which is split across TP ranks.
@@ -82,6 +91,8 @@ class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
 
 class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
     """RowParallelLinear (weight sharded along in_features) with quantized GEMMs."""
+
+    parallel = "row"
 
     def _block_checked_dims(self) -> dict[str, int]:
         # fprop reduces over in_features, which is split across TP ranks.

@@ -15,8 +15,8 @@ feeding both backward GEMMs is quantized once. Quantized weights are cached per 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable, List, Mapping, Optional
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Iterable, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,30 +24,8 @@ from torch import Tensor
 
 from megatron.quant import tensor_saver
 from megatron.quant.formats import abs_max
+from megatron.quant.formats.random_bits import RandomBits, Shard
 from megatron.quant.tensor_saver import CaptureSite, Operand
-
-
-class CompiledFormat:
-    """A NumericFormat whose ``quantize`` runs under ``torch.compile`` (static shapes).
-
-    Same results as the eager format (the formats are written to compile to the same bit
-    operations); several times faster on CPU after a one-off compilation per tensor shape and
-    axis. Share one instance per format across a model so that those compilations are shared.
-    """
-
-    # A Llama layer quantizes ~20 distinct (shape, axis) combinations per format.
-    RECOMPILE_LIMIT = 64
-
-    def __init__(self, fmt: Any) -> None:
-        self.fmt = fmt
-        self._compiled = torch.compile(fmt.quantize, dynamic=False)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.fmt, name)
-
-    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None) -> Tensor:
-        with torch._dynamo.config.patch(recompile_limit=self.RECOMPILE_LIMIT):
-            return self._compiled(x, axis=axis, amax=amax)
 
 
 @dataclass(frozen=True)
@@ -56,59 +34,127 @@ class OperandSpec:
 
     fmt: Any = None  # megatron.quant.formats.NumericFormat
     axis: int = -1
+    name: str = ""  # recipe operand key ("fprop.input", ...): names its stochastic-rounding stream
+    shard_dim: Optional[int] = None  # the dimension split across TP ranks; None: the same on every rank
+
+    @property
+    def stochastic(self) -> bool:
+        return self.fmt is not None and self.fmt.rounding == "stochastic"
 
 
-def tensor_amax(x: Tensor, fmt: Any, group: Optional[dist.ProcessGroup]) -> Optional[Tensor]:
-    """The amax a per-tensor-scaled format must use so results do not depend on the TP size.
+@dataclass(frozen=True)
+class NoiseScope:
+    """Where a module's stochastic rounding draws during one forward (and its backward): the
+    module's stream, the run position it ran at, and its TP rank. Every operand's noise is then
+    keyed by (seed, module, operand, iteration, micro-batch, global element index)."""
 
-    None when the format needs none, or when there is no group to reduce over (the format
-    then computes the same value itself).
-    """
-    if not fmt.needs_tensor_amax or group is None or dist.get_world_size(group) == 1:
+    root: RandomBits
+    iteration: int
+    sample: int
+    rank: int
+    world: int
+
+    def bits(self, spec: OperandSpec, groups: int = 1, per_sample: bool = True) -> Optional[RandomBits]:
+        """Noise for ``spec``'s operand; ``per_sample`` False for weights (one draw per iteration),
+        ``groups`` as in ``Shard`` (attention's [batch * heads] dimension)."""
+        if not spec.stochastic:
+            return None
+        bits = self.root.child(spec.name, self.iteration, self.sample if per_sample else -1)
+        if spec.shard_dim is None or self.world == 1:
+            return bits
+        return bits.sharded(Shard(spec.shard_dim, self.rank, self.world, groups))
+
+
+def noise_scope(root: Optional[RandomBits], group: Optional[dist.ProcessGroup]) -> Optional[NoiseScope]:
+    """The scope of a forward starting now (None when the module rounds nothing stochastically)."""
+    if root is None:
         return None
-    amax = abs_max(x.detach()).float()
+    iteration, sample = tensor_saver.position()
+    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if _distributed(group) else (0, 1)
+    return NoiseScope(root, iteration, sample, rank, world)
+
+
+def module_noise_root(seed: int, module: str, specs: Iterable[OperandSpec]) -> Optional[RandomBits]:
+    """A module's stream, or None when none of its operands is rounded stochastically."""
+    return RandomBits.derive("module", seed, module) if any(s.stochastic for s in specs) else None
+
+
+def _distributed(group: Optional[dist.ProcessGroup]) -> bool:
+    return group is not None and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A quantized GEMM operand: what the kernel decodes, the per-tensor factor it applies to its
+    FP32 accumulator (None: none), the TP-reduced amax used, and what the saver records."""
+
+    values: Tensor
+    tensor_scale: Optional[Tensor] = None
+    amax: Optional[Tensor] = None
+    seen: Optional[Operand] = None
+
+    def reshape(self, shape) -> "Quantized":
+        return replace(self, values=self.values.reshape(shape))
+
+
+def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]) -> Optional[Tensor]:
+    """The amax a per-tensor-scaled format must use so results do not depend on the TP size: reduced
+    over the TP group for a sharded operand. None where the format's own amax is already that value
+    (no per-tensor amax, an operand identical on every rank, or no group): no collective."""
+    if not spec.fmt.needs_tensor_amax or spec.shard_dim is None or not _distributed(group):
+        return None
+    amax = spec.fmt.amax_of(x.detach(), spec.axis).float() if hasattr(spec.fmt, "amax_of") else \
+        abs_max(x.detach()).float()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
 
 
-def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
-                     ) -> tuple[Tensor, Optional[Tensor]]:
-    """(fake-quantized x, amax used); x itself when the spec has no format."""
+def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup],
+                     noise: Optional[NoiseScope], *, amax: Optional[Tensor] = None, groups: int = 1,
+                     per_sample: bool = True, capture: bool = False) -> Quantized:
+    """``x`` quantized as ``spec`` says (x itself without a format). ``amax``: a TP-reduced amax
+    this tensor already had (reused: no second collective). ``capture``: also describe it for the
+    saver, with the same noise and amax, so the record is exactly what the GEMM used."""
     if spec.fmt is None:
-        return x, None
-    amax = tensor_amax(x, spec.fmt, group)
-    return spec.fmt.quantize(x, axis=spec.axis, amax=amax), amax
+        return Quantized(x, seen=Operand(tensor=x, axis=spec.axis) if capture else None)
+    if amax is None:
+        amax = tensor_amax(x, spec, group)
+    bits = None if noise is None else noise.bits(spec, groups, per_sample)
+    seen = None
+    if capture:
+        q, scale = spec.fmt.quantize_with_scale(x, axis=spec.axis, amax=amax, noise=bits)
+        seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale)
+        if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
+            return Quantized(q, None, amax, seen)
+    values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
+    return Quantized(values, tensor_scale, amax, seen)
 
 
-def captured_operand(x: Tensor, spec: OperandSpec, amax: Optional[Tensor]) -> Operand:
-    """What the saver records for ``x``: quantized with the amax its GEMM used, the scale kept so
-    the capture statistics need not quantize ``x`` a second time. No collective."""
-    if spec.fmt is None:
-        return Operand(tensor=x, axis=spec.axis)
-    q, scale = spec.fmt.quantize_with_scale(x, axis=spec.axis, amax=amax)
-    return Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale)
+def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) -> Optional[Tensor]:
+    """The amax ``done`` used, when ``spec`` quantizes the same tensor with an amax taken the same
+    way (per-tensor amaxes do not depend on the block axis); None otherwise."""
+    if done.amax is None or spec.fmt is None or not spec.fmt.needs_tensor_amax:
+        return None
+    return done.amax if done_spec.fmt.options.get("hadamard") == spec.fmt.options.get("hadamard") else None
 
 
-def quantize_seen_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup], capture: bool
-                          ) -> tuple[Tensor, Optional[Operand]]:
-    """``quantize_operand``'s values; when ``capture``, also the Operand the saver records."""
-    if not capture:
-        return quantize_operand(x, spec, group)[0], None
-    seen = captured_operand(x, spec, None if spec.fmt is None else tensor_amax(x, spec.fmt, group))
-    return (x if seen.quantized is None else seen.quantized), seen
+def scaled_product(product: Callable[[Tensor, Tensor], Tensor], a: Quantized, b: Quantized) -> Tensor:
+    """``product(a, b)`` with the operands' per-tensor scales applied to the FP32 result, then
+    rounded once to the operands' dtype, as a scaled low-precision GEMM does. Without scales it
+    is exactly ``product`` (stock megatron-core arithmetic)."""
+    scales = [s for s in (a.tensor_scale, b.tensor_scale) if s is not None]
+    if not scales:
+        return product(a.values, b.values)
+    scale = scales[0] if len(scales) == 1 else scales[0] * scales[1]
+    return product(a.values.float(), b.values.float()).mul_(scale).to(a.values.dtype)
 
 
 def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
-    same deterministic format without blocks (elementwise or one scale per tensor)."""
+    same round-to-nearest format without blocks (elementwise or one scale per tensor)."""
     a, b = first.fmt, second.fmt
     return (a is not None and b is not None and a.block_size is None and b.block_size is None
-            and a.name == b.name and a.options == b.options and a.options.get("rounding") != "stochastic")
-
-
-def operand(x: Tensor, spec: OperandSpec, quantized: Tensor, amax: Optional[Tensor]) -> Operand:
-    return Operand(tensor=x, fmt=spec.fmt, axis=spec.axis,
-                   quantized=quantized if spec.fmt is not None else None, amax=amax)
+            and a.name == b.name and a.options == b.options and a.rounding != "stochastic")
 
 
 def capturing(site: Optional[CaptureSite]) -> bool:
@@ -120,33 +166,49 @@ class QuantizedWeightCache:
 
     Keyed on the weight's storage and autograd version counter, which every in-place update
     (torch optimizers) bumps: a weight is quantized once per optimizer step, not once per
-    micro-batch. Writes through ``.data`` (megatron-core's mixed-precision optimizers copy
-    main params that way) bypass the counter: call ``invalidate()`` after such a step.
+    micro-batch (stochastic rounding: once per iteration, the noise key being part of the
+    entry). Writes through ``.data`` (megatron-core's mixed-precision optimizers copy main
+    params that way) bypass the counter: call ``invalidate()`` after such a step.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, Optional[int]], tuple[tuple[int, int], Tensor, Optional[Tensor]]] = {}
+        self._entries: dict[tuple[int, Optional[int]], tuple[tuple, Quantized, OperandSpec]] = {}
 
-    def get(self, weight: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
-            ) -> tuple[Tensor, Optional[Tensor]]:
+    def get(self, weight: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup],
+            noise: Optional[NoiseScope]) -> Quantized:
         if spec.fmt is None:
-            return weight, None
+            return Quantized(weight)
         # Formats without blocks and without random rounding give the same values on any axis.
         slot = (id(spec.fmt), None if same_quantization(spec, spec) else spec.axis)
-        version = (weight.data_ptr(), weight._version)
+        bits = None if noise is None else noise.bits(spec, per_sample=False)
+        version = (weight.data_ptr(), weight._version, bits)
         entry = self._entries.get(slot)
         if entry is None or entry[0] != version:
+            # Another axis's entry of the same weight version holds its TP-reduced amax already.
+            done = [(e[1], e[2]) for e in self._entries.values() if e[0][:2] == version[:2]]
+            amax = next((a for a in (reusable_amax(q, s, spec) for q, s in done) if a is not None), None)
             with torch.no_grad():
-                q, amax = quantize_operand(weight, spec, group)
-            entry = (version, q, amax)
+                entry = (version, quantize_operand(weight, spec, group, noise, amax=amax, per_sample=False), spec)
             self._entries[slot] = entry
-        return entry[1], entry[2]
+        return entry[1]
+
+    def seen(self, weight: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup],
+             noise: Optional[NoiseScope]) -> Operand:
+        """The saver's record of the cached weight (quantized again with the same amax and noise)."""
+        used = self.get(weight, spec, group, noise)
+        with torch.no_grad():
+            return quantize_operand(weight, spec, group, noise, amax=used.amax, per_sample=False, capture=True).seen
 
     def invalidate(self) -> None:
         self._entries.clear()
 
 
 # ---- linear layers ---------------------------------------------------------------------------
+# Which dimension of each operand is split across TP ranks ([tokens, features]; W [out, in]).
+_SHARD_DIMS = {"column": {"fprop_weight": 0, "dgrad_grad_output": -1, "dgrad_weight": 0, "wgrad_grad_output": -1},
+               "row": {"fprop_input": -1, "fprop_weight": 1, "dgrad_weight": 1, "wgrad_input": -1}}
+
+
 @dataclass(frozen=True)
 class LinearQuant:
     """Operand specs of a linear layer's three GEMMs on 2-D views ([tokens, features]; W [out, in])."""
@@ -161,11 +223,19 @@ class LinearQuant:
     @classmethod
     def from_formats(cls, formats: Mapping[str, Any]) -> "LinearQuant":
         """From recipe keys ("fprop.input", ...) to formats; axes are fixed by the GEMMs."""
-        return cls(**{f.name: OperandSpec(formats[f.name.replace("_", ".", 1)], f.default.axis)
-                      for f in fields(cls)})
+        return cls(**{f.name: OperandSpec(formats[_key(f.name)], f.default.axis, _key(f.name)) for f in fields(cls)})
+
+    def sharded(self, parallel: str) -> "LinearQuant":
+        """The same specs with the TP shard dimensions of a ``parallel`` ("column"/"row") layer."""
+        return replace(self, **{name: replace(getattr(self, name), shard_dim=dim)
+                                for name, dim in _SHARD_DIMS[parallel].items()})
 
     def specs(self) -> dict[str, OperandSpec]:
-        return {f.name.replace("_", ".", 1): getattr(self, f.name) for f in fields(self)}
+        return {_key(f.name): getattr(self, f.name) for f in fields(self)}
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", ".", 1)
 
 
 @dataclass
@@ -182,6 +252,7 @@ class LinearGemmConfig:
     tp_group: dist.ProcessGroup
     grad_output_buffer: Optional[List[Tensor]] = None
     wgrad_deferral_limit: Optional[int] = 0
+    noise_root: Optional[RandomBits] = None  # the module's stochastic-rounding stream, if any
 
 
 def _gather_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
@@ -191,22 +262,23 @@ def _gather_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     return out
 
 
-def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Tensor, total_input: Tensor,
+def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quantized, total_input: Quantized,
                           dtype: torch.dtype) -> Optional[Tensor]:
     """megatron-core's gradient-accumulation fusion: dW += dY^T X into main_grad (same kernels when present)."""
     from megatron.core.tensor_parallel import layers as mlayers
 
     weight.main_grad = main_grad
+    scaled = grad_output.tensor_scale is not None or total_input.tensor_scale is not None
     if hasattr(weight, "__fsdp_param__"):
         weight.main_grad = weight.get_main_grad()
-        torch.matmul(grad_output.t(), total_input, out=weight.main_grad)
-    elif mlayers._grad_accum_fusion_available:
+        weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input))
+    elif mlayers._grad_accum_fusion_available and not scaled:
         kernel = (mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32
                   if main_grad.dtype == torch.float32 else
                   mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16)
-        kernel(total_input, grad_output, main_grad)
-    else:  # no apex kernel (CPU): same sum, unfused
-        main_grad.add_(grad_output.t().matmul(total_input).to(main_grad.dtype))
+        kernel(total_input.values, grad_output.values, main_grad)
+    else:  # no apex kernel (CPU), or per-tensor scales to apply: same sum, unfused
+        main_grad.add_(scaled_product(_wgrad, grad_output, total_input).to(main_grad.dtype))
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     # As megatron-core: hand autograd a dummy so DDP hooks run on the main thread.
@@ -215,6 +287,18 @@ def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Tensor
     if mlayers.HAVE_TE:
         return mlayers.get_dummy_wgrad(list(main_grad.shape), dtype, zero=make is torch.zeros)
     return make(main_grad.shape, dtype=dtype, device=main_grad.device, requires_grad=False)
+
+
+def _fprop(x: Tensor, w: Tensor) -> Tensor:
+    return torch.matmul(x, w.t())
+
+
+def _dgrad(dy: Tensor, w: Tensor) -> Tensor:
+    return dy.matmul(w)
+
+
+def _wgrad(dy: Tensor, x: Tensor) -> Tensor:
+    return dy.t().matmul(x)
 
 
 class QuantLinearFunction(torch.autograd.Function):
@@ -227,22 +311,28 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.use_bias = bias is not None
         ctx.main_grad = weight.main_grad if cfg.gradient_accumulation_fusion and hasattr(weight, "main_grad") else None
         total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
-        q = cfg.quant
+        q, group = cfg.quant, cfg.quant_group
         capture = capturing(cfg.site)
-        x_q, x_seen = quantize_seen_operand(total_input, q.fprop_input, cfg.quant_group, capture)
-        w_q, w_amax = cfg.weight_cache.get(weight, q.fprop_weight, cfg.quant_group)
+        # The backward draws its noise from the position of this forward (pipeline schedules run
+        # other micro-batches' forwards in between).
+        ctx.noise = noise = noise_scope(cfg.noise_root, group)
+        x = quantize_operand(total_input, q.fprop_input, group, noise, capture=capture)
+        w = cfg.weight_cache.get(weight, q.fprop_weight, group, noise)
         # The input is only needed for wgrad (a frozen weight has none); under sequence
         # parallelism the local shard is kept and gathered again, as megatron-core does.
-        ctx.input_quantized = same_quantization(q.fprop_input, q.wgrad_input) and not cfg.sequence_parallel
-        saved_input = x_q if ctx.input_quantized else input
+        ctx.input_quantized = x if same_quantization(q.fprop_input, q.wgrad_input) and not cfg.sequence_parallel \
+            else None
+        ctx.input_amax = reusable_amax(x, q.fprop_input, q.wgrad_input)
+        saved_input = x.values if ctx.input_quantized is not None else input
         ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
-        output = torch.matmul(x_q, w_q.t())
+        if ctx.input_quantized is not None:
+            ctx.input_quantized = replace(x, values=None, seen=None)  # the values travel in saved_tensors
+        output = scaled_product(_fprop, x, w)
         if bias is not None:
             output = output + bias
         if capture:
             tensor_saver.capture(cfg.site, "forward", "pre", {
-                "input": x_seen,
-                "weight": operand(weight, q.fprop_weight, w_q, w_amax)})
+                "input": x.seen, "weight": cfg.weight_cache.seen(weight, q.fprop_weight, group, noise)})
             tensor_saver.capture(cfg.site, "forward", "post", {"output": output})
         return output
 
@@ -252,7 +342,7 @@ class QuantLinearFunction(torch.autograd.Function):
 
         input, weight = ctx.saved_tensors
         cfg: LinearGemmConfig = ctx.cfg
-        q = cfg.quant
+        q, group, noise = cfg.quant, cfg.quant_group, ctx.noise
         wgrad_compute = weight.requires_grad
         if wgrad_compute and cfg.grad_output_buffer is not None:
             if cfg.wgrad_deferral_limit == 0 or len(cfg.grad_output_buffer) < cfg.wgrad_deferral_limit:
@@ -263,13 +353,12 @@ class QuantLinearFunction(torch.autograd.Function):
             total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
 
         capture = capturing(cfg.site)
-        dy_q, dy_seen = quantize_seen_operand(grad_output, q.dgrad_grad_output, cfg.quant_group, capture)
-        w_q, w_amax = cfg.weight_cache.get(weight, q.dgrad_weight, cfg.quant_group)
-        grad_input = dy_q.matmul(w_q)
+        dy = quantize_operand(grad_output, q.dgrad_grad_output, group, noise, capture=capture)
+        w = cfg.weight_cache.get(weight, q.dgrad_weight, group, noise)
+        grad_input = scaled_product(_dgrad, dy, w)
         if capture:
             tensor_saver.capture(cfg.site, "backward", "pre", {
-                "grad_output": dy_seen,
-                "weight": operand(weight, q.dgrad_weight, w_q, w_amax)})
+                "grad_output": dy.seen, "weight": cfg.weight_cache.seen(weight, q.dgrad_weight, group, noise)})
 
         handle = None
         if cfg.sequence_parallel:
@@ -284,15 +373,18 @@ class QuantLinearFunction(torch.autograd.Function):
         if wgrad_compute:
             grad_output, total_input = prepare_input_tensors_for_wgrad_compute(grad_output, total_input)
             if same_quantization(q.dgrad_grad_output, q.wgrad_grad_output):
-                dy_w = dy_q.reshape(grad_output.shape)
+                dy_w = dy.reshape(grad_output.shape)
             else:
-                dy_w, _ = quantize_operand(grad_output, q.wgrad_grad_output, cfg.quant_group)
-            x_w = total_input if ctx.input_quantized else quantize_operand(total_input, q.wgrad_input,
-                                                                          cfg.quant_group)[0]
+                dy_w = quantize_operand(grad_output, q.wgrad_grad_output, group, noise,
+                                        amax=reusable_amax(dy, q.dgrad_grad_output, q.wgrad_grad_output))
+            if ctx.input_quantized is not None:
+                x_w = replace(ctx.input_quantized, values=total_input)
+            else:
+                x_w = quantize_operand(total_input, q.wgrad_input, group, noise, amax=ctx.input_amax)
             if cfg.gradient_accumulation_fusion:
                 grad_weight = _accumulate_main_grad(weight, ctx.main_grad, dy_w, x_w, input.dtype)
             else:
-                grad_weight = dy_w.t().matmul(x_w)
+                grad_weight = scaled_product(_wgrad, dy_w, x_w)
         if ctx.use_bias:
             grad_bias = grad_output.sum(dim=0)
         if handle is not None:
@@ -320,13 +412,32 @@ class BmmQuant:
     grad_b_dc: OperandSpec = OperandSpec(axis=-2)
 
     @classmethod
-    def from_formats(cls, formats: Mapping[str, Any], keys: tuple[str, ...]) -> "BmmQuant":
-        """``keys``: recipe keys in field order (a, b, grad_a_dc, grad_a_b, grad_b_a, grad_b_dc)."""
-        return cls(**{f.name: OperandSpec(formats[k], f.default.axis) for f, k in zip(fields(cls), keys)})
+    def from_formats(cls, formats: Mapping[str, Any], keys: tuple[str, ...], shard_dim: Optional[int] = 0
+                     ) -> "BmmQuant":
+        """``keys``: recipe keys in field order (a, b, grad_a_dc, grad_a_b, grad_b_a, grad_b_dc);
+        ``shard_dim``: the batch dimension of every operand, split across TP ranks by heads."""
+        return cls(**{f.name: OperandSpec(formats[k], f.default.axis, k, shard_dim)
+                      for f, k in zip(fields(cls), keys)})
+
+
+def _bmm(a: Tensor, b: Tensor) -> Tensor:
+    return torch.bmm(a, b)
 
 
 def _scaled(t: Tensor, alpha: Optional[float]) -> Tensor:
     return t if alpha is None else t * alpha  # as autograd's baddbmm backward (maybe_multiply)
+
+
+@dataclass(frozen=True)
+class BmmOperands:
+    """What ``QuantBmmFunction`` needs besides A and B: the TP group for amaxes, the noise scope,
+    the number of batch groups (``Shard.groups``), and forward operands quantized beforehand."""
+
+    group: Optional[dist.ProcessGroup] = None
+    noise: Optional[NoiseScope] = None
+    groups: int = 1
+    a: Optional[Quantized] = None
+    b: Optional[Quantized] = None
 
 
 class QuantBmmFunction(torch.autograd.Function):
@@ -334,41 +445,47 @@ class QuantBmmFunction(torch.autograd.Function):
     with fake-quantized operands; the backward mirrors autograd's formulas for those ops."""
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, alpha: Optional[float], quant: BmmQuant,
-                group: Optional[dist.ProcessGroup], amaxes: Optional[dict] = None,
-                names: tuple[str, str] = ("a", "b")) -> Tensor:
-        """``amaxes``: when given, receives the amax used for A and B under ``names`` (capture)."""
-        ctx.alpha, ctx.quant, ctx.group = alpha, quant, group
-        a_q, a_amax = quantize_operand(a, quant.a, group)
-        b_q, b_amax = quantize_operand(b, quant.b, group)
-        if amaxes is not None:
-            amaxes.update({names[0]: a_amax, names[1]: b_amax})
-        ctx.a_quantized = same_quantization(quant.a, quant.grad_b_a)
-        ctx.b_quantized = same_quantization(quant.b, quant.grad_a_b)
-        ctx.save_for_backward(a_q if ctx.a_quantized else a, b_q if ctx.b_quantized else b)
+    def forward(ctx, a: Tensor, b: Tensor, alpha: Optional[float], quant: BmmQuant, given: BmmOperands) -> Tensor:
+        ctx.alpha, ctx.quant, ctx.given = alpha, quant, replace(given, a=None, b=None)
+        a_q = given.a or _quantize_bmm(a, quant.a, given)
+        b_q = given.b or _quantize_bmm(b, quant.b, given)
+        ctx.a_quantized = replace(a_q, values=None) if same_quantization(quant.a, quant.grad_b_a) else None
+        ctx.b_quantized = replace(b_q, values=None) if same_quantization(quant.b, quant.grad_a_b) else None
+        ctx.amaxes = (reusable_amax(a_q, quant.a, quant.grad_b_a), reusable_amax(b_q, quant.b, quant.grad_a_b))
+        ctx.save_for_backward(a_q.values if ctx.a_quantized else a, b_q.values if ctx.b_quantized else b)
         if alpha is None:
-            return torch.bmm(a_q, b_q)
-        out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype, device=a.device)
-        return torch.baddbmm(out, a_q, b_q, beta=0.0, alpha=alpha)
+            return scaled_product(_bmm, a_q, b_q)
+        if a_q.tensor_scale is None and b_q.tensor_scale is None:
+            out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype, device=a.device)
+            return torch.baddbmm(out, a_q.values, b_q.values, beta=0.0, alpha=alpha)
+        return scaled_product(lambda x, y: torch.bmm(x, y).mul_(alpha), a_q, b_q)
 
     @staticmethod
     def backward(ctx, grad_c: Tensor):
         a, b = ctx.saved_tensors
         q: BmmQuant = ctx.quant
+        given: BmmOperands = ctx.given
         grad_a = grad_b = None
         dc_a = None
         if ctx.needs_input_grad[0]:
-            dc_a, _ = quantize_operand(grad_c, q.grad_a_dc, ctx.group)
-            b_q = b if ctx.b_quantized else quantize_operand(b, q.grad_a_b, ctx.group)[0]
-            grad_a = _scaled(dc_a.bmm(b_q.transpose(1, 2)), ctx.alpha)
+            dc_a = _quantize_bmm(grad_c, q.grad_a_dc, given)
+            b_q = replace(ctx.b_quantized, values=b) if ctx.b_quantized else \
+                _quantize_bmm(b, q.grad_a_b, given, ctx.amaxes[1])
+            grad_a = _scaled(scaled_product(lambda x, y: x.bmm(y.transpose(1, 2)), dc_a, b_q), ctx.alpha)
         if ctx.needs_input_grad[1]:
-            a_q = a if ctx.a_quantized else quantize_operand(a, q.grad_b_a, ctx.group)[0]
+            a_q = replace(ctx.a_quantized, values=a) if ctx.a_quantized else \
+                _quantize_bmm(a, q.grad_b_a, given, ctx.amaxes[0])
             if dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc):
                 dc_b = dc_a
             else:
-                dc_b, _ = quantize_operand(grad_c, q.grad_b_dc, ctx.group)
-            grad_b = _scaled(a_q.transpose(1, 2).bmm(dc_b), ctx.alpha)
-        return grad_a, grad_b, None, None, None, None, None
+                dc_b = _quantize_bmm(grad_c, q.grad_b_dc, given,
+                                     None if dc_a is None else reusable_amax(dc_a, q.grad_a_dc, q.grad_b_dc))
+            grad_b = _scaled(scaled_product(lambda x, y: x.transpose(1, 2).bmm(y), a_q, dc_b), ctx.alpha)
+        return grad_a, grad_b, None, None, None
+
+
+def _quantize_bmm(x: Tensor, spec: OperandSpec, given: BmmOperands, amax: Optional[Tensor] = None) -> Quantized:
+    return quantize_operand(x, spec, given.group, given.noise, amax=amax, groups=given.groups)
 
 
 class CaptureGradients(torch.autograd.Function):

@@ -18,23 +18,18 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
+from megatron.quant import formats
 from megatron.quant.flags import switch_value
+from megatron.quant.formats.compiled import CompiledFormat
+# Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
+from megatron.quant.operands import (ALL_OPERANDS, ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS,  # noqa: F401
+                                     QK_OPERANDS, ROLES, SCOPES, operands_for_role)
+from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
 
-LINEAR_OPERANDS = ("fprop.input", "fprop.weight", "dgrad.grad_output", "dgrad.weight",
-                   "wgrad.grad_output", "wgrad.input")
-# Forward GEMM and the two backward GEMMs that differentiate it, per attention product.
-QK_OPERANDS = ("qk.query", "qk.key", "dq.grad_scores", "dq.key", "dk.query", "dk.grad_scores")
-PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs", "dv.grad_output")
-ATTENTION_OPERANDS = QK_OPERANDS + PV_OPERANDS
-
-LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
-ROLES = LINEAR_ROLES + ("core_attention", "output_layer")
-SCOPES = {"linear": LINEAR_OPERANDS, "attention": ATTENTION_OPERANDS,
-          "attention.qk": QK_OPERANDS, "attention.pv": PV_OPERANDS}
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"
 
-_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile")
+_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
@@ -43,10 +38,6 @@ _NAME_PUNCTUATION = "-_.+"
 
 class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
-
-
-def operands_for_role(role: str) -> tuple[str, ...]:
-    return ATTENTION_OPERANDS if role == "core_attention" else LINEAR_OPERANDS
 
 
 @dataclass(frozen=True)
@@ -61,10 +52,6 @@ class FormatChoice:
         if self.name is None or self.name == base.name:
             return FormatChoice(base.name, tuple({**dict(base.options), **dict(self.options)}.items()))
         return self
-
-
-# Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
-from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -92,6 +79,7 @@ class QuantRecipe:
     operands: tuple[tuple[str, FormatChoice], ...] = ()
     rules: tuple[Rule, ...] = field(default=())
     compile: bool = False  # quantize through torch.compile (round-to-nearest formats)
+    seed: Optional[int] = None  # keys stochastic rounding (None: the run's --seed; 0 outside training)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -127,7 +115,8 @@ class QuantRecipe:
             raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r}, "
                               f"not starting with '.' (it becomes a directory and file-name token)")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
-                   compile=_parse_bool(merged.get("compile", False), "compile", source))
+                   compile=_parse_bool(merged.get("compile", False), "compile", source),
+                   seed=_parse_seed(merged.get("seed"), source))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
@@ -201,19 +190,13 @@ class QuantRecipe:
         return {key: self._build(c, shared) for key, c in self.choices(role, layer_idx, num_layers).items()}
 
     def _build(self, choice: FormatChoice, shared: dict[FormatChoice, Any]) -> Any:
-        from megatron.quant import formats
-        from megatron.quant.ops import CompiledFormat
-
         if formats.is_passthrough(choice.name):
             return None
         if choice not in shared:
             fmt = formats.get_format(choice.name, **dict(choice.options))
-            deterministic = fmt.options.get("rounding", "nearest") != "stochastic"
-            shared[choice] = CompiledFormat(fmt) if self.compile and deterministic else fmt
+            shared[choice] = CompiledFormat(fmt) if self.compile and fmt.rounding != "stochastic" else fmt
         return shared[choice]
 
-
-ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
 
 
 # ---- parsing helpers ------------------------------------------------------------------------
@@ -235,15 +218,11 @@ def _mapping(value: Any, path: str, source: str) -> dict:
 
 
 def _valid_format_names() -> list[str]:
-    from megatron.quant import formats
-
     return sorted(set(formats.list_formats()) | set(formats.ALIASES))
 
 
 def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     """Build the format once to validate name and options; return the name as given."""
-    from megatron.quant import formats
-
     if not isinstance(name, str):
         raise RecipeError(f"{source}: {path}: format must be a string, got {name!r}; "
                           f"valid: {', '.join(_valid_format_names())}")
@@ -264,6 +243,14 @@ def _parse_bool(value: Any, path: str, source: str) -> bool:
     if switch is not None:
         return switch
     raise RecipeError(f"{source}: {path}: {value!r} is not a boolean; use true/false, 1/0, yes/no or on/off")
+
+
+def _parse_seed(value: Any, source: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise RecipeError(f"{source}: seed: {value!r} must be a non-negative integer")
+    return value
 
 
 def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:

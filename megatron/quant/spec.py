@@ -57,10 +57,11 @@ def _configure(module, name: str, layer_idx: int, role: str, recipe: QuantRecipe
                shared: dict) -> None:
     formats = recipe.resolve(role, layer_idx, num_layers, shared)
     site = _site(name, layer_idx, role, recipe)
+    seed = recipe.seed or 0
     if isinstance(module, QuantDotProductAttention):
-        module.configure_quant(AttentionQuant.from_formats(formats), site)
+        module.configure_quant(AttentionQuant.from_formats(formats), site, seed=seed)
     else:
-        module.configure_quant(LinearQuant.from_formats(formats), site)
+        module.configure_quant(LinearQuant.from_formats(formats), site, seed=seed)
 
 
 def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_layers: int) -> list[CaptureSite]:

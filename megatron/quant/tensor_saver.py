@@ -1,6 +1,8 @@
 """The shared capture module: layers call ``is_active``/``capture``; the training loop drives it.
 
-This is the package's only global mutable state: one capture session per process. See
+This is the package's only global mutable state: one capture session per process, and the
+run's position (iteration, micro-batch), which the training loop sets whether or not anything
+is captured: it also keys the layers' stochastic rounding (``position``). See
 docs/interfaces.md section 2 for the contract and the README capture section for usage.
 
 Layers::
@@ -36,10 +38,11 @@ from megatron.quant.capture.site import CaptureSite, Operand
 __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
     "configure", "is_active", "capture", "set_iteration", "set_microbatch",
-    "capture_complete", "iteration_summary", "paused", "flush", "close", "writer_stats",
+    "capture_complete", "iteration_summary", "paused", "flush", "close", "writer_stats", "position",
 ]
 
 _session: Optional[CaptureSession] = None
+_position = (0, 0)  # (iteration, first global sample of the micro-batch)
 
 
 def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[range] = None) -> None:
@@ -69,14 +72,27 @@ def capture(site: CaptureSite, operation: str, phase: str,
 
 
 def set_iteration(iteration: int) -> None:
+    global _position
+    _position = (iteration, 0)
     if _session is not None:
         _session.set_iteration(iteration)
 
 
 def set_microbatch(index: int, first_sample: int) -> None:
     """``index``: micro-batch within the iteration (``sample`` in names); ``first_sample``: global sample index."""
+    global _position
+    _position = (_position[0], first_sample)
     if _session is not None:
         _session.set_microbatch(index, first_sample)
+
+
+def position() -> tuple[int, int]:
+    """(iteration, first global sample of the current micro-batch), as last set by the loop.
+
+    The sample index names a micro-batch across data-parallel ranks, so two ranks' micro-batches
+    never share stochastic-rounding noise, and a checkpoint resume continues the same keys.
+    """
+    return _position
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -97,6 +98,8 @@ def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
     recipe = QuantRecipe.from_env()
+    if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
+        recipe = replace(recipe, seed=args.seed)
     _check_fp8_recipe(args, recipe)
     saver_config = SaverConfig.from_env()
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)

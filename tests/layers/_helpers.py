@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from megatron.quant import formats
-from megatron.quant.recipe import ATTENTION_OPERANDS, LINEAR_OPERANDS
+from megatron.quant.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS
 
 BLOCK_FORMAT = "mxfp8"        # blocks of 32 along the reduction axis
 TENSOR_FORMAT = "fp8_e4m3"    # one scale per tensor (amax)
@@ -40,6 +40,21 @@ def q(x: torch.Tensor, fmt: Any, axis: int) -> torch.Tensor:
     return x if fmt is None else fmt.quantize(x, axis=axis)
 
 
+def operand(x: torch.Tensor, fmt: Any, axis: int) -> tuple[torch.Tensor, Any]:
+    """(GEMM operand, per-tensor scale or None) straight from the format (x itself for no format)."""
+    return (x, None) if fmt is None else fmt.quantize_for_gemm(x, axis=axis)
+
+
+def gemm(product, a: tuple, b: tuple) -> torch.Tensor:
+    """The hardware's scaled GEMM: FP32 product of the operands, times their per-tensor scales,
+    rounded once to the operands' dtype; a plain product when neither has a scale."""
+    (x, sx), (y, sy) = a, b
+    if sx is None and sy is None:
+        return product(x, y)
+    scale = (1.0 if sx is None else sx) * (1.0 if sy is None else sy)
+    return (product(x.float(), y.float()) * scale).to(x.dtype)
+
+
 class RecordingSaver:
     """Stands in for tensor_saver's is_active/capture; records every call."""
 
@@ -67,7 +82,14 @@ class CountingFormat:
     def __getattr__(self, name):
         return getattr(self.fmt, name)
 
-    def quantize(self, x, axis=-1, amax=None):
+    def _count(self, x):
         self.calls += 1
         self.weight_calls += tuple(x.shape) == self.weight_shape
-        return self.fmt.quantize(x, axis=axis, amax=amax)
+
+    def quantize(self, x, axis=-1, amax=None, **kwargs):
+        self._count(x)
+        return self.fmt.quantize(x, axis=axis, amax=amax, **kwargs)
+
+    def quantize_for_gemm(self, x, axis=-1, amax=None, **kwargs):
+        self._count(x)
+        return self.fmt.quantize_for_gemm(x, axis=axis, amax=amax, **kwargs)

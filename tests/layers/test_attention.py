@@ -92,10 +92,11 @@ def test_every_gemm_equals_formats_reference(parallel, fmt_name):
     assert (out - unquantized).abs().max() > 1e-3  # the quantization is real
 
 
-@pytest.mark.parametrize("fmt_name", [BLOCK_FORMAT, TENSOR_FORMAT])
-def test_fused_and_unfused_paths_agree(parallel, fmt_name):
-    formats = QuantRecipe.uniform(fmt_name, scope=["attention.qk"]).resolve("core_attention", 0, 1)
-    formats["pv.value"] = attention_formats(fmt_name)["pv.value"]
+@pytest.mark.parametrize("fmt_name,options", [(BLOCK_FORMAT, {}), ("hifp8", {}),
+                                              (BLOCK_FORMAT, {"rounding": "stochastic", "seed": 1})])
+def test_fused_and_unfused_paths_agree(parallel, fmt_name, options):
+    formats = QuantRecipe.uniform(fmt_name, scope=["attention.qk"], **options).resolve("core_attention", 0, 1)
+    formats["pv.value"] = attention_formats(fmt_name, **options)["pv.value"]
     modules = []
     for allow_fused in (True, False):
         module = _attention(QuantDotProductAttention)
@@ -105,8 +106,43 @@ def test_fused_and_unfused_paths_agree(parallel, fmt_name):
     assert modules[0].uses_fused_path(qkv[0], qkv[1], None) and not modules[1].uses_fused_path(qkv[0], qkv[1], None)
     (out_f, grads_f), (out_u, grads_u) = (_run(m, qkv, grad) for m in modules)
     torch.testing.assert_close(out_f, out_u, rtol=1e-5, atol=1e-6)
-    # The fused backward recomputes the unfused path: identical gradients.
+    # The fused backward recomputes the unfused path on the same quantized Q/K/V: identical gradients.
     assert all(torch.equal(a, b) for a, b in zip(grads_f, grads_u))
+
+
+def _stock_on_quantized_inputs(module, qkv, mask):
+    """megatron-core's DotProductAttention (no quantization) on Q/K/V quantized as the recipe says."""
+    stock = DotProductAttention(module.config, layer_number=1, attn_mask_type=module.attn_mask_type,
+                                attention_type="self")
+    specs = module.quant.inputs.values()
+    quantized = [spec.fmt.quantize(t, axis=spec.axis) for t, spec in zip(qkv, specs)]
+    return stock(*quantized, attention_mask=mask)
+
+
+@pytest.mark.parametrize("case", ["sliding_window", "fully_masked_rows"])
+def test_masks_sdpa_cannot_reproduce_take_the_exact_path(parallel, case):
+    # Before: SDPA ran causal-only while the backward recomputed with the window (relative
+    # difference 0.74), and fully masked rows came out differently (SDPA: NaN or zeros;
+    # megatron-core: a uniform row).
+    formats = QuantRecipe.uniform(BLOCK_FORMAT, scope=["attention.qk"]).resolve("core_attention", 0, 1)
+    formats["pv.value"] = attention_formats(BLOCK_FORMAT)["pv.value"]
+    mask = None
+    if case == "sliding_window":
+        module = _attention(QuantDotProductAttention, window_size=(8, 0))
+    else:
+        module = QuantDotProductAttention(_config(), layer_number=1, attn_mask_type=AttnMaskType.padding,
+                                          attention_type="self")
+        mask = torch.zeros(BATCH, 1, SEQ, SEQ, dtype=torch.bool)
+        mask[..., :4, :] = True  # megatron masks True: the first four query rows see nothing
+        mask[..., 4:, :] = torch.ones(SEQ, SEQ, dtype=torch.bool).triu(1)[4:]
+    module.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    qkv, grad = _inputs(seed=6)
+    assert not module.uses_fused_path(qkv[0], qkv[1], mask)
+    leaves = [t.clone().requires_grad_() for t in qkv]
+    out = module(*leaves, attention_mask=mask)
+    torch.testing.assert_close(out, _stock_on_quantized_inputs(module, qkv, mask), rtol=1e-5, atol=1e-6)
+    out.backward(grad)
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
 
 
 @pytest.mark.parametrize("fmt_name,expected", [
@@ -124,13 +160,13 @@ def test_no_quantization_beyond_what_the_axes_require(parallel, fmt_name, expect
     torch.testing.assert_close(grads[1], grads_ref[1], rtol=1e-4, atol=1e-5)
 
 
-def test_quantized_probabilities_or_stochastic_qkv_disable_the_fused_path(parallel):
+def test_quantized_probabilities_or_per_tensor_scales_disable_the_fused_path(parallel):
     qkv, _ = _inputs()
     module = _attention(QuantDotProductAttention)
     module.configure_quant(AttentionQuant.from_formats(attention_formats(BLOCK_FORMAT)), SITE)
     assert not module.uses_fused_path(qkv[0], qkv[1], None)
-    stochastic = QuantRecipe.uniform(BLOCK_FORMAT, scope=["attention.qk"], rounding="stochastic", seed=1)
-    module.configure_quant(AttentionQuant.from_formats(stochastic.resolve("core_attention", 0, 1)), SITE)
+    tensor_scaled = QuantRecipe.uniform(TENSOR_FORMAT, scope=["attention.qk"])
+    module.configure_quant(AttentionQuant.from_formats(tensor_scaled.resolve("core_attention", 0, 1)), SITE)
     assert not module.uses_fused_path(qkv[0], qkv[1], None)
 
 

@@ -7,7 +7,42 @@ from tests._dist import run_distributed
 from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
 
 IN, OUT, TOKENS = 128, 128, 64
-CASES = [(kind, fmt) for kind in ("column", "row") for fmt in (BLOCK_FORMAT, TENSOR_FORMAT)]
+STOCHASTIC = "+sr"  # suffix: the format with stochastic rounding on every operand
+CASES = [(kind, fmt) for kind in ("column", "row")
+         for fmt in (BLOCK_FORMAT, TENSOR_FORMAT, BLOCK_FORMAT + STOCHASTIC, "nvfp4" + STOCHASTIC)]
+# Per-tensor amax all-reduces per forward+backward at TP=2, one per TP-sharded operand whose format
+# needs one (column: W, dY; row: X, W); operands identical on every rank (column X, row dY) and
+# second uses of the same tensor (wgrad, dgrad's cached W) reduce nothing.
+AMAX_REDUCTIONS = {("column", TENSOR_FORMAT): 2, ("row", TENSOR_FORMAT): 2,
+                   ("column", "nvfp4" + STOCHASTIC): 2, ("row", "nvfp4" + STOCHASTIC): 2}
+
+
+def _formats(fmt: str) -> dict:
+    from tests.layers._helpers import linear_formats
+
+    name, stochastic, _ = fmt.partition(STOCHASTIC)
+    return linear_formats(name, **({"rounding": "stochastic"} if stochastic else {}))
+
+
+class _CountAmaxReductions:
+    """Counts MAX all-reduces (the amax reductions) while installed."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.count, self._dist, self._original = 0, dist, dist.all_reduce
+
+    def __enter__(self):
+        def counting(tensor, op=None, *args, **kwargs):
+            self.count += op == self._dist.ReduceOp.MAX
+            return self._original(tensor, *args, op=op, **kwargs) if op is not None else \
+                self._original(tensor, *args, **kwargs)
+
+        self._dist.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc):
+        self._dist.all_reduce = self._original
 
 
 def _full_data():
@@ -26,7 +61,7 @@ def _layer_results(rank: int, world_size: int) -> dict:
     from megatron.quant import cpu
     from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear
     from megatron.quant.ops import LinearQuant
-    from tests.layers._helpers import linear_formats, transformer_config
+    from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=world_size, seed=1)
     config = transformer_config(tensor_model_parallel_size=world_size)
@@ -41,13 +76,15 @@ def _layer_results(rank: int, world_size: int) -> dict:
             layer = QuantRowParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
                                            input_is_parallel=True, skip_bias_add=False)
             shard, x_in = weight.chunk(world_size, 1)[rank], x.chunk(world_size, -1)[rank]
-        layer.configure_quant(LinearQuant.from_formats(linear_formats(fmt)), None)
+        layer.configure_quant(LinearQuant.from_formats(_formats(fmt)), None)
         with torch.no_grad():
             layer.weight.copy_(shard)
         x_in = x_in.clone().requires_grad_()
-        y, _ = layer(x_in)
-        y.backward(grad)
+        with _CountAmaxReductions() as reductions:
+            y, _ = layer(x_in)
+            y.backward(grad)
         results[(kind, fmt)] = (y.detach(), x_in.grad, layer.weight.grad)
+        results[("reductions", kind, fmt)] = reductions.count
     results["attention_capture"] = _attention_captured_on_rank0(rank, world_size)
     if world_size > 1:  # in the same processes, to spare a spawn
         results["refusals"] = _build_refusals(world_size)
@@ -78,6 +115,13 @@ def test_tp1_equals_tp2(tp_runs, kind, fmt):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4, msg=f"{kind} {fmt} {name}")
     if kind == "row":  # both ranks hold the same reduced output
         assert torch.equal(both[0][(kind, fmt)][0], both[1][(kind, fmt)][0])
+
+
+@pytest.mark.parametrize("kind,fmt", sorted(AMAX_REDUCTIONS))
+def test_one_amax_collective_per_sharded_operand(tp_runs, kind, fmt):
+    both = tp_runs[1]
+    assert [r[("reductions", kind, fmt)] for r in both] == [AMAX_REDUCTIONS[(kind, fmt)]] * 2
+    assert tp_runs[0][0][("reductions", kind, fmt)] == 0  # TP=1: nothing to reduce
 
 
 def _attention_captured_on_rank0(rank: int, world_size: int):

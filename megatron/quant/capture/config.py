@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from megatron.quant.flags import switch_value
-from megatron.quant.recipe import ROLES
+from megatron.quant.operands import ROLES
 from megatron.quant.selectors import UNSIGNED_GRAMMAR, parse_selectors
 from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
-# Tensor names the layers emit (docs/interfaces.md section 2; roles are recipe.ROLES); filters reject others
+# Tensor names the layers emit (docs/interfaces.md section 2; roles are operands.ROLES); filters reject others
 # so that a typo cannot silently capture nothing.
 KNOWN_TENSOR_NAMES = (
     "input", "weight", "output", "grad_output", "grad_input", "grad_weight",

@@ -1,0 +1,73 @@
+"""Stochastic rounding in a whole (tiny) Llama: noise keyed by (seed, module, operand,
+iteration, micro-batch, element), so capture never changes training, the same position gives
+the same bits, and different positions and seeds give different noise."""
+import pytest
+import torch
+
+from megatron.quant import tensor_saver
+from megatron.quant.tensor_saver import SaverConfig
+
+VOCAB, SEQ = 128, 32
+
+
+@pytest.fixture(scope="module")
+def build():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron.quant import cpu
+    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.spec import build_llama_model
+
+    cpu.init_parallel(seed=5)
+    config = TransformerConfig(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4,
+                               num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True,
+                               activation_func=torch.nn.functional.silu, add_bias_linear=False,
+                               use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0)
+
+    def make(fmt: str = "mxfp8", seed: int = 0):
+        torch.manual_seed(0)
+        recipe = QuantRecipe.uniform(fmt, rounding="stochastic")
+        recipe = QuantRecipe(**{**recipe.__dict__, "seed": seed})
+        return build_llama_model(config, recipe, vocab_size=VOCAB, max_sequence_length=SEQ)
+
+    yield make
+    tensor_saver.close()
+    cpu.destroy_parallel()
+
+
+def _step(model, iteration: int = 0, sample: int = 0) -> dict[str, torch.Tensor]:
+    """Loss and every parameter gradient of one forward/backward at a run position."""
+    model.zero_grad(set_to_none=True)
+    tensor_saver.set_iteration(iteration)
+    tensor_saver.set_microbatch(0, sample)
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    loss = model(tokens, torch.arange(SEQ).expand(2, SEQ), None, labels=tokens).float().mean()
+    loss.backward()
+    return {"loss": loss.detach(), **{n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4", "hifp8"])
+def test_capture_on_or_off_changes_no_bit(build, tmp_path, fmt):
+    model = build(fmt)
+    off = _step(model)
+    for mode, extra in (("stats", {}), ("full", {"save_quantized": True})):
+        tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path / mode), iterations="0", mode=mode,
+                                           **extra))
+        on = _step(model)
+        tensor_saver.close()
+        assert _same(off, on), mode
+    assert list((tmp_path / "full").rglob("*_quantized.pt"))  # the quantized copies were written
+
+
+def test_position_and_seed_key_the_noise(build):
+    model = build()
+    first = _step(model, iteration=3, sample=8)
+    assert _same(first, _step(model, iteration=3, sample=8))  # reproducible: no generator state
+    assert _same(first, _step(build(), iteration=3, sample=8))  # a fresh model (e.g. after resume)
+    assert not torch.equal(first["loss"], _step(model, iteration=4, sample=8)["loss"])
+    assert not torch.equal(first["loss"], _step(model, iteration=3, sample=10)["loss"])
+    assert not torch.equal(first["loss"], _step(build(seed=1), iteration=3, sample=8)["loss"])
