@@ -32,10 +32,13 @@ class QuantLinearMixin:
         """Shard sizes along block axes, per recipe operand key (only the sharded ones)."""
         raise NotImplementedError
 
-    def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0) -> None:
+    def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,
+                        shard_groups: int = 1) -> None:
         """Set this layer's operand formats and capture site; checks block sizes against shards.
 
-        ``seed`` and the module name (the site's) key its stochastic rounding."""
+        ``seed`` and the module name (the site's) key its stochastic rounding; ``shard_groups``:
+        runs of the weight's output dimension that TP splits separately (2 for SwiGLU's fc1,
+        whose shards hold [gate; up] slices), so the noise follows the unsharded layout."""
         if torch.distributed.get_world_size(self.tp_group) > 1:
             specs = quant.specs()
             for key, size in self._block_checked_dims().items():
@@ -51,7 +54,7 @@ class QuantLinearMixin:
                     self, "grad_output_buffer", None) is not None:
                 raise ValueError("defer_embedding_wgrad_compute runs the output layer's wgrad outside this "
                                  "layer, so its wgrad operands cannot be quantized; disable one of them")
-        self.quant = quant.sharded(self.parallel)
+        self.quant = quant.sharded(self.parallel, shard_groups)
         self.capture_site = site
         self.weight_cache = QuantizedWeightCache()
         self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs().values())

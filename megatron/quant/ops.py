@@ -36,6 +36,7 @@ class OperandSpec:
     axis: int = -1
     name: str = ""  # recipe operand key ("fprop.input", ...): names its stochastic-rounding stream
     shard_dim: Optional[int] = None  # the dimension split across TP ranks; None: the same on every rank
+    shard_groups: int = 1  # runs along shard_dim split separately (SwiGLU's fused [gate; up] in fc1)
 
     @property
     def stochastic(self) -> bool:
@@ -62,7 +63,7 @@ class NoiseScope:
         bits = self.root.child(spec.name, self.iteration, self.sample if per_sample else -1)
         if spec.shard_dim is None or self.world == 1:
             return bits
-        return bits.sharded(Shard(spec.shard_dim, self.rank, self.world, groups))
+        return bits.sharded(Shard(spec.shard_dim, self.rank, self.world, groups * spec.shard_groups))
 
 
 def noise_scope(root: Optional[RandomBits], group: Optional[dist.ProcessGroup]) -> Optional[NoiseScope]:
@@ -225,9 +226,10 @@ class LinearQuant:
         """From recipe keys ("fprop.input", ...) to formats; axes are fixed by the GEMMs."""
         return cls(**{f.name: OperandSpec(formats[_key(f.name)], f.default.axis, _key(f.name)) for f in fields(cls)})
 
-    def sharded(self, parallel: str) -> "LinearQuant":
-        """The same specs with the TP shard dimensions of a ``parallel`` ("column"/"row") layer."""
-        return replace(self, **{name: replace(getattr(self, name), shard_dim=dim)
+    def sharded(self, parallel: str, groups: int = 1) -> "LinearQuant":
+        """The same specs with the TP shard dimensions of a ``parallel`` ("column"/"row") layer;
+        ``groups``: separately sharded runs along them (2 for a fused SwiGLU fc1)."""
+        return replace(self, **{name: replace(getattr(self, name), shard_dim=dim, shard_groups=groups)
                                 for name, dim in _SHARD_DIMS[parallel].items()})
 
     def specs(self) -> dict[str, OperandSpec]:

@@ -61,7 +61,8 @@ def _configure(module, name: str, layer_idx: int, role: str, recipe: QuantRecipe
     if isinstance(module, QuantDotProductAttention):
         module.configure_quant(AttentionQuant.from_formats(formats), site, seed=seed)
     else:
-        module.configure_quant(LinearQuant.from_formats(formats), site, seed=seed)
+        gated = role == "fc1" and module.config.gated_linear_unit  # megatron fuses [gate; up] per shard
+        module.configure_quant(LinearQuant.from_formats(formats), site, seed=seed, shard_groups=2 if gated else 1)
 
 
 def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_layers: int) -> list[CaptureSite]:

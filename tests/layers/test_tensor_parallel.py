@@ -86,6 +86,7 @@ def _layer_results(rank: int, world_size: int) -> dict:
         results[(kind, fmt)] = (y.detach(), x_in.grad, layer.weight.grad)
         results[("reductions", kind, fmt)] = reductions.count
     results["attention_capture"] = _attention_captured_on_rank0(rank, world_size)
+    results["attention_stochastic"] = _attention_stochastic(rank, world_size)
     if world_size > 1:  # in the same processes, to spare a spawn
         results["refusals"] = _build_refusals(world_size)
         results["sequence_parallel"] = _sequence_parallel(rank, world_size)
@@ -156,6 +157,38 @@ def _attention_captured_on_rank0(rank: int, world_size: int):
     finally:
         tensor_saver.is_active, tensor_saver.capture = saved
     return (out.detach(), captured[0]["query"].quantized.detach()) if rank == 0 else None
+
+
+def _attention_stochastic(rank: int, world_size: int):
+    """This rank's heads of the output and of dQ/dK/dV, every attention operand in mxfp8 with
+    stochastic rounding."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
+    from tests.layers._helpers import attention_formats, transformer_config
+
+    heads, groups, head_dim, seq = 4, 2, 32, 32
+    config = transformer_config(hidden_size=heads * head_dim, num_attention_heads=heads, num_query_groups=groups,
+                                tensor_model_parallel_size=world_size)
+    module = QuantDotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,
+                                      attention_type="self")
+    module.configure_quant(AttentionQuant.from_formats(attention_formats(BLOCK_FORMAT, rounding="stochastic")), None)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(seq, 2, h, head_dim, generator=g) for h in (heads, groups, groups))
+    grad = torch.randn(seq, 2, heads, head_dim, generator=g)
+    shard = lambda t: t.chunk(world_size, dim=2)[rank].clone()  # noqa: E731
+    q, k, v = (shard(t).requires_grad_() for t in (q, k, v))
+    out = module(q, k, v, attention_mask=None)
+    out.backward(shard(grad).flatten(2))
+    return out.detach().unflatten(2, (-1, head_dim)), q.grad, k.grad, v.grad
+
+
+def test_stochastic_attention_does_not_depend_on_the_tp_size(tp_runs):
+    single, both = tp_runs
+    full = single[0]["attention_stochastic"]
+    for name, index in (("output", 0), ("grad_query", 1), ("grad_key", 2), ("grad_value", 3)):
+        assembled = torch.cat([r["attention_stochastic"][index] for r in both], dim=2)
+        torch.testing.assert_close(assembled, full[index], rtol=1e-5, atol=1e-5, msg=name)
 
 
 def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:

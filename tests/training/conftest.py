@@ -72,9 +72,17 @@ def accounting_shapes() -> dict:
 
 
 @pytest.fixture(scope="session")
-def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
+def stochastic_env(tmp_path_factory) -> dict:
+    """CUSTOM_QUANT_RECIPE of an MXFP8 recipe with stochastic rounding on every operand."""
+    path = tmp_path_factory.mktemp("recipes") / "mxfp8_sr.yaml"
+    path.write_text("format: mxfp8\noptions: {rounding: stochastic}\n")
+    return {"CUSTOM_QUANT_RECIPE": str(path)}
+
+
+@pytest.fixture(scope="session")
+def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("one_rank")
-    cache, ckpt = str(tmp / "cache"), str(tmp / "ckpt")
+    cache, ckpt, sr_ckpt = str(tmp / "cache"), str(tmp / "ckpt"), str(tmp / "sr_ckpt")
     argv = train_argv(corpus, cache)
     capture_env = {"CUSTOM_QUANT_TYPE": "mxfp8_e4m3", "TENSOR_SAVE_ENABLED": "true", "TENSOR_SAVE_DIR": str(tmp / "tensors"),
                    "TENSOR_SAVER_ITERATION": "2", "TENSOR_SAVE_EXIT_AFTER": "true", "TENSOR_SAVE_ROLES": "qkv"}
@@ -85,6 +93,9 @@ def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
         ("hifp8", "train", ({"CUSTOM_QUANT_TYPE": "hifp8"}, argv)),
         ("resume_part1", "train", ({}, argv + ["--save", ckpt, "--exit-interval", str(ITERS // 2)])),
         ("resume_part2", "train", ({}, argv + ["--save", ckpt, "--load", ckpt])),
+        ("stochastic", "train", (stochastic_env, argv)),
+        ("stochastic_part1", "train", (stochastic_env, argv + ["--save", sr_ckpt, "--exit-interval", str(ITERS // 2)])),
+        ("stochastic_part2", "train", (stochastic_env, argv + ["--save", sr_ckpt, "--load", sr_ckpt])),
         # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).
         ("diverge", "train", ({}, argv + ["--save", str(tmp / "diverged" / "checkpoints"), "--tensorboard-dir",
                                           str(tmp / "diverged" / "tensorboard"), "--divergence-threshold", "1"])),
@@ -98,13 +109,14 @@ def one_rank(corpus, hf_models, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def two_ranks(corpus, hf_models, tmp_path_factory) -> list[dict]:
+def two_ranks(corpus, hf_models, stochastic_env, tmp_path_factory) -> list[dict]:
     cache = str(tmp_path_factory.mktemp("two_ranks") / "cache")
     argv = train_argv(corpus, cache)
     path, tokens, _ = hf_models["untied_llama3_rope"]
     plan = [
         ("tp2", "train", ({}, argv + ["--tensor-model-parallel-size", "2"])),
         ("dp2", "train", ({}, argv)),
+        ("stochastic_tp2", "train", (stochastic_env, argv + ["--tensor-model-parallel-size", "2"])),
         ("hf_tp2", "hf_logits", (path, tokens)),
     ]
     return run_distributed(run_plan, 2, plan, timeout=600)
