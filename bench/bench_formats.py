@@ -7,6 +7,8 @@
 Each time is the median of ``--repeats`` runs after a warm-up (which includes compilation);
 the ratio is against ``x.clone()`` of the same tensor timed in the same run, so it carries
 over between machines better than the absolute numbers. Blocks run along the last axis.
+Stochastic-rounding rows compare the stateless keyed noise the layers use with a
+torch.Generator's (no goal: a reference for the cost of reproducibility).
 Goals on CPU (issue 2): compiled elementwise <= 2x clone, block <= 3x; eager <= 4x and 6x.
 On CUDA (issue 13): compiled moves >= 80 % of the copy's bandwidth (ratio <= 1.25); eager has no goal.
 Writes bench/results/bench_formats.json (bench_formats_cuda.json on a GPU).
@@ -74,6 +76,34 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
     return rows
 
 
+STOCHASTIC_FORMATS = ("bf16", "hifp8", "mxfp8_e4m3", "nvfp4")
+
+
+def bench_stochastic(dtype: torch.dtype, numel: int, repeats: int, device: str) -> list[dict]:
+    """Eager stochastic rounding with the layers' stateless keyed noise against the same rounding
+    fed by a torch.Generator, and the noise alone (hash vs torch.rand), against x.clone()."""
+    from megatron.quant.formats.random_bits import RandomBits
+
+    side = int(numel**0.5)
+    x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    clone = median_seconds(x.clone, repeats)
+    bits, generator = RandomBits.derive("bench"), torch.Generator(device=device).manual_seed(0)
+    cases = {"noise/hash": lambda: bits.uniform(tuple(x.shape), x.device),
+             "noise/torch.rand": lambda: torch.rand(x.shape, generator=generator, device=x.device)}
+    for name in STOCHASTIC_FORMATS:
+        fmt = get_format(name, rounding="stochastic")
+        cases[f"{name}/keyed"] = lambda fmt=fmt: fmt.quantize(x, noise=bits)
+        cases[f"{name}/generator"] = lambda fmt=fmt: fmt.quantize(x, generator=generator)
+    print(f"\n{str(dtype):<15} stochastic rounding, eager (clone {clone * 1e3:.2f} ms)", flush=True)
+    rows = []
+    for case, fn in cases.items():
+        seconds = median_seconds(fn, repeats)
+        rows.append({"format": case, "dtype": str(dtype).removeprefix("torch."), "mode": "eager-stochastic",
+                     "ms": seconds * 1e3, "ratio_to_clone": seconds / clone, "meets_goal": True})
+        print(f"  {case:<24} {seconds * 1e3:9.2f} ms  {seconds / clone:6.2f}x clone", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1M elements instead of 16M")
@@ -97,6 +127,7 @@ def main() -> None:
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         rows += bench_dtype(dtype, names, numel, args.repeats, not args.eager_only, args.device)
+        rows += bench_stochastic(dtype, numel, args.repeats, args.device)
     report = {
         "benchmark": "bench_formats",
         "numel": numel,
