@@ -44,7 +44,7 @@ LLAMA_FLAGS=()
 run_llama() {
     local preset=$1 tp=$2 pp=$3 mbs=$4 gbs=$5
     shift 5
-    USAGE="CHECKPOINT_DIR TENSORBOARD_DIR TOKENIZER|MOCK DATA_PATH|MOCK DTYPE(bf16|fp8) [extra megatron flags]"
+    USAGE="CHECKPOINT_DIR TENSORBOARD_DIR TOKENIZER DATA_PATH DTYPE [extra megatron flags]   (TOKENIZER, DATA_PATH: a path or MOCK; DTYPE: bf16 | fp8)"
     local name positional=()
     for name in CHECKPOINT_DIR TENSORBOARD_DIR TOKENIZER DATA_PATH DTYPE; do
         require_positional "$name" "${1:-}"
