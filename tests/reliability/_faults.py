@@ -22,14 +22,10 @@ def python_module(module: str, *args: str, timeout: float = 300, **env: str) -> 
 
 
 def error_lines(stderr: str) -> list[str]:
-    """stderr without Python warnings (megatron-core warns about Transformer Engine on import)."""
-    lines = stderr.splitlines()
-    kept = []
-    for line in lines:
-        if "Warning:" in line or line.strip().startswith("warnings.warn("):
-            continue
-        kept.append(line)
-    return [line for line in kept if line.strip()]
+    """Non-blank stderr lines without Python warnings (megatron-core warns about Transformer
+    Engine and Apex on import)."""
+    return [line for line in stderr.splitlines() if line.strip() and "Warning:" not in line
+            and not line.strip().startswith("warnings.warn(")]
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *expected: str) -> str:
