@@ -176,9 +176,10 @@ def build_catalog(tensor_dir: str | os.PathLike) -> Catalog:
         raise CatalogError(f"tensor directory is not a directory: {root}")
     records: list[CaptureRecord] = []
     skipped: list[SkippedFile] = []
+    real_root = root.resolve()  # every file opened must resolve inside it
     for directory, subdirs, files in os.walk(root):  # symlinked directories are not followed
         subdirs.sort()
-        found, lost = _scan_directory(root, Path(directory), sorted(files))
+        found, lost = _scan_directory(root, real_root, Path(directory), sorted(files))
         records.extend(found)
         skipped.extend(lost)
     if not records:
@@ -191,12 +192,11 @@ def build_catalog(tensor_dir: str | os.PathLike) -> Catalog:
     return Catalog(root, tuple(records), tuple(skipped))
 
 
-def _scan_directory(root: Path, directory: Path, files: list[str]
+def _scan_directory(root: Path, real_root: Path, directory: Path, files: list[str]
                     ) -> tuple[list[CaptureRecord], list[SkippedFile]]:
     records: list[CaptureRecord] = []
     skipped: list[SkippedFile] = []
     listed: set[str] = set()
-    real_root = root.resolve()
     openable = []
     for name in files:
         reason = unreadable(real_root, directory / name)
@@ -206,7 +206,7 @@ def _scan_directory(root: Path, directory: Path, files: list[str]
             skipped.append(SkippedFile(relative_path(root, directory / name), reason))
     for name in openable:
         if MANIFEST_RE.match(name):
-            found, lost, names = _read_manifest(root, directory / name)
+            found, lost, names = _read_manifest(root, real_root, directory / name)
             records.extend(found)
             skipped.extend(lost)
             listed |= names
@@ -224,13 +224,12 @@ def _scan_directory(root: Path, directory: Path, files: list[str]
     return records, skipped
 
 
-def _read_manifest(root: Path, manifest: Path
+def _read_manifest(root: Path, real_root: Path, manifest: Path
                    ) -> tuple[list[CaptureRecord], list[SkippedFile], set[str]]:
     records: list[CaptureRecord] = []
     skipped: list[SkippedFile] = []
     listed: set[str] = set()
     where = relative_path(root, manifest)
-    real_root = root.resolve()
     try:
         lines = manifest.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as error:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.quant.training.checkpoint_files import find_damage
+from megatron.quant.training.checkpoint_files import find_damage, first_line
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # Megatron-LM's default for the distributed optimizer: fully parallel I/O, reshardable over DP.
@@ -200,8 +200,7 @@ def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore
     try:
         state = dist_checkpointing.load(template, directory)
     except Exception as error:  # damage find_damage cannot see (e.g. bytes flipped inside a tensor file)
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        raise CheckpointError(f"checkpoint {directory} cannot be loaded ({type(error).__name__}: {reason}); "
+        raise CheckpointError(f"checkpoint {directory} cannot be loaded ({type(error).__name__}: {first_line(error)}); "
                               f"{fallback_hint(root)}") from error
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     bad = [k for k in missing + unexpected if not k.endswith("_extra_state")]

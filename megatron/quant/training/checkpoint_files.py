@@ -34,7 +34,7 @@ def _json_files(directory: str) -> Optional[str]:
                 with open(os.path.join(directory, name), encoding="utf-8") as f:
                     json.load(f)
             except (OSError, ValueError) as error:
-                return f"{name}: unreadable JSON ({_first_line(error)})"
+                return f"{name}: unreadable JSON ({first_line(error)})"
     return None
 
 
@@ -46,7 +46,7 @@ def _common_state(directory: str) -> Optional[str]:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (OSError, zipfile.BadZipFile) as error:
-        return f"{COMMON_STATE}: not a readable torch file ({_first_line(error)})"
+        return f"{COMMON_STATE}: not a readable torch file ({first_line(error)})"
     return None if bad is None else f"{COMMON_STATE}: corrupt member {bad}"
 
 
@@ -56,7 +56,7 @@ def _tensor_files(directory: str) -> Optional[str]:
     try:
         metadata = FileSystemReader(directory).read_metadata()
     except Exception as error:  # pickle raises many types for a damaged index
-        return f"{DCP_METADATA}: unreadable ({type(error).__name__}: {_first_line(error)})"
+        return f"{DCP_METADATA}: unreadable ({type(error).__name__}: {first_line(error)})"
     needed: dict[str, int] = {}  # each .distcp file must reach the end of its last tensor
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -70,6 +70,7 @@ def _tensor_files(directory: str) -> Optional[str]:
     return None
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The error's first message line, shortened: enough to say what is wrong in one line."""
     text = str(error).strip()
     return text.splitlines()[0][:160] if text else type(error).__name__
