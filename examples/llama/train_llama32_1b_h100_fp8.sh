@@ -4,5 +4,6 @@
 # e.g. CUSTOM_QUANT_TYPE=hifp8 bash examples/llama/train_llama32_1b_h100_fp8.sh ckpt tb MOCK MOCK bf16
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+LLAMA_FLAGS=(--use-distributed-optimizer)
 run_llama llama3.2-1b "${TP:-1}" "${PP:-1}" "${MICRO_BATCH_SIZE:-2}" "${GLOBAL_BATCH_SIZE:-128}" \
-    "$@" --use-distributed-optimizer
+    "$@"

@@ -5,15 +5,18 @@ Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the format 
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
 from megatron.quant import tensor_saver
+from megatron.quant.capture.config import SaverConfig
+from megatron.quant.recipe import QuantRecipe
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 from megatron.quant.training.data import BatchLayout, build_datasets
@@ -89,12 +92,19 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> 
                  + f", total {sum(memory.values()):.3f}")
 
 
-def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger]:
-    """Parse and validate, initialise parallel state, build model, optimizer, data; load a checkpoint."""
-    from megatron.quant.cpu import init_parallel
-    from megatron.quant.recipe import QuantRecipe
-    from megatron.quant.capture.config import SaverConfig
+@dataclass(frozen=True)
+class Inputs:
+    """What a run is made of, decided and checked before any process group exists."""
+    args: argparse.Namespace
+    recipe: QuantRecipe
+    saver_config: SaverConfig
+    tokenizer: object
+    shape: dict
 
+
+def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
+    """Parse and validate arguments and the CUSTOM_QUANT_*/TENSOR_SAVE_* environment;
+    ArgumentError/ValueError/FileNotFoundError with a one-line reason."""
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
     recipe = QuantRecipe.from_env()
@@ -105,10 +115,21 @@ def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     shape = {key: getattr(args, key) for key in SHAPE_KEYS}
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
+    saver_config.check_selectors(num_layers=shape["num_layers"], world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                                 num_microbatches=args.num_microbatches)
+    if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
+        checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step)
+    return Inputs(args, recipe, saver_config, tokenizer, shape)
+
+
+def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
+    """Initialise parallel state, build model, optimizer, data; load a checkpoint."""
+    from megatron.quant.cpu import init_parallel
+
+    cuda = torch.cuda.is_available()
+    args, recipe, tokenizer, shape = inputs.args, inputs.recipe, inputs.tokenizer, inputs.shape
 
     init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
-    saver_config.check_selectors(num_layers=shape["num_layers"], world_size=dist.get_world_size(),
-                                 num_microbatches=args.num_microbatches)
     logger = metrics.MetricsLogger(args.tensorboard_dir, enabled=dist.get_rank() == dist.get_world_size() - 1)
     config = transformer_config(
         shape, precision=_precision(args), tensor_parallel=args.tensor_model_parallel_size,
@@ -135,14 +156,15 @@ def setup(argv: Sequence[str] | None = None) -> tuple[Run, metrics.MetricsLogger
                             "or set --eval-iters 0")
 
     start = 0
-    if args.load and checkpoint.latest_iteration(args.load) is not None:
+    if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         keep_optim = not args.no_load_optim
         start = checkpoint.load_checkpoint(args.load, gpt, opt if keep_optim else None,
-                                           scheduler if keep_optim else None, restore_rng=not args.no_load_rng)
+                                           scheduler if keep_optim else None, restore_rng=not args.no_load_rng,
+                                           step=args.ckpt_step)
         logger.print(f"resumed from {args.load} at iteration {start}")
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
-    tensor_saver.configure(saver_config, run_iterations=range(start, args.train_iters))
+    tensor_saver.configure(inputs.saver_config, run_iterations=range(start, args.train_iters))
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
@@ -171,11 +193,16 @@ def _teardown(owns_process_group: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Run training and return the per-iteration logged values.
 
-    Bad arguments or environment exit with status 2 and a one-line reason.
+    Bad arguments, environment or checkpoint exit with status 2 and a one-line reason;
+    ``--check-args`` stops after checking the arguments and environment (status 0).
     """
     owns_process_group = not dist.is_initialized()
     try:
-        run, logger = setup(argv)
+        inputs = check_inputs(argv)
+        if inputs.args.check_args:
+            print("megatron-quant-train: arguments OK")
+            return []
+        run, logger = setup(inputs)
     except (ArgumentError, ValueError, FileNotFoundError) as err:
         print(f"megatron-quant-train: error: {err}", file=sys.stderr)
         _teardown(owns_process_group)

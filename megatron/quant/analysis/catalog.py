@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional
 
+from megatron.quant.analysis.confine import unreadable
 from megatron.quant.capture.naming import MANIFEST_RE, parse_file_name
 
 # Metadata keys every capture must have to be placed in an analysis.
@@ -175,9 +176,10 @@ def build_catalog(tensor_dir: str | os.PathLike) -> Catalog:
         raise CatalogError(f"tensor directory is not a directory: {root}")
     records: list[CaptureRecord] = []
     skipped: list[SkippedFile] = []
-    for directory, subdirs, files in os.walk(root):
+    real_root = root.resolve()  # every file opened must resolve inside it
+    for directory, subdirs, files in os.walk(root):  # symlinked directories are not followed
         subdirs.sort()
-        found, lost = _scan_directory(root, Path(directory), sorted(files))
+        found, lost = _scan_directory(root, real_root, Path(directory), sorted(files))
         records.extend(found)
         skipped.extend(lost)
     if not records:
@@ -190,18 +192,25 @@ def build_catalog(tensor_dir: str | os.PathLike) -> Catalog:
     return Catalog(root, tuple(records), tuple(skipped))
 
 
-def _scan_directory(root: Path, directory: Path, files: list[str]
+def _scan_directory(root: Path, real_root: Path, directory: Path, files: list[str]
                     ) -> tuple[list[CaptureRecord], list[SkippedFile]]:
     records: list[CaptureRecord] = []
     skipped: list[SkippedFile] = []
     listed: set[str] = set()
+    openable = []
     for name in files:
+        reason = unreadable(real_root, directory / name)
+        if reason is None:
+            openable.append(name)
+        else:
+            skipped.append(SkippedFile(relative_path(root, directory / name), reason))
+    for name in openable:
         if MANIFEST_RE.match(name):
-            found, lost, names = _read_manifest(root, directory / name)
+            found, lost, names = _read_manifest(root, real_root, directory / name)
             records.extend(found)
             skipped.extend(lost)
             listed |= names
-    for name in files:
+    for name in openable:
         if MANIFEST_RE.match(name) or name in listed:
             continue
         path = directory / name
@@ -215,7 +224,7 @@ def _scan_directory(root: Path, directory: Path, files: list[str]
     return records, skipped
 
 
-def _read_manifest(root: Path, manifest: Path
+def _read_manifest(root: Path, real_root: Path, manifest: Path
                    ) -> tuple[list[CaptureRecord], list[SkippedFile], set[str]]:
     records: list[CaptureRecord] = []
     skipped: list[SkippedFile] = []
@@ -239,9 +248,11 @@ def _read_manifest(root: Path, manifest: Path
             skipped.append(SkippedFile(f"{where}:{number}", f"bad manifest line ({error})"))
             continue
         if path is not None:
-            listed.add(path.name)
-            if not path.is_file():
-                skipped.append(SkippedFile(relative_path(root, path), f"listed in {where} but missing"))
+            if path.parent == manifest.parent:
+                listed.add(path.name)
+            reason = unreadable(real_root, path)
+            if reason is not None:
+                skipped.append(SkippedFile(relative_path(root, path), f"listed in {where}:{number} but {reason}"))
                 continue
         records.append(record)
     return records, skipped, listed

@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 from megatron.quant.analysis.catalog import CatalogError
 from megatron.quant.analysis.families import BY_KEY, SETS, resolve
 from megatron.quant.analysis.loading import SummaryOptions
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.parallel import default_workers
 from megatron.quant.analysis.pipeline import ReportOptions, run_report
 from megatron.quant.analysis.plans import PlotSettings
@@ -127,8 +128,9 @@ def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] =
         workers=args.workers, dpi=args.dpi, progress=not args.no_progress,
         command=shlex.join([parser.prog, *argv]))
     try:
+        check_output_dir(options.output_dir)
         result = run_report(options)
-    except (CatalogError, FilterError) as error:
+    except (CatalogError, FilterError, OutputDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"{len(result.figures)} figures in {options.output_dir}; report: {result.index}")

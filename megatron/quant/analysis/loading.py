@@ -19,6 +19,7 @@ import torch
 
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, enrich_from_file,
                                              relative_path)
+from megatron.quant.analysis.confine import not_regular
 from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.analysis.summary import (LOG2_BINS, QUANT_METRICS,
                                              FormatView, TensorSummary, finite)
@@ -42,6 +43,9 @@ class SummaryOptions:
 
 def load_capture(path: Path) -> tuple[torch.Tensor, dict]:
     """The tensor and metadata of a capture file; CaptureLoadError says why it is unusable."""
+    kind = not_regular(path)  # checked again here: the file may have changed since it was listed
+    if kind is not None:
+        raise CaptureLoadError(kind)
     try:
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -11,7 +11,8 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from megatron.quant.analysis.catalog import CaptureRecord, build_catalog, enrich_from_file, relative_path
+from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, build_catalog, enrich_from_file,
+                                             relative_path)
 from megatron.quant.analysis.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.selection import CaptureFilter, select
 
@@ -20,19 +21,17 @@ IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "o
                    "tensor_name", "iteration", "microbatch", "sample", "rank", "shape")
 
 
-def find_captures(tensor_dir: str | Path, capture_filter: CaptureFilter, include_outputs: bool = False,
-                  log: Callable[[str], None] = print) -> list[CaptureRecord]:
+def find_captures(tensor_dir: str | Path, capture_filter: CaptureFilter, include_outputs: bool = False
+                  ) -> tuple[list[CaptureRecord], list[SkippedFile]]:
     """High-precision captures with a tensor file under ``tensor_dir`` that may match the filter
     (roles known only after loading are checked again then): GEMM operands (phase ``pre``), and
-    with ``include_outputs`` also GEMM results (``post``: outputs and gradients). Unusable files
-    are logged and skipped; a filter value no capture has is a FilterError."""
+    with ``include_outputs`` also GEMM results (``post``: outputs and gradients); and the files
+    the catalog skipped. A filter value no capture has is a FilterError."""
     catalog = build_catalog(tensor_dir)
-    for skipped in catalog.skipped:
-        log(f"skipping {skipped.path}: {skipped.reason}")
     records = [r for r in catalog.records if r.path is not None and not r.quantized
                and (include_outputs or r.phase == "pre")]
     capture_filter.validate(records)
-    return select(records, capture_filter, unknown_role_passes=True)
+    return select(records, capture_filter, unknown_role_passes=True), list(catalog.skipped)
 
 
 def gemm_axis(axis: int, ndim: int) -> int:
@@ -61,22 +60,23 @@ def evaluate(tensor: torch.Tensor, record: CaptureRecord, fmts: Sequence, file: 
 
 
 def evaluate_all(records: Sequence[CaptureRecord], fmts: Sequence, root: Path, capture_filter: CaptureFilter,
-                 log: Callable[[str], None] = print) -> list[dict]:
-    """Rows for every capture, loaded one at a time; progress and skipped files through ``log``."""
-    rows = []
+                 log: Callable[[str], None] = print) -> tuple[list[dict], list[SkippedFile]]:
+    """Rows for every capture, loaded one at a time, and the files that could not be used (not
+    loadable, or a tensor the formats cannot block, e.g. 0-d); progress through ``log``."""
+    rows: list[dict] = []
+    skipped: list[SkippedFile] = []
     for position, record in enumerate(records, 1):
         file = relative_path(root, record.path)
         try:
             tensor, metadata = load_capture(record.path)
-        except CaptureLoadError as err:
-            log(f"skipping {file}: {err}")
-            continue
-        record = enrich_from_file(record, metadata)
-        if not record.quantized and capture_filter.matches(record):
-            rows += evaluate(tensor, record, fmts, file)
+            record = enrich_from_file(record, metadata)
+            if not record.quantized and capture_filter.matches(record):
+                rows += evaluate(tensor, record, fmts, file)
+        except (CaptureLoadError, ValueError, RuntimeError) as err:  # one foreign file must not end the run
+            skipped.append(SkippedFile(file, str(err)))
         if position % 50 == 0 or position == len(records):
             log(f"re-quantized {position}/{len(records)} captures")
-    return rows
+    return rows, skipped
 
 
 def tensor_class(row: Mapping) -> str:

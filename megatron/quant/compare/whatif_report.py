@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from megatron.quant.analysis import figures
+from megatron.quant.analysis.catalog import SkippedFile
 from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"
+SKIPPED_CSV = "skipped_files.csv"
+SKIPPED_SHOWN = 50  # in the summary; the CSV lists every skipped file
 STAT_COLUMNS = ("format", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
                 "overflow", "overflow_ratio", "underflow", "underflow_ratio")
 PANELS = (("sqnr_db", "SQNR (dB)"), ("relative_error", "relative error"),
@@ -25,15 +28,19 @@ def clear_previous(folder: Path) -> None:
             path.unlink()
 
 
-def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], folder: Path) -> list[Path]:
-    """``format_comparison.csv`` (one row per tensor and format) and ``best_formats.csv``."""
+def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], skipped: Sequence[SkippedFile],
+                 folder: Path) -> list[Path]:
+    """``format_comparison.csv`` (one row per tensor and format), ``best_formats.csv`` and
+    ``skipped_files.csv`` (path, reason)."""
     folder.mkdir(parents=True, exist_ok=True)
     per_tensor = folder / "format_comparison.csv"
     _write_csv(per_tensor, [*IDENTITY_FIELDS, "file", "axis", "tensor_class", *STAT_COLUMNS],
                [{**row, "tensor_class": tensor_class(row)} for row in rows])
     best_path = folder / "best_formats.csv"
     _write_csv(best_path, ["tensor_class", "among_bits", "format", "bits", "mean_sqnr_db", "tensors"], best)
-    return [per_tensor, best_path]
+    skipped_path = folder / SKIPPED_CSV
+    _write_csv(skipped_path, ["path", "reason"], [{"path": s.path, "reason": s.reason} for s in skipped])
+    return [per_tensor, best_path, skipped_path]
 
 
 def plot_by_class(rows: Sequence[Mapping], folder: Path) -> Path:
@@ -71,8 +78,10 @@ def plot_by_layer(rows: Sequence[Mapping], folder: Path) -> list[Path]:
     return written
 
 
-def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int, folder: Path) -> list[Path]:
-    """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, and the plots."""
+def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
+                  skipped: Sequence[SkippedFile], folder: Path) -> list[Path]:
+    """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, the plots
+    and the files skipped."""
     overall = [row for row in best if row["among_bits"] == "all"]
     by_width = [row for row in best if row["among_bits"] != "all"]
     md = [f"## Format comparison (what-if re-quantization of {tensors} captured tensors)", "",
@@ -83,6 +92,9 @@ def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
         md.append(f"| {row['tensor_class']} | {row['format']} | {row['mean_sqnr_db']:.2f} | {widths} |")
     md += ["", "Tables: [format_comparison.csv](format_comparison.csv), [best_formats.csv](best_formats.csv)", ""]
     md += [f"![{image.stem}]({image.name})" for image in images]
+    if skipped:
+        md += ["", f"Skipped files ({len(skipped)}, all in [{SKIPPED_CSV}]({SKIPPED_CSV})):", ""]
+        md += [f"- `{s.path}`: {s.reason}" for s in skipped[:SKIPPED_SHOWN]]
     md_path = folder / "summary.md"
     md_path.write_text("\n".join(md) + "\n")
 
@@ -96,10 +108,19 @@ def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
                 f'by mean SQNR. Tables: <a href="{FOLDER}/format_comparison.csv">per tensor</a>, '
                 f'<a href="{FOLDER}/best_formats.csv">best formats</a>.</p>'
                 f"<table><tr><th>tensor class</th><th>best format</th><th>SQNR (dB)</th></tr>{cells}</table>"
-                f"{figures}</section>\n")
+                f"{figures}{_skipped_html(skipped)}</section>\n")
     html_path = folder / "summary.html"
     html_path.write_text(fragment)
     return [md_path, html_path]
+
+
+def _skipped_html(skipped: Sequence[SkippedFile]) -> str:
+    if not skipped:
+        return ""
+    items = "".join(f"<li><code>{html.escape(s.path)}</code>: {html.escape(s.reason)}</li>"
+                    for s in skipped[:SKIPPED_SHOWN])
+    return (f'<h3>Skipped files ({len(skipped)})</h3><p>All in <a href="{FOLDER}/{SKIPPED_CSV}">'
+            f"{SKIPPED_CSV}</a>.</p><ul>{items}</ul>")
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
@@ -29,8 +29,15 @@ class ArgumentError(ValueError):
     """Inconsistent or unsupported arguments; the message names the bad values."""
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Errors in one line: the usage of ~80 flags would bury them (--help still shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineErrorParser(
         prog="megatron-quant-train",
         description="Pretrain Llama on megatron-core with fake-quantized GEMM operands "
                     "(format from CUSTOM_QUANT_TYPE, capture from TENSOR_SAVE_*).",
@@ -106,10 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save", metavar="DIR")
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--load", metavar="DIR")
+    g.add_argument("--ckpt-step", type=int, default=None, metavar="N",
+                   help="with --load: load iteration N (DIR/iter_000000N) instead of the tracker's latest")
     g.add_argument("--no-load-optim", action="store_true", help="with --load: weights and iteration only")
     g.add_argument("--no-load-rng", action="store_true",
                    help="with --load: keep fresh RNG states (needed when the parallel layout changed)")
     g.add_argument("--tensorboard-dir", metavar="DIR")
+    g.add_argument("--check-args", action="store_true",
+                   help="check the arguments, environment and --load checkpoint, then exit (0 when training "
+                        "would start, 2 with the reason); the launch scripts run this before torchrun")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="peak dense TFLOP/s of one device for MFU (default: from the device table)")
@@ -238,6 +250,9 @@ def _check_run(args: argparse.Namespace, world_size: int) -> None:
     if args.save_interval is not None:
         _require(args.save is not None, "--save-interval needs --save DIR")
         _require(args.save_interval > 0, f"--save-interval must be positive, got {args.save_interval}")
+    if args.ckpt_step is not None:
+        _require(args.load is not None, f"--ckpt-step {args.ckpt_step} needs --load DIR")
+        _require(args.ckpt_step >= 0, f"--ckpt-step must be a non-negative iteration, got {args.ckpt_step}")
     _require(args.divergence_threshold is None or args.divergence_threshold > 0,
              f"--divergence-threshold must be positive, got {args.divergence_threshold}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from typing import Any
 
@@ -23,10 +24,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.quant.training.checkpoint_files import find_damage, first_line
+
 TRACKER = "latest_checkpointed_iteration.txt"
 # Megatron-LM's default for the distributed optimizer: fully parallel I/O, reshardable over DP.
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 RUN_CONFIG = "run_config.json"
+_ITER_DIR = re.compile(r"iter_(\d{7,})")
 
 
 def iteration_dir(root: str, iteration: int) -> str:
@@ -42,25 +46,67 @@ def _write_atomically(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; one line naming the directory, the damaged file
+    and the intact checkpoints to fall back to."""
+
+
 def latest_iteration(root: str) -> int | None:
     """The iteration in ``root``'s tracker file; None when there is no checkpoint yet."""
     path = os.path.join(root, TRACKER)
     if not os.path.isfile(path):
         return None
-    text = open(path).read().strip()
+    with open(path) as f:
+        text = f.read().strip()
     if not text.isdigit():
-        raise ValueError(f"{path} holds {text!r}, not an iteration number")
+        raise CheckpointError(f"{path} holds {text!r}, not an iteration number; {fallback_hint(root)}")
     return int(text)
 
 
-def resolve_checkpoint_dir(path: str) -> str:
-    """``path`` itself if it is one iteration's checkpoint, else the latest one under it."""
-    if os.path.isfile(os.path.join(path, RUN_CONFIG)):
+def intact_iterations(root: str) -> list[int]:
+    """Iterations under ``root`` whose ``iter_*`` directory passes ``find_damage``, oldest first."""
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+        match = _ITER_DIR.fullmatch(name)
+        if match and find_damage(os.path.join(root, name)) is None:
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def fallback_hint(root: str) -> str:
+    """What to do instead: the intact checkpoints and how to load one."""
+    intact = intact_iterations(root)
+    if not intact:
+        return f"no intact checkpoint under {root}"
+    return (f"intact checkpoints under {root}: iterations {', '.join(map(str, intact))}; "
+            f"load one with --load {root} --ckpt-step N, or fix {os.path.join(root, TRACKER)}")
+
+
+def resolve_checkpoint_dir(path: str, step: int | None = None) -> str:
+    """Iteration ``step``'s checkpoint under ``path``; without ``step``, ``path`` itself if it
+    is one iteration's checkpoint, else the tracker's. CheckpointError when that directory is
+    absent."""
+    if step is None and os.path.isfile(os.path.join(path, RUN_CONFIG)):
         return path
-    iteration = latest_iteration(path)
+    iteration = step if step is not None else latest_iteration(path)
     if iteration is None:
         raise FileNotFoundError(f"no checkpoint in {path!r}: neither {TRACKER} nor {RUN_CONFIG}")
-    return iteration_dir(path, iteration)
+    directory = iteration_dir(path, iteration)
+    if not os.path.isdir(directory):
+        source = (f"--ckpt-step {step}" if step is not None
+                  else f"{os.path.join(path, TRACKER)} names iteration {iteration} but")
+        raise CheckpointError(f"{source} {directory} does not exist; {fallback_hint(path)}")
+    return directory
+
+
+def verified_checkpoint_dir(path: str, step: int | None = None) -> str:
+    """``resolve_checkpoint_dir``, then CheckpointError when a file of that checkpoint is damaged."""
+    directory = resolve_checkpoint_dir(path, step)
+    damage = find_damage(directory)
+    if damage is not None:
+        root = os.path.dirname(os.path.normpath(directory))
+        raise CheckpointError(f"checkpoint {directory} is damaged: {damage}; {fallback_hint(root)}")
+    return directory
 
 
 def read_run_config(path: str) -> dict:
@@ -137,17 +183,25 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run_
     return final
 
 
-def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore_rng: bool = True) -> int:
+def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore_rng: bool = True,
+                    step: int | None = None) -> int:
     """Load into ``model`` (unwrapped GPTModel) and, when given, optimizer and scheduler; returns the iteration.
 
-    Weights load at any tensor-parallel size (sharded tensors are resharded); the RNG states
-    (``restore_rng``, for exact resume) only at the saving run's parallel layout.
+    ``step``: load that iteration instead of the tracker's (``--ckpt-step``). Weights load at
+    any tensor-parallel size (sharded tensors are resharded); the RNG states (``restore_rng``,
+    for exact resume) only at the saving run's parallel layout. A damaged or missing
+    checkpoint is a CheckpointError naming the file and the intact checkpoints.
     """
     from megatron.core import dist_checkpointing
 
-    directory = resolve_checkpoint_dir(path)
+    directory = verified_checkpoint_dir(path, step)
+    root = os.path.dirname(os.path.normpath(directory))
     template = _sharded_state(model, optimizer, scheduler, 0, is_loading=True, rng=restore_rng)
-    state = dist_checkpointing.load(template, directory)
+    try:
+        state = dist_checkpointing.load(template, directory)
+    except Exception as error:  # damage find_damage cannot see (e.g. bytes flipped inside a tensor file)
+        raise CheckpointError(f"checkpoint {directory} cannot be loaded ({type(error).__name__}: {first_line(error)}); "
+                              f"{fallback_hint(root)}") from error
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     bad = [k for k in missing + unexpected if not k.endswith("_extra_state")]
     if bad:
