@@ -15,6 +15,7 @@ from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, build_c
                                              relative_path)
 from megatron.quant.analysis.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.selection import CaptureFilter, select
+from megatron.quant.formats.base import normalize_axis
 
 # Capture fields copied into every result row, in CSV column order (then "file", "axis").
 IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "operation", "phase",
@@ -34,13 +35,6 @@ def find_captures(tensor_dir: str | Path, capture_filter: CaptureFilter, include
     return select(records, capture_filter, unknown_role_passes=True), list(catalog.skipped)
 
 
-def gemm_axis(axis: int, ndim: int) -> int:
-    """The capture's block axis as a non-negative index; ValueError when the tensor has no such axis."""
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"capture axis {axis} is not an axis of a {ndim}-d tensor")
-    return axis % ndim
-
-
 def evaluate(tensor: torch.Tensor, record: CaptureRecord, fmts: Sequence, file: str) -> list[dict]:
     """One row per format: the capture's identity, the format and its quant_stats on this tensor
     (quantized in float32 along the capture's axis, per-tensor amax from the capture itself),
@@ -48,7 +42,7 @@ def evaluate(tensor: torch.Tensor, record: CaptureRecord, fmts: Sequence, file: 
     from megatron.quant.stats import quant_stats
 
     x = tensor.float()
-    axis = gemm_axis(record.axis, x.dim())
+    axis = normalize_axis("capture", record.axis, x.dim())
     identity = {name: getattr(record, name) for name in IDENTITY_FIELDS}
     identity.update(shape=list(x.shape), file=file, axis=axis)
     rows = []

@@ -201,7 +201,7 @@ class NumericFormat(ABC):
 def normalize_axis(name: str, axis: int, ndim: int) -> int:
     """``axis`` as a non-negative index; ValueError names the valid range."""
     if ndim == 0:
-        raise ValueError(f"{name}: a block format needs a tensor with at least one dimension")
+        raise ValueError(f"{name}: axis={axis} needs a tensor with at least one dimension, got a 0-d tensor")
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name}: axis={axis} is out of range for a {ndim}-D tensor (valid: {-ndim}..{ndim - 1})")
     return axis % ndim
