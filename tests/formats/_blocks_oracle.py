@@ -40,17 +40,43 @@ def mx_reference(x: np.ndarray, element: str, scale_mode: str) -> tuple[np.ndarr
     return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
 
 
+def nvfp4_global_encode(amax) -> np.float32:
+    """TE's (448 * 6) / amax in float32: FP32 max when that overflows, 1 for amax 0, Inf or NaN."""
+    amax = np.float32(amax)
+    if not np.isfinite(amax) or amax == 0:
+        return np.float32(1)
+    with np.errstate(over="ignore"):
+        encode = np.float32(448 * 6) / amax
+    return min(encode, np.finfo(np.float32).max)
+
+
+def nvfp4_blocks_reference(blocks: np.ndarray, global_amax) -> tuple[np.ndarray, np.ndarray]:
+    """(fake-quantized blocks, per-block scale) for NVFP4 blocks along the last axis, the kernels'
+    arithmetic step by step in float32 (the issue's formulas)."""
+    f32 = np.float32
+    global_encode = nvfp4_global_encode(global_amax)
+    global_decode = f32(1) / global_encode
+    amax_block = np.abs(blocks).max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        block_decode = saturating_cast(amax_block * (global_encode * f32(1 / 6)), "fp8_e4m3")
+        block_decode = np.where(np.isfinite(amax_block), block_decode, np.nan).astype(f32)
+        scale = (block_decode * global_decode).astype(f32)
+        encode = (f32(1) / scale).astype(f32)
+        elements = np.where(scale == 0, f32(0), saturating_cast(blocks * encode, "fp4_e2m1"))
+        q = ((elements * block_decode).astype(f32) * global_decode).astype(f32)
+    return q, np.broadcast_to(scale, blocks.shape)
+
+
 def nvfp4_reference(x: np.ndarray, amax=None) -> tuple[np.ndarray, np.ndarray]:
     """(fake-quantized x, per-element scale) for NVFP4 with blocks of 16 along the last axis."""
-    global_scale = tensor_scale(np.abs(x).max() if amax is None else amax, 448.0 * 6.0)
-    blocks = _blocks(x, 16)
-    amax_block = np.abs(blocks).max(-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        block_scale = saturating_cast(amax_block / np.float32(6) / global_scale, "fp8_e4m3")
-        scale = np.where(np.isfinite(amax_block), block_scale * global_scale, np.nan).astype(np.float32)
-        scaled = np.where(scale == 0, np.float32(0), blocks / scale)
-        q = saturating_cast(scaled, "fp4_e2m1") * scale
-    return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
+    q, scale = nvfp4_blocks_reference(_blocks(x, 16), np.abs(x).max() if amax is None else amax)
+    return _unblock(q, x.shape[-1]), _unblock(scale, x.shape[-1])
+
+
+def nvfp4_divide_block_scale(amax_block, global_amax) -> np.ndarray:
+    """The E4M3 block scale of the previous order, E4M3((amax_block / 6) / (amax / 2688))."""
+    global_scale = tensor_scale(global_amax, 448.0 * 6.0)
+    return saturating_cast(np.float32(amax_block) / np.float32(6) / global_scale, "fp8_e4m3")
 
 
 def block_test_data(element: str, rows: int, length: int, block: int, seed: int,

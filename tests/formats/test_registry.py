@@ -49,8 +49,8 @@ def test_bad_options_name_the_valid_ones():
         get_format("mxfp8", block=16)
     with pytest.raises(ValueError, match=r"rounding='up' is not one of \['nearest', 'stochastic'\]"):
         get_format("hifp8", rounding="up")
-    with pytest.raises(ValueError, match="scale_mode='ceil'"):
-        get_format("mxfp4", scale_mode="ceil")
+    with pytest.raises(ValueError, match="scale_mode='round'"):
+        get_format("mxfp4", scale_mode="round")
     with pytest.raises(ValueError, match="seed='1' must be an integer"):
         get_format("nvfp4", rounding="stochastic", seed="1")
     with pytest.raises(ValueError, match="valid options: none"):
