@@ -34,7 +34,7 @@ def global_encode_scale(amax: Tensor, target: float) -> Tensor:
     amax = amax.detach().to(torch.float32)
     encode = (amax.new_tensor(target) / amax).clamp_max(_FP32_MAX)  # not target / amax: torch makes
     # that reciprocal(amax) * target, two roundings
-    return torch.where((encode > 0) & torch.isfinite(encode), encode, 1.0)  # amax Inf, NaN or 0
+    return torch.where((amax > 0) & (encode > 0), encode, 1.0)  # amax 0 or NaN; Inf gives encode 0
 
 
 class NVFP4Format(BlockFormat):
