@@ -8,7 +8,10 @@ dW = (B dY)^T (B X) = dY^T X.
 
 Default signs: Transformer Engine's fixed NVFP4 wgrad vector for n = 16 (TE
 ``get_wgrad_sign_vector``), repeated for n > 16 (the 32-vector AMD's Primus-Turbo ships)
-and cut to its first n entries for n < 16. The transform runs in float32 (a matmul).
+and cut to its first n entries for n < 16. The transform runs in float32 as a fast
+Walsh-Hadamard butterfly (log2 n add/subtract stages, then the 1/sqrt(n) factor): elementwise
+ops in a fixed order, so the same input gives the same bits on any backend, which a matmul,
+whose summation order depends on the BLAS kernel, does not.
 """
 from __future__ import annotations
 
@@ -53,26 +56,48 @@ def sylvester(n: int) -> Tensor:
     return h
 
 
+def walsh_hadamard(groups: Tensor) -> Tensor:
+    """``groups @ H_n`` over the last dimension (length n) by the butterfly, unnormalised."""
+    n, half = groups.shape[-1], 1
+    while half < n:
+        pairs = groups.unflatten(-1, (n // (2 * half), 2, half))
+        a, b = pairs.select(-2, 0), pairs.select(-2, 1)
+        groups = torch.stack((a + b, a - b), dim=-2).flatten(-3)
+        half *= 2
+    return groups
+
+
 class Hadamard:
-    """The transform for one size and sign vector."""
+    """The transform for one sign vector (its length is the group size n)."""
 
     def __init__(self, signs: tuple[int, ...]):
         self.size = len(signs)
-        s = torch.tensor(signs, dtype=torch.float64)
-        self.matrix = (s[:, None] * sylvester(self.size) / math.sqrt(self.size)).float()  # diag(s) H / sqrt(n)
+        self.signs = torch.tensor(signs, dtype=torch.float32)
+        self.norm = 1 / math.sqrt(self.size)  # exact for n = 4**k; else rounded to float32 in the product
+
+    @property
+    def matrix(self) -> Tensor:
+        """R = diag(s) @ H_n / sqrt(n) in float32 (for inspection; the transform uses the butterfly)."""
+        s = self.signs.double()
+        return (s[:, None] * sylvester(self.size) * self.norm).float()
 
     def forward(self, x: Tensor, axis: int, name: str) -> Tensor:
-        """float32 x with every group along ``axis`` multiplied by R."""
-        return self._apply(x, axis, self.matrix, name)
+        """float32 x with every group g along ``axis`` replaced by g @ R."""
+        return self._apply(x, axis, name, inverse=False)
 
     def inverse(self, y: Tensor, axis: int, name: str) -> Tensor:
-        return self._apply(y, axis, self.matrix.T, name)
+        """y with every group replaced by g @ R^T = (g @ H_n / sqrt(n)) * s."""
+        return self._apply(y, axis, name, inverse=True)
 
-    def _apply(self, x: Tensor, axis: int, matrix: Tensor, name: str) -> Tensor:
+    def _apply(self, x: Tensor, axis: int, name: str, inverse: bool) -> Tensor:
         length = x.shape[axis]
         if length % self.size:
             raise ValueError(f"{name}: hadamard={self.size} needs the length along axis {axis} ({length}) "
                              f"to be a multiple of {self.size}")
-        moved = x.float().movedim(axis, -1)
-        groups = moved.unflatten(-1, (-1, self.size)) @ matrix.to(x.device)
+        groups = x.float().movedim(axis, -1).unflatten(-1, (-1, self.size))
+        signs = self.signs.to(x.device)
+        if inverse:
+            groups = walsh_hadamard(groups).mul_(self.norm).mul_(signs)
+        else:
+            groups = walsh_hadamard(groups * signs).mul_(self.norm)
         return groups.flatten(-2).movedim(-1, axis).contiguous()

@@ -123,8 +123,8 @@ def _scope_to_scaling(name: str, entry: _Entry, resolved: dict[str, Any], given:
     for key, scalings in entry.scoped.items():
         if scaling not in scalings:
             if given.get(key) is not None:
-                allowed = repr(scalings[0]) if len(scalings) == 1 else f"in {list(scalings)}"
-                raise ValueError(f"{name}: {key} needs scaling={allowed}, not scaling={scaling!r}")
+                allowed = f"={scalings[0]!r}" if len(scalings) == 1 else f" in {list(scalings)}"
+                raise ValueError(f"{name}: {key} needs scaling{allowed}, not scaling={scaling!r}")
             del resolved[key]
     for key, value in entry.scaling_defaults.get(scaling, {}).items():
         if resolved[key] is None:
