@@ -30,6 +30,15 @@ class Option:
     choices: tuple | None = None
     kind: type | None = None
     parse: Callable[[Any], Any] | None = None
+    allowed: str | None = None  # what ``parse`` accepts, for listings
+
+    def describe(self) -> str:
+        """The allowed values in a few words, for ``python -m megatron.quant.formats list``."""
+        if self.choices is not None:
+            return "|".join(map(str, self.choices))
+        if self.allowed is not None:
+            return self.allowed
+        return {bool: "true|false", int: "integer", float: "positive number"}.get(self.kind, "any")
 
     def check(self, format_name: str, key: str, value: Any) -> Any:
         if value is None and self.default is None:

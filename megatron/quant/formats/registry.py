@@ -22,10 +22,12 @@ ALIASES = {"none": "fp32", "mxfp8": "mxfp8_e4m3", "mxfp4": "mxfp4_e2m1"}
 FP8_BLOCK_SHAPE = (1, 128)  # TE Float8BlockScaling's activations and gradients; weights use (128, 128)
 
 _OVERFLOW = Option("saturate", OVERFLOW_MODES)
+_BLOCK_SHAPES = "[1, n] or [n, n] (tiles)"
 _STOCHASTIC = {"rounding": ROUNDING_OPTION, "seed": SEED_OPTION}
-_HADAMARD = {"hadamard": Option(None, parse=hadamard.parse_size),
-             "hadamard_signs": Option(None, parse=hadamard.parse_signs)}
-_TENSOR_SCALE = {"margin": Option(0, parse=non_negative_int), "power_of_two_scales": Option(None, kind=bool)}
+_HADAMARD = {"hadamard": Option(None, parse=hadamard.parse_size, allowed="power of two 2..256"),
+             "hadamard_signs": Option(None, parse=hadamard.parse_signs, allowed="list of +-1, length hadamard")}
+_TENSOR_SCALE = {"margin": Option(0, parse=non_negative_int, allowed="integer >= 0"),
+                 "power_of_two_scales": Option(None, kind=bool)}
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def _cast(name: str, dtype: torch.dtype, options: dict[str, Option]) -> _Entry:
 
 def _fp8(name: str, grid) -> _Entry:
     options = {"scaling": Option("tensor", ("tensor", "none", "block")), "overflow": _OVERFLOW, **_TENSOR_SCALE,
-               "block_shape": Option(None, parse=parse_block_shape), **_HADAMARD, **_STOCHASTIC}
+               "block_shape": Option(None, parse=parse_block_shape, allowed=_BLOCK_SHAPES), **_HADAMARD, **_STOCHASTIC}
 
     def build(resolved: dict[str, Any]) -> NumericFormat:
         if resolved["scaling"] == "block":
@@ -61,7 +63,8 @@ def _fp8(name: str, grid) -> _Entry:
 
 
 def _mx(name: str, element) -> _Entry:
-    options = {"scale_mode": Option("floor", SCALE_MODES), "block_shape": Option((1, MX_BLOCK_SIZE), parse=parse_block_shape),
+    options = {"scale_mode": Option("floor", SCALE_MODES),
+               "block_shape": Option((1, MX_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
                **_HADAMARD, **_STOCHASTIC}
     return _Entry(lambda resolved: MXFormat(name, element, resolved), options)
 
@@ -74,8 +77,9 @@ _HIFP8 = _Entry(
     scaling_defaults={"tensor": {"scale_target": 32768.0, "power_of_two_scales": False}},
 )
 
-_NVFP4 = _Entry(NVFP4Format, {"block_shape": Option((1, NVFP4_BLOCK_SIZE), parse=parse_block_shape),
-                              **_HADAMARD, **_STOCHASTIC})
+_NVFP4 = _Entry(NVFP4Format, {
+    "block_shape": Option((1, NVFP4_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
+    **_HADAMARD, **_STOCHASTIC})
 
 _REGISTRY: dict[str, _Entry] = {
     "fp32": _cast("fp32", torch.float32, {}),
@@ -157,6 +161,11 @@ def quantize(x: Tensor, name: str, axis: int = -1, **options: Any) -> Tensor:
     every time; keep a format object to draw a new stream per call.
     """
     return get_format(name, **options).quantize(x, axis)
+
+
+def format_options(name: str) -> dict[str, Option]:
+    """The options a format accepts (before resolution), by name."""
+    return dict(_REGISTRY[canonical_name(name)].options)
 
 
 def list_formats() -> list[str]:
