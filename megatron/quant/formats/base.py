@@ -123,7 +123,7 @@ class NumericFormat(ABC):
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone()
-        xt = self._forward_transform(x, axis)
+        xt = self.transform(x, axis)
         if self._in_chunks(xt):
             q = self._quantize_in_chunks(xt, axis, amax)
         else:
@@ -139,7 +139,7 @@ class NumericFormat(ABC):
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
-        xt = self._forward_transform(x, axis)
+        xt = self.transform(x, axis)
         q, scale, _ = self._quantize(xt, axis, amax, self._noise(x, noise, generator), False)
         return self._inverse_transform(q, axis).to(x.dtype), self._scale_like_input(scale, x, axis)
 
@@ -160,14 +160,14 @@ class NumericFormat(ABC):
         if x.numel() == 0:
             none = torch.ones((), dtype=torch.float32, device=x.device) if self.needs_tensor_amax else None
             return x.clone(), none
-        xt = self._forward_transform(x, axis)
+        xt = self.transform(x, axis)
         q, _, tensor_scale = self._quantize(xt, axis, amax, self._noise(x, noise, generator), self.needs_tensor_amax)
         return q.to(x.dtype), tensor_scale if self.needs_tensor_amax else None
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         """max |x| in the format's quantization domain (after its Hadamard transform, if any):
         the per-tensor amax to reduce over tensor-parallel ranks and pass back as ``amax``."""
-        return abs_max(self._forward_transform(x, axis))
+        return abs_max(self.transform(x, axis))
 
     @property
     def transforms_operand(self) -> bool:
@@ -175,7 +175,9 @@ class NumericFormat(ABC):
         ``quantize_for_gemm`` then returns the operand in the transformed domain."""
         return self.hadamard is not None
 
-    def _forward_transform(self, x: Tensor, axis: int) -> Tensor:
+    def transform(self, x: Tensor, axis: int = -1) -> Tensor:
+        """x in the quantization domain: its Hadamard transform along ``axis`` (float32), or x
+        itself for formats without one."""
         return x if self.hadamard is None else self.hadamard.forward(x, axis, self.name)
 
     def _inverse_transform(self, q: Tensor, axis: int) -> Tensor:
