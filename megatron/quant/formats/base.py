@@ -158,8 +158,8 @@ class NumericFormat(ABC):
             return self.quantize(x, axis, amax, noise=noise, generator=generator), None
         _check_input(self.name, x)
         if x.numel() == 0:
-            none = torch.ones((), dtype=torch.float32, device=x.device) if self.needs_tensor_amax else None
-            return x.clone(), none
+            one = torch.ones((), dtype=torch.float32, device=x.device)
+            return x.clone(), one if self.needs_tensor_amax else None
         xt = self.transform(x, axis)
         q, _, tensor_scale = self._quantize(xt, axis, amax, self._noise(x, noise, generator), self.needs_tensor_amax)
         return q.to(x.dtype), tensor_scale if self.needs_tensor_amax else None
