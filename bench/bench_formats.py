@@ -32,6 +32,14 @@ GOALS = {"cpu": {("eager", False): 4.0, ("eager", True): 6.0, ("compiled", False
          "cuda": {("eager", False): float("inf"), ("eager", True): float("inf"),
                   ("compiled", False): 1.25, ("compiled", True): 1.25}}
 RESULTS = Path(__file__).resolve().parent / "results"
+# Recipe variants timed beside the formats' defaults (nvfp4's default is the TE kernel arithmetic):
+# label -> (format, options); --formats accepts the labels too.
+VARIANTS = {
+    "nvfp4:16x16": ("nvfp4", {"block_shape": (16, 16)}),
+    "nvfp4:hadamard16": ("nvfp4", {"hadamard": 16}),
+    "mxfp4:hadamard32": ("mxfp4_e2m1", {"hadamard": 32}),
+    "fp8_e4m3:block1x128": ("fp8_e4m3", {"scaling": "block"}),
+}
 
 
 def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> float:
@@ -56,7 +64,8 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
     print(f"\n{str(dtype):<15} clone: {clone * 1e3:8.2f} ms  ({moved / clone / 1e9:.1f} GB/s moved)", flush=True)
     rows = []
     for name in names:
-        fmt = get_format(name)
+        format_name, options = VARIANTS.get(name, (name, {}))
+        fmt = get_format(format_name, **options)
         modes = {"eager": fmt.quantize}
         if compile_too:
             # Every format shares NumericFormat.quantize's code object: without a reset,
@@ -71,7 +80,7 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
                          "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
                          "GBps": moved / seconds, "copy_GBps": moved / clone,
                          "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
-            print(f"  {name:<12} {mode:<9} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s  {ratio:6.2f}x clone"
+            print(f"  {name:<20} {mode:<9} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s  {ratio:6.2f}x clone"
                   f"  (goal {goal:.2f}x{'' if ratio <= goal else ', missed'})", flush=True)
     return rows
 
@@ -108,7 +117,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1M elements instead of 16M")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per case (median; >= 5)")
-    parser.add_argument("--formats", nargs="*", default=None, help="subset of formats (default: all)")
+    parser.add_argument("--formats", nargs="*", default=None,
+                        help=f"subset of formats and variants (default: all; variants: {', '.join(VARIANTS)})")
     parser.add_argument("--eager-only", action="store_true", help="skip torch.compile")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -122,7 +132,7 @@ def main() -> None:
     output = args.output or RESULTS / f"bench_formats{'_cuda' if args.device == 'cuda' else ''}.json"
     torch.set_num_threads(args.threads)
     numel = (1 << 20) if args.quick else (1 << 24)
-    names = args.formats or list_formats()
+    names = args.formats or list_formats() + list(VARIANTS)
     started = time.time()
     rows = []
     for dtype in (torch.float32, torch.bfloat16):

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
-from megatron.quant.formats import abs_max
 from megatron.quant.formats.random_bits import RandomBits, Shard
 from megatron.quant.tensor_saver import CaptureSite, Operand
 
@@ -104,8 +103,7 @@ def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
     (no per-tensor amax, an operand identical on every rank, or no group): no collective."""
     if not spec.fmt.needs_tensor_amax or spec.shard_dim is None or not _distributed(group):
         return None
-    amax = spec.fmt.amax_of(x.detach(), spec.axis).float() if hasattr(spec.fmt, "amax_of") else \
-        abs_max(x.detach()).float()
+    amax = spec.fmt.amax_of(x.detach(), spec.axis).float()  # after a Hadamard transform, if any
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
 

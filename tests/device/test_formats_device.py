@@ -14,7 +14,8 @@ from tests.formats._oracle import all_bf16, random_fp32
 pytestmark = pytest.mark.device
 
 # Options a format may take; each format is tested with every set it accepts.
-_OPTION_SETS = ({}, {"scale_mode": "rceil"}, {"overflow": "inf"})
+_OPTION_SETS = ({}, {"scale_mode": "rceil"}, {"overflow": "inf"}, {"scale_mode": "even"}, {"scaling": "block"},
+                {"margin": 1, "power_of_two_scales": True}, {"block_shape": [16, 16]}, {"hadamard": 16})
 
 
 def _cases() -> list[tuple[str, dict]]:
@@ -30,7 +31,7 @@ def _cases() -> list[tuple[str, dict]]:
 
 
 CASES = _cases()
-IDS = [name + "".join(f"-{v}" for v in options.values()) for name, options in CASES]
+IDS = [name + "".join(f"-{k}={v}".replace(" ", "") for k, v in options.items()) for name, options in CASES]
 
 
 def _inputs(dtype: torch.dtype) -> torch.Tensor:

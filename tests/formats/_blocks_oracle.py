@@ -9,6 +9,7 @@ import numpy as np
 from tests.formats._oracle import element_values, saturating_cast, tensor_scale
 
 MX_EMAX = {"fp8_e4m3": 8, "fp8_e5m2": 15, "fp6_e3m2": 4, "fp6_e2m3": 2, "fp4_e2m1": 2}  # from the issue
+MX_MBITS = {"fp8_e4m3": 3, "fp8_e5m2": 2, "fp6_e3m2": 2, "fp6_e2m3": 3, "fp4_e2m1": 1}
 
 
 def _blocks(x: np.ndarray, size: int) -> np.ndarray:
@@ -21,14 +22,26 @@ def _unblock(blocks: np.ndarray, length: int) -> np.ndarray:
     return blocks.reshape(*blocks.shape[:-2], -1)[..., :length]
 
 
-def mx_reference(x: np.ndarray, element: str, scale_mode: str) -> tuple[np.ndarray, np.ndarray]:
-    """(fake-quantized x, per-element scale) for MX with blocks of 32 along the last axis."""
-    blocks = _blocks(x, 32)
+def _round_mantissa_even(amax: np.ndarray, mbits: int) -> np.ndarray:
+    """amax (float64) with its significand rounded to ``mbits`` fraction bits, ties to even."""
+    significand, exponent = np.frexp(amax)  # significand in [0.5, 1)
+    steps = 2.0 ** (mbits + 1)
+    return np.ldexp(np.round(significand * steps) / steps, exponent)
+
+
+def mx_reference(x: np.ndarray, element: str, scale_mode: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """(fake-quantized x, per-element scale) for MX with blocks of ``block`` along the last axis
+    (torchao's four scale modes and the OCP one)."""
+    blocks = _blocks(x, block)
     amax = np.abs(blocks).max(-1, keepdims=True)
     finite = np.isfinite(amax)
     safe = np.where(finite & (amax > 0), amax, 1).astype(np.float64)
     if scale_mode == "floor":
         exponent = np.floor(np.log2(safe)) - MX_EMAX[element]
+    elif scale_mode == "ceil":
+        exponent = np.ceil(np.log2(safe)) - MX_EMAX[element]
+    elif scale_mode == "even":
+        exponent = np.floor(np.log2(_round_mantissa_even(safe, MX_MBITS[element]))) - MX_EMAX[element]
     else:
         exponent = np.ceil(np.log2(safe / element_values(element).max()))
     exponent = np.where(amax == 0, -127, exponent).clip(-127, 127).astype(np.int32)
@@ -40,17 +53,73 @@ def mx_reference(x: np.ndarray, element: str, scale_mode: str) -> tuple[np.ndarr
     return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
 
 
+def nvfp4_global_encode(amax) -> np.float32:
+    """TE's (448 * 6) / amax in float32: FP32 max when that overflows, 1 for amax 0, Inf or NaN."""
+    amax = np.float32(amax)
+    if not np.isfinite(amax) or amax == 0:
+        return np.float32(1)
+    with np.errstate(over="ignore"):
+        encode = np.float32(448 * 6) / amax
+    return min(encode, np.finfo(np.float32).max)
+
+
+def nvfp4_blocks_reference(blocks: np.ndarray, global_amax) -> tuple[np.ndarray, np.ndarray]:
+    """(fake-quantized blocks, per-block scale) for NVFP4 blocks along the last axis, the kernels'
+    arithmetic step by step in float32 (the issue's formulas)."""
+    f32 = np.float32
+    global_encode = nvfp4_global_encode(global_amax)
+    global_decode = f32(1) / global_encode
+    amax_block = np.abs(blocks).max(-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        block_decode = saturating_cast(amax_block * (global_encode * f32(1 / 6)), "fp8_e4m3")
+        block_decode = np.where(np.isfinite(amax_block), block_decode, np.nan).astype(f32)
+        scale = (block_decode * global_decode).astype(f32)
+        encode = (f32(1) / scale).astype(f32)
+        elements = np.where(scale == 0, f32(0), saturating_cast(blocks * encode, "fp4_e2m1"))
+        q = ((elements * block_decode).astype(f32) * global_decode).astype(f32)
+    return q, np.broadcast_to(scale, blocks.shape)
+
+
 def nvfp4_reference(x: np.ndarray, amax=None) -> tuple[np.ndarray, np.ndarray]:
     """(fake-quantized x, per-element scale) for NVFP4 with blocks of 16 along the last axis."""
-    global_scale = tensor_scale(np.abs(x).max() if amax is None else amax, 448.0 * 6.0)
-    blocks = _blocks(x, 16)
-    amax_block = np.abs(blocks).max(-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        block_scale = saturating_cast(amax_block / np.float32(6) / global_scale, "fp8_e4m3")
-        scale = np.where(np.isfinite(amax_block), block_scale * global_scale, np.nan).astype(np.float32)
-        scaled = np.where(scale == 0, np.float32(0), blocks / scale)
-        q = saturating_cast(scaled, "fp4_e2m1") * scale
-    return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
+    q, scale = nvfp4_blocks_reference(_blocks(x, 16), np.abs(x).max() if amax is None else amax)
+    return _unblock(q, x.shape[-1]), _unblock(scale, x.shape[-1])
+
+
+def nvfp4_divide_block_scale(amax_block, global_amax) -> np.ndarray:
+    """The E4M3 block scale of the previous order, E4M3((amax_block / 6) / (amax / 2688))."""
+    global_scale = tensor_scale(global_amax, 448.0 * 6.0)
+    return saturating_cast(np.float32(amax_block) / np.float32(6) / global_scale, "fp8_e4m3")
+
+
+def fp8_block_reference(blocks: np.ndarray, element: str, power_of_two: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(fake-quantized blocks, per-block decode scale) for FP8 block scaling along the last axis:
+    encode = max / amax (float32; FP32 max on overflow, 1 for amax 0), rounded down to a
+    power of two when asked; a block with Inf or NaN is NaN."""
+    f32 = np.float32
+    amax = np.abs(blocks).max(-1, keepdims=True)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        encode = np.minimum(f32(element_values(element).max()) / amax, np.finfo(f32).max).astype(f32)
+        encode = np.where(amax == 0, f32(1), encode)
+        if power_of_two:
+            encode = np.exp2(np.floor(np.log2(encode.astype(np.float64)))).astype(f32)
+        scale = np.where(np.isfinite(amax), f32(1) / encode, np.nan).astype(f32)
+        q = (saturating_cast(blocks * encode, element) * scale).astype(f32)
+    return q, np.broadcast_to(scale, blocks.shape)
+
+
+def tiled_reference(x: np.ndarray, side: int, one_block) -> tuple[np.ndarray, np.ndarray]:
+    """Per-tile loop over the last two axes of x: ``one_block(values)`` quantizes a tile's
+    values given as one (1, n) block and returns (q, per-element scale) of that shape."""
+    q, scale = np.empty_like(x), np.empty_like(x)
+    for index in np.ndindex(*x.shape[:-2]):
+        for i in range(0, x.shape[-2], side):
+            for j in range(0, x.shape[-1], side):
+                tile = x[index][i : i + side, j : j + side]
+                tile_q, tile_scale = one_block(tile.reshape(1, -1))
+                q[index][i : i + side, j : j + side] = tile_q.reshape(tile.shape)
+                scale[index][i : i + side, j : j + side] = tile_scale.reshape(tile.shape)
+    return q, scale
 
 
 def block_test_data(element: str, rows: int, length: int, block: int, seed: int,

@@ -34,7 +34,7 @@ def _check(fmt, reference, data: np.ndarray, dtype, axis: int, amax=None):
 
 
 @pytest.mark.parametrize("name", list(MX_ELEMENTS))
-@pytest.mark.parametrize("scale_mode", ["floor", "rceil"])
+@pytest.mark.parametrize("scale_mode", ["floor", "ceil", "even", "rceil"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("axis", AXES)
 def test_mx_matches_reference(name, scale_mode, dtype, axis):

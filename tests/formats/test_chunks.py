@@ -26,3 +26,16 @@ def test_chunked_equals_whole(name, monkeypatch):
             chunked = fmt.quantize(x, axis=axis)
             assert chunked.dtype == dtype and chunked.shape == x.shape and chunked.is_contiguous()
             assert not mismatches(chunked, whole, x), f"{name} {dtype} {shape} axis={axis}"
+
+
+@pytest.mark.parametrize("name, options", [("nvfp4", {"hadamard": 16}), ("mxfp4", {"hadamard": 32}),
+                                           ("fp8_e4m3", {"scaling": "block"}), ("fp8_e5m2", {"margin": 1, "power_of_two_scales": True}),
+                                           ("nvfp4", {"block_shape": (16, 16)})])
+def test_chunked_equals_whole_with_new_options(name, options, monkeypatch):
+    monkeypatch.setattr(formats_base, "EAGER_CHUNK_ELEMENTS", 64)
+    fmt = get_format(name, **options)
+    generator = torch.Generator().manual_seed(2)
+    for shape, axis in [((7, 256, 5), 1), ((96, 64), 0), ((3, 1024), -1)]:
+        x = torch.randn(shape, generator=generator) * 2.0 ** torch.randint(-8, 8, shape, generator=generator)
+        whole, _ = fmt.quantize_with_scale(x, axis=axis)
+        assert not mismatches(fmt.quantize(x, axis=axis), whole, x), f"{name} {options} {shape} axis={axis}"

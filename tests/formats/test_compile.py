@@ -22,3 +22,12 @@ def test_compiled_casts_round():
         torch._dynamo.reset()
         compiled = torch.compile(get_format(name).quantize, fullgraph=True, dynamic=False)
         assert not mismatches(compiled(x), x.to(dtype).float(), x), name
+
+
+def test_compiled_tiles_and_hadamard_match_eager():
+    torch._dynamo.reset()
+    fmt = get_format("nvfp4", block_shape=(16, 16), hadamard=16)
+    compiled = torch.compile(fmt.quantize, fullgraph=True, dynamic=False)
+    x = torch.from_numpy(random_fp32(96 * 80, seed=3, lo=-10, hi=10)).reshape(96, 80)
+    x = torch.where(torch.isfinite(x), x, 0.0)
+    assert not mismatches(compiled(x), fmt.quantize(x), x)

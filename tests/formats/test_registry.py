@@ -49,8 +49,8 @@ def test_bad_options_name_the_valid_ones():
         get_format("mxfp8", block=16)
     with pytest.raises(ValueError, match=r"rounding='up' is not one of \['nearest', 'stochastic'\]"):
         get_format("hifp8", rounding="up")
-    with pytest.raises(ValueError, match="scale_mode='ceil'"):
-        get_format("mxfp4", scale_mode="ceil")
+    with pytest.raises(ValueError, match="scale_mode='round'"):
+        get_format("mxfp4", scale_mode="round")
     with pytest.raises(ValueError, match="seed='1' must be an integer"):
         get_format("nvfp4", rounding="stochastic", seed="1")
     with pytest.raises(ValueError, match="valid options: none"):
@@ -87,3 +87,65 @@ def test_input_is_never_modified(name, rounding):
     for axis in (-1, 0):
         fmt.quantize_with_scale(x, axis=axis)
     assert torch.equal(x.nan_to_num(), before.nan_to_num())
+
+
+ROUND_TRIP = [
+    ("nvfp4", {}), ("nvfp4", {"block_shape": [16, 16]}), ("nvfp4", {"hadamard": 16, "rounding": "stochastic"}),
+    ("mxfp4", {"hadamard": 32, "scale_mode": "even"}), ("mxfp8", {"block_shape": "32x32", "scale_mode": "ceil"}),
+    ("fp8_e4m3", {"scaling": "block"}), ("fp8_e4m3", {"scaling": "block", "block_shape": (128, 128)}),
+    ("fp8_e5m2", {"margin": 2, "power_of_two_scales": True}), ("fp8_e4m3", {"scaling": "none"}),
+    ("hifp8", {"scaling": "tensor", "margin": 1}), ("fp8_e4m3", {"hadamard": 16, "hadamard_signs": [1, -1] * 8}),
+]
+
+
+@pytest.mark.parametrize("name, options", ROUND_TRIP)
+def test_options_are_json_and_accepted_back(name, options):
+    fmt = get_format(name, **options)
+    stored = json.loads(json.dumps(fmt.options))  # as capture metadata and recipes (YAML lists) hold them
+    again = get_format(name, **stored)
+    assert again.options == fmt.options and type(again) is type(fmt)
+    x = torch.randn(64, 128)
+    assert torch.equal(again.quantize(x), fmt.quantize(x))
+
+
+def test_block_shape_spellings_and_attributes():
+    for spelling in ((16, 16), [16, 16], "16x16", " 16X16 "):
+        fmt = get_format("nvfp4", block_shape=spelling)
+        assert fmt.options["block_shape"] == (16, 16) and fmt.block_size == 16 and fmt.block_shape == (16, 16)
+    assert get_format("nvfp4").block_shape == (1, 16) and get_format("mxfp4").block_shape == (1, 32)
+    fmt = get_format("fp8_e4m3", scaling="block")
+    assert (fmt.name, fmt.scaling, fmt.block_size, fmt.needs_tensor_amax, fmt.max_value) == ("fp8_e4m3", "block", 128, False, 448.0)
+    assert not get_format("nvfp4").transforms_operand and get_format("nvfp4", hadamard=16).transforms_operand
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("nvfp4", {"block_shape": (8, 16)}, r"nvfp4: block_shape=\(8, 16\) must be \(1, n\)"),
+    ("nvfp4", {"block_shape": "16by16"}, r"block_shape='16by16' must be"),
+    ("mxfp4", {"block_shape": [0, 0]}, r"block_shape=\[0, 0\] must be"),
+    ("mxfp4", {"block_shape": 32}, r"block_shape=32 must be"),
+    ("mxfp4", {"hadamard": 64}, r"hadamard=64 does not divide the block length 32"),
+    ("fp8_e4m3", {"scaling": "block", "block_shape": (1, 96), "hadamard": 64}, r"does not divide the block length 96"),
+    ("fp8_e4m3", {"margin": -1}, r"margin=-1 must be an integer >= 0"),
+    ("fp8_e4m3", {"margin": 1.5}, r"margin=1.5 must be an integer >= 0"),
+    ("fp8_e4m3", {"power_of_two_scales": 1}, r"power_of_two_scales=1 must be true or false"),
+    ("fp8_e4m3", {"scaling": "block", "margin": 1}, r"margin needs scaling='tensor', not scaling='block'"),
+    ("fp8_e4m3", {"block_shape": (1, 128)}, r"block_shape needs scaling='block', not scaling='tensor'"),
+    ("fp8_e4m3", {"scaling": "block", "overflow": "inf"}, r"overflow needs scaling in \['none', 'tensor'\]"),
+    ("fp8_e5m2", {"scaling": "none", "power_of_two_scales": True}, r"power_of_two_scales needs scaling in"),
+    ("hifp8", {"margin": 2}, r"hifp8: margin needs scaling='tensor'"),
+    ("fp8_e4m3", {"scaling": "none", "hadamard": 16}, r"hadamard needs scaling in \['tensor', 'block'\]"),
+    ("nvfp4", {"hadamard": 0}, r"hadamard=0 must be a power of two from 2 to 256"),
+    ("nvfp4", {"hadamard": True}, r"hadamard=True must be a power of two"),
+    ("nvfp4", {"margin": 1}, r"unknown option\(s\) \['margin'\]"),
+])
+def test_new_option_errors(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        get_format(name, **options)
+
+
+def test_list_cli_shows_the_options(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for text in ("block_shape=(1, 16)", "hadamard=- (power of two", "scale_mode=floor (floor|ceil|even|rceil)",
+                 "scaling=tensor (tensor|none|block)", "margin=0 (integer >= 0)", "power_of_two_scales=- (true|false)"):
+        assert text in out, text

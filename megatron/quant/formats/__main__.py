@@ -1,6 +1,6 @@
 """Print the formats and their representable values.
 
-    python -m megatron.quant.formats list            # every format: bits, range, block, scaling
+    python -m megatron.quant.formats list            # every format: bits, range, block, scaling, options
     python -m megatron.quant.formats values hifp8    # all 256 codes with their values
     python -m megatron.quant.formats values mxfp4    # the element codes of a block format
 """
@@ -9,21 +9,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .registry import ALIASES, get_format, list_formats
+from .registry import ALIASES, format_options, get_format, list_formats
 
 
 def _format_table() -> list[str]:
     aliases = {canonical: [] for canonical in list_formats()}
     for alias, canonical in ALIASES.items():
         aliases[canonical].append(alias)
-    header = f"{'name':<12} {'bits':>4} {'max':>12} {'min positive':>13} {'block':>5}  {'scaling':<7} aliases / options"
+    header = f"{'name':<12} {'bits':>4} {'max':>12} {'min positive':>13} {'block':>5}  {'scaling':<7} aliases"
     lines = [header, "-" * len(header)]
     for name in list_formats():
         fmt = get_format(name)
-        extra = ", ".join(aliases[name]) or "-"
-        options = ", ".join(f"{key}={value}" for key, value in fmt.options.items())
         lines.append(f"{name:<12} {fmt.bits:>4} {fmt.max_value:>12.6g} {fmt.min_positive:>13.6g} "
-                     f"{fmt.block_size or '-':>5}  {fmt.scaling:<7} {extra} / {options or '-'}")
+                     f"{fmt.block_size or '-':>5}  {fmt.scaling:<7} {', '.join(aliases[name]) or '-'}")
+    lines += ["", "options: name=default (allowed values); '-': no default or one set by the scaling (see the README)"]
+    for name in list_formats():
+        described = [f"{key}={'-' if spec.default is None else spec.default} ({spec.describe()})"
+                     for key, spec in format_options(name).items()]
+        lines.append(f"{name:<12} {', '.join(described) or '-'}")
     return lines
 
 

@@ -5,11 +5,12 @@ import math
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from .hadamard import Hadamard
 from .random_bits import RandomBits
 from .rounding import ROUNDING_MODES
 
@@ -21,18 +22,38 @@ EAGER_CHUNK_ELEMENTS = 1 << 17  # 512 KB of float32: a few temporaries fit in L2
 
 @dataclass(frozen=True)
 class Option:
-    """One option a format accepts: its default, and either its allowed values or its
-    number type (``int`` or ``float``; floats must be positive and finite)."""
+    """One option a format accepts: its default, and either its allowed values, its type
+    (``bool``, ``int``, or ``float``: positive and finite), or a ``parse`` function that
+    returns the value in canonical form or raises ValueError saying what is allowed."""
 
     default: Any
     choices: tuple | None = None
     kind: type | None = None
+    parse: Callable[[Any], Any] | None = None
+    allowed: str | None = None  # what ``parse`` accepts, for listings
+
+    def describe(self) -> str:
+        """The allowed values in a few words, for ``python -m megatron.quant.formats list``."""
+        if self.choices is not None:
+            return "|".join(map(str, self.choices))
+        if self.allowed is not None:
+            return self.allowed
+        return {bool: "true|false", int: "integer", float: "positive number"}.get(self.kind, "any")
 
     def check(self, format_name: str, key: str, value: Any) -> Any:
         if value is None and self.default is None:
             return None
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"{format_name}: {key}={value!r} is not one of {list(self.choices)}")
+        if self.parse is not None:
+            try:
+                return self.parse(value)
+            except ValueError as error:
+                raise ValueError(f"{format_name}: {key}={value!r} {error}") from None
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{format_name}: {key}={value!r} must be true or false")
+            return value
         if self.kind is int:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"{format_name}: {key}={value!r} must be an integer")
@@ -42,6 +63,12 @@ class Option:
                 raise ValueError(f"{format_name}: {key}={value!r} must be a positive finite number")
             return float(value)
         return value
+
+
+def non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError("must be an integer >= 0")
+    return int(value)
 
 
 ROUNDING_OPTION = Option("nearest", ROUNDING_MODES)
@@ -75,6 +102,8 @@ class NumericFormat(ABC):
 
     def __init__(self, options: dict[str, Any]):
         self.options = dict(options)
+        signs = options.get("hadamard_signs")
+        self.hadamard = None if signs is None else Hadamard(signs)
         # Stochastic rounding without an explicit key: noise is a pure function of the seed
         # and the element index, so the same call gives the same result in any process.
         self._default_bits = RandomBits.derive("format", options.get("seed", 0))
@@ -86,28 +115,33 @@ class NumericFormat(ABC):
 
     def quantize(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
                  noise: RandomBits | None = None, generator: torch.Generator | None = None) -> Tensor:
-        """Fake-quantized x. ``amax`` (0-d) replaces x's own absolute max where a per-tensor
+        """Fake-quantized x. ``amax`` (0-d) replaces ``amax_of(x, axis)`` where a per-tensor
         amax enters (``needs_tensor_amax``). Stochastic rounding draws its noise from ``noise``
         (stateless, keyed per element: what the layers pass), else from ``generator``, else from
-        the format's ``seed`` keyed by element index (so repeated calls give the same result)."""
+        the format's ``seed`` keyed by element index (so repeated calls give the same result).
+        With a Hadamard transform the result is back in x's domain (inverse applied)."""
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone()
-        if self._in_chunks(x):
-            return self._quantize_in_chunks(x, axis, amax)
-        q, _, _ = self._quantize(x, axis, amax, self._noise(x, noise, generator), False)
-        return q.to(x.dtype)
+        xt = self.transform(x, axis)
+        if self._in_chunks(xt):
+            q = self._quantize_in_chunks(xt, axis, amax)
+        else:
+            q = self._quantize(xt, axis, amax, self._noise(x, noise, generator), False)[0]
+        return self._inverse_transform(q, axis).to(x.dtype)
 
     def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
                             noise: RandomBits | None = None, generator: torch.Generator | None = None
                             ) -> tuple[Tensor, Tensor]:
         """(fake-quantized x, float32 scale broadcastable to x): the element grid was applied
-        to ``x / scale`` (ones for unscaled formats)."""
+        to ``x / scale`` (ones for unscaled formats); with a Hadamard transform, to
+        ``transform(x, axis) / scale``."""
         _check_input(self.name, x)
         if x.numel() == 0:
             return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
-        q, scale, _ = self._quantize(x, axis, amax, self._noise(x, noise, generator), False)
-        return q.to(x.dtype), self._scale_like_input(scale, x, axis)
+        xt = self.transform(x, axis)
+        q, scale, _ = self._quantize(xt, axis, amax, self._noise(x, noise, generator), False)
+        return self._inverse_transform(q, axis).to(x.dtype), self._scale_like_input(scale, x, axis)
 
     def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
                           noise: RandomBits | None = None, generator: torch.Generator | None = None
@@ -117,15 +151,37 @@ class NumericFormat(ABC):
 
         The operand holds element-grid values times their block scales only, which every
         format here represents exactly in x's dtype; ``quantize`` is operand x tensor scale,
-        rounded to x's dtype, which for bf16 inputs would leave the grid.
+        rounded to x's dtype, which for bf16 inputs would leave the grid. With a Hadamard
+        transform (``transforms_operand``) the operand stays in the transformed domain.
         """
-        if not self.needs_tensor_amax:
+        if not (self.needs_tensor_amax or self.transforms_operand):
             return self.quantize(x, axis, amax, noise=noise, generator=generator), None
         _check_input(self.name, x)
         if x.numel() == 0:
-            return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
-        q, _, tensor_scale = self._quantize(x, axis, amax, self._noise(x, noise, generator), True)
-        return q.to(x.dtype), tensor_scale
+            one = torch.ones((), dtype=torch.float32, device=x.device)
+            return x.clone(), one if self.needs_tensor_amax else None
+        xt = self.transform(x, axis)
+        q, _, tensor_scale = self._quantize(xt, axis, amax, self._noise(x, noise, generator), self.needs_tensor_amax)
+        return q.to(x.dtype), tensor_scale if self.needs_tensor_amax else None
+
+    def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
+        """max |x| in the format's quantization domain (after its Hadamard transform, if any):
+        the per-tensor amax to reduce over tensor-parallel ranks and pass back as ``amax``."""
+        return abs_max(self.transform(x, axis))
+
+    @property
+    def transforms_operand(self) -> bool:
+        """True when the format quantizes a Hadamard transform of x (``hadamard`` option):
+        ``quantize_for_gemm`` then returns the operand in the transformed domain."""
+        return self.hadamard is not None
+
+    def transform(self, x: Tensor, axis: int = -1) -> Tensor:
+        """x in the quantization domain: its Hadamard transform along ``axis`` (float32), or x
+        itself for formats without one."""
+        return x if self.hadamard is None else self.hadamard.forward(x, axis, self.name)
+
+    def _inverse_transform(self, q: Tensor, axis: int) -> Tensor:
+        return q if self.hadamard is None else self.hadamard.inverse(q, axis, self.name)
 
     def _in_chunks(self, x: Tensor) -> bool:
         """Chunk eager CPU round-to-nearest calls on big tensors (same result; stochastic
@@ -134,7 +190,8 @@ class NumericFormat(ABC):
                 and x.numel() > 2 * EAGER_CHUNK_ELEMENTS and not torch.compiler.is_compiling())
 
     def _quantize_in_chunks(self, x: Tensor, axis: int, amax: Tensor | None) -> Tensor:
-        """``quantize`` a slice of whole blocks at a time, into one output."""
+        """``quantize`` a slice of whole blocks at a time, into one output (x is already in the
+        quantization domain)."""
         if self.needs_tensor_amax and amax is None:
             amax = abs_max(x)
         if self.block_size is not None:

@@ -56,3 +56,9 @@ def pow2_from_exponent(k: Tensor) -> Tensor:
 def mantissa_of(value: float) -> int:
     """The 23 stored mantissa bits of ``value`` rounded to float32 (pure Python)."""
     return struct.unpack("<I", struct.pack("<f", value))[0] & MANTISSA_MASK
+
+
+def floor_pow2(x: Tensor) -> Tensor:
+    """2**floor(log2 x) for positive normal float32 x (the exponent field kept, mantissa cleared);
+    Inf stays Inf."""
+    return (x.view(torch.int32) & EXPONENT_FIELD_MASK).view(torch.float32)

@@ -1,10 +1,16 @@
 """OCP Microscaling (MX v1.0): blocks of 32 elements sharing a power-of-two E8M0 scale.
 
-Scale exponent per block, clamped to E8M0's finite range [-127, 127]:
+Scale exponent per block, clamped to E8M0's finite range [-127, 127] (torchao's
+``ScaleCalculationMode`` names):
 - ``scale_mode="floor"`` (OCP): floor(log2(amax_block)) - emax_elem;
+- ``scale_mode="ceil"``: ceil(log2(amax_block)) - emax_elem;
+- ``scale_mode="even"``: amax_block's mantissa rounded to the element's mantissa width
+  first (a carry moves it to the next power of two), then as floor;
 - ``scale_mode="rceil"`` (NVIDIA hardware): ceil(log2(amax_block / elem_max)), computed
   exactly from the bits (Transformer Engine multiplies amax by a float32 1/elem_max first,
   which for amax exactly elem_max * 2**k gives 2**(k+1)).
+``block_shape=(32, 32)`` shares one scale per 32 x 32 tile; ``hadamard=n`` quantizes a random
+Hadamard transform of x (``hadamard.py``).
 Elements are x / scale rounded onto the element grid (nearest-even or stochastic) and
 saturated to the element's max. An all-zero block stays zero. Inf or NaN anywhere in a
 block makes its scale NaN (E8M0 0xFF) and so the whole block NaN, as the OCP reference
@@ -22,7 +28,7 @@ from .base import abs_max
 from .blocks import BlockFormat
 from .grid import Minifloat
 
-SCALE_MODES = ("floor", "rceil")
+SCALE_MODES = ("floor", "ceil", "even", "rceil")
 MX_BLOCK_SIZE = 32
 E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
@@ -30,8 +36,16 @@ E8M0_MAX_EXPONENT = 127
 
 def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -> Tensor:
     """int32 E8M0 scale exponent for each block amax (Inf/NaN blocks are handled by the caller)."""
+    if scale_mode == "even":
+        # Add half an element ulp to the float32 bits: a carry reaches the exponent exactly when
+        # the rounded mantissa overflows. (Ties round up here, but a tie that rounds to even
+        # downward never carries, so the exponent is the same as with ties to even.)
+        half_ulp = 1 << (bits.MANTISSA_BITS - element.mbits - 1)
+        block_amax = (block_amax.view(torch.int32) + half_ulp).view(torch.float32)
     exponent = bits.unbiased_exponent(block_amax) - element.max_exponent
-    if scale_mode == "rceil":
+    if scale_mode == "ceil":
+        exponent = exponent + (bits.mantissa(block_amax) != 0).int()
+    elif scale_mode == "rceil":
         # amax / max = (mantissa ratio) * 2**(e_amax - e_max): its ceil(log2) is one more
         # exactly when amax's significand exceeds max's.
         exponent = exponent + (bits.mantissa(block_amax) > bits.mantissa_of(element.max_value)).int()
@@ -39,7 +53,6 @@ def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -
 
 
 class MXFormat(BlockFormat):
-    block_size = MX_BLOCK_SIZE
     scale_encoding = "E8M0 (a power of two, 2**-127 .. 2**127) per block"
 
     def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):

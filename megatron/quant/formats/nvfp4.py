@@ -1,27 +1,44 @@
-"""NVFP4: E2M1 elements in blocks of 16, an E4M3 scale per block and an FP32 one per tensor.
+"""NVFP4: E2M1 elements in blocks of 16, an E4M3 scale per block and an FP32 one per tensor,
+with the arithmetic of Transformer Engine's quantization kernels (float32, in this order):
 
-    global = amax_tensor / (448 * 6)                      (float32; tensor_scale's guards)
-    block  = E4M3_RNE((amax_block / 6) / global)          (saturating at 448)
-    scale  = block * global;  element = E2M1_RNE(x / scale)
+    global_encode = (448 * 6) / amax_tensor       (FP32 max if that overflows; 1 for an amax
+                                                   of 0, Inf or NaN)
+    block_decode  = E4M3_RNE(min(amax_block * (global_encode * (1/6)), 448))
+    global_decode = 1 / global_encode
+    encode        = 1 / (block_decode * global_decode)
+    element       = E2M1_RNE(clamp(x * encode, +-6))
+    value         = (element * block_decode) * global_decode
 
+The reported scale is block_decode * global_decode (so the elements are x * (1 / scale)).
 A block whose E4M3 scale rounds to zero (its amax is tiny next to the tensor's) quantizes
-to zero. Inf or NaN in a block makes that block NaN, as in MX; a non-finite tensor amax
-falls back to global = 1 so that the other blocks are still quantized.
+to zero. Inf or NaN in a block makes that block NaN, as in MX. ``quantize_for_gemm`` returns
+element * block_decode (exact in bf16) and global_decode as the tensor scale.
+``block_shape=(16, 16)`` shares one scale per 16 x 16 tile (TE's weights); ``hadamard=16``
+quantizes TE's random Hadamard transform of x.
 """
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from .base import abs_max, tensor_scale
+from .base import abs_max
 from .blocks import BlockFormat
 from .grid import FP4_E2M1, FP8_E4M3
 
 NVFP4_BLOCK_SIZE = 16
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+def global_encode_scale(amax: Tensor, target: float) -> Tensor:
+    """float32 ``target / amax`` with the kernels' guards (0-d)."""
+    amax = amax.detach().to(torch.float32)
+    encode = (amax.new_tensor(target) / amax).clamp_max(_FP32_MAX)  # not target / amax: torch makes
+    # that reciprocal(amax) * target, two roundings
+    return torch.where((amax > 0) & (encode > 0), encode, 1.0)  # amax 0 or NaN; Inf gives encode 0
 
 
 class NVFP4Format(BlockFormat):
     name = "nvfp4"
-    block_size = NVFP4_BLOCK_SIZE
     scale_encoding = "E4M3 per block, times one FP32 scale per tensor"
     needs_tensor_amax = True
     element = FP4_E2M1
@@ -33,12 +50,13 @@ class NVFP4Format(BlockFormat):
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
         block_amax = abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
-        global_scale = tensor_scale(global_amax, self.block_scale_format.max_value * self.element.max_value)
-        block_scale = self.block_scale_format.round(block_amax / self.element.max_value / global_scale)
-        scale = torch.where(torch.isfinite(block_amax), block_scale * global_scale, torch.nan)
-        scaled = (blocks / scale).masked_fill_(scale == 0, 0.0)
+        element_max, scale_max = self.element.max_value, self.block_scale_format.max_value
+        global_encode = global_encode_scale(global_amax, scale_max * element_max)
+        block_decode = self.block_scale_format.round(block_amax * (global_encode * (1 / element_max)))
+        block_decode = torch.where(torch.isfinite(block_amax), block_decode, torch.nan)
+        global_decode = 1 / global_encode
+        scale = block_decode * global_decode
+        scaled = (blocks * (1 / scale)).masked_fill_(scale == 0, 0.0)
         elements = self.element.round_(scaled, blocks, self.rounding, "saturate", uniform)
-        # A GEMM kernel decodes element x E4M3 block scale (exact in bf16) and applies the
-        # FP32 global scale to its accumulator.
-        decoded = elements.mul_(torch.where(torch.isfinite(block_amax), block_scale, torch.nan) if split else scale)
-        return decoded, scale, global_scale
+        decoded = elements.mul_(block_decode)  # exact: what a GEMM kernel decodes
+        return (decoded if split else decoded.mul_(global_decode)), scale, global_decode

@@ -1,0 +1,43 @@
+"""FP8 with one scale per block (Transformer Engine's ``Float8BlockScaling``, DeepSeek-V3 style):
+1 x 128 blocks for activations and gradients, 128 x 128 tiles for weights.
+
+Per block, in float32 (TE's current-scaling rule applied to the block amax):
+
+    encode = max_fp8 / amax_block           (FP32 max if that overflows; 1 for an amax of 0)
+    encode = 2**floor(log2(encode))         (``power_of_two_scales``, the default)
+    element = saturate(RNE(x * encode));  value = element * (1 / encode)
+
+With power-of-two scales element x scale is exact in bf16. Inf or NaN in a block makes that
+block NaN, as in the other block formats.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import bits
+from .base import abs_max
+from .blocks import BlockFormat
+from .grid import Minifloat
+
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+class FP8BlockFormat(BlockFormat):
+    scale_encoding = "FP32 per block (a power of two with power_of_two_scales)"
+
+    def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):
+        super().__init__(options)
+        self._describe_elements(name, element)
+
+    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
+        block_amax = abs_max(blocks, dim=block_dim)
+        # A tensor numerator: torch computes number / tensor as reciprocal(tensor) * number.
+        encode = (block_amax.new_tensor(self.element.max_value) / block_amax).clamp_max(_FP32_MAX)
+        encode = torch.where(block_amax == 0, 1.0, encode)
+        if self.options["power_of_two_scales"]:
+            encode = bits.floor_pow2(encode)
+        scale = torch.where(torch.isfinite(block_amax), 1 / encode, torch.nan)
+        elements = self.element.round_(blocks * encode, blocks, self.rounding, "saturate", uniform)
+        return elements.mul_(scale), scale, None
