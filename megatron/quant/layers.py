@@ -32,6 +32,10 @@ class QuantLinearMixin:
         """Shard sizes along block axes, per recipe operand key (only the sharded ones)."""
         raise NotImplementedError
 
+    def _tile_checked_dims(self) -> dict[str, int]:
+        """Weight shard sizes across the block axis, which n x n tiles (``block_shape``) also span."""
+        raise NotImplementedError
+
     def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,
                         shard_groups: int = 1) -> None:
         """Set this layer's operand formats and capture site; checks block sizes against shards.
@@ -41,7 +45,9 @@ class QuantLinearMixin:
         whose shards hold [gate; up] slices), so the noise follows the unsharded layout."""
         if torch.distributed.get_world_size(self.tp_group) > 1:
             specs = quant.specs()
-            for key, size in self._block_checked_dims().items():
+            tiled = {key: size for key, size in self._tile_checked_dims().items()
+                     if getattr(specs[key].fmt, "block_shape", (1,))[0] > 1}
+            for key, size in {**self._block_checked_dims(), **tiled}.items():
                 block = getattr(specs[key].fmt, "block_size", None)
                 if block and size % block:
                     name = site.module if site else type(self).__name__
@@ -91,6 +97,9 @@ class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
         return {"dgrad.grad_output": self.output_size_per_partition,
                 "dgrad.weight": self.output_size_per_partition}
 
+    def _tile_checked_dims(self) -> dict[str, int]:
+        return {"fprop.weight": self.output_size_per_partition}
+
 
 class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
     """RowParallelLinear (weight sharded along in_features) with quantized GEMMs."""
@@ -100,6 +109,9 @@ class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
     def _block_checked_dims(self) -> dict[str, int]:
         # fprop reduces over in_features, which is split across TP ranks.
         return {"fprop.input": self.input_size_per_partition, "fprop.weight": self.input_size_per_partition}
+
+    def _tile_checked_dims(self) -> dict[str, int]:
+        return {"dgrad.weight": self.input_size_per_partition}
 
 
 def invalidate_quantized_weights(model: torch.nn.Module) -> None:

@@ -148,6 +148,24 @@ def scaled_product(product: Callable[[Tensor, Tensor], Tensor], a: Quantized, b:
     return product(a.values.float(), b.values.float()).mul_(scale).to(a.values.dtype)
 
 
+def _transform(spec: OperandSpec) -> Optional[tuple]:
+    """The transform a spec leaves its GEMM operand in (Hadamard size and signs), or None."""
+    fmt = spec.fmt
+    if fmt is None or not fmt.transforms_operand:
+        return None
+    return fmt.options.get("hadamard"), tuple(fmt.options.get("hadamard_signs") or ())
+
+
+def check_gemm_transforms(gemms: Mapping[str, tuple[OperandSpec, OperandSpec]]) -> None:
+    """A transform along the reduction axis cancels in a GEMM only when both operands have it:
+    ValueError naming the GEMM's operands otherwise."""
+    for gemm, (a, b) in gemms.items():
+        if _transform(a) != _transform(b):
+            show = lambda s: f"hadamard={_transform(s)[0]}" if _transform(s) else "no transform"  # noqa: E731
+            raise ValueError(f"{gemm}: {a.name or 'A'} has {show(a)} but {b.name or 'B'} has {show(b)}; a "
+                             f"GEMM's two operands need the same transform (it cancels only then)")
+
+
 def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
     same round-to-nearest format without blocks (elementwise or one scale per tensor)."""
@@ -232,6 +250,11 @@ class LinearQuant:
 
     def specs(self) -> dict[str, OperandSpec]:
         return {_key(f.name): getattr(self, f.name) for f in fields(self)}
+
+    def __post_init__(self) -> None:
+        check_gemm_transforms({"fprop": (self.fprop_input, self.fprop_weight),
+                               "dgrad": (self.dgrad_grad_output, self.dgrad_weight),
+                               "wgrad": (self.wgrad_grad_output, self.wgrad_input)})
 
 
 def _key(field_name: str) -> str:
@@ -418,6 +441,10 @@ class BmmQuant:
         ``shard_dim``: the batch dimension of every operand, split across TP ranks by heads."""
         return cls(**{f.name: OperandSpec(formats[k], f.default.axis, k, shard_dim)
                       for f, k in zip(fields(cls), keys)})
+
+    def __post_init__(self) -> None:
+        check_gemm_transforms({"forward": (self.a, self.b), "grad A": (self.grad_a_dc, self.grad_a_b),
+                               "grad B": (self.grad_b_a, self.grad_b_dc)})
 
 
 def _bmm(a: Tensor, b: Tensor) -> Tensor:

@@ -254,7 +254,8 @@ def _packed_quant_stats(v: Tensor, qv: Tensor, scale: Tensor, fmt: "NumericForma
     """[overflow, underflow, sum x^2, sum (q-x)^2, sum x*q, sum q^2, elements summed], then
     ``_packed_block_stats`` for block formats; sums over elements finite in both when
     ``finite_only`` (else over all: void if any is not finite)."""
-    overflow = _overflow_count(v, scale, fmt)
+    # A transformed format's scale belongs to the transformed values (its quantization domain).
+    overflow = _overflow_count(fmt.transform(v, axis) if fmt.transforms_operand else v, scale, fmt)
     underflow = torch.count_nonzero((qv == 0) & (v != 0))
     summed = v.new_tensor(v.numel())
     if finite_only:

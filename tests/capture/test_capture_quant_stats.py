@@ -172,3 +172,17 @@ def test_mx_block_values_that_round_down_to_max_are_in_range():
     x = torch.tensor([447.0, 448.0, 456.0, 463.0, 464.0, 465.0, 479.0, 480.0] * 4)  # scale 2**0
     stats = quant_stats(x, formats.get_format("mxfp8_e4m3", scale_mode="floor"))
     assert stats["overflow"] == 4 * 3  # 465, 479, 480; 464 is a tie that goes to even 448
+
+
+def test_hadamard_overflow_is_counted_in_the_transformed_domain():
+    """The scale of a transformed format belongs to the transformed values: data inside the
+    range never overflows, and the statistics match those of quantizing the transformed x."""
+    from megatron.quant.formats import get_format
+    from megatron.quant.stats import quant_stats
+
+    fmt, plain = get_format("nvfp4", hadamard=16), get_format("nvfp4")
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 0.01
+    x[:, ::16] = 100.0  # one spike per group: the transform spreads it to 25 over 16 values
+    stats = quant_stats(x, fmt, axis=-1)
+    assert stats["overflow"] == 0
+    assert stats["overflow"] == quant_stats(fmt.transform(x, -1), plain, axis=-1)["overflow"]

@@ -253,3 +253,33 @@ def test_bf16_operands_are_on_the_grid_and_scales_go_to_the_fp32_product(paralle
     y_ref, grads_ref = _reference(x, layer.weight.detach(), 0, grad, fmts)
     assert torch.equal(y, y_ref) and torch.equal(grads["input"], grads_ref["input"])
     assert torch.equal(grads["weight"], grads_ref["weight"])
+
+
+def test_hadamard_on_both_wgrad_operands_cancels_in_the_gemm(parallel):
+    """TE's NVFP4 recipe: the random Hadamard transform on both wgrad operands along tokens; the
+    GEMM multiplies the transformed quantized operands and the transform cancels."""
+    from megatron.quant.formats import get_format
+
+    layer = _build("column", bias=False)
+    fmts = linear_formats("nvfp4")
+    fmts["wgrad.grad_output"] = fmts["wgrad.input"] = get_format("nvfp4", hadamard=16)
+    layer.configure_quant(LinearQuant.from_formats(fmts), SITE)
+    x, grad = _data(torch.float32, seed=10)
+    _, grads = _run(layer, x, grad)
+    _, reference = _reference(x, layer.weight.detach(), 0, grad, fmts)
+    assert torch.equal(grads["weight"], reference["weight"])
+    exact = grad.reshape(-1, OUT).t() @ x.reshape(-1, IN)
+    plain = linear_formats("nvfp4")
+    dy_q = plain["wgrad.grad_output"].quantize(grad.reshape(-1, OUT), axis=0)
+    untransformed = dy_q.t() @ plain["wgrad.input"].quantize(x.reshape(-1, IN), axis=0)
+    error = lambda w: float((w - exact).norm() / exact.norm())  # noqa: E731
+    assert error(grads["weight"]) < 0.2 and error(untransformed) < 0.2  # both quantized, both close
+
+
+def test_a_transform_on_one_operand_of_a_gemm_is_refused():
+    from megatron.quant.formats import get_format
+
+    fmts = linear_formats("nvfp4")
+    fmts["wgrad.input"] = get_format("nvfp4", hadamard=16)
+    with pytest.raises(ValueError, match="wgrad: wgrad.grad_output has no transform but wgrad.input has hadamard=16"):
+        LinearQuant.from_formats(fmts)

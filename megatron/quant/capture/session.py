@@ -159,7 +159,7 @@ class CaptureSession:
         return {
             "layer_type": site.layer_type, "layer_idx": site.layer_idx, "module": site.module, "role": site.role,
             "operation": operation, "phase": phase, "component": site.component, "quant_type": site.quant_type,
-            "format": None if fmt is None else {"name": fmt.name, "options": dict(fmt.options)},
+            "format": None if fmt is None else {"name": fmt.name, "options": _as_json(fmt.options)},
             "axis": operand.axis, "tensor_name": name,
             "iteration": self._iteration, "microbatch": self._microbatch, "sample": self._microbatch,
             "first_sample": self._first_sample, **self._ranks,
@@ -204,3 +204,9 @@ class CaptureSession:
                 self._directories[quant_type] = capture_directory(self.config.save_dir, quant_type)
             except ValueError as exc:
                 raise ValueError(f"CaptureSite.{exc}") from None
+
+
+def _as_json(options: Mapping) -> dict:
+    """Format options as JSON reads them back (tuples become lists), so the file's metadata
+    and its manifest line say the same."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in options.items()}
