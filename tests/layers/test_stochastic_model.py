@@ -12,17 +12,13 @@ VOCAB, SEQ = 128, 32
 
 @pytest.fixture(scope="module")
 def build():
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     from megatron.quant import cpu
     from megatron.quant.recipe import QuantRecipe
     from megatron.quant.spec import build_llama_model
+    from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(seed=5)
-    config = TransformerConfig(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4,
-                               num_query_groups=2, normalization="RMSNorm", gated_linear_unit=True,
-                               activation_func=torch.nn.functional.silu, add_bias_linear=False,
-                               use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0)
+    config = transformer_config()
 
     def make(fmt: str = "mxfp8", seed: int = 0):
         torch.manual_seed(0)

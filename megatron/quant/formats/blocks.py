@@ -114,3 +114,11 @@ class BlockFormat(NumericFormat):
         per_element = list(scale.shape)
         per_element[axis + 1] = self.block_size
         return merge_blocks(scale.expand(per_element), axis, x.shape[axis])
+
+
+class GridBlockFormat(BlockFormat):
+    """Blocks of one element grid, chosen at construction (MX elements, FP8 blocks)."""
+
+    def __init__(self, name: str, element, options: dict):
+        super().__init__(options)
+        self._describe_elements(name, element)

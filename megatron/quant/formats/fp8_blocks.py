@@ -12,24 +12,18 @@ block NaN, as in the other block formats.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
 from . import bits
 from .base import abs_max
-from .blocks import BlockFormat
-from .grid import Minifloat
+from .blocks import GridBlockFormat
 
 _FP32_MAX = torch.finfo(torch.float32).max
 
 
-class FP8BlockFormat(BlockFormat):
+class FP8BlockFormat(GridBlockFormat):
     scale_encoding = "FP32 per block (a power of two with power_of_two_scales)"
-
-    def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):
-        super().__init__(options)
-        self._describe_elements(name, element)
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
         block_amax = abs_max(blocks, dim=block_dim)

@@ -18,14 +18,13 @@ implementation (microxcaling) does: one non-finite value hides the block's other
 """
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from . import bits
 from .base import abs_max
-from .blocks import BlockFormat
+from .blocks import GridBlockFormat
 from .grid import Minifloat
 
 SCALE_MODES = ("floor", "ceil", "even", "rceil")
@@ -52,12 +51,8 @@ def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -
     return exponent.clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
 
 
-class MXFormat(BlockFormat):
+class MXFormat(GridBlockFormat):
     scale_encoding = "E8M0 (a power of two, 2**-127 .. 2**127) per block"
-
-    def __init__(self, name: str, element: Minifloat, options: dict[str, Any]):
-        super().__init__(options)
-        self._describe_elements(name, element)
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
         block_amax = abs_max(blocks, dim=block_dim)

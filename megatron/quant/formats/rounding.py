@@ -8,7 +8,6 @@ two non-IEEE rules take magnitudes (a >= 0, NaN or +Inf), the caller restoring t
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 ROUNDING_MODES = ("nearest", "stochastic")
