@@ -8,7 +8,7 @@ from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers import QuantColumnParallelLinear
 from megatron.quant.ops import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
-from tests.layers._helpers import attention_formats, linear_formats, q, transformer_config
+from tests.layers._helpers import attention_formats, gemm, linear_formats, operand, transformer_config
 
 pytestmark = pytest.mark.device
 
@@ -30,10 +30,13 @@ def test_linear_gemms_on_device(parallel, device, fmt_name):
     y.backward(grad)
     w = layer.weight.detach()
     xd = x.detach()
-    assert torch.equal(y.detach(), torch.matmul(q(xd, fmts["fprop.input"], -1), q(w, fmts["fprop.weight"], 1).t()))
-    assert torch.equal(x.grad, q(grad, fmts["dgrad.grad_output"], -1).matmul(q(w, fmts["dgrad.weight"], 0)))
+    t = lambda a, b: torch.matmul(a, b.t())  # noqa: E731
+    assert torch.equal(y.detach(), gemm(t, operand(xd, fmts["fprop.input"], -1), operand(w, fmts["fprop.weight"], 1)))
+    assert torch.equal(x.grad, gemm(torch.matmul, operand(grad, fmts["dgrad.grad_output"], -1),
+                                    operand(w, fmts["dgrad.weight"], 0)))
     dy2, x2 = grad.reshape(-1, OUT), xd.reshape(-1, IN)
-    dw = q(dy2, fmts["wgrad.grad_output"], 0).t().matmul(q(x2, fmts["wgrad.input"], 0))
+    dw = gemm(lambda a, b: a.t().matmul(b), operand(dy2, fmts["wgrad.grad_output"], 0),
+              operand(x2, fmts["wgrad.input"], 0))
     assert torch.equal(layer.weight.grad, dw)
 
 

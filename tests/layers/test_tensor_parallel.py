@@ -58,12 +58,15 @@ def _full_data():
 
 def _layer_results(rank: int, world_size: int) -> dict:
     """Each case's output and gradients on this rank, as full (un-sharded) tensors where sharded."""
-    from megatron.quant import cpu
+    from megatron.quant import cpu, tensor_saver
     from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear
     from megatron.quant.ops import LinearQuant
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=world_size, seed=1)
+    # TP=1 runs in the test process, where earlier tests may have moved the run position that
+    # keys stochastic rounding: start both layouts from the same one.
+    tensor_saver.set_iteration(0)
     config = transformer_config(tensor_model_parallel_size=world_size)
     x, weight, grad = _full_data()
     results = {}
