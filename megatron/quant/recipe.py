@@ -369,3 +369,9 @@ def _default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
     return fmt_name + "-" + "+".join(sorted(scopes))
+
+
+if __name__ == "__main__":  # python -m megatron.quant.recipe show [NAME]; the CLI lives apart from the logic
+    from megatron.quant.recipe_cli import main
+
+    raise SystemExit(main())
