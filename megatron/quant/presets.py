@@ -145,7 +145,9 @@ def _base_recipe(args: Any) -> tuple[str, dict[str, Any]]:
     gradients = _fp8_gradients(recipe, args.fp8_format)
     if gradients is not None:
         name += "-" + args.fp8_format
-        data["operands"] = {**data.get("operands", {}), **{key: gradients for key in GRADIENTS}}
+        # Another format name: the override carries the preset's top-level options (e.g. rceil) itself.
+        override = {"format": gradients, "options": dict(data.get("options", {}))}
+        data["operands"] = {**data.get("operands", {}), **{key: copy.deepcopy(override) for key in GRADIENTS}}
     if args.fp8_margin:
         _refuse(recipe != "tensorwise", f"--fp8-margin {args.fp8_margin} applies to --fp8-recipe tensorwise "
                                         f"only, not {recipe}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -25,8 +25,8 @@ from megatron.quant import formats, presets
 from megatron.quant.flags import switch_value
 from megatron.quant.formats.compiled import CompiledFormat
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
-from megatron.quant.operands import (ALL_OPERANDS, ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS,  # noqa: F401
-                                     QK_OPERANDS, ROLES, SCOPES, operands_for_role)
+from megatron.quant.operands import (ALL_OPERANDS, ATTENTION_OPERANDS, LINEAR_OPERANDS, LINEAR_ROLES,  # noqa: F401
+                                     PV_OPERANDS, QK_OPERANDS, ROLES, SCOPES, operands_for_role)
 from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
 
 DEFAULT_SCOPE = ("linear", "attention")
@@ -191,6 +191,17 @@ class QuantRecipe:
         """
         shared = {} if shared is None else shared
         return {key: self._build(c, shared) for key, c in self.choices(role, layer_idx, num_layers).items()}
+
+    def unquantized_layers(self, num_layers: int) -> list[int]:
+        """0-based decoder layers whose linear GEMMs rules leave unquantized although the recipe
+        without its rules quantizes them (e.g. first and last layers kept in bf16)."""
+        def quantized(recipe: QuantRecipe, layer: int) -> bool:
+            return any(not formats.is_passthrough(c.name)
+                       for role in LINEAR_ROLES for c in recipe.choices(role, layer, num_layers).values())
+
+        if not quantized(replace(self, rules=()), 0):
+            return []
+        return [layer for layer in range(num_layers) if not quantized(self, layer)]
 
     def _build(self, choice: FormatChoice, shared: dict[FormatChoice, Any]) -> Any:
         if formats.is_passthrough(choice.name):
