@@ -25,9 +25,10 @@ from megatron.quant import formats, presets
 from megatron.quant.flags import switch_value
 from megatron.quant.formats.compiled import CompiledFormat
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
-from megatron.quant.operands import (ALL_OPERANDS, ATTENTION_OPERANDS, LINEAR_OPERANDS, LINEAR_ROLES,  # noqa: F401
-                                     PV_OPERANDS, QK_OPERANDS, ROLES, SCOPES, operands_for_role)
+from megatron.quant.operands import (ALL_OPERANDS, ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS,  # noqa: F401
+                                     QK_OPERANDS, ROLES, SCOPES, operands_for_role)
 from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
+from megatron.quant.operands import LINEAR_ROLES  # unquantized_layers: the decoder layer's linear roles
 
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"

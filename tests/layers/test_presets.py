@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from megatron.quant import presets
-from megatron.quant.recipe import LINEAR_OPERANDS, QuantRecipe, RecipeError
+from megatron.quant.operands import LINEAR_OPERANDS
+from megatron.quant.recipe import QuantRecipe, RecipeError
 
 NUM_LAYERS = 4
 EMULATED = list(presets.PRESETS)

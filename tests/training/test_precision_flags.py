@@ -2,7 +2,8 @@
 import pytest
 
 from megatron.quant.presets import GRADIENTS, WGRAD, PresetError, recipe_from_megatron_flags
-from megatron.quant.recipe import LINEAR_OPERANDS, QuantRecipe
+from megatron.quant.operands import LINEAR_OPERANDS
+from megatron.quant.recipe import QuantRecipe
 from megatron.quant.train import build_recipe, check_inputs
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 
