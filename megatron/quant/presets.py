@@ -12,6 +12,10 @@ leaves attention's batched GEMMs in high precision unless ``fp8_dpa`` is set.
 | ``te-fp8-current`` | ``Float8CurrentScaling`` (default HYBRID: E4M3 forward, E5M2 gradients) |
 | ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
 
+The RHT of ``te-nvfp4`` uses TE's hard-coded 16-entry sign vector (``get_wgrad_sign_vector`` in
+TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and some later code)
+describe signs re-drawn every iteration, which is not emulated.
+
 ``te-fp8-delayed`` (``DelayedScaling``) is named but refused: it needs an amax history per
 operand, kept across steps and saved in checkpoints, which is not emulated yet.
 
