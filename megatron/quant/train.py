@@ -114,7 +114,8 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> 
     logger.print(f"parallel: TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x DP "
                  f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
-                 f"quantization {_quantization(recipe, shape['num_layers'])} | device {'cuda' if torch.cuda.is_available() else 'cpu'}")
+                 f"quantization {_quantization(recipe, shape['num_layers'])} | "
+                 f"device {'cuda' if torch.cuda.is_available() else 'cpu'}")
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e}")
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")

@@ -92,7 +92,8 @@ def test_a_linear_layer_steps_under_each_preset(parallel, name):
 
     layer = QuantColumnParallelLinear(64, 128, config=transformer_config(), init_method=torch.nn.init.normal_,
                                       bias=False, gather_output=False)
-    layer.configure_quant(LinearQuant.from_formats(_resolved(name)), CaptureSite("linear", "linear", 0, "t", "fc1", "t"))
+    site = CaptureSite("linear", "linear", 0, "t", "fc1", "t")
+    layer.configure_quant(LinearQuant.from_formats(_resolved(name)), site)
     x = torch.randn(16, 2, 64, requires_grad=True)
     y, _ = layer(x)
     y.backward(torch.randn_like(y))
