@@ -4,6 +4,9 @@ A recipe is parsed and validated once (from CUSTOM_QUANT_TYPE / CUSTOM_QUANT_SCO
 CUSTOM_QUANT_RECIPE, a dict, or Python) and resolved once per module at model build
 (``resolve``); the layers never look anything up per call.
 
+A top-level ``format`` may name a preset (``megatron.quant.presets``, e.g. ``te-nvfp4``): the
+preset's recipe dict, with the other given keys merged over it (``presets.merge_preset``).
+
 Resolution for one module: start from ``format`` for the operands that ``scope`` covers
 (none for the others), apply the global per-operand ``operands`` overrides, then every
 matching rule in order (later rules win).
@@ -12,18 +15,19 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from megatron.quant import formats
+from megatron.quant import formats, presets
 from megatron.quant.flags import switch_value
 from megatron.quant.formats.compiled import CompiledFormat
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
 from megatron.quant.operands import ALL_OPERANDS, ROLES, SCOPES, operands_for_role
 from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
+from megatron.quant.operands import LINEAR_ROLES  # unquantized_layers: the decoder layer's linear roles
 
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"
@@ -87,7 +91,7 @@ class QuantRecipe:
         """One format (with ``options``) for every operand in ``scope``."""
         scopes = _parse_scope(list(scope), "scope", "<python>")
         name = _check_format(str(fmt_name).lower(), options, "format", "<python>")
-        return cls(name=_default_name(name, scopes), format=FormatChoice(name, tuple(options.items())),
+        return cls(name=_default_name(name, scopes), format=FormatChoice(name, _options(options)),
                    scope=scopes, compile=_parse_bool(compile, "compile", "<python>"))
 
     @classmethod
@@ -97,11 +101,11 @@ class QuantRecipe:
         if not isinstance(data, Mapping):
             raise RecipeError(f"{source}: a recipe must be a mapping, got {type(data).__name__}")
         _check_keys(data, _TOP_KEYS, "", source)
-        merged = {**(defaults or {}), **data}
+        merged = _expand_preset({**(defaults or {}), **data}, source)
         scopes = _parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
         options = _mapping(merged.get("options", {}), "options", source)
-        fmt_name = _check_format(merged.get("format", PASSTHROUGH_DEFAULT), options, "format", source)
-        default = FormatChoice(fmt_name, tuple(options.items()))
+        fmt_name = _check_top_format(merged.get("format", PASSTHROUGH_DEFAULT), options, source)
+        default = FormatChoice(fmt_name, _options(options))
         overrides = _parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
         rules = merged.get("rules", [])
         if not isinstance(rules, list):
@@ -188,6 +192,17 @@ class QuantRecipe:
         shared = {} if shared is None else shared
         return {key: self._build(c, shared) for key, c in self.choices(role, layer_idx, num_layers).items()}
 
+    def unquantized_layers(self, num_layers: int) -> list[int]:
+        """0-based decoder layers whose linear GEMMs rules leave unquantized although the recipe
+        without its rules quantizes them (e.g. first and last layers kept in bf16)."""
+        def quantized(recipe: QuantRecipe, layer: int) -> bool:
+            return any(not formats.is_passthrough(c.name)
+                       for role in LINEAR_ROLES for c in recipe.choices(role, layer, num_layers).values())
+
+        if not quantized(replace(self, rules=()), 0):
+            return []
+        return [layer for layer in range(num_layers) if not quantized(self, layer)]
+
     def _build(self, choice: FormatChoice, shared: dict[FormatChoice, Any]) -> Any:
         if formats.is_passthrough(choice.name):
             return None
@@ -201,6 +216,15 @@ class QuantRecipe:
 # ---- parsing helpers ------------------------------------------------------------------------
 def _where(path: str) -> str:
     return path or "<top level>"
+
+
+def _freeze(value: Any) -> Any:
+    """Lists (YAML/JSON ``block_shape: [16, 16]``) as tuples: FormatChoice keys the shared formats."""
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def _options(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, _freeze(v)) for k, v in options.items())
 
 
 def _check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str) -> None:
@@ -218,6 +242,42 @@ def _mapping(value: Any, path: str, source: str) -> dict:
 
 def _valid_format_names() -> list[str]:
     return sorted(set(formats.list_formats()) | set(formats.ALIASES))
+
+
+def _is_format_name(name: str) -> bool:
+    try:
+        formats.canonical_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_top_format(name: Any, options: Mapping, source: str) -> str:
+    """The top-level format, where an unknown name's message also lists the presets."""
+    if isinstance(name, str) and not _is_format_name(name):
+        raise RecipeError(f"{source}: format: unknown format or preset {name!r}; valid: "
+                          f"{', '.join(_valid_format_names() + presets.preset_names())}")
+    return _check_format(name, options, "format", source)
+
+
+def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data`` with a preset ``format`` replaced by the preset's recipe, ``data``'s other keys merged
+    over it; named after the preset (plus ``-<scopes>`` when ``scope`` changes the preset's)."""
+    name = data.get("format")
+    if not presets.is_preset(name):
+        return data
+    key = name.strip().lower()
+    try:
+        preset = presets.get_preset(key)
+    except presets.PresetError as exc:
+        raise RecipeError(f"{source}: format: {exc}") from None
+    rest = {k: v for k, v in data.items() if k != "format"}
+    merged = presets.merge_preset(preset, rest)
+    if not merged.get("name"):
+        scopes = _parse_scope(merged["scope"], "scope", source)
+        changed = scopes != frozenset(preset["scope"])
+        merged["name"] = key + ("-" + "+".join(sorted(scopes)) if changed else "")
+    return merged
 
 
 def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
@@ -266,7 +326,7 @@ def _parse_choice(value: Any, path: str, source: str, base: FormatChoice) -> For
     data = _mapping(value, path, source)
     _check_keys(data, _OVERRIDE_KEYS, path, source)
     options = _mapping(data.get("options", {}), path + ".options", source)
-    choice = FormatChoice(data.get("format"), tuple(options.items()))
+    choice = FormatChoice(data.get("format"), _options(options))
     effective = choice.over(base)
     _check_format(effective.name, dict(effective.options), path, source)
     return FormatChoice(None if choice.name is None else str(choice.name).strip().lower(), choice.options)
@@ -308,7 +368,7 @@ def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Ru
     if "format" in data or "options" in data:
         options = _mapping(data.get("options", {}), path + ".options", source)
         fmt = FormatChoice(_check_format(data.get("format", default.name), options, path + ".format", source),
-                           tuple(options.items()))
+                           _options(options))
     operands = _parse_overrides(data.get("operands", {}), ALL_OPERANDS, path + ".operands", source,
                                 fmt or default)
     if fmt is None and not operands:
@@ -320,3 +380,9 @@ def _default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
     return fmt_name + "-" + "+".join(sorted(scopes))
+
+
+if __name__ == "__main__":  # python -m megatron.quant.recipe show [NAME]; the CLI lives apart from the logic
+    from megatron.quant.recipe_cli import main
+
+    raise SystemExit(main())

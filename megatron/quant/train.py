@@ -9,12 +9,13 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from megatron.quant import tensor_saver
+from megatron.quant.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
 from megatron.quant.recipe import QuantRecipe
 from megatron.quant.training import checkpoint, metrics, optimizer
@@ -43,11 +44,38 @@ def _model_vocab_size(args, tokenizer) -> int:
     return args.vocab_size
 
 
+_RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE")
+
+
+def build_recipe(args, environ: Mapping[str, str]) -> QuantRecipe:
+    """The recipe from Megatron-LM's precision flags (--fp8-recipe, --fp4-format, ...) or from
+    CUSTOM_QUANT_*; both at once is an error, not a choice."""
+    flags_recipe = recipe_from_megatron_flags(args)
+    if flags_recipe is None:
+        return QuantRecipe.from_env(environ)
+    given = [key for key in _RECIPE_ENV if environ.get(key)]
+    if given:
+        raise ArgumentError(f"{', '.join(given)} and the precision flags (--fp8-recipe/--fp4-format) both choose "
+                            f"the recipe ({flags_recipe['name']}); unset {', '.join(given)} or drop the flags")
+    extra = {"compile": environ["CUSTOM_QUANT_COMPILE"]} if environ.get("CUSTOM_QUANT_COMPILE") else {}
+    return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
+
+
+def _te_fp8_format(args) -> str | None:
+    """The FP8 format Transformer Engine runs for real: --fp8-format alone (with --fp8-recipe it is emulated)."""
+    return None if emulates_precision(args) else args.fp8_format
+
+
+def _quantization(recipe: QuantRecipe, num_layers: int) -> str:
+    kept = recipe.unquantized_layers(num_layers)
+    return recipe.name + (f" (decoder layers {', '.join(map(str, kept))} kept in bf16)" if kept else "")
+
+
 def _check_fp8_recipe(args, recipe) -> None:
     from megatron.quant import formats
 
     simulated = not formats.is_passthrough(recipe.format.name) or recipe.operands or recipe.rules
-    if args.fp8_format and simulated:
+    if _te_fp8_format(args) and simulated:
         raise ArgumentError(f"DTYPE=fp8 (--fp8-format) runs real FP8 GEMMs in Transformer Engine; it cannot be "
                             f"combined with the simulated format {recipe.name!r}: unset CUSTOM_QUANT_TYPE or use DTYPE=bf16")
 
@@ -86,7 +114,8 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> 
     logger.print(f"parallel: TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x DP "
                  f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
-                 f"quantization {recipe.name} | device {'cuda' if torch.cuda.is_available() else 'cpu'}")
+                 f"quantization {_quantization(recipe, shape['num_layers'])} | "
+                 f"device {'cuda' if torch.cuda.is_available() else 'cpu'}")
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e}")
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")
@@ -107,7 +136,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
     ArgumentError/ValueError/FileNotFoundError with a one-line reason."""
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    recipe = QuantRecipe.from_env()
+    recipe = build_recipe(args, os.environ)
     if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
         recipe = replace(recipe, seed=args.seed)
     _check_fp8_recipe(args, recipe)
@@ -135,7 +164,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         shape, precision=_precision(args), tensor_parallel=args.tensor_model_parallel_size,
         pipeline_parallel=args.pipeline_model_parallel_size, sequence_parallel=args.sequence_parallel,
         init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
-        hidden_dropout=args.hidden_dropout, fp8_format=args.fp8_format)
+        hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args))
     gpt = build_gpt(config, shape, recipe)
     if args.hf_checkpoint:
         from megatron.quant.training.hf_import import load_hf_weights

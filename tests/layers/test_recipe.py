@@ -161,7 +161,7 @@ def test_readme_recipe_examples_load(tmp_path):
 
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     examples = [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
-    assert len(examples) == 3
+    assert len(examples) == 4
     for i, example in enumerate(examples):
         path = tmp_path / f"example{i}.yaml"
         path.write_text(example)

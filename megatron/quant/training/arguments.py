@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 from typing import NoReturn, Sequence
 
+from megatron.quant.presets import FP8_RECIPES, emulates_precision
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
@@ -96,7 +97,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bf16", action="store_true", help="bf16 parameters and compute, fp32 master weights")
     g.add_argument("--fp16", action="store_true", help="GPU only: fp16 with dynamic loss scaling")
     g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
-                   help="real FP8 GEMMs through Transformer Engine (GPU only)")
+                   help="alone: real FP8 GEMMs through Transformer Engine (GPU only); with --fp8-recipe: the "
+                        "emulated recipe's FP8 format (hybrid: E5M2 gradients)")
+    # Megatron-LM's precision flags, mapped onto emulated recipes (megatron.quant.presets).
+    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
+                   help="emulate TE's recipe: tensorwise (te-fp8-current), mxfp8 (te-mxfp8), blockwise "
+                        "(te-fp8-blockwise); delayed is not emulated yet")
+    g.add_argument("--fp8-margin", type=int, default=0, help="with --fp8-recipe tensorwise: scale margin 2^m")
+    g.add_argument("--fp8-amax-history-len", type=int, default=None,
+                   help="delayed scaling only (not emulated yet: refused)")
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default=None,
+                   help="delayed scaling only (not emulated yet: refused)")
+    g.add_argument("--no-fp8-wgrad", action="store_true", help="emulated recipe: wgrad GEMM operands not quantized")
+    g.add_argument("--fp4-format", choices=["e2m1"], default=None, help="emulate FP4 training (te-nvfp4)")
+    g.add_argument("--fp4-recipe", choices=["nvfp4"], default=None, help="with --fp4-format: the FP4 recipe")
+    g.add_argument("--first-last-layers-bf16", action="store_true",
+                   help="emulated recipe: keep the first and last decoder layers unquantized")
+    g.add_argument("--num-layers-at-start-in-bf16", type=int, default=None,
+                   help="with --first-last-layers-bf16 (default 1)")
+    g.add_argument("--num-layers-at-end-in-bf16", type=int, default=None,
+                   help="with --first-last-layers-bf16 (default 1)")
 
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -203,10 +223,10 @@ def _check_shape(args: argparse.Namespace) -> None:
 def _check_devices(args: argparse.Namespace, cuda: bool) -> None:
     te = importlib.util.find_spec("transformer_engine") is not None
     _require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
-    if args.fp8_format is not None:
+    if args.fp8_format is not None and not emulates_precision(args):  # real FP8 (with --fp8-recipe: emulated)
         _require(te and cuda, f"--fp8-format {args.fp8_format} (DTYPE=fp8) needs Transformer Engine on a GPU, "
-                              "which is not available here; to simulate FP8 use DTYPE=bf16 with "
-                              "CUSTOM_QUANT_TYPE=fp8_e4m3")
+                              "which is not available here; to emulate FP8 add --fp8-recipe tensorwise, or use "
+                              "DTYPE=bf16 with CUSTOM_QUANT_TYPE=fp8_e4m3")
         _require(args.bf16, "--fp8-format needs --bf16 (Transformer Engine keeps non-FP8 math in bf16)")
     if args.sequence_parallel:
         _require(args.tensor_model_parallel_size > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1")

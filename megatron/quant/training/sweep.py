@@ -68,8 +68,8 @@ def _recipe_tokens(text: str) -> list[str]:
 
 
 def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
-    """(run name, recipe environment) for a format name or a recipe file."""
-    from megatron.quant import formats
+    """(run name, recipe environment) for a format name, a recipe preset (te-nvfp4, ...) or a recipe file."""
+    from megatron.quant import formats, presets
     from megatron.quant.compare.modes import PRESETS, RECIPE_SUFFIXES
     from megatron.quant.recipe import QuantRecipe, RecipeError
 
@@ -81,10 +81,12 @@ def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
         except RecipeError as error:
             raise SweepError(str(error)) from error
         return name, {"CUSTOM_QUANT_RECIPE": str(Path(token).resolve())}
-    valid = sorted(set(formats.list_formats()) | set(formats.ALIASES))
+    valid = sorted(set(formats.list_formats()) | set(formats.ALIASES)) + presets.preset_names()
     if token.lower() not in valid:
-        raise SweepError(f"unknown recipe {token!r}; give format names ({', '.join(valid)}), presets "
-                         f"({', '.join(PRESETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
+        raise SweepError(f"unknown recipe {token!r}; give format names or recipe presets ({', '.join(valid)}), "
+                         f"comparison presets ({', '.join(PRESETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
+    if token.lower() in presets.NOT_EMULATED:
+        raise SweepError(f"recipe {token!r}: {presets.NOT_EMULATED[token.lower()]}")
     return token, {"CUSTOM_QUANT_TYPE": token.lower()}
 
 
@@ -228,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m megatron.quant.training.sweep",
         description="Train the same model once per recipe into OUTPUT_DIR/<recipe>/ (training flags after --).")
     p.add_argument("output_dir", type=Path)
-    p.add_argument("recipes", help="format names, presets (essential, quant_only, all) or recipe files, "
+    p.add_argument("recipes", help="format names, recipe presets (te-nvfp4, ...), comparison presets "
+                                   "(essential, quant_only, all) or recipe files, "
                                    "space- or comma-separated, e.g. \"bf16 mxfp8 mxfp4 nvfp4 hifp8\"")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="megatron-quant-train flags, after --")
     p.add_argument("--launcher", default="torchrun --nproc-per-node 1",

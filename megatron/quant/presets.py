@@ -1,0 +1,203 @@
+"""Named recipes reproducing production low-precision recipes, and Megatron-LM's precision flags.
+
+A preset is data: a recipe dict in the ``QuantRecipe.from_dict`` schema, usable wherever a
+top-level format name is (``CUSTOM_QUANT_TYPE=te-nvfp4``, ``format: te-nvfp4`` in a recipe
+file). All presets quantize the linear layers only (``scope: linear``): Transformer Engine
+leaves attention's batched GEMMs in high precision unless ``fp8_dpa`` is set.
+
+| preset | reproduces (Transformer Engine ``transformer_engine/common/recipe/__init__.py``) |
+|---|---|
+| ``te-nvfp4`` | ``NVFP4BlockScaling`` (defaults: 2D weights, RHT on wgrad operands, SR on gradients) |
+| ``te-mxfp8`` | ``MXFP8BlockScaling`` (E4M3 everywhere, E8M0 scales rounded up: "rceil") |
+| ``te-fp8-current`` | ``Float8CurrentScaling`` (default HYBRID: E4M3 forward, E5M2 gradients) |
+| ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
+
+The RHT of ``te-nvfp4`` uses TE's hard-coded 16-entry sign vector (``get_wgrad_sign_vector`` in
+TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and some later code)
+describe signs re-drawn every iteration, which is not emulated.
+
+``te-fp8-delayed`` (``DelayedScaling``) is named but refused: it needs an amax history per
+operand, kept across steps and saved in checkpoints, which is not emulated yet.
+
+Merge rule (``merge_preset``): keys given next to a preset override the preset's, except
+``options`` and ``operands``, merged key by key (the given ones win), and ``rules``, appended
+after the preset's. This module imports nothing of ours: ``recipe`` imports it.
+"""
+from __future__ import annotations
+
+import copy
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
+WEIGHTS = ("fprop.weight", "dgrad.weight")
+WGRAD = ("wgrad.grad_output", "wgrad.input")
+_STOCHASTIC = {"rounding": "stochastic"}
+
+# name -> (source, recipe dict). Operand overrides without "format" keep the preset's format
+# and add options (QuantRecipe's override semantics).
+_PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "te-nvfp4": ("TE NVFP4BlockScaling; NVIDIA, 'Pretraining LLMs with NVFP4' (2025)", {
+        "format": "nvfp4", "scope": ["linear"],
+        "operands": {
+            "fprop.weight": {"options": {"block_shape": [16, 16]}},   # 2D: W and W^T quantize alike
+            "dgrad.weight": {"options": {"block_shape": [16, 16]}},
+            "dgrad.grad_output": {"options": dict(_STOCHASTIC)},     # rowwise gradient: SR, no RHT
+            "wgrad.grad_output": {"options": {"hadamard": 16, **_STOCHASTIC}},  # columnwise: RHT + SR
+            "wgrad.input": {"options": {"hadamard": 16}},            # columnwise activation: RHT
+        }}),
+    "te-mxfp8": ("TE MXFP8BlockScaling (fp8_format E4M3)", {
+        "format": "mxfp8_e4m3", "options": {"scale_mode": "rceil"}, "scope": ["linear"]}),
+    "te-fp8-current": ("TE Float8CurrentScaling (fp8_format HYBRID); Megatron-LM --fp8-recipe tensorwise", {
+        "format": "fp8_e4m3", "scope": ["linear"],
+        "operands": {key: "fp8_e5m2" for key in GRADIENTS}}),
+    "te-fp8-blockwise": ("TE Float8BlockScaling (DeepSeek-V3); Megatron-LM --fp8-recipe blockwise", {
+        "format": "fp8_e4m3", "scope": ["linear"],
+        "options": {"scaling": "block", "block_shape": [1, 128], "power_of_two_scales": True},
+        "operands": {key: {"options": {"block_shape": [128, 128]}} for key in WEIGHTS}}),
+}
+PRESETS: Mapping[str, tuple[str, Mapping[str, Any]]] = MappingProxyType(_PRESETS)
+
+DELAYED_MESSAGE = ("delayed scaling (TE DelayedScaling, Megatron-LM --fp8-recipe delayed, preset te-fp8-delayed) "
+                   "is not emulated yet: it needs a per-operand amax history saved in checkpoints; "
+                   "use te-fp8-current (--fp8-recipe tensorwise) instead")
+NOT_EMULATED = MappingProxyType({"te-fp8-delayed": DELAYED_MESSAGE})
+
+
+class PresetError(ValueError):
+    """A preset or precision flag that cannot be emulated; the message names it and the alternatives."""
+
+
+def preset_names() -> list[str]:
+    """Every preset name, the refused ones included (they belong in "valid values" lists)."""
+    return list(PRESETS) + list(NOT_EMULATED)
+
+
+def is_preset(name: Any) -> bool:
+    return isinstance(name, str) and name.strip().lower() in preset_names()
+
+
+def preset_source(name: str) -> str:
+    return PRESETS[name.strip().lower()][0]
+
+
+def get_preset(name: str) -> dict[str, Any]:
+    """A deep copy of preset ``name``'s recipe dict; PresetError for refused or unknown names."""
+    key = name.strip().lower()
+    if key in NOT_EMULATED:
+        raise PresetError(f"preset {key!r}: {NOT_EMULATED[key]}")
+    if key not in PRESETS:
+        raise PresetError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+    return copy.deepcopy(dict(PRESETS[key][1]))
+
+
+def merge_preset(preset: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a recipe dict without ``format``) applied over ``preset`` (see the module docstring)."""
+    merged = {**preset, **data}
+    for key in ("options", "operands"):
+        if key in preset and key in data and isinstance(data[key], Mapping):
+            merged[key] = {**preset[key], **data[key]}
+    if "rules" in data and isinstance(data["rules"], list):
+        merged["rules"] = list(preset.get("rules", [])) + data["rules"]
+    return merged
+
+
+# ---- Megatron-LM precision flags --------------------------------------------------------------
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
+_FP8_PRESETS = {"tensorwise": "te-fp8-current", "mxfp8": "te-mxfp8", "blockwise": "te-fp8-blockwise"}
+# --fp8-format e4m3 keeps the gradients in E4M3; hybrid puts them in E5M2 (TE's Format enum).
+_E4M3_GRADIENTS = {"tensorwise": "fp8_e4m3"}
+_E5M2_GRADIENTS = {"mxfp8": "mxfp8_e5m2"}
+_DELAYED_ONLY = ("fp8_amax_history_len", "fp8_amax_compute_algo")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fp8_gradients(recipe: str, fp8_format: str) -> Optional[str]:
+    """The gradient operands' format where ``fp8_format`` changes it from the preset's; None to keep it."""
+    if fp8_format == "e4m3":
+        return _E4M3_GRADIENTS.get(recipe)
+    if recipe == "blockwise":  # TE's Float8BlockScaling asserts fp8_format == E4M3
+        raise PresetError("--fp8-recipe blockwise supports --fp8-format e4m3 only (TE Float8BlockScaling), "
+                          "not hybrid")
+    return _E5M2_GRADIENTS.get(recipe)
+
+
+def _with_options(recipe: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` added to the top-level format and to every operand override naming its own format."""
+    recipe["options"] = {**recipe.get("options", {}), **options}
+    for key, value in recipe.get("operands", {}).items():
+        if isinstance(value, str):
+            recipe["operands"][key] = {"format": value, "options": dict(options)}
+        elif "format" in value:
+            value["options"] = {**value.get("options", {}), **options}
+    return recipe
+
+
+def _base_recipe(args: Any) -> tuple[str, dict[str, Any]]:
+    """(name, recipe dict) for the --fp8-*/--fp4-* flags, before --no-fp8-wgrad and bf16 layers."""
+    if args.fp4_format is not None:
+        _refuse(args.fp8_format is not None, "--fp4-format and --fp8-format are mutually exclusive; give one")
+        return "te-nvfp4", get_preset("te-nvfp4")  # --fp4-recipe nvfp4, the only emulated FP4 recipe
+    _refuse(args.fp4_recipe is not None, f"--fp4-recipe {args.fp4_recipe} needs --fp4-format e2m1")
+    recipe = args.fp8_recipe
+    _refuse(args.fp8_format is None, f"--fp8-recipe {recipe} needs --fp8-format {{e4m3,hybrid}}")
+    _refuse(recipe == "delayed", f"--fp8-recipe delayed: {DELAYED_MESSAGE}")
+    name, data = _FP8_PRESETS[recipe], get_preset(_FP8_PRESETS[recipe])
+    gradients = _fp8_gradients(recipe, args.fp8_format)
+    if gradients is not None:
+        name += "-" + args.fp8_format
+        # Another format name: the override carries the preset's top-level options (e.g. rceil) itself.
+        override = {"format": gradients, "options": dict(data.get("options", {}))}
+        data["operands"] = {**data.get("operands", {}), **{key: copy.deepcopy(override) for key in GRADIENTS}}
+    if args.fp8_margin:
+        _refuse(recipe != "tensorwise", f"--fp8-margin {args.fp8_margin} applies to --fp8-recipe tensorwise "
+                                        f"only, not {recipe}")
+        name += f"-margin{args.fp8_margin}"
+        data = _with_options(data, {"margin": args.fp8_margin})
+    return name, data
+
+
+def _refuse(condition: bool, message: str) -> None:
+    if condition:
+        raise PresetError(message)
+
+
+def emulates_precision(args: Any) -> bool:
+    """True when the flags ask for an emulated recipe: any --fp8-recipe or --fp4-* flag.
+    ``--fp8-format`` alone keeps Megatron-LM's meaning: real FP8 GEMMs in Transformer Engine."""
+    return any(getattr(args, key, None) is not None for key in ("fp8_recipe", "fp4_format", "fp4_recipe"))
+
+
+def recipe_from_megatron_flags(args: Any) -> Optional[dict[str, Any]]:
+    """The recipe dict Megatron-LM's precision flags ask for (None: no emulated recipe requested);
+    PresetError for combinations that cannot be emulated."""
+    for key in _DELAYED_ONLY:
+        _refuse(getattr(args, key, None) is not None, f"{_flag(key)} only applies to delayed scaling: "
+                                                       f"{DELAYED_MESSAGE}")
+    first_last = getattr(args, "first_last_layers_bf16", False)
+    for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        count = getattr(args, key, None)
+        _refuse(count is not None and not first_last, f"{_flag(key)} {count} needs --first-last-layers-bf16")
+        _refuse(count is not None and count < 0, f"{_flag(key)} must be >= 0, got {count}")
+    emulated = emulates_precision(args)
+    for key, given in (("no_fp8_wgrad", getattr(args, "no_fp8_wgrad", False)), ("first_last_layers_bf16", first_last),
+                       ("fp8_margin", getattr(args, "fp8_margin", None))):
+        _refuse(bool(given) and not emulated, f"{_flag(key)} needs an emulated recipe (--fp8-recipe "
+                                              f"{{{','.join(FP8_RECIPES)}}} or --fp4-format e2m1)")
+    if not emulated:
+        return None
+    name, data = _base_recipe(args)
+    if args.no_fp8_wgrad:  # Megatron-LM: wgrad GEMM in high precision
+        name += "-no-wgrad"
+        data["operands"] = {**data.get("operands", {}), **{key: "bf16" for key in WGRAD}}
+    if first_last:
+        start = 1 if args.num_layers_at_start_in_bf16 is None else args.num_layers_at_start_in_bf16
+        end = 1 if args.num_layers_at_end_in_bf16 is None else args.num_layers_at_end_in_bf16
+        layers = ([f"0:{start}"] if start else []) + ([f"-{end}:"] if end else [])
+        if layers:
+            name += f"-bf16-first{start}-last{end}"
+            data["rules"] = list(data.get("rules", [])) + [{"match": {"layers": layers}, "format": "bf16"}]
+    return {**data, "name": name}

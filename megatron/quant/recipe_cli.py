@@ -1,0 +1,142 @@
+"""``python -m megatron.quant.recipe show [NAME] [--num-layers N]``: what a recipe quantizes, and how.
+
+NAME is a preset (``te-nvfp4``), a format name (``mxfp8``) or a recipe file; without it, the
+presets are listed. For each group of decoder layers that resolve alike, one table per group of
+roles that resolve alike: operand, format, block, axis, transform, scaling, rounding.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from megatron.quant import formats, presets
+from megatron.quant.operands import LINEAR_ROLES, PV_OPERANDS, QK_OPERANDS
+from megatron.quant.recipe import FormatChoice, QuantRecipe, RecipeError
+
+COLUMNS = ("operand", "format", "block", "axis", "transform", "scaling", "rounding")
+DEFAULT_NUM_LAYERS = 16
+
+
+def _axes() -> dict[str, int]:
+    """The axis each operand's blocks run along, as the layers fix it (ops' GEMM specs)."""
+    from megatron.quant.ops import BmmQuant, LinearQuant
+
+    axes = {key: spec.axis for key, spec in LinearQuant().specs().items()}
+    for keys in (QK_OPERANDS, PV_OPERANDS):
+        axes.update({key: f.default.axis for f, key in zip(fields(BmmQuant), keys)})
+    return axes
+
+
+def load(name: str) -> QuantRecipe:
+    """A recipe file (by suffix or an existing path), else a preset or format name."""
+    if name.lower().endswith((".yaml", ".yml", ".json")) or Path(name).is_file():
+        return QuantRecipe.from_file(name)
+    return QuantRecipe.from_dict({"format": name}, source=name)
+
+
+def _scaling(fmt: Any) -> str:
+    opts = fmt.options
+    if fmt.name == "nvfp4":
+        text = "e4m3 block + fp32 tensor"
+    elif "scale_mode" in opts:
+        text = f"e8m0 block ({opts['scale_mode']})"
+    else:
+        text = opts.get("scaling", "none")
+    if opts.get("power_of_two_scales"):
+        text += ", 2^k"
+    if opts.get("margin"):
+        text += f", margin {opts['margin']}"
+    return text
+
+
+def operand_row(key: str, choice: FormatChoice, axis: int) -> tuple[str, ...]:
+    """One table row; a passthrough operand shows its name and dashes."""
+    if formats.is_passthrough(choice.name):
+        return (key, choice.name) + ("-",) * 5
+    fmt = formats.get_format(choice.name, **dict(choice.options))
+    block = fmt.options.get("block_shape")
+    hadamard = fmt.options.get("hadamard")
+    return (key, fmt.name, "x".join(map(str, block)) if block else "-", str(axis) if block else "-",
+            f"hadamard {hadamard}" if hadamard else "-", _scaling(fmt), fmt.rounding)
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in (COLUMNS, *rows)) for i in range(len(COLUMNS))]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (COLUMNS, *rows)]
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    parts, start = [], indices[0]
+    for prev, cur in zip(indices, [*indices[1:], None]):
+        if cur != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(parts)
+
+
+def _role_tables(recipe: QuantRecipe, layer: int, num_layers: int, roles: Sequence[str],
+                 axes: dict[str, int]) -> list[str]:
+    """Roles that resolve alike share one table; unquantized roles one line."""
+    tables: dict[tuple, list[str]] = {}
+    for role in roles:
+        rows = tuple(operand_row(k, c, axes[k]) for k, c in recipe.choices(role, layer, num_layers).items())
+        tables.setdefault(rows, []).append(role)
+    lines = []
+    for rows, group in tables.items():
+        if all(formats.is_passthrough(r[1]) for r in rows):
+            lines.append(f" {', '.join(group)}: not quantized")
+        else:
+            lines += [f" {', '.join(group)}:", *_table(rows)]
+    return lines
+
+
+def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: Optional[str] = None) -> str:
+    """The operand tables of ``recipe`` for a ``num_layers``-layer model, layers that differ shown apart."""
+    axes = _axes()
+    roles = (*LINEAR_ROLES, "core_attention")
+    by_layer: dict[tuple, list[int]] = {}
+    for layer in range(num_layers):
+        key = tuple(tuple(recipe.choices(r, layer, num_layers).items()) for r in roles)
+        by_layer.setdefault(key, []).append(layer)
+    lines = [f"recipe {recipe.name}" + (f" (reproduces {source})" if source else "")
+             + f", {num_layers} decoder layers" + (", compiled" if recipe.compile else "")]
+    for layers in sorted(by_layer.values(), key=len, reverse=True):
+        lines.append(f"layers {_ranges(layers)}:")
+        lines += _role_tables(recipe, layers[0], num_layers, roles, axes)
+    lines += _role_tables(recipe, -1, num_layers, ("output_layer",), axes)
+    return "\n".join(lines)
+
+
+def list_presets() -> str:
+    lines = ["presets (CUSTOM_QUANT_TYPE=NAME, or format: NAME in a recipe file):"]
+    lines += [f"  {name:<18} {source}" for name, (source, _) in presets.PRESETS.items()]
+    lines += [f"  {name:<18} refused: {reason}" for name, reason in presets.NOT_EMULATED.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m megatron.quant.recipe",
+                                     description="Show what a recipe quantizes.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    show = sub.add_parser("show", help="operand table of a preset, format name or recipe file; "
+                                       "no NAME: list the presets")
+    show.add_argument("name", nargs="?")
+    show.add_argument("--num-layers", type=int, default=DEFAULT_NUM_LAYERS,
+                      help="decoder layers, for layer rules (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.name is None:
+        print(list_presets())
+        return 0
+    if args.num_layers < 1:
+        parser.error(f"--num-layers must be positive, got {args.num_layers}")
+    try:
+        recipe = load(args.name)
+    except (RecipeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    source = presets.preset_source(args.name) if args.name.lower() in presets.PRESETS else None
+    print(describe(recipe, args.num_layers, source))
+    return 0

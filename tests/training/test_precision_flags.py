@@ -1,0 +1,101 @@
+"""Megatron-LM's precision flags (--fp8-recipe, --fp4-format, ...) mapped onto emulated recipes."""
+import pytest
+
+from megatron.quant.presets import GRADIENTS, WGRAD, PresetError, recipe_from_megatron_flags
+from megatron.quant.operands import LINEAR_OPERANDS
+from megatron.quant.recipe import QuantRecipe
+from megatron.quant.train import build_recipe, check_inputs
+from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
+
+TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2", "--bf16"]
+LAYERS = 4
+
+
+def _recipe(*flags):
+    data = recipe_from_megatron_flags(parse_args(TINY + list(flags)))
+    return None if data is None else QuantRecipe.from_dict(data)
+
+
+def _formats(recipe, layer=1):
+    return {k: None if f is None else f.name for k, f in recipe.resolve("fc1", layer, LAYERS).items()}
+
+
+def _all(name, e5m2_gradients=None):
+    return {k: e5m2_gradients if e5m2_gradients and k in GRADIENTS else name for k in LINEAR_OPERANDS}
+
+
+@pytest.mark.parametrize("flags, name, expected", [
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], "te-fp8-current", _all("fp8_e4m3", "fp8_e5m2")),
+    (["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"], "te-fp8-current-e4m3", _all("fp8_e4m3")),
+    (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "te-mxfp8", _all("mxfp8_e4m3")),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], "te-mxfp8-hybrid", _all("mxfp8_e4m3", "mxfp8_e5m2")),
+    (["--fp8-format", "e4m3", "--fp8-recipe", "blockwise"], "te-fp8-blockwise", _all("fp8_e4m3")),
+    (["--fp4-format", "e2m1"], "te-nvfp4", _all("nvfp4")),
+    (["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"], "te-nvfp4", _all("nvfp4")),
+    (["--fp4-format", "e2m1", "--no-fp8-wgrad"], "te-nvfp4-no-wgrad",
+     {k: None if k in WGRAD else "nvfp4" for k in LINEAR_OPERANDS}),
+])
+def test_flag_mapping(flags, name, expected):
+    recipe = _recipe(*flags)
+    assert recipe.name == name and _formats(recipe) == expected
+    assert set(recipe.resolve("core_attention", 1, LAYERS).values()) == {None}
+
+
+def test_hybrid_mxfp8_gradients_keep_the_rceil_scales():
+    fmts = _recipe("--fp8-format", "hybrid", "--fp8-recipe", "mxfp8").resolve("qkv", 0, LAYERS)
+    assert {f.options["scale_mode"] for f in fmts.values()} == {"rceil"}
+
+
+def test_margin_reaches_every_tensorwise_operand():
+    recipe = _recipe("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-margin", "2")
+    assert recipe.name == "te-fp8-current-margin2"
+    assert {f.options["margin"] for f in recipe.resolve("fc2", 0, LAYERS).values()} == {2}
+
+
+@pytest.mark.parametrize("start_end, kept", [([], [0, LAYERS - 1]), (["--num-layers-at-start-in-bf16", "2"], [0, 1, 3]),
+                                             (["--num-layers-at-end-in-bf16", "0"], [0])])
+def test_first_last_layers_bf16(start_end, kept):
+    recipe = _recipe("--fp4-format", "e2m1", "--first-last-layers-bf16", *start_end)
+    assert recipe.unquantized_layers(LAYERS) == kept
+    assert set(_formats(recipe, kept[0]).values()) == {None}
+
+
+def test_no_precision_flags_means_no_flag_recipe():
+    assert _recipe() is None
+    assert _recipe("--fp8-format", "hybrid") is None  # alone: real Transformer Engine FP8, as in Megatron-LM
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fp8-format", "hybrid", "--fp8-recipe", "delayed"], "delayed.*not emulated yet.*te-fp8-current"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-amax-history-len", "16"],
+     "--fp8-amax-history-len only applies to delayed scaling"),
+    (["--fp8-amax-compute-algo", "max"], "--fp8-amax-compute-algo only applies to delayed"),
+    (["--fp8-format", "e4m3", "--fp4-format", "e2m1"], "--fp4-format and --fp8-format are mutually exclusive"),
+    (["--fp8-recipe", "mxfp8"], r"--fp8-recipe mxfp8 needs --fp8-format \{e4m3,hybrid\}"),
+    (["--fp4-recipe", "nvfp4"], "--fp4-recipe nvfp4 needs --fp4-format e2m1"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "blockwise supports --fp8-format e4m3 only"),
+    (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8", "--fp8-margin", "1"], "tensorwise only, not mxfp8"),
+    (["--no-fp8-wgrad"], "--no-fp8-wgrad needs an emulated recipe"),
+    (["--first-last-layers-bf16"], "--first-last-layers-bf16 needs an emulated recipe"),
+    (["--fp4-format", "e2m1", "--num-layers-at-end-in-bf16", "2"], "needs --first-last-layers-bf16"),
+])
+def test_flag_refusals(flags, message):
+    with pytest.raises(PresetError, match=message):
+        _recipe(*flags)
+
+
+def test_flags_and_custom_quant_variables_together_are_refused():
+    args = parse_args(TINY + ["--fp4-format", "e2m1"])
+    with pytest.raises(ArgumentError, match="CUSTOM_QUANT_TYPE and the precision flags.*te-nvfp4"):
+        build_recipe(args, {"CUSTOM_QUANT_TYPE": "mxfp8"})
+    assert build_recipe(args, {"CUSTOM_QUANT_COMPILE": "1"}).compile
+
+
+def test_emulated_fp8_needs_no_transformer_engine_and_check_inputs_builds_it(monkeypatch):
+    for key in ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE"):
+        monkeypatch.delenv(key, raising=False)
+    flags = TINY + ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16"]
+    validate_args(parse_args(flags), 1, cuda=False)
+    inputs = check_inputs(flags)
+    assert inputs.recipe.name == "te-fp8-current-bf16-first1-last1"
+    assert inputs.recipe.unquantized_layers(inputs.shape["num_layers"]) == [0, inputs.shape["num_layers"] - 1]
