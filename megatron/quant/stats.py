@@ -269,20 +269,12 @@ def _packed_quant_stats(v: Tensor, qv: Tensor, scale: Tensor, fmt: "NumericForma
     return torch.cat([packed, _packed_block_stats(v, scale, fmt, axis)])
 
 
-def quantize_aside(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[Tensor] = None
-                   ) -> tuple[Tensor, Tensor]:
-    """``fmt.quantize_with_scale`` for observing x only: stochastic rounding draws from a private
-    generator, so the format's own stream, which the layers use, is not advanced (their
-    results would otherwise change with capture on)."""
-    generator = torch.Generator(device=x.device) if fmt.options.get("rounding") == "stochastic" else None
-    return fmt.quantize_with_scale(x.detach(), axis=axis, amax=amax, generator=generator)
-
-
 def _quantized_operands(x: Tensor, fmt: "NumericFormat", axis: int, amax: Optional[Tensor],
                         q: Optional[Tensor], scale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """x, q and the scale in x's IEEE dtype; quantizes only when q or scale is missing."""
     if q is None or scale is None:
-        fmt_q, fmt_scale = quantize_aside(x, fmt, axis, amax)
+        # Formats hold no random state: observing x changes nothing the layers compute.
+        fmt_q, fmt_scale = fmt.quantize_with_scale(x.detach(), axis=axis, amax=amax)
         q = fmt_q if q is None else q
         scale = fmt_scale if scale is None else scale
     v = _as_ieee(x)

@@ -18,7 +18,6 @@ from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
 from megatron.quant.capture.summary import IterationSummary
 from megatron.quant.capture.writer import BackgroundWriter, WriteJob
-from megatron.quant.stats import quantize_aside
 
 OPERATIONS = ("forward", "backward")
 PHASES = ("pre", "post")
@@ -143,7 +142,8 @@ class CaptureSession:
         save_quantized = full and self.config.save_quantized and operand.fmt is not None
         if save_quantized and operand.quantized is None:
             # Quantize once: the statistics and the saved copy then describe the same values.
-            quantized, scale = quantize_aside(operand.tensor, operand.fmt, operand.axis, operand.amax)
+            quantized, scale = operand.fmt.quantize_with_scale(operand.tensor.detach(), axis=operand.axis,
+                                                               amax=operand.amax)
             operand = replace(operand, quantized=quantized, scale=scale)
         self._submit(site, self._metadata(site, operation, phase, name, operand, operand.tensor),
                      take_snapshot(operand, full, self._memo, self.config.stats))
