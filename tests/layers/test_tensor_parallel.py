@@ -8,8 +8,10 @@ from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
 
 IN, OUT, TOKENS = 128, 128, 64
 STOCHASTIC = "+sr"  # suffix: the format with stochastic rounding on every operand
+# Recipe presets too (te-fp8-blockwise's 1x128 blocks do not fit these 64-wide shards).
 CASES = [(kind, fmt) for kind in ("column", "row")
-         for fmt in (BLOCK_FORMAT, TENSOR_FORMAT, BLOCK_FORMAT + STOCHASTIC, "nvfp4" + STOCHASTIC)]
+         for fmt in (BLOCK_FORMAT, TENSOR_FORMAT, BLOCK_FORMAT + STOCHASTIC, "nvfp4" + STOCHASTIC,
+                     "te-nvfp4", "te-mxfp8", "te-fp8-current")]
 # Per-tensor amax all-reduces per forward+backward at TP=2, one per TP-sharded operand whose format
 # needs one (column: W, dY; row: X, W); operands identical on every rank (column X, row dY) and
 # second uses of the same tensor (wgrad, dgrad's cached W) reduce nothing.
@@ -18,8 +20,11 @@ AMAX_REDUCTIONS = {("column", TENSOR_FORMAT): 2, ("row", TENSOR_FORMAT): 2,
 
 
 def _formats(fmt: str) -> dict:
+    from megatron.quant.recipe import QuantRecipe
     from tests.layers._helpers import linear_formats
 
+    if fmt.startswith("te-"):
+        return QuantRecipe.from_dict({"format": fmt}).resolve("fc1", 0, 1)
     name, stochastic, _ = fmt.partition(STOCHASTIC)
     return linear_formats(name, **({"rounding": "stochastic"} if stochastic else {}))
 

@@ -14,6 +14,7 @@ HF_VOCAB = 300  # not a multiple of 128: exercises vocabulary padding
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 ITERS = 12
+PRESETS = ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise")
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +95,7 @@ def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
         ("resume_part1", "train", ({}, argv + ["--save", ckpt, "--exit-interval", str(ITERS // 2)])),
         ("resume_part2", "train", ({}, argv + ["--save", ckpt, "--load", ckpt])),
         ("stochastic", "train", (stochastic_env, argv)),
+        *((f"preset_{name}", "train", ({"CUSTOM_QUANT_TYPE": name}, argv)) for name in PRESETS),
         ("stochastic_part1", "train", (stochastic_env, argv + ["--save", sr_ckpt, "--exit-interval", str(ITERS // 2)])),
         ("stochastic_part2", "train", (stochastic_env, argv + ["--save", sr_ckpt, "--load", sr_ckpt])),
         # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).

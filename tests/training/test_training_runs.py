@@ -5,7 +5,7 @@ import os
 import pytest
 
 from megatron.quant.training import checkpoint
-from tests.training.conftest import ITERS
+from tests.training.conftest import ITERS, PRESETS
 
 
 def _losses(history):
@@ -37,6 +37,13 @@ def test_resume_continues_the_same_curve_exactly(one_rank):
     part1, part2 = one_rank["resume_part1"], one_rank["resume_part2"]
     assert len(part1) == ITERS // 2
     assert part1 + part2 == one_rank["fp32"]  # loss, grad norm, LR, iteration: bit for bit
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_llama_tiny_trains_under_each_recipe_preset(one_rank, preset):
+    losses = _losses(one_rank[f"preset_{preset}"])
+    assert len(losses) == ITERS and sum(losses[-3:]) / 3 < 0.6 * losses[0], losses
+    assert losses != _losses(one_rank["fp32"])  # the recipe is really applied
 
 
 def test_resume_with_stochastic_rounding_is_exact(one_rank):
