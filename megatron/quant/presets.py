@@ -20,8 +20,8 @@ describe signs re-drawn every iteration, which is not emulated.
 operand, kept across steps and saved in checkpoints, which is not emulated yet.
 
 Merge rule (``merge_preset``): keys given next to a preset override the preset's, except
-``options`` and ``operands``, merged key by key (the given ones win), and ``rules``, appended
-after the preset's. This module imports nothing of ours: ``recipe`` imports it.
+``options`` and ``operands``, merged key by key (the given ones win; an operand's options merge
+while it keeps the preset's format), and ``rules``, appended after the preset's. This module imports nothing of ours: ``recipe`` imports it.
 """
 from __future__ import annotations
 
@@ -94,12 +94,26 @@ def get_preset(name: str) -> dict[str, Any]:
 def merge_preset(preset: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` (a recipe dict without ``format``) applied over ``preset`` (see the module docstring)."""
     merged = {**preset, **data}
-    for key in ("options", "operands"):
-        if key in preset and key in data and isinstance(data[key], Mapping):
-            merged[key] = {**preset[key], **data[key]}
+    if "options" in preset and isinstance(data.get("options"), Mapping):
+        merged["options"] = {**preset["options"], **data["options"]}
+    if "operands" in preset and isinstance(data.get("operands"), Mapping):
+        merged["operands"] = {**preset["operands"], **{key: _merge_operand(preset["operands"].get(key), value)
+                                                       for key, value in data["operands"].items()}}
     if "rules" in data and isinstance(data["rules"], list):
         merged["rules"] = list(preset.get("rules", [])) + data["rules"]
     return merged
+
+
+def _merge_operand(preset: Any, given: Any) -> Any:
+    """A file's operand override over the preset's: options merge while the format is kept (as
+    recipe overrides do), a new format replaces the preset's entry."""
+    as_dict = lambda v: {"format": v} if isinstance(v, str) else dict(v)  # noqa: E731
+    if preset is None or not isinstance(given, (str, Mapping)):
+        return given
+    base, over = as_dict(preset), as_dict(given)
+    if over.get("format", base.get("format")) != base.get("format"):
+        return given
+    return {**base, **over, "options": {**base.get("options", {}), **over.get("options", {})}}
 
 
 # ---- Megatron-LM precision flags --------------------------------------------------------------

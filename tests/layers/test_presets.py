@@ -99,3 +99,13 @@ def test_a_linear_layer_steps_under_each_preset(parallel, name):
     y.backward(torch.randn_like(y))
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()
     assert not torch.equal(y, x @ layer.weight.t())  # quantized
+
+
+def test_a_file_operand_override_merges_options_with_the_preset(tmp_path):
+    path = tmp_path / "no_rht.yaml"
+    path.write_text("format: te-nvfp4\noperands:\n  wgrad.grad_output: {options: {hadamard: null}}\n"
+                    "  wgrad.input: {options: {hadamard: null}}\n")
+    formats = QuantRecipe.from_file(path).resolve("fc1", 1, 4)
+    grad = formats["wgrad.grad_output"]
+    assert grad.options["hadamard"] is None and grad.rounding == "stochastic"  # the preset's rounding stays
+    assert formats["wgrad.input"].options["hadamard"] is None
