@@ -46,7 +46,7 @@ class OperandSpec:
 class NoiseScope:
     """Where a module's stochastic rounding draws during one forward (and its backward): the
     module's stream, the run position it ran at, and its TP rank. Every operand's noise is then
-    keyed by (seed, module, operand, iteration, micro-batch, global element index)."""
+    keyed by (seed, module, operand, its format's seed, iteration, micro-batch, global element index)."""
 
     root: RandomBits
     iteration: int
@@ -59,7 +59,8 @@ class NoiseScope:
         ``groups`` as in ``Shard`` (attention's [batch * heads] dimension)."""
         if not spec.stochastic:
             return None
-        bits = self.root.child(spec.name, self.iteration, self.sample if per_sample else -1)
+        bits = self.root.child(spec.name, spec.fmt.options.get("seed", 0), self.iteration,
+                               self.sample if per_sample else -1)
         if spec.shard_dim is None or self.world == 1:
             return bits
         return bits.sharded(Shard(spec.shard_dim, self.rank, self.world, groups * spec.shard_groups))

@@ -67,3 +67,14 @@ def test_position_and_seed_key_the_noise(build):
     assert not torch.equal(first["loss"], _step(model, iteration=4, sample=8)["loss"])
     assert not torch.equal(first["loss"], _step(model, iteration=3, sample=10)["loss"])
     assert not torch.equal(first["loss"], _step(build(seed=1), iteration=3, sample=8)["loss"])
+
+
+def test_a_formats_own_seed_changes_its_operands_noise():
+    from megatron.quant.formats import get_format
+    from megatron.quant.formats.random_bits import RandomBits
+    from megatron.quant.ops import NoiseScope, OperandSpec
+
+    scope = NoiseScope(RandomBits.derive("module"), iteration=0, sample=0, rank=0, world=1)
+    keys = [scope.bits(OperandSpec(get_format("mxfp8", rounding="stochastic", seed=s), name="fprop.input")).key
+            for s in (0, 1)]
+    assert keys[0] != keys[1]
