@@ -55,10 +55,12 @@ def test_resume_with_stochastic_rounding_is_exact(one_rank):
 
 def test_stochastic_rounding_does_not_depend_on_the_tp_size(one_rank, two_ranks):
     # Each TP rank draws its shard's slice of the global noise (SwiGLU's fc1 included, whose
-    # shards hold [gate; up] slices): the first loss is identical and the rest agrees to fp32
-    # summation order (TP=2 adds partial sums in another order). Later, as with round-to-
-    # nearest, such last-bit differences flip a few roundings and the curves drift by ~0.3 %.
-    assert one_rank["stochastic"][0]["lm loss"] == two_ranks[0]["stochastic_tp2"][0]["lm loss"]
+    # shards hold [gate; up] slices), so the first steps agree to fp32 summation order (TP=2 adds
+    # row-parallel partial sums in another order): the first loss to ~1e-6 (the fc1 noise mismatch
+    # this test caught moved it by 1e-4). Later, as with round-to-nearest, last-bit differences
+    # flip a few roundings and the curves drift apart by ~0.3 %.
+    first = one_rank["stochastic"][0]["lm loss"]
+    assert two_ranks[0]["stochastic_tp2"][0]["lm loss"] == pytest.approx(first, rel=1e-5)
     reference = one_rank["stochastic"][:2]
     for rank_results in two_ranks:
         history = rank_results["stochastic_tp2"][:2]
