@@ -477,8 +477,9 @@ class QuantBmmFunction(torch.autograd.Function):
         ctx.alpha, ctx.quant, ctx.given = alpha, quant, replace(given, a=None, b=None)
         a_q = given.a or _quantize_bmm(a, quant.a, given)
         b_q = given.b or _quantize_bmm(b, quant.b, given)
-        ctx.a_quantized = replace(a_q, values=None) if same_quantization(quant.a, quant.grad_b_a) else None
-        ctx.b_quantized = replace(b_q, values=None) if same_quantization(quant.b, quant.grad_a_b) else None
+        # Only the scale and amax are kept: the values travel in saved_tensors, the capture record not at all.
+        ctx.a_quantized = replace(a_q, values=None, seen=None) if same_quantization(quant.a, quant.grad_b_a) else None
+        ctx.b_quantized = replace(b_q, values=None, seen=None) if same_quantization(quant.b, quant.grad_a_b) else None
         ctx.amaxes = (reusable_amax(a_q, quant.a, quant.grad_b_a), reusable_amax(b_q, quant.b, quant.grad_a_b))
         ctx.save_for_backward(a_q.values if ctx.a_quantized else a, b_q.values if ctx.b_quantized else b)
         if alpha is None:
