@@ -70,13 +70,28 @@ def saturating_cast(x: np.ndarray, name: str) -> np.ndarray:
     return np.where(np.isnan(x), np.nan, out).astype(np.float32)
 
 
-def tensor_scale(amax, target: float) -> np.float32:
-    """The issue's per-tensor scale amax / target (float32), with the documented guards:
-    zero or non-finite amax gives 1; a scale below float32's smallest normal is raised to it."""
+def encode_scale(amax, target: float, power_of_two: bool = False) -> np.float32:
+    """Transformer Engine's compute_scale_from_amax, written from its documented arithmetic:
+    float32 target / amax; 1 for an amax of 0, Inf or NaN; float32 max when the quotient
+    overflows; with ``power_of_two`` the largest power of two not above it."""
     amax = np.float32(amax)
     if not np.isfinite(amax) or amax == 0:
         return np.float32(1)
-    return max(amax / np.float32(target), np.finfo(np.float32).tiny)
+    with np.errstate(over="ignore"):
+        encode = np.float32(target) / amax
+    encode = min(encode, np.finfo(np.float32).max)
+    return np.float32(2.0 ** np.floor(np.log2(np.float64(encode)))) if power_of_two else np.float32(encode)
+
+
+def tensor_scaled_reference(x: np.ndarray, name: str, amax, target: float, power_of_two: bool = False
+                            ) -> tuple[np.ndarray, np.float32]:
+    """(fake-quantized x, decode scale) for per-tensor scaling as TE's cast kernels do it: the
+    saturating cast of x * encode, decoded with 1 / encode (all float32)."""
+    encode = encode_scale(amax, target, power_of_two)
+    decode = np.float32(1) / encode
+    with np.errstate(over="ignore", invalid="ignore"):
+        elements = saturating_cast(np.asarray(x, np.float32) * encode, name)
+    return (elements * decode).astype(np.float32), decode
 
 
 def mismatches(ours, expected, inputs=None, where=None) -> str:

@@ -15,7 +15,7 @@ from tests.formats._oracle import (
     mismatches,
     random_fp32,
     saturating_cast,
-    tensor_scale,
+    tensor_scaled_reference,
 )
 
 RANDOM = random_fp32(2_000_000, seed=1)
@@ -82,7 +82,8 @@ def test_casts_match_numpy_and_ml_dtypes():
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2", "hifp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_tensor_scaling_is_the_cast_of_x_over_scale(name, dtype):
+def test_tensor_scaling_is_te_arithmetic(name, dtype):
+    """The saturating cast of x * encode, encode = target / amax, decoded with 1 / encode."""
     options = {"scaling": "tensor", "scale_target": 224.0} if name == "hifp8" else {}
     fmt = get_format(name, **options)
     target = 224.0 if name == "hifp8" else fmt.max_value
@@ -91,10 +92,9 @@ def test_tensor_scaling_is_the_cast_of_x_over_scale(name, dtype):
     for amax in (None, torch.tensor(1000.0), torch.tensor(0.5)):  # 0.5 < |x|: saturation
         q, scale = fmt.quantize_with_scale(x, amax=amax)
         x32 = x.float().numpy()
-        expected_scale = tensor_scale(np.abs(x32).max() if amax is None else amax.numpy(), target)
+        expected, expected_scale = tensor_scaled_reference(
+            x32, name, np.abs(x32).max() if amax is None else amax.numpy(), target)
         assert scale.item() == expected_scale
-        elements = saturating_cast(x32 / expected_scale, name)
-        expected = (elements * expected_scale).astype(np.float32)
         assert q.dtype == dtype
         assert not mismatches(q, torch.from_numpy(expected).to(dtype), x32)
 
@@ -107,7 +107,8 @@ def test_tensor_scaling_edge_cases():
     q, scale = fmt.quantize_with_scale(with_nan)
     assert scale.item() == 1.0  # non-finite amax: unscaled
     assert not mismatches(q, saturating_cast(with_nan.numpy(), "fp8_e4m3"))
-    tiny = torch.tensor([1e-40, -3e-41])  # amax / 448 underflows: scale is float32's tiny
+    tiny = torch.tensor([1e-40, -3e-41])  # 448 / amax overflows: encode is float32's max (TE)
     q, scale = fmt.quantize_with_scale(tiny)
-    assert scale.item() == np.finfo(np.float32).tiny
-    assert not mismatches(q, saturating_cast(tiny.numpy() / scale.numpy(), "fp8_e4m3") * scale.numpy())
+    encode = np.finfo(np.float32).max
+    assert scale.item() == np.float32(1) / encode
+    assert not mismatches(q, saturating_cast(tiny.numpy() * encode, "fp8_e4m3") * (np.float32(1) / encode))

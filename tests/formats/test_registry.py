@@ -128,11 +128,15 @@ def test_block_shape_spellings_and_attributes():
     ("fp8_e4m3", {"margin": -1}, r"margin=-1 must be an integer >= 0"),
     ("fp8_e4m3", {"margin": 1.5}, r"margin=1.5 must be an integer >= 0"),
     ("fp8_e4m3", {"power_of_two_scales": 1}, r"power_of_two_scales=1 must be true or false"),
-    ("fp8_e4m3", {"scaling": "block", "margin": 1}, r"margin needs scaling='tensor', not scaling='block'"),
+    ("fp8_e4m3", {"scaling": "block", "margin": 1}, r"margin needs scaling in \['tensor', 'delayed'\], not scaling='block'"),
     ("fp8_e4m3", {"block_shape": (1, 128)}, r"block_shape needs scaling='block', not scaling='tensor'"),
-    ("fp8_e4m3", {"scaling": "block", "overflow": "inf"}, r"overflow needs scaling in \['none', 'tensor'\]"),
+    ("fp8_e4m3", {"scaling": "block", "overflow": "inf"}, r"overflow needs scaling in \['none', 'tensor', 'delayed'\]"),
     ("fp8_e5m2", {"scaling": "none", "power_of_two_scales": True}, r"power_of_two_scales needs scaling in"),
-    ("hifp8", {"margin": 2}, r"hifp8: margin needs scaling='tensor'"),
+    ("hifp8", {"margin": 2}, r"hifp8: margin needs scaling in \['tensor', 'delayed'\]"),
+    ("fp8_e4m3", {"amax_history_len": 16}, r"amax_history_len needs scaling='delayed', not scaling='tensor'"),
+    ("fp8_e4m3", {"scaling": "delayed", "amax_history_len": 0}, r"amax_history_len=0 must be an integer >= 1"),
+    ("fp8_e5m2", {"scaling": "delayed", "amax_compute_algo": "mean"}, r"amax_compute_algo='mean' is not one of"),
+    ("fp8_e4m3", {"scaling": "delayed", "power_of_two_scales": True}, r"power_of_two_scales needs scaling in"),
     ("fp8_e4m3", {"scaling": "none", "hadamard": 16}, r"hadamard needs scaling in \['tensor', 'block'\]"),
     ("nvfp4", {"hadamard": 0}, r"hadamard=0 must be a power of two from 2 to 256"),
     ("nvfp4", {"hadamard": True}, r"hadamard=True must be a power of two"),
@@ -147,5 +151,5 @@ def test_list_cli_shows_the_options(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for text in ("block_shape=(1, 16)", "hadamard=- (power of two", "scale_mode=floor (floor|ceil|even|rceil)",
-                 "scaling=tensor (tensor|none|block)", "margin=0 (integer >= 0)", "power_of_two_scales=- (true|false)"):
+                 "scaling=tensor (tensor|none|block|delayed)", "margin=0 (integer >= 0)", "power_of_two_scales=- (true|false)"):
         assert text in out, text

@@ -13,7 +13,7 @@ from tests.formats._blocks_oracle import (
     mx_reference,
     tiled_reference,
 )
-from tests.formats._oracle import MX_ELEMENTS, mismatches, saturating_cast
+from tests.formats._oracle import MX_ELEMENTS, mismatches, tensor_scaled_reference
 
 
 @pytest.mark.parametrize("name, element", [("fp8_e4m3", "fp8_e4m3"), ("fp8_e5m2", "fp8_e5m2")])
@@ -63,14 +63,9 @@ def test_tensor_scaling_margin_and_power_of_two(name, target, margin, power_of_t
     for amax in amaxes:
         q, scale = fmt.quantize_with_scale(torch.from_numpy(x), amax=None if amax is None else torch.tensor(amax))
         a = np.abs(x).max() if amax is None else amax
-        goal = np.float32(target / 2**margin)
-        if power_of_two:  # TE: encode = goal / amax in float32, rounded down to a power of two
-            expected_scale = np.float32(1) / np.exp2(np.floor(np.log2(np.float64(goal / np.float32(a))))).astype(np.float32)
-        else:
-            expected_scale = np.float32(a) / goal
+        expected, expected_scale = tensor_scaled_reference(x, name, a, target / 2**margin, power_of_two)
         assert scale.item() == expected_scale
-        elements = saturating_cast(x / expected_scale, name)
-        assert not mismatches(q, (elements * expected_scale).astype(np.float32), x)
+        assert not mismatches(q, expected, x)
 
 
 @pytest.mark.parametrize("name", list(MX_ELEMENTS))
@@ -93,3 +88,15 @@ def test_mx_even_and_ceil_at_their_thresholds(name):
     # The tie itself carries into the next power of two (its kept mantissa is all ones, so odd).
     scale = get_format(name, scale_mode="even").quantize_with_scale(torch.full((1, 32), float(tie)))[1]
     assert scale[0, 0].item() == 2.0 ** (1 - MX_EMAX[element])
+
+
+@pytest.mark.parametrize("name, target", [("fp8_e4m3", 448.0), ("fp8_e5m2", 57344.0), ("hifp8", 32768.0)])
+def test_delayed_scaling_quantizes_with_the_amax_it_is_given(name, target):
+    """The history's amax sets the scale (values beyond it saturate); without one, x's own."""
+    fmt = get_format(name, scaling="delayed", margin=1)
+    x = (np.random.default_rng(3).standard_normal(4096) * 3).astype(np.float32)
+    for amax in (np.float32(0.7), np.float32(50.0), None):
+        q, scale = fmt.quantize_with_scale(torch.from_numpy(x), amax=None if amax is None else torch.tensor(amax))
+        expected, expected_scale = tensor_scaled_reference(x, name, np.abs(x).max() if amax is None else amax,
+                                                           target / 2)
+        assert scale.item() == expected_scale and not mismatches(q, expected, x)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from . import bits
 from .hadamard import Hadamard
 from .random_bits import RandomBits
 from .rounding import ROUNDING_MODES
@@ -68,6 +69,12 @@ class Option:
 def non_negative_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError("must be an integer >= 0")
+    return int(value)
+
+
+def positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError("must be an integer >= 1")
     return int(value)
 
 
@@ -271,17 +278,21 @@ def _check_input(name: str, x: Tensor) -> None:
         raise ValueError(f"{name}: input dtype {x.dtype} is not one of {list(SUPPORTED_DTYPES)}")
 
 
-def tensor_scale(amax: Tensor, target: float) -> Tensor:
-    """Per-tensor scale ``amax / target`` (float32, 0-d) mapping amax onto ``target``.
+_FP32_MAX = torch.finfo(torch.float32).max
 
-    A zero or non-finite amax gives scale 1 (nothing to scale, or NaN/Inf in the data: the
-    finite values are then quantized unscaled and Inf follows the overflow rule); a scale
-    below the smallest normal float32 is raised to it so that ``x / scale`` stays finite.
+
+def encode_scale(amax: Tensor, target: float, power_of_two: bool = False) -> Tensor:
+    """Transformer Engine's per-tensor (or per-block) encode factor ``target / amax`` (float32):
+    values are cast as ``x * encode`` and decoded as ``element * (1 / encode)``.
+
+    As TE's ``compute_scale_from_amax``: an amax of 0, Inf or NaN gives 1; a quotient that
+    overflows float32 gives float32's max; ``power_of_two`` clears the mantissa (rounds down).
     """
     amax = amax.detach().to(torch.float32)
-    usable = torch.isfinite(amax) & (amax > 0)
-    scale = (amax / target).clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.where(usable, scale, 1.0)
+    # A tensor numerator: torch computes number / tensor as reciprocal(tensor) * number, two roundings.
+    encode = (amax.new_tensor(target) / amax).clamp_max(_FP32_MAX)
+    encode = torch.where((amax > 0) & (encode > 0), encode, 1.0)  # amax 0 or NaN; Inf gives encode 0
+    return bits.floor_pow2(encode) if power_of_two else encode
 
 
 def float32_copy(x: Tensor) -> Tensor:

@@ -7,8 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import bits
-from .base import NumericFormat, abs_max, float32_copy, tensor_scale
+from .base import NumericFormat, abs_max, encode_scale, float32_copy
 from .grid import FP16, ElementGrid
 
 _BF16_DROPPED_BITS = 16  # bfloat16 is the top half of a float32
@@ -62,19 +61,22 @@ def _round_bf16(x: Tensor, uniform: Tensor | None) -> Tensor:
 
 
 class ElementwiseFormat(NumericFormat):
-    """Each element rounded onto the ``element`` grid; with ``scaling="tensor"`` it is applied to
-    ``x / scale`` where ``scale = amax / target`` (Transformer Engine's current scaling,
-    written as a divisor), ``target = scale_target / 2**margin`` (DelayedScaling's margin).
+    """Each element rounded onto the ``element`` grid. With per-tensor scaling it is applied to
+    ``x * encode`` and decoded with ``1 / encode``, where ``encode = target / amax`` in float32 as
+    Transformer Engine computes it (``encode_scale``) and ``target = scale_target / 2**margin``.
 
-    ``power_of_two_scales`` (Float8CurrentScaling's option) rounds TE's encode factor
-    ``target / amax`` (float32) down to a power of two, so ``scale`` is its exact reciprocal.
+    ``scaling="tensor"``: the amax is x's own (TE's current scaling); ``power_of_two_scales``
+    (Float8CurrentScaling's option) rounds ``encode`` down to a power of two.
+    ``scaling="delayed"`` (TE's DelayedScaling): the amax comes from the operand's amax history,
+    which the layers keep (``megatron.quant.delayed``) and pass as ``amax``; called without one
+    (outside a layer) x's own amax stands in, as for a history of one current value.
     """
 
     def __init__(self, name: str, element: ElementGrid, options: dict[str, Any]):
         super().__init__(options)
         self._describe_elements(name, element)
         self.scaling = options["scaling"]
-        self.needs_tensor_amax = self.scaling == "tensor"
+        self.needs_tensor_amax = self.scaling in ("tensor", "delayed")
         target = options.get("scale_target") or element.max_value
         self.scale_target = target * 2.0 ** -options.get("margin", 0)  # exact
 
@@ -82,23 +84,12 @@ class ElementwiseFormat(NumericFormat):
         if self.scaling == "none":
             return self._round_(float32_copy(x), x, uniform), _one(x), None
         amax = abs_max(x) if amax is None else amax
-        if self.options.get("power_of_two_scales"):
-            scale = _power_of_two_scale(amax, self.scale_target)
-        else:
-            scale = tensor_scale(amax, self.scale_target)
-        scaled = x / scale if x.dtype == torch.float32 else x.float().div_(scale)
+        encode = encode_scale(amax, self.scale_target, bool(self.options.get("power_of_two_scales")))
+        decode = 1 / encode
+        scaled = x * encode if x.dtype == torch.float32 else x.float().mul_(encode)
         elements = self._round_(scaled, x, uniform)
-        return (elements if split else elements.mul_(scale)), scale, scale
+        return (elements if split else elements.mul_(decode)), decode, decode
 
     def _round_(self, x32: Tensor, signs: Tensor, uniform: Tensor | None) -> Tensor:
         """Round our own float32 temporary in place (``uniform``: noise, which it overwrites)."""
         return self.element.round_(x32, signs, self.rounding, self.options["overflow"], uniform)
-
-
-def _power_of_two_scale(amax: Tensor, target: float) -> Tensor:
-    """1 / 2**floor(log2(target / amax)): TE's float32 encode factor rounded down to a power of
-    two, as a divisor (0-d); 1 for an amax of 0, Inf or NaN, like ``tensor_scale``."""
-    amax = amax.detach().to(torch.float32)
-    encode = (amax.new_tensor(target) / amax).clamp_max(2.0**126)  # a tensor numerator: one rounding  # keeps the scale a normal float32, as tensor_scale does
-    encode = torch.where(torch.isfinite(amax) & (amax > 0), encode, 1.0)
-    return 1 / bits.floor_pow2(encode)

@@ -12,14 +12,10 @@ block NaN, as in the other block formats.
 """
 from __future__ import annotations
 
-
 import torch
 
-from . import bits
-from .base import abs_max
+from .base import abs_max, encode_scale
 from .blocks import GridBlockFormat
-
-_FP32_MAX = torch.finfo(torch.float32).max
 
 
 class FP8BlockFormat(GridBlockFormat):
@@ -27,11 +23,7 @@ class FP8BlockFormat(GridBlockFormat):
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
         block_amax = abs_max(blocks, dim=block_dim)
-        # A tensor numerator: torch computes number / tensor as reciprocal(tensor) * number.
-        encode = (block_amax.new_tensor(self.element.max_value) / block_amax).clamp_max(_FP32_MAX)
-        encode = torch.where(block_amax == 0, 1.0, encode)
-        if self.options["power_of_two_scales"]:
-            encode = bits.floor_pow2(encode)
+        encode = encode_scale(block_amax, self.element.max_value, self.options["power_of_two_scales"])
         scale = torch.where(torch.isfinite(block_amax), 1 / encode, torch.nan)
         elements = self.element.round_(blocks * encode, blocks, self.rounding, "saturate", uniform)
         return elements.mul_(scale), scale, None

@@ -19,22 +19,12 @@ quantizes TE's random Hadamard transform of x.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from .base import abs_max
+from .base import abs_max, encode_scale
 from .blocks import BlockFormat
 from .grid import FP4_E2M1, FP8_E4M3
 
 NVFP4_BLOCK_SIZE = 16
-_FP32_MAX = torch.finfo(torch.float32).max
-
-
-def global_encode_scale(amax: Tensor, target: float) -> Tensor:
-    """float32 ``target / amax`` with the kernels' guards (0-d)."""
-    amax = amax.detach().to(torch.float32)
-    encode = (amax.new_tensor(target) / amax).clamp_max(_FP32_MAX)  # not target / amax: torch makes
-    # that reciprocal(amax) * target, two roundings
-    return torch.where((amax > 0) & (encode > 0), encode, 1.0)  # amax 0 or NaN; Inf gives encode 0
 
 
 class NVFP4Format(BlockFormat):
@@ -51,7 +41,7 @@ class NVFP4Format(BlockFormat):
         block_amax = abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
         element_max, scale_max = self.element.max_value, self.block_scale_format.max_value
-        global_encode = global_encode_scale(global_amax, scale_max * element_max)
+        global_encode = encode_scale(global_amax, scale_max * element_max)
         block_decode = self.block_scale_format.round(block_amax * (global_encode * (1 / element_max)))
         block_decode = torch.where(torch.isfinite(block_amax), block_decode, torch.nan)
         global_decode = 1 / global_encode

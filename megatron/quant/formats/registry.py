@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from . import hadamard
-from .base import ROUNDING_OPTION, SEED_OPTION, NumericFormat, Option, non_negative_int, resolve_options
+from .base import (ROUNDING_OPTION, SEED_OPTION, NumericFormat, Option, non_negative_int, positive_int,
+                   resolve_options)
 from .blocks import parse_block_shape
 from .elementwise import CastFormat, ElementwiseFormat
 from .fp8_blocks import FP8BlockFormat
@@ -28,6 +29,11 @@ _HADAMARD = {"hadamard": Option(None, parse=hadamard.parse_size, allowed="power 
              "hadamard_signs": Option(None, parse=hadamard.parse_signs, allowed="list of +-1, length hadamard")}
 _TENSOR_SCALE = {"margin": Option(0, parse=non_negative_int, allowed="integer >= 0"),
                  "power_of_two_scales": Option(None, kind=bool)}
+# TE DelayedScaling's amax history (defaults: TE's recipe defaults).
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+_DELAYED = {"amax_history_len": Option(None, parse=positive_int, allowed="integer >= 1"),
+            "amax_compute_algo": Option(None, AMAX_COMPUTE_ALGOS)}
+_DELAYED_DEFAULTS = {"amax_history_len": 1024, "amax_compute_algo": "max"}
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,9 @@ def _cast(name: str, dtype: torch.dtype, options: dict[str, Option]) -> _Entry:
 
 
 def _fp8(name: str, grid) -> _Entry:
-    options = {"scaling": Option("tensor", ("tensor", "none", "block")), "overflow": _OVERFLOW, **_TENSOR_SCALE,
-               "block_shape": Option(None, parse=parse_block_shape, allowed=_BLOCK_SHAPES), **_HADAMARD, **_STOCHASTIC}
+    options = {"scaling": Option("tensor", ("tensor", "none", "block", "delayed")), "overflow": _OVERFLOW,
+               **_TENSOR_SCALE, **_DELAYED, "block_shape": Option(None, parse=parse_block_shape, allowed=_BLOCK_SHAPES),
+               **_HADAMARD, **_STOCHASTIC}
 
     def build(resolved: dict[str, Any]) -> NumericFormat:
         if resolved["scaling"] == "block":
@@ -55,10 +62,11 @@ def _fp8(name: str, grid) -> _Entry:
         return ElementwiseFormat(name, grid, resolved)
 
     scaled = ("tensor", "block")
-    scoped = {"overflow": ("none", "tensor"), "margin": ("tensor",), "power_of_two_scales": scaled,
-              "block_shape": ("block",), "hadamard": scaled, "hadamard_signs": scaled}
+    scoped = {"overflow": ("none", "tensor", "delayed"), "margin": ("tensor", "delayed"), "power_of_two_scales": scaled,
+              "block_shape": ("block",), "hadamard": scaled, "hadamard_signs": scaled,
+              **{key: ("delayed",) for key in _DELAYED}}
     defaults = {"tensor": {"power_of_two_scales": False},
-                "block": {"power_of_two_scales": True, "block_shape": FP8_BLOCK_SHAPE}}
+                "block": {"power_of_two_scales": True, "block_shape": FP8_BLOCK_SHAPE}, "delayed": _DELAYED_DEFAULTS}
     return _Entry(build, options, scoped, defaults)
 
 
@@ -71,10 +79,12 @@ def _mx(name: str, element) -> _Entry:
 
 _HIFP8 = _Entry(
     lambda resolved: HiFloat8Format(resolved),
-    {"scaling": Option("none", ("none", "tensor")), "scale_target": Option(None, kind=float), **_TENSOR_SCALE,
-     "overflow": _OVERFLOW, **_STOCHASTIC},
-    scoped={"scale_target": ("tensor",), "margin": ("tensor",), "power_of_two_scales": ("tensor",)},
-    scaling_defaults={"tensor": {"scale_target": 32768.0, "power_of_two_scales": False}},
+    {"scaling": Option("none", ("none", "tensor", "delayed")), "scale_target": Option(None, kind=float),
+     **_TENSOR_SCALE, **_DELAYED, "overflow": _OVERFLOW, **_STOCHASTIC},
+    scoped={"scale_target": ("tensor", "delayed"), "margin": ("tensor", "delayed"), "power_of_two_scales": ("tensor",),
+            **{key: ("delayed",) for key in _DELAYED}},
+    scaling_defaults={"tensor": {"scale_target": 32768.0, "power_of_two_scales": False},
+                      "delayed": {"scale_target": 32768.0, **_DELAYED_DEFAULTS}},
 )
 
 _NVFP4 = _Entry(NVFP4Format, {
