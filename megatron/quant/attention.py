@@ -29,8 +29,10 @@ from torch import Tensor
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from megatron.quant import tensor_saver
+from megatron.quant.delayed import amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.operands import PV_OPERANDS, QK_OPERANDS
 from megatron.quant.ops import (BmmOperands, BmmQuant, CaptureGradients, NoiseScope, QuantBmmFunction, Quantized,
@@ -92,10 +94,23 @@ class QuantDotProductAttention(DotProductAttention):
 
     def configure_quant(self, quant: AttentionQuant, site: Optional[CaptureSite], allow_fused: bool = True,
                         seed: int = 0) -> None:
-        """``seed`` and the module name (the site's) key its stochastic rounding."""
-        self.quant, self.capture_site, self.allow_fused = quant, site, allow_fused
+        """``seed`` and the module name (the site's) key its stochastic rounding; delayed-scaled
+        operands get fresh amax histories (``amax_histories``, checkpointed)."""
+        group = amax_reduction_group(self.tp_group, getattr(self.config, "tp_only_amax_red", False))
+        self.quant = attach_histories(quant, self, group)
+        self.capture_site, self.allow_fused = site, allow_fused
         specs = [*vars(quant.qk).values(), *vars(quant.pv).values()]
         self.noise_root = module_noise_root(seed, site.module if site else "", specs)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None):
+        """megatron-core's (which holds no buffers) plus the amax histories, replicated over TP and DP."""
+        state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        if "amax_histories" in self._modules:
+            buffers = self.amax_histories.state_dict(prefix="amax_histories.", keep_vars=True)
+            dp_cp_group = (metadata or {}).get("dp_cp_group")
+            groups = {} if dp_cp_group is None else {"tp_group": self.tp_group, "dp_cp_group": dp_cp_group}
+            state.update(make_sharded_tensors_for_checkpoint(buffers, prefix, {}, sharded_offsets, **groups))
+        return state
 
     def uses_fused_path(self, query: Tensor, key: Tensor, attention_mask: Optional[Tensor]) -> bool:
         """True when this call would take the SDPA path (see the module docstring)."""

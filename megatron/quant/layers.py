@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
+from megatron.quant.delayed import amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.ops import (LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction,
                                 module_noise_root)
@@ -42,7 +43,9 @@ class QuantLinearMixin:
 
         ``seed`` and the module name (the site's) key its stochastic rounding; ``shard_groups``:
         runs of the weight's output dimension that TP splits separately (2 for SwiGLU's fc1,
-        whose shards hold [gate; up] slices), so the noise follows the unsharded layout."""
+        whose shards hold [gate; up] slices), so the noise follows the unsharded layout.
+        Delayed-scaled operands get fresh amax histories (``amax_histories``, checkpointed with
+        the weights)."""
         if torch.distributed.get_world_size(self.tp_group) > 1:
             specs = quant.specs()
             tiled = {key: size for key, size in self._tile_checked_dims().items()
@@ -60,7 +63,8 @@ class QuantLinearMixin:
                     self, "grad_output_buffer", None) is not None:
                 raise ValueError("defer_embedding_wgrad_compute runs the output layer's wgrad outside this "
                                  "layer, so its wgrad operands cannot be quantized; disable one of them")
-        self.quant = quant.sharded(self.parallel, shard_groups)
+        group = amax_reduction_group(self.tp_group, getattr(self.config, "tp_only_amax_red", False))
+        self.quant = attach_histories(quant.sharded(self.parallel, shard_groups), self, group)
         self.capture_site = site
         self.weight_cache = QuantizedWeightCache()
         self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs().values())

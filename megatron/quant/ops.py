@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
+from megatron.quant.delayed import AmaxHistory, is_delayed
 from megatron.quant.formats.random_bits import RandomBits, Shard
 from megatron.quant.tensor_saver import CaptureSite, Operand
 
@@ -36,6 +37,7 @@ class OperandSpec:
     name: str = ""  # recipe operand key ("fprop.input", ...): names its stochastic-rounding stream
     shard_dim: Optional[int] = None  # the dimension split across TP ranks; None: the same on every rank
     shard_groups: int = 1  # runs along shard_dim split separately (SwiGLU's fused [gate; up] in fc1)
+    history: Optional[AmaxHistory] = None  # the layer's amax history for a delayed-scaled format
 
     @property
     def stochastic(self) -> bool:
@@ -113,11 +115,17 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
                      noise: Optional[NoiseScope], *, amax: Optional[Tensor] = None, groups: int = 1,
                      per_sample: bool = True, capture: bool = False) -> Quantized:
     """``x`` quantized as ``spec`` says (x itself without a format). ``amax``: a TP-reduced amax
-    this tensor already had (reused: no second collective). ``capture``: also describe it for the
-    saver, with the same noise and amax, so the record is exactly what the GEMM used."""
+    this tensor already had (reused: no second collective), or for delayed scaling the history's
+    amax it was quantized with before (a re-quantization: the history is left alone). Without
+    it a delayed-scaled operand takes its scale from ``spec.history`` and records its own amax
+    there. ``capture``: also describe it for the saver, with the same noise and amax, so the
+    record is exactly what the GEMM used."""
     if spec.fmt is None:
         return Quantized(x, seen=Operand(tensor=x, axis=spec.axis) if capture else None)
-    if amax is None:
+    if amax is None and spec.history is not None:
+        amax = spec.history.scale_amax(x.device)
+        spec.history.record(spec.fmt.amax_of(x.detach(), spec.axis))
+    elif amax is None:
         amax = tensor_amax(x, spec, group)
     bits = None if noise is None else noise.bits(spec, groups, per_sample)
     seen = None
@@ -132,8 +140,11 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
 
 def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) -> Optional[Tensor]:
     """The amax ``done`` used, when ``spec`` quantizes the same tensor with an amax taken the same
-    way (per-tensor amaxes do not depend on the block axis); None otherwise."""
+    way (per-tensor amaxes do not depend on the block axis); None otherwise, and always for delayed
+    scaling (each operand's scale comes from its own history)."""
     if done.amax is None or spec.fmt is None or not spec.fmt.needs_tensor_amax:
+        return None
+    if is_delayed(spec.fmt) or is_delayed(done_spec.fmt):
         return None
     return done.amax if done_spec.fmt.options.get("hadamard") == spec.fmt.options.get("hadamard") else None
 

@@ -11,13 +11,11 @@ leaves attention's batched GEMMs in high precision unless ``fp8_dpa`` is set.
 | ``te-mxfp8`` | ``MXFP8BlockScaling`` (E4M3 everywhere, E8M0 scales rounded up: "rceil") |
 | ``te-fp8-current`` | ``Float8CurrentScaling`` (default HYBRID: E4M3 forward, E5M2 gradients) |
 | ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
+| ``te-fp8-delayed`` | ``DelayedScaling`` (defaults: HYBRID, amax history of 1024, "max", margin 0) |
 
 The RHT of ``te-nvfp4`` uses TE's hard-coded 16-entry sign vector (``get_wgrad_sign_vector`` in
 TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and some later code)
 describe signs re-drawn every iteration, which is not emulated.
-
-``te-fp8-delayed`` (``DelayedScaling``) is named but refused: it needs an amax history per
-operand, kept across steps and saved in checkpoints, which is not emulated yet.
 
 Merge rule (``merge_preset``): keys given next to a preset override the preset's, except
 ``options`` and ``operands``, merged key by key (the given ones win; an operand's options merge
@@ -33,6 +31,7 @@ GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
 WEIGHTS = ("fprop.weight", "dgrad.weight")
 WGRAD = ("wgrad.grad_output", "wgrad.input")
 _STOCHASTIC = {"rounding": "stochastic"}
+_DELAYED = {"scaling": "delayed", "amax_history_len": 1024, "amax_compute_algo": "max"}
 
 # name -> (source, recipe dict). Operand overrides without "format" keep the preset's format
 # and add options (QuantRecipe's override semantics).
@@ -55,13 +54,11 @@ _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "format": "fp8_e4m3", "scope": ["linear"],
         "options": {"scaling": "block", "block_shape": [1, 128], "power_of_two_scales": True},
         "operands": {key: {"options": {"block_shape": [128, 128]}} for key in WEIGHTS}}),
+    "te-fp8-delayed": ("TE DelayedScaling (fp8_format HYBRID, amax_history_len 1024, amax_compute_algo max)", {
+        "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED),
+        "operands": {key: {"format": "fp8_e5m2", "options": dict(_DELAYED)} for key in GRADIENTS}}),
 }
 PRESETS: Mapping[str, tuple[str, Mapping[str, Any]]] = MappingProxyType(_PRESETS)
-
-DELAYED_MESSAGE = ("delayed scaling (TE DelayedScaling, Megatron-LM --fp8-recipe delayed, preset te-fp8-delayed) "
-                   "is not emulated yet: it needs a per-operand amax history saved in checkpoints; "
-                   "use te-fp8-current (--fp8-recipe tensorwise) instead")
-NOT_EMULATED = MappingProxyType({"te-fp8-delayed": DELAYED_MESSAGE})
 
 
 class PresetError(ValueError):
@@ -69,8 +66,7 @@ class PresetError(ValueError):
 
 
 def preset_names() -> list[str]:
-    """Every preset name, the refused ones included (they belong in "valid values" lists)."""
-    return list(PRESETS) + list(NOT_EMULATED)
+    return list(PRESETS)
 
 
 def is_preset(name: Any) -> bool:
@@ -82,10 +78,8 @@ def preset_source(name: str) -> str:
 
 
 def get_preset(name: str) -> dict[str, Any]:
-    """A deep copy of preset ``name``'s recipe dict; PresetError for refused or unknown names."""
+    """A deep copy of preset ``name``'s recipe dict; PresetError for unknown names."""
     key = name.strip().lower()
-    if key in NOT_EMULATED:
-        raise PresetError(f"preset {key!r}: {NOT_EMULATED[key]}")
     if key not in PRESETS:
         raise PresetError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
     return copy.deepcopy(dict(PRESETS[key][1]))
@@ -118,11 +112,14 @@ def _merge_operand(preset: Any, given: Any) -> Any:
 
 # ---- Megatron-LM precision flags --------------------------------------------------------------
 FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
-_FP8_PRESETS = {"tensorwise": "te-fp8-current", "mxfp8": "te-mxfp8", "blockwise": "te-fp8-blockwise"}
+_FP8_PRESETS = {"tensorwise": "te-fp8-current", "mxfp8": "te-mxfp8", "blockwise": "te-fp8-blockwise",
+                "delayed": "te-fp8-delayed"}
 # --fp8-format e4m3 keeps the gradients in E4M3; hybrid puts them in E5M2 (TE's Format enum).
-_E4M3_GRADIENTS = {"tensorwise": "fp8_e4m3"}
+_E4M3_GRADIENTS = {"tensorwise": "fp8_e4m3", "delayed": "fp8_e4m3"}
 _E5M2_GRADIENTS = {"mxfp8": "mxfp8_e5m2"}
-_DELAYED_ONLY = ("fp8_amax_history_len", "fp8_amax_compute_algo")
+_DELAYED_ONLY = ("fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo")
+# Megatron-LM's defaults for its delayed-scaling flags (TE's recipe defaults are 1024 and "max").
+MEGATRON_DELAYED_DEFAULTS = {"fp8_margin": 0, "fp8_amax_history_len": 1, "fp8_amax_compute_algo": "most_recent"}
 
 
 def _flag(name: str) -> str:
@@ -158,7 +155,6 @@ def _base_recipe(args: Any) -> tuple[str, dict[str, Any]]:
     _refuse(args.fp4_recipe is not None, f"--fp4-recipe {args.fp4_recipe} needs --fp4-format e2m1")
     recipe = args.fp8_recipe
     _refuse(args.fp8_format is None, f"--fp8-recipe {recipe} needs --fp8-format {{e4m3,hybrid}}")
-    _refuse(recipe == "delayed", f"--fp8-recipe delayed: {DELAYED_MESSAGE}")
     name, data = _FP8_PRESETS[recipe], get_preset(_FP8_PRESETS[recipe])
     gradients = _fp8_gradients(recipe, args.fp8_format)
     if gradients is not None:
@@ -166,12 +162,25 @@ def _base_recipe(args: Any) -> tuple[str, dict[str, Any]]:
         # Another format name: the override carries the preset's top-level options (e.g. rceil) itself.
         override = {"format": gradients, "options": dict(data.get("options", {}))}
         data["operands"] = {**data.get("operands", {}), **{key: copy.deepcopy(override) for key in GRADIENTS}}
-    if args.fp8_margin:
-        _refuse(recipe != "tensorwise", f"--fp8-margin {args.fp8_margin} applies to --fp8-recipe tensorwise "
-                                        f"only, not {recipe}")
-        name += f"-margin{args.fp8_margin}"
-        data = _with_options(data, {"margin": args.fp8_margin})
+    if recipe == "delayed":
+        name, data = _with_megatron_delayed_flags(name, data, args)
     return name, data
+
+
+def _with_megatron_delayed_flags(name: str, data: dict[str, Any], args: Any) -> tuple[str, dict[str, Any]]:
+    """te-fp8-delayed with Megatron-LM's flag values (its defaults where not given: a history of
+    1, "most_recent", margin 0); the name spells out the history."""
+    given = {key: getattr(args, key, None) for key in _DELAYED_ONLY}
+    value = {key: MEGATRON_DELAYED_DEFAULTS[key] if v is None else v for key, v in given.items()}
+    _refuse(value["fp8_amax_history_len"] < 1, f"--fp8-amax-history-len must be >= 1, got "
+                                               f"{value['fp8_amax_history_len']}")
+    _refuse(value["fp8_margin"] < 0, f"--fp8-margin must be >= 0, got {value['fp8_margin']}")
+    name += f"-len{value['fp8_amax_history_len']}-{value['fp8_amax_compute_algo'].replace('_', '-')}"
+    if value["fp8_margin"]:
+        name += f"-margin{value['fp8_margin']}"
+    options = {"amax_history_len": value["fp8_amax_history_len"], "amax_compute_algo": value["fp8_amax_compute_algo"],
+               "margin": value["fp8_margin"]}
+    return name, _with_options(data, options)
 
 
 def _refuse(condition: bool, message: str) -> None:
@@ -188,17 +197,18 @@ def emulates_precision(args: Any) -> bool:
 def recipe_from_megatron_flags(args: Any) -> Optional[dict[str, Any]]:
     """The recipe dict Megatron-LM's precision flags ask for (None: no emulated recipe requested);
     PresetError for combinations that cannot be emulated."""
-    for key in _DELAYED_ONLY:
-        _refuse(getattr(args, key, None) is not None, f"{_flag(key)} only applies to delayed scaling: "
-                                                       f"{DELAYED_MESSAGE}")
+    for key in _DELAYED_ONLY:  # Megatron-LM hands them to DelayedScaling only
+        given = getattr(args, key, None)
+        _refuse(given is not None and getattr(args, "fp8_recipe", None) != "delayed",
+                f"{_flag(key)} {given} only applies to delayed scaling (--fp8-recipe delayed); Megatron-LM "
+                f"ignores it for other recipes")
     first_last = getattr(args, "first_last_layers_bf16", False)
     for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
         count = getattr(args, key, None)
         _refuse(count is not None and not first_last, f"{_flag(key)} {count} needs --first-last-layers-bf16")
         _refuse(count is not None and count < 0, f"{_flag(key)} must be >= 0, got {count}")
     emulated = emulates_precision(args)
-    for key, given in (("no_fp8_wgrad", getattr(args, "no_fp8_wgrad", False)), ("first_last_layers_bf16", first_last),
-                       ("fp8_margin", getattr(args, "fp8_margin", None))):
+    for key, given in (("no_fp8_wgrad", getattr(args, "no_fp8_wgrad", False)), ("first_last_layers_bf16", first_last)):
         _refuse(bool(given) and not emulated, f"{_flag(key)} needs an emulated recipe (--fp8-recipe "
                                               f"{{{','.join(FP8_RECIPES)}}} or --fp4-format e2m1)")
     if not emulated:

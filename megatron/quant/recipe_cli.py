@@ -43,6 +43,8 @@ def _scaling(fmt: Any) -> str:
         text = "e4m3 block + fp32 tensor"
     elif "scale_mode" in opts:
         text = f"e8m0 block ({opts['scale_mode']})"
+    elif opts.get("scaling") == "delayed":
+        text = f"delayed ({opts['amax_compute_algo'].replace('_', ' ')} of {opts['amax_history_len']})"
     else:
         text = opts.get("scaling", "none")
     if opts.get("power_of_two_scales"):
@@ -113,7 +115,6 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
 def list_presets() -> str:
     lines = ["presets (CUSTOM_QUANT_TYPE=NAME, or format: NAME in a recipe file):"]
     lines += [f"  {name:<18} {source}" for name, (source, _) in presets.PRESETS.items()]
-    lines += [f"  {name:<18} refused: {reason}" for name, reason in presets.NOT_EMULATED.items()]
     return "\n".join(lines)
 
 

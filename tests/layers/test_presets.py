@@ -63,9 +63,12 @@ def test_scope_next_to_a_preset_widens_it_and_the_name_says_so():
     assert {f.name for f in recipe.resolve("core_attention", 0, NUM_LAYERS).values()} == {"mxfp8_e4m3"}
 
 
-def test_delayed_scaling_is_refused_with_the_alternative():
-    with pytest.raises(RecipeError, match="te-fp8-delayed.*not emulated yet.*te-fp8-current"):
-        QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": "te-fp8-delayed"})
+def test_delayed_preset_is_te_delayed_scaling_hybrid():
+    fmts = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": "te-fp8-delayed"}).resolve("fc1", 0, NUM_LAYERS)
+    for key, fmt in fmts.items():
+        assert fmt.name == ("fp8_e5m2" if "grad_output" in key else "fp8_e4m3")
+        assert (fmt.scaling, fmt.options["amax_history_len"], fmt.options["amax_compute_algo"],
+                fmt.options["margin"]) == ("delayed", 1024, "max", 0)
 
 
 def test_unknown_format_lists_the_presets():
@@ -76,11 +79,11 @@ def test_unknown_format_lists_the_presets():
 def test_sweep_takes_preset_names():
     from megatron.quant.training.sweep import SweepError, plan_runs
 
-    runs = plan_runs("bf16 te-nvfp4 te-fp8-current")
+    runs = plan_runs("bf16 te-nvfp4 te-fp8-delayed")
     assert [(r.name, dict(r.env)) for r in runs[1:]] == [("te-nvfp4", {"CUSTOM_QUANT_TYPE": "te-nvfp4"}),
-                                                         ("te-fp8-current", {"CUSTOM_QUANT_TYPE": "te-fp8-current"})]
-    with pytest.raises(SweepError, match="not emulated yet"):
-        plan_runs("bf16 te-fp8-delayed")
+                                                         ("te-fp8-delayed", {"CUSTOM_QUANT_TYPE": "te-fp8-delayed"})]
+    with pytest.raises(SweepError, match="unknown recipe 'te-fp8-lazy'.*te-fp8-delayed"):
+        plan_runs("bf16 te-fp8-lazy")
 
 
 @pytest.mark.parametrize("name", EMULATED)

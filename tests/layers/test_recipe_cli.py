@@ -17,7 +17,6 @@ def test_show_without_a_name_lists_the_presets(capsys):
     assert code == 0
     for name in presets.preset_names():
         assert name in out
-    assert "not emulated yet" in out
 
 
 def test_show_preset_gives_the_operand_table_and_the_source(capsys):
@@ -42,8 +41,12 @@ def test_show_recipe_file_separates_the_layers_rules_change(capsys, tmp_path):
 def test_show_format_name_and_refusals(capsys):
     code, out, _ = _show(capsys, "mxfp8", "--num-layers", "1")
     assert code == 0 and "qk.query" in out and "e8m0 block (floor)" in out
-    code, _, err = _show(capsys, "te-fp8-delayed")
-    assert code == 2 and "not emulated yet" in err and "te-fp8-current" in err
+    code, _, err = _show(capsys, "te-fp8-lazy")
+    assert code == 2 and "te-fp8-lazy" in err and "te-fp8-delayed" in err
+    code, out, _ = _show(capsys, "te-fp8-delayed", "--num-layers", "1")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert code == 0 and "DelayedScaling" in out and "delayed (max of 1024)" in rows["wgrad.grad_output"]
+    assert "fp8_e5m2" in rows["wgrad.grad_output"] and "fp8_e4m3" in rows["fprop.weight"]
 
 
 def test_module_entry_point():

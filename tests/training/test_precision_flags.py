@@ -46,10 +46,20 @@ def test_hybrid_mxfp8_gradients_keep_the_rceil_scales():
     assert {f.options["scale_mode"] for f in fmts.values()} == {"rceil"}
 
 
-def test_margin_reaches_every_tensorwise_operand():
-    recipe = _recipe("--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-margin", "2")
-    assert recipe.name == "te-fp8-current-margin2"
-    assert {f.options["margin"] for f in recipe.resolve("fc2", 0, LAYERS).values()} == {2}
+def _delayed_options(recipe):
+    return {(f.name, f.scaling, f.options["amax_history_len"], f.options["amax_compute_algo"], f.options["margin"])
+            for f in recipe.resolve("fc2", 0, LAYERS).values()}
+
+
+def test_delayed_takes_megatron_defaults_and_its_flags():
+    recipe = _recipe("--fp8-format", "hybrid", "--fp8-recipe", "delayed")
+    assert recipe.name == "te-fp8-delayed-len1-most-recent"
+    assert _delayed_options(recipe) == {("fp8_e4m3", "delayed", 1, "most_recent", 0),
+                                        ("fp8_e5m2", "delayed", 1, "most_recent", 0)}
+    recipe = _recipe("--fp8-format", "e4m3", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "16",
+                     "--fp8-amax-compute-algo", "max", "--fp8-margin", "2")
+    assert recipe.name == "te-fp8-delayed-e4m3-len16-max-margin2"
+    assert _delayed_options(recipe) == {("fp8_e4m3", "delayed", 16, "max", 2)}
 
 
 @pytest.mark.parametrize("start_end, kept", [([], [0, LAYERS - 1]), (["--num-layers-at-start-in-bf16", "2"], [0, 1, 3]),
@@ -66,15 +76,17 @@ def test_no_precision_flags_means_no_flag_recipe():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--fp8-format", "hybrid", "--fp8-recipe", "delayed"], "delayed.*not emulated yet.*te-fp8-current"),
     (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-amax-history-len", "16"],
-     "--fp8-amax-history-len only applies to delayed scaling"),
-    (["--fp8-amax-compute-algo", "max"], "--fp8-amax-compute-algo only applies to delayed"),
+     "--fp8-amax-history-len 16 only applies to delayed scaling"),
+    (["--fp8-amax-compute-algo", "max"], "--fp8-amax-compute-algo max only applies to delayed"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-margin", "1"],
+     "--fp8-margin 1 only applies to delayed scaling.*Megatron-LM ignores it"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "0"],
+     "--fp8-amax-history-len must be >= 1, got 0"),
     (["--fp8-format", "e4m3", "--fp4-format", "e2m1"], "--fp4-format and --fp8-format are mutually exclusive"),
     (["--fp8-recipe", "mxfp8"], r"--fp8-recipe mxfp8 needs --fp8-format \{e4m3,hybrid\}"),
     (["--fp4-recipe", "nvfp4"], "--fp4-recipe nvfp4 needs --fp4-format e2m1"),
     (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "blockwise supports --fp8-format e4m3 only"),
-    (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8", "--fp8-margin", "1"], "tensorwise only, not mxfp8"),
     (["--no-fp8-wgrad"], "--no-fp8-wgrad needs an emulated recipe"),
     (["--first-last-layers-bf16"], "--first-last-layers-bf16 needs an emulated recipe"),
     (["--fp4-format", "e2m1", "--num-layers-at-end-in-bf16", "2"], "needs --first-last-layers-bf16"),

@@ -101,13 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "emulated recipe's FP8 format (hybrid: E5M2 gradients)")
     # Megatron-LM's precision flags, mapped onto emulated recipes (megatron.quant.presets).
     g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
-                   help="emulate TE's recipe: tensorwise (te-fp8-current), mxfp8 (te-mxfp8), blockwise "
-                        "(te-fp8-blockwise); delayed is not emulated yet")
-    g.add_argument("--fp8-margin", type=int, default=0, help="with --fp8-recipe tensorwise: scale margin 2^m")
+                   help="emulate TE's recipe: tensorwise (te-fp8-current), delayed (te-fp8-delayed), mxfp8 "
+                        "(te-mxfp8), blockwise (te-fp8-blockwise)")
+    g.add_argument("--fp8-margin", type=int, default=None,
+                   help="with --fp8-recipe delayed: scale margin 2^m (default 0)")
     g.add_argument("--fp8-amax-history-len", type=int, default=None,
-                   help="delayed scaling only (not emulated yet: refused)")
+                   help="with --fp8-recipe delayed: amaxes kept per operand (default 1, as Megatron-LM)")
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default=None,
-                   help="delayed scaling only (not emulated yet: refused)")
+                   help="with --fp8-recipe delayed: which amax sets the scale (default most_recent, as Megatron-LM)")
     g.add_argument("--no-fp8-wgrad", action="store_true", help="emulated recipe: wgrad GEMM operands not quantized")
     g.add_argument("--fp4-format", choices=["e2m1"], default=None, help="emulate FP4 training (te-nvfp4)")
     g.add_argument("--fp4-recipe", choices=["nvfp4"], default=None, help="with --fp4-format: the FP4 recipe")

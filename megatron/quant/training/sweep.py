@@ -85,8 +85,6 @@ def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
     if token.lower() not in valid:
         raise SweepError(f"unknown recipe {token!r}; give format names or recipe presets ({', '.join(valid)}), "
                          f"comparison presets ({', '.join(PRESETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
-    if token.lower() in presets.NOT_EMULATED:
-        raise SweepError(f"recipe {token!r}: {presets.NOT_EMULATED[token.lower()]}")
     return token, {"CUSTOM_QUANT_TYPE": token.lower()}
 
 

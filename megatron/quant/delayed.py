@@ -1,0 +1,123 @@
+"""Delayed scaling (Transformer Engine's ``DelayedScaling``): each operand's per-tensor scale comes
+from an amax history kept across steps, not from the tensor being quantized.
+
+Per quantization of an operand whose format has ``scaling="delayed"`` (TE's kernel
+``amax_and_scale_update``, run at every fp8_autocast exit: once per micro-batch):
+
+1. the tensor is quantized with the current scale, ``encode = target / amax_for_scale``;
+2. its own amax (MAX-reduced over the amax reduction group) enters the history, which keeps
+   the last ``amax_history_len`` amaxes;
+3. the next ``amax_for_scale`` is that newest amax (``amax_compute_algo="most_recent"``) or the
+   largest in the history (``"max"``, skipping NaN as CUDA's fmaxf does); an amax of 0, Inf or
+   NaN keeps the previous scale.
+
+The history starts at zeros and the scale at 1 (``amax_for_scale`` Inf, which the format turns
+into encode 1), so each operand's first quantization in a run is unscaled, as in TE. The state
+keeps the amax a scale derives from rather than the scale: the format computes
+``target / amax`` with TE's arithmetic either way, so the scales are TE's bit for bit, and a
+kept scale is kept exactly.
+
+The state lives in ``AmaxHistory`` modules registered on the layer (``amax_histories``), so it
+is in the model's state dict and in checkpoints, and moves with the model between devices.
+Weights are quantized once per optimizer step (the quantized-weight cache), so their history
+gains one entry per step, as with TE's first-micro-batch weight caching. Where a quantized
+copy is reused (the forward input for wgrad, one gradient for both backward GEMMs) the second
+operand's history is not consulted: TE casts such a tensor once, too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+DELAYED = "delayed"
+
+
+def is_delayed(fmt: Any) -> bool:
+    """True for a format scaled from an amax history (``scaling="delayed"``)."""
+    return fmt is not None and getattr(fmt, "scaling", None) == DELAYED
+
+
+def updated_history(history: Tensor, amax_for_scale: Tensor, amax: Tensor, algo: str) -> tuple[Tensor, Tensor]:
+    """(history with ``amax`` appended and its oldest entry dropped, the amax the next scale
+    derives from), for a history oldest first; pure."""
+    window = torch.cat([history[1:], amax.reshape(1)])
+    if algo == "most_recent":
+        chosen = amax.reshape(())
+    else:  # fmaxf from 0: NaN entries are skipped, Inf is kept
+        chosen = torch.nan_to_num(window, nan=0.0, posinf=math.inf).amax()
+    usable = torch.isfinite(chosen) & (chosen > 0)
+    return window, torch.where(usable, chosen, amax_for_scale)
+
+
+class AmaxHistory(torch.nn.Module):
+    """One operand's delayed-scaling state: ``amax_history`` (the last L amaxes, oldest first)
+    and ``amax_for_scale``; ``group``: where recorded amaxes are MAX-reduced (None: nowhere)."""
+
+    def __init__(self, length: int, algo: str, group: Optional[dist.ProcessGroup] = None):
+        super().__init__()
+        self.algo, self.group = algo, group
+        self.register_buffer("amax_history", torch.zeros(length))
+        self.register_buffer("amax_for_scale", torch.full((), math.inf))
+
+    def scale_amax(self, device: torch.device) -> Tensor:
+        """The amax the current scale derives from (a copy: recording does not change it)."""
+        if self.amax_history.device != device:  # built on CPU, run elsewhere
+            self.to(device)
+        return self.amax_for_scale.clone()
+
+    def record(self, amax: Tensor) -> None:
+        """Append a tensor's amax (reduced over ``group`` first) and update the scale's amax."""
+        amax = amax.detach().float().reshape(()).clone()
+        if self.group is not None and dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+        with torch.no_grad():
+            history, for_scale = updated_history(self.amax_history, self.amax_for_scale, amax, self.algo)
+            self.amax_history.copy_(history)
+            self.amax_for_scale.copy_(for_scale)
+
+    def extra_repr(self) -> str:
+        return f"length={self.amax_history.numel()}, algo={self.algo!r}"
+
+
+def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> Any:
+    """``quant`` (a dataclass of ``OperandSpec``s, possibly nested) with a fresh ``AmaxHistory`` on
+    every delayed-scaled operand, registered under ``owner.amax_histories`` by operand key (none
+    registered, and any earlier ones dropped, when no operand is delayed)."""
+    histories = torch.nn.ModuleDict()
+    attached = _attach(quant, histories, group)
+    if "amax_histories" in owner._modules:
+        del owner._modules["amax_histories"]
+    if len(histories):
+        owner.amax_histories = histories
+    return attached
+
+
+def _attach(value: Any, histories: torch.nn.ModuleDict, group: Optional[dist.ProcessGroup]) -> Any:
+    from megatron.quant.ops import OperandSpec  # ops imports this module
+
+    if not dataclasses.is_dataclass(value):
+        return value
+    if isinstance(value, OperandSpec):
+        if not is_delayed(value.fmt):
+            return value
+        history = AmaxHistory(value.fmt.options["amax_history_len"], value.fmt.options["amax_compute_algo"], group)
+        histories[value.name.replace(".", "_")] = history
+        return dataclasses.replace(value, history=history)
+    return dataclasses.replace(value, **{f.name: _attach(getattr(value, f.name), histories, group)
+                                         for f in dataclasses.fields(value)})
+
+
+def amax_reduction_group(tp_group: Optional[dist.ProcessGroup], tp_only: bool) -> Optional[dist.ProcessGroup]:
+    """Megatron-LM's FP8 amax reduction group: tensor x data (x context) parallel ranks, or the
+    tensor-parallel ranks only with ``tp_only`` (``--tp-only-amax-red``); ``tp_group`` where
+    megatron-core's parallel state is not initialized."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return tp_group
+    return parallel_state.get_amax_reduction_group(with_context_parallel=True, tp_only_amax_red=tp_only)
