@@ -1,17 +1,19 @@
 """TP=1 and TP=2 (two CPU processes over gloo) give the same outputs and gradients for a block
-format and a per-tensor format, column- and row-parallel; block/shard mismatch is refused."""
+format, a per-tensor format and every recipe preset, column- and row-parallel; block/shard
+mismatch is refused; delayed scaling's histories agree across TP and DP ranks."""
 import pytest
 import torch
 
 from tests._dist import run_distributed
 from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
 
-IN, OUT, TOKENS = 128, 128, 64
+TOKENS = 64
 STOCHASTIC = "+sr"  # suffix: the format with stochastic rounding on every operand
-# Recipe presets too (te-fp8-blockwise's 1x128 blocks do not fit these 64-wide shards).
 CASES = [(kind, fmt) for kind in ("column", "row")
          for fmt in (BLOCK_FORMAT, TENSOR_FORMAT, BLOCK_FORMAT + STOCHASTIC, "nvfp4" + STOCHASTIC,
-                     "te-nvfp4", "te-mxfp8", "te-fp8-current")]
+                     "te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed")]
+# Layer width: TP=2 shards must hold whole 1x128 blocks and 128x128 tiles for te-fp8-blockwise.
+WIDTH = {"te-fp8-blockwise": 256}
 # Per-tensor amax all-reduces per forward+backward at TP=2, one per TP-sharded operand whose format
 # needs one (column: W, dY; row: X, W); operands identical on every rank (column X, row dY) and
 # second uses of the same tensor (wgrad, dgrad's cached W) reduce nothing.
@@ -50,14 +52,14 @@ class _CountAmaxReductions:
         self._dist.all_reduce = self._original
 
 
-def _full_data():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(TOKENS, 1, IN, generator=g)
-    x[..., : IN // 2] *= 8  # shards with different amax: a missing TP reduction would show
-    weight = torch.randn(OUT, IN, generator=g)
-    weight[: OUT // 2] *= 8
-    grad = torch.randn(TOKENS, 1, OUT, generator=g)
-    grad[..., : OUT // 2] *= 8
+def _full_data(width: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(TOKENS, 1, width, generator=g)
+    x[..., : width // 2] *= 8  # shards with different amax: a missing TP reduction would show
+    weight = torch.randn(width, width, generator=g)
+    weight[: width // 2] *= 8
+    grad = torch.randn(TOKENS, 1, width, generator=g)
+    grad[..., : width // 2] *= 8
     return x, weight, grad
 
 
@@ -73,24 +75,27 @@ def _layer_results(rank: int, world_size: int) -> dict:
     # keys stochastic rounding: start both layouts from the same one.
     tensor_saver.set_iteration(0)
     config = transformer_config(tensor_model_parallel_size=world_size)
-    x, weight, grad = _full_data()
     results = {}
     for kind, fmt in CASES:
+        width = WIDTH.get(fmt, 128)
         if kind == "column":
-            layer = QuantColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
-                                              gather_output=True)
-            shard, x_in = weight.chunk(world_size, 0)[rank], x
+            layer = QuantColumnParallelLinear(width, width, config=config, init_method=torch.nn.init.zeros_,
+                                              bias=False, gather_output=True)
         else:
-            layer = QuantRowParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+            layer = QuantRowParallelLinear(width, width, config=config, init_method=torch.nn.init.zeros_, bias=False,
                                            input_is_parallel=True, skip_bias_add=False)
-            shard, x_in = weight.chunk(world_size, 1)[rank], x.chunk(world_size, -1)[rank]
         layer.configure_quant(LinearQuant.from_formats(_formats(fmt)), None)
-        with torch.no_grad():
-            layer.weight.copy_(shard)
-        x_in = x_in.clone().requires_grad_()
-        with _CountAmaxReductions() as reductions:
-            y, _ = layer(x_in)
-            y.backward(grad)
+        # Delayed scaling: a first step fills the histories, the second is compared.
+        for seed in (1, 0) if "delayed" in fmt else (0,):
+            x, weight, grad = _full_data(width, seed)
+            shard, x_in = (weight.chunk(world_size, 0)[rank], x) if kind == "column" else \
+                (weight.chunk(world_size, 1)[rank], x.chunk(world_size, -1)[rank])
+            with torch.no_grad():
+                layer.weight.copy_(shard)
+            x_in = x_in.clone().requires_grad_()
+            with _CountAmaxReductions() as reductions:
+                y, _ = layer(x_in)
+                y.backward(grad)
         results[(kind, fmt)] = (y.detach(), x_in.grad, layer.weight.grad)
         results[("reductions", kind, fmt)] = reductions.count
     results["attention_capture"] = _attention_captured_on_rank0(rank, world_size)
@@ -98,8 +103,40 @@ def _layer_results(rank: int, world_size: int) -> dict:
     if world_size > 1:  # in the same processes, to spare a spawn
         results["refusals"] = _build_refusals(world_size)
         results["sequence_parallel"] = _sequence_parallel(rank, world_size)
+        results["delayed_dp"] = _delayed_histories_at_dp2(rank)
     cpu.destroy_parallel()
     return results
+
+
+def _delayed_histories_at_dp2(rank: int) -> dict:
+    """The histories of a te-fp8-delayed layer at TP=1, DP=2 after two steps on rank-dependent
+    data: Megatron-LM's amax group spans the data-parallel ranks, so they must agree."""
+    from megatron.quant import cpu
+    from megatron.quant.layers import QuantColumnParallelLinear
+    from megatron.quant.ops import LinearQuant
+    from tests.layers._helpers import transformer_config
+
+    cpu.init_parallel(tensor_model_parallel_size=1, seed=1)
+    layer = QuantColumnParallelLinear(128, 128, config=transformer_config(), init_method=torch.nn.init.normal_,
+                                      bias=False, gather_output=True)
+    layer.configure_quant(LinearQuant.from_formats(_formats("te-fp8-delayed")), None)
+    amaxes = []
+    for step in range(2):
+        x, _, grad = _full_data(128, seed=10 * step + rank)
+        x = x * (rank + 1)
+        y, _ = layer(x)
+        y.backward(grad)
+        amaxes.append(x.abs().max().item())
+    return {"histories": {k: h.amax_history.clone() for k, h in layer.amax_histories.items()}, "amaxes": amaxes}
+
+
+def test_delayed_histories_agree_across_data_parallel_ranks(tp_runs):
+    both = tp_runs[1]
+    first, second = (r["delayed_dp"] for r in both)
+    for key, history in first["histories"].items():
+        assert torch.equal(history, second["histories"][key]), key
+    inputs = first["histories"]["fprop_input"][-2:].tolist()
+    assert inputs == [max(a, b) for a, b in zip(first["amaxes"], second["amaxes"])]
 
 
 def _assemble(per_rank: list[dict], kind: str, fmt: str):
@@ -209,7 +246,7 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
     from megatron.quant.ops import LinearQuant
     from tests.layers._helpers import linear_formats, transformer_config
 
-    x, weight, grad = _full_data()
+    x, weight, grad = _full_data(128)
     out_shard = weight.chunk(world_size, 0)[rank]
     grad_shard = grad.chunk(world_size, -1)[rank]
     runs = {}
@@ -218,7 +255,7 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
                                ("mxfp8_sp", QuantColumnParallelLinear, BLOCK_FORMAT, True),
                                ("mxfp8", QuantColumnParallelLinear, BLOCK_FORMAT, False)):
         config = transformer_config(tensor_model_parallel_size=world_size, sequence_parallel=sp)
-        layer = cls(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False, gather_output=False)
+        layer = cls(128, 128, config=config, init_method=torch.nn.init.zeros_, bias=False, gather_output=False)
         if cls is QuantColumnParallelLinear:
             layer.configure_quant(LinearQuant.from_formats(linear_formats(fmt)), None)
         with torch.no_grad():

@@ -14,7 +14,11 @@ HF_VOCAB = 300  # not a multiple of 128: exercises vocabulary padding
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 ITERS = 12
-PRESETS = ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise")
+PRESETS = ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed")
+# Megatron-LM's flags for delayed scaling with a window of 3 micro-batches (the default window of
+# 1 would hide a history that is not restored on resume less well).
+DELAYED_FLAGS = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "3",
+                 "--fp8-amax-compute-algo", "max"]
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +87,7 @@ def stochastic_env(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("one_rank")
-    cache, ckpt, sr_ckpt = str(tmp / "cache"), str(tmp / "ckpt"), str(tmp / "sr_ckpt")
+    cache, ckpt, sr_ckpt, delayed_ckpt = (str(tmp / name) for name in ("cache", "ckpt", "sr_ckpt", "delayed_ckpt"))
     argv = train_argv(corpus, cache)
     capture_env = {"CUSTOM_QUANT_TYPE": "mxfp8_e4m3", "TENSOR_SAVE_ENABLED": "true", "TENSOR_SAVE_DIR": str(tmp / "tensors"),
                    "TENSOR_SAVER_ITERATION": "2", "TENSOR_SAVE_EXIT_AFTER": "true", "TENSOR_SAVE_ROLES": "qkv"}
@@ -98,6 +102,10 @@ def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
         *((f"preset_{name}", "train", ({"CUSTOM_QUANT_TYPE": name}, argv)) for name in PRESETS),
         ("stochastic_part1", "train", (stochastic_env, argv + ["--save", sr_ckpt, "--exit-interval", str(ITERS // 2)])),
         ("stochastic_part2", "train", (stochastic_env, argv + ["--save", sr_ckpt, "--load", sr_ckpt])),
+        ("delayed", "train", ({}, argv + DELAYED_FLAGS)),
+        ("delayed_part1", "train", ({}, argv + DELAYED_FLAGS + ["--save", delayed_ckpt, "--exit-interval",
+                                                                str(ITERS // 2)])),
+        ("delayed_part2", "train", ({}, argv + DELAYED_FLAGS + ["--save", delayed_ckpt, "--load", delayed_ckpt])),
         # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).
         ("diverge", "train", ({}, argv + ["--save", str(tmp / "diverged" / "checkpoints"), "--tensorboard-dir",
                                           str(tmp / "diverged" / "tensorboard"), "--divergence-threshold", "1"])),
@@ -119,6 +127,7 @@ def two_ranks(corpus, hf_models, stochastic_env, tmp_path_factory) -> list[dict]
         ("tp2", "train", ({}, argv + ["--tensor-model-parallel-size", "2"])),
         ("dp2", "train", ({}, argv)),
         ("stochastic_tp2", "train", (stochastic_env, argv + ["--tensor-model-parallel-size", "2"])),
+        ("delayed_tp2", "train", ({}, argv + DELAYED_FLAGS + ["--tensor-model-parallel-size", "2"])),
         ("hf_tp2", "hf_logits", (path, tokens)),
     ]
     return run_distributed(run_plan, 2, plan, timeout=600)

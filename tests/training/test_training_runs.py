@@ -68,6 +68,24 @@ def test_stochastic_rounding_does_not_depend_on_the_tp_size(one_rank, two_ranks)
             assert [h[key] for h in history] == pytest.approx([h[key] for h in reference], rel=1e-4), key
 
 
+def test_resume_with_delayed_scaling_restores_the_amax_histories(one_rank):
+    # Without the histories in the checkpoint, part 2 would restart every scale at 1.
+    part1, part2 = one_rank["delayed_part1"], one_rank["delayed_part2"]
+    assert part1 + part2 == one_rank["delayed"]
+    assert _losses(one_rank["delayed"]) != _losses(one_rank["preset_te-fp8-delayed"])  # the flags' window
+
+
+def test_delayed_scaling_does_not_depend_on_the_tp_size(one_rank, two_ranks):
+    # Every amax is MAX-reduced over the TP ranks before it enters a history, so both ranks scale
+    # each operand as the single process does; as with the other recipes, fp32 summation order
+    # (row-parallel partial sums) makes the curves drift by last bits later.
+    reference = one_rank["delayed"][:2]
+    for rank_results in two_ranks:
+        history = rank_results["delayed_tp2"][:2]
+        for key in ("lm loss", "grad norm"):
+            assert [h[key] for h in history] == pytest.approx([h[key] for h in reference], rel=1e-4), key
+
+
 def test_checkpoints_are_complete_and_tracked(one_rank):
     root = one_rank["checkpoint_dir"]
     assert checkpoint.latest_iteration(root) == ITERS
