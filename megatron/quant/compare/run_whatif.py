@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from megatron.quant import presets
 from megatron.quant.analysis import cli, report
 from megatron.quant.analysis.catalog import CatalogError
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
@@ -23,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output_dir", default="./draw",
                         help=f"results go into OUTPUT_DIR/{whatif_report.FOLDER}/ (default ./draw)")
     parser.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS),
-                        help=f"format names (default {' '.join(DEFAULT_FORMATS)})")
+                        help=f"format names and recipe presets ({', '.join(presets.preset_names())}): a preset "
+                             f"quantizes each GEMM operand a capture feeds with its own format "
+                             f"(default {' '.join(DEFAULT_FORMATS)})")
     cli.add_filter_arguments(parser)
     parser.add_argument("--include_outputs", action="store_true",
                         help="also re-quantize GEMM results (phase post: outputs, gradients), along their "
@@ -44,28 +47,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Path]:
     """Everything the command does; returns the files written."""
-    from megatron.quant.formats import get_format
-
-    fmts = [get_format(name) for name in args.formats]
+    candidates = whatif.parse_candidates(args.formats)
     folder = Path(args.output_dir) / whatif_report.FOLDER
     check_output_dir(folder, "--output_dir")
     capture_filter = cli.capture_filter(args)
     root = Path(args.tensor_dir)
-    records, unlisted = whatif.find_captures(root, capture_filter, args.include_outputs)
-    log(f"{len(records)} captures, formats {', '.join(f.name for f in fmts)}")
-    rows, unusable = whatif.evaluate_all(records, fmts, root, capture_filter, log)
+    records, unlisted, num_layers = whatif.find_captures(root, capture_filter, args.include_outputs)
+    log(f"{len(records)} captures, formats {', '.join(c.name for c in candidates)}")
+    if any(c.recipe is not None for c in candidates):
+        log(f"presets resolved for {num_layers} layers (the largest captured layer index + 1)")
+    rows, not_quantized, unusable = whatif.evaluate_all(records, candidates, root, capture_filter, num_layers, log)
     skipped = unlisted + unusable
     for entry in skipped:
         log(f"skipping {entry.path}: {entry.reason}")
+    unquantized = whatif.summarize_not_quantized(not_quantized)
+    for entry in unquantized:
+        log(f"not evaluated: {whatif_report.describe_not_quantized(entry)}")
     if not rows:
+        left = "".join(f"; {whatif_report.describe_not_quantized(entry)}" for entry in unquantized)
         raise ValueError(f"no usable high-precision capture under {args.tensor_dir!r} matches "
-                         f"the filters ({capture_filter.describe()})")
+                         f"the filters ({capture_filter.describe()}) and is quantized by --formats{left}")
     best = whatif.best_formats(rows)
     whatif_report.clear_previous(folder)
-    written = whatif_report.write_tables(rows, best, skipped, folder)
+    written = whatif_report.write_tables(rows, best, skipped, unquantized, folder)
     images = [] if args.no_plots else [whatif_report.plot_by_class(rows, folder),
                                        *whatif_report.plot_by_layer(rows, folder)]
-    written += images + whatif_report.write_summary(best, images, len(rows) // len(fmts), skipped, folder)
+    tensors = len({row["file"] for row in rows})
+    written += images + whatif_report.write_summary(best, images, tensors, skipped, unquantized, folder)
     for row in (b for b in best if b["among_bits"] == "all"):
         log(f"best for {row['tensor_class']}: {row['format']} ({row['mean_sqnr_db']:.2f} dB)")
     log(f"wrote {len(written)} files to {folder}")

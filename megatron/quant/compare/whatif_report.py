@@ -1,5 +1,8 @@
 """What-if outputs in ``<output_dir>/format_comparison/``: CSV tables, PNG plots, and a
-``summary.md`` / ``summary.html`` fragment that the visualization report links to."""
+``summary.md`` / ``summary.html`` fragment that the visualization report links to.
+
+A preset is one ``format`` series like a format name; its rows carry the ``operand`` they
+evaluate, and wgrad uses are tensor classes of their own (``whatif.tensor_class``)."""
 from __future__ import annotations
 
 import csv
@@ -14,8 +17,9 @@ from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"
 SKIPPED_CSV = "skipped_files.csv"
+NOT_QUANTIZED_CSV = "not_quantized.csv"
 SKIPPED_SHOWN = 50  # in the summary; the CSV lists every skipped file
-STAT_COLUMNS = ("format", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
+STAT_COLUMNS = ("format", "operand", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
                 "overflow", "overflow_ratio", "underflow", "underflow_ratio")
 PANELS = (("sqnr_db", "SQNR (dB)"), ("relative_error", "relative error"),
           ("overflow_ratio", "overflow ratio"), ("underflow_ratio", "underflow ratio"))
@@ -29,9 +33,10 @@ def clear_previous(folder: Path) -> None:
 
 
 def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], skipped: Sequence[SkippedFile],
-                 folder: Path) -> list[Path]:
-    """``format_comparison.csv`` (one row per tensor and format), ``best_formats.csv`` and
-    ``skipped_files.csv`` (path, reason)."""
+                 not_quantized: Sequence[Mapping], folder: Path) -> list[Path]:
+    """``format_comparison.csv`` (one row per tensor, format and, for presets, operand use),
+    ``best_formats.csv``, ``skipped_files.csv`` (path, reason) and ``not_quantized.csv`` (what
+    presets leave unquantized: ``whatif.summarize_not_quantized``'s groups)."""
     folder.mkdir(parents=True, exist_ok=True)
     per_tensor = folder / "format_comparison.csv"
     _write_csv(per_tensor, [*IDENTITY_FIELDS, "file", "axis", "tensor_class", *STAT_COLUMNS],
@@ -40,7 +45,16 @@ def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], skipped: Sequ
     _write_csv(best_path, ["tensor_class", "among_bits", "format", "bits", "mean_sqnr_db", "tensors"], best)
     skipped_path = folder / SKIPPED_CSV
     _write_csv(skipped_path, ["path", "reason"], [{"path": s.path, "reason": s.reason} for s in skipped])
-    return [per_tensor, best_path, skipped_path]
+    not_quantized_path = folder / NOT_QUANTIZED_CSV
+    _write_csv(not_quantized_path, ["format", "tensor_class", "operand", "layers", "tensors", "reason"], not_quantized)
+    return [per_tensor, best_path, skipped_path, not_quantized_path]
+
+
+def describe_not_quantized(entry: Mapping) -> str:
+    """One line for a ``summarize_not_quantized`` group."""
+    operand = f" ({entry['operand']})" if entry["operand"] else ""
+    return (f"{entry['format']} leaves {entry['tensor_class']}{operand} unquantized in layer(s) {entry['layers']} "
+            f"({entry['tensors']} tensor(s)): {entry['reason']}")
 
 
 def plot_by_class(rows: Sequence[Mapping], folder: Path) -> Path:
@@ -78,20 +92,25 @@ def plot_by_layer(rows: Sequence[Mapping], folder: Path) -> list[Path]:
     return written
 
 
-def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
-                  skipped: Sequence[SkippedFile], folder: Path) -> list[Path]:
-    """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, the plots
-    and the files skipped."""
+def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int, skipped: Sequence[SkippedFile],
+                  not_quantized: Sequence[Mapping], folder: Path) -> list[Path]:
+    """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, the plots,
+    what presets leave unquantized and the files skipped."""
     overall = [row for row in best if row["among_bits"] == "all"]
     by_width = [row for row in best if row["among_bits"] != "all"]
     md = [f"## Format comparison (what-if re-quantization of {tensors} captured tensors)", "",
-          "Best format per tensor class: highest mean SQNR over the class's tensors.", "",
+          "Best format per tensor class: highest mean SQNR over the class's tensors. A preset is "
+          "evaluated per GEMM operand with its format for that operand; `class@wgrad.*` is the "
+          "captured tensor as the weight-gradient GEMM uses it (blocked along tokens).", "",
           "| tensor class | best overall | SQNR (dB) | best per bit width |", "|---|---|---|---|"]
     for row in overall:
         widths = ", ".join(f"{b['bits']}-bit: {b['format']}" for b in by_width if b["tensor_class"] == row["tensor_class"])
         md.append(f"| {row['tensor_class']} | {row['format']} | {row['mean_sqnr_db']:.2f} | {widths} |")
     md += ["", "Tables: [format_comparison.csv](format_comparison.csv), [best_formats.csv](best_formats.csv)", ""]
     md += [f"![{image.stem}]({image.name})" for image in images]
+    if not_quantized:
+        md += ["", f"Not evaluated under a preset (all in [{NOT_QUANTIZED_CSV}]({NOT_QUANTIZED_CSV})):", ""]
+        md += [f"- {describe_not_quantized(entry)}" for entry in not_quantized]
     if skipped:
         md += ["", f"Skipped files ({len(skipped)}, all in [{SKIPPED_CSV}]({SKIPPED_CSV})):", ""]
         md += [f"- `{s.path}`: {s.reason}" for s in skipped[:SKIPPED_SHOWN]]
@@ -108,10 +127,18 @@ def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
                 f'by mean SQNR. Tables: <a href="{FOLDER}/format_comparison.csv">per tensor</a>, '
                 f'<a href="{FOLDER}/best_formats.csv">best formats</a>.</p>'
                 f"<table><tr><th>tensor class</th><th>best format</th><th>SQNR (dB)</th></tr>{cells}</table>"
-                f"{figures}{_skipped_html(skipped)}</section>\n")
+                f"{figures}{_not_quantized_html(not_quantized)}{_skipped_html(skipped)}</section>\n")
     html_path = folder / "summary.html"
     html_path.write_text(fragment)
     return [md_path, html_path]
+
+
+def _not_quantized_html(not_quantized: Sequence[Mapping]) -> str:
+    if not not_quantized:
+        return ""
+    items = "".join(f"<li>{html.escape(describe_not_quantized(entry))}</li>" for entry in not_quantized)
+    return (f'<h3>Not evaluated under a preset</h3><p>All in <a href="{FOLDER}/{NOT_QUANTIZED_CSV}">'
+            f"{NOT_QUANTIZED_CSV}</a>.</p><ul>{items}</ul>")
 
 
 def _skipped_html(skipped: Sequence[SkippedFile]) -> str:
