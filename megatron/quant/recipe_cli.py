@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 from megatron.quant import formats, presets
 from megatron.quant.operands import LINEAR_ROLES, PV_OPERANDS, QK_OPERANDS
 from megatron.quant.recipe import FormatChoice, QuantRecipe, RecipeError
+from megatron.quant.selectors import format_indices
 
 COLUMNS = ("operand", "format", "block", "axis", "transform", "scaling", "rounding")
 DEFAULT_NUM_LAYERS = 16
@@ -70,15 +71,6 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (COLUMNS, *rows)]
 
 
-def _ranges(indices: Sequence[int]) -> str:
-    parts, start = [], indices[0]
-    for prev, cur in zip(indices, [*indices[1:], None]):
-        if cur != prev + 1:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ",".join(parts)
-
-
 def _role_tables(recipe: QuantRecipe, layer: int, num_layers: int, roles: Sequence[str],
                  axes: dict[str, int]) -> list[str]:
     """Roles that resolve alike share one table; unquantized roles one line."""
@@ -106,7 +98,7 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
     lines = [f"recipe {recipe.name}" + (f" (reproduces {source})" if source else "")
              + f", {num_layers} decoder layers" + (", compiled" if recipe.compile else "")]
     for layers in sorted(by_layer.values(), key=len, reverse=True):
-        lines.append(f"layers {_ranges(layers)}:")
+        lines.append(f"layers {format_indices(layers)}:")
         lines += _role_tables(recipe, layers[0], num_layers, roles, axes)
     lines += _role_tables(recipe, -1, num_layers, ("output_layer",), axes)
     return "\n".join(lines)

@@ -76,3 +76,14 @@ def parse_selectors(value: Any, *, signed: bool) -> tuple[Selector, ...]:
     items = value if isinstance(value, list) else [value]
     return tuple(parse_item(part, signed=signed)
                  for item in items for part in (item.split(",") if isinstance(item, str) else [item]))
+
+
+def format_indices(values: Any) -> str:
+    """Sorted distinct indices written in the unsigned grammar: [0, 1, 2, 7] -> '0-2,7'."""
+    spans: list[list[int]] = []
+    for value in values:
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional
 
 from megatron.quant.flags import switch_value
 from megatron.quant.operands import ROLES
-from megatron.quant.selectors import UNSIGNED_GRAMMAR, parse_selectors
+from megatron.quant.selectors import UNSIGNED_GRAMMAR, format_indices, parse_selectors
 from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
@@ -173,15 +173,6 @@ _SET_FIELDS = ("layers", "roles", "tensors", "ranks", "microbatches")
 _COUNTED = {"layers": "transformer layers", "ranks": "ranks", "microbatches": "micro-batches per iteration"}
 
 
-def _spans(values: list[int]) -> str:
-    """Sorted indices in the filter grammar: [0, 1, 2, 7] -> '0-2,7'."""
-    spans: list[list[int]] = []
-    for value in values:
-        if spans and value == spans[-1][1] + 1:
-            spans[-1][1] = value
-        else:
-            spans.append([value, value])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
 ENV_VARS = tuple(env for env, _ in _ENV.values())
 _ENV_PREFIXES = ("TENSOR_SAVE_", "TENSOR_SAVER_")
 
@@ -254,6 +245,6 @@ class SaverConfig:
             env, outside = _ENV[name][0], sorted(i for i in chosen if i >= count)
             run = f"the run has {count} {_COUNTED[name]} (0-{count - 1})"
             if len(outside) == len(chosen):
-                raise ValueError(f"{env}={_spans(outside)} can never match: {run}")
+                raise ValueError(f"{env}={format_indices(outside)} can never match: {run}")
             if outside:
-                warnings.warn(f"{env}: {_spans(outside)} ignored, {run}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"{env}: {format_indices(outside)} ignored, {run}", RuntimeWarning, stacklevel=2)

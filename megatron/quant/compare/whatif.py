@@ -27,6 +27,7 @@ from megatron.quant.analysis.selection import CaptureFilter, select
 from megatron.quant.formats.base import NumericFormat, normalize_axis
 from megatron.quant.operands import LINEAR_OPERANDS, ROLES, operands_for_role
 from megatron.quant.recipe import QuantRecipe
+from megatron.quant.selectors import format_indices
 
 # Capture fields copied into every result row, in CSV column order (then "file", "axis").
 IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "operation", "phase",
@@ -199,18 +200,8 @@ def summarize_not_quantized(entries: Sequence[Mapping]) -> list[dict]:
         key = (entry["format"], tensor_class(entry), entry["operand"], entry["reason"])
         groups.setdefault(key, []).append(entry["layer_idx"])
     return [{"format": name, "tensor_class": cls, "operand": operand, "reason": reason, "tensors": len(layers),
-             "layers": _ranges(sorted(set(layers)))}
+             "layers": format_indices(sorted(set(layers)))}
             for (name, cls, operand, reason), layers in sorted(groups.items())]
-
-
-def _ranges(values: Sequence[int]) -> str:
-    runs: list[list[int]] = []
-    for value in values:
-        if runs and value == runs[-1][1] + 1:
-            runs[-1][1] = value
-        else:
-            runs.append([value, value])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def best_formats(rows: Sequence[Mapping]) -> list[dict]:
