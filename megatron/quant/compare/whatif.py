@@ -194,7 +194,7 @@ def tensor_class(row: Mapping) -> str:
 
 def summarize_not_quantized(entries: Sequence[Mapping]) -> list[dict]:
     """``evaluate``'s not-quantized entries grouped by preset, tensor class, operand and reason,
-    with the number of tensors and their layers (e.g. "0-3, 7")."""
+    with the number of tensors and their layers (e.g. "0-3,7")."""
     groups: dict[tuple[str, str, str, str], list[int]] = {}
     for entry in entries:
         key = (entry["format"], tensor_class(entry), entry["operand"], entry["reason"])
