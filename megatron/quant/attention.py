@@ -32,7 +32,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from megatron.quant import tensor_saver
-from megatron.quant.delayed import amax_reduction_group, attach_histories
+from megatron.quant.delayed import HISTORIES, amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.operands import PV_OPERANDS, QK_OPERANDS
 from megatron.quant.ops import (BmmOperands, BmmQuant, CaptureGradients, NoiseScope, QuantBmmFunction, Quantized,
@@ -105,8 +105,8 @@ class QuantDotProductAttention(DotProductAttention):
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None):
         """megatron-core's (which holds no buffers) plus the amax histories, replicated over TP and DP."""
         state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
-        if "amax_histories" in self._modules:
-            buffers = self.amax_histories.state_dict(prefix="amax_histories.", keep_vars=True)
+        if HISTORIES in self._modules:
+            buffers = self._modules[HISTORIES].state_dict(prefix=f"{HISTORIES}.", keep_vars=True)
             dp_cp_group = (metadata or {}).get("dp_cp_group")
             groups = {} if dp_cp_group is None else {"tp_group": self.tp_group, "dp_cp_group": dp_cp_group}
             state.update(make_sharded_tensors_for_checkpoint(buffers, prefix, {}, sharded_offsets, **groups))

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 DELAYED = "delayed"
+HISTORIES = "amax_histories"  # the attribute holding a module's histories, and its state-dict prefix
 
 
 def is_delayed(fmt: Any) -> bool:
@@ -90,10 +91,10 @@ def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.Pr
     registered, and any earlier ones dropped, when no operand is delayed)."""
     histories = torch.nn.ModuleDict()
     attached = _attach(quant, histories, group)
-    if "amax_histories" in owner._modules:
-        del owner._modules["amax_histories"]
+    if HISTORIES in owner._modules:
+        del owner._modules[HISTORIES]
     if len(histories):
-        owner.amax_histories = histories
+        setattr(owner, HISTORIES, histories)
     return attached
 
 

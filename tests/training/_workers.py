@@ -50,7 +50,27 @@ def model_accounting(world_size: int, shape: dict, batch: int) -> tuple[int, flo
     return sum(p.numel() for p in model.parameters()), float(counter.get_total_flops())
 
 
-TASKS = {"train": train, "hf_logits": hf_logits, "model_accounting": model_accounting}
+def load_across_recipes(world_size: int, plain_ckpt: str, delayed_ckpt: str) -> dict[str, bool]:
+    """A checkpoint saved without delayed scaling loads into a te-fp8-delayed model (same weights,
+    fresh histories) and a te-fp8-delayed checkpoint into an unquantized model."""
+    from megatron.quant.cpu import destroy_parallel, init_parallel
+    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.training.loading import load_model
+
+    init_parallel(tensor_model_parallel_size=world_size)
+    delayed, _ = load_model(plain_ckpt, QuantRecipe.from_dict({"format": "te-fp8-delayed"}))
+    plain, _ = load_model(plain_ckpt, QuantRecipe.from_dict({"format": "bf16"}))
+    load_model(delayed_ckpt, QuantRecipe.from_dict({"format": "bf16"}))
+    weights, theirs = delayed.state_dict(), plain.state_dict()
+    histories = {k: v for k, v in weights.items() if ".amax_histories." in k}
+    destroy_parallel()
+    return {"same_weights": all(torch.equal(v, weights[k]) for k, v in theirs.items() if not k.endswith("_extra_state")),
+            "histories": len(histories),
+            "fresh": all(not v.any() if k.endswith("amax_history") else bool(torch.isinf(v)) for k, v in histories.items())}
+
+
+TASKS = {"train": train, "hf_logits": hf_logits, "model_accounting": model_accounting,
+         "load_across_recipes": load_across_recipes}
 
 
 def run_plan(rank: int, world_size: int, plan: list[tuple[str, str, tuple]]) -> dict[str, Any]:

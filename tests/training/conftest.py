@@ -106,6 +106,7 @@ def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
         ("delayed_part1", "train", ({}, argv + DELAYED_FLAGS + ["--save", delayed_ckpt, "--exit-interval",
                                                                 str(ITERS // 2)])),
         ("delayed_part2", "train", ({}, argv + DELAYED_FLAGS + ["--save", delayed_ckpt, "--load", delayed_ckpt])),
+        ("load_across_recipes", "load_across_recipes", (ckpt, delayed_ckpt)),
         # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).
         ("diverge", "train", ({}, argv + ["--save", str(tmp / "diverged" / "checkpoints"), "--tensorboard-dir",
                                           str(tmp / "diverged" / "tensorboard"), "--divergence-threshold", "1"])),

@@ -75,6 +75,12 @@ def test_resume_with_delayed_scaling_restores_the_amax_histories(one_rank):
     assert _losses(one_rank["delayed"]) != _losses(one_rank["preset_te-fp8-delayed"])  # the flags' window
 
 
+def test_checkpoints_load_across_recipes_with_and_without_delayed_scaling(one_rank):
+    # A checkpoint of another recipe has no histories: they start fresh instead of failing the load.
+    outcome = one_rank["load_across_recipes"]
+    assert outcome == {"same_weights": True, "histories": 2 * 4 * 6 * 2, "fresh": True}
+
+
 def test_delayed_scaling_does_not_depend_on_the_tp_size(one_rank, two_ranks):
     # Every amax is MAX-reduced over the TP ranks before it enters a history, so both ranks scale
     # each operand as the single process does; as with the other recipes, fp32 summation order

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.quant.delayed import HISTORIES
 from megatron.quant.training.checkpoint_files import find_damage, first_line
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -158,6 +159,16 @@ def _sharded_state(model, optimizer, scheduler, iteration: int, *, is_loading: b
     return state
 
 
+def _absent_histories(model_template: dict, directory: str) -> set[str]:
+    """State-dict names of the model's delayed-scaling histories the checkpoint does not hold (it
+    was saved under a recipe without them): left out of the load, so they keep their fresh state."""
+    from megatron.core import dist_checkpointing
+
+    saved = dist_checkpointing.load_tensors_metadata(directory)
+    return {name for name, item in model_template.items()
+            if f".{HISTORIES}." in name and getattr(item, "key", name) not in saved}
+
+
 def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run_config: dict) -> str:
     """Save on every rank (collective); returns the final directory.
 
@@ -198,12 +209,17 @@ def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore
     root = os.path.dirname(os.path.normpath(directory))
     template = _sharded_state(model, optimizer, scheduler, 0, is_loading=True, rng=restore_rng)
     try:
+        fresh = _absent_histories(template["model"], directory)
+        template["model"] = {k: v for k, v in template["model"].items() if k not in fresh}
         state = dist_checkpointing.load(template, directory)
     except Exception as error:  # damage find_damage cannot see (e.g. bytes flipped inside a tensor file)
         raise CheckpointError(f"checkpoint {directory} cannot be loaded ({type(error).__name__}: {first_line(error)}); "
                               f"{fallback_hint(root)}") from error
+    if fresh and dist.get_rank() == 0:
+        print(f"checkpoint {directory} holds no delayed-scaling amax history for {len(fresh)} operand buffer(s) "
+              f"(saved under another recipe): they start fresh, each operand's first scale 1", flush=True)
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
-    bad = [k for k in missing + unexpected if not k.endswith("_extra_state")]
+    bad = [k for k in missing + unexpected if not k.endswith("_extra_state") and k not in fresh]
     if bad:
         raise ValueError(f"checkpoint {directory} does not match the model: {bad[:5]}")
     if optimizer is not None:
