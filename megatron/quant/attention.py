@@ -96,7 +96,7 @@ class QuantDotProductAttention(DotProductAttention):
                         seed: int = 0) -> None:
         """``seed`` and the module name (the site's) key its stochastic rounding; delayed-scaled
         operands get fresh amax histories (``amax_histories``, checkpointed)."""
-        group = amax_reduction_group(self.tp_group, getattr(self.config, "tp_only_amax_red", False))
+        group = amax_reduction_group(self.tp_group, self.config.tp_only_amax_red)
         self.quant = attach_histories(quant, self, group)
         self.capture_site, self.allow_fused = site, allow_fused
         specs = [*vars(quant.qk).values(), *vars(quant.pv).values()]

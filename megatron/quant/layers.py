@@ -63,7 +63,7 @@ class QuantLinearMixin:
                     self, "grad_output_buffer", None) is not None:
                 raise ValueError("defer_embedding_wgrad_compute runs the output layer's wgrad outside this "
                                  "layer, so its wgrad operands cannot be quantized; disable one of them")
-        group = amax_reduction_group(self.tp_group, getattr(self.config, "tp_only_amax_red", False))
+        group = amax_reduction_group(self.tp_group, self.config.tp_only_amax_red)
         self.quant = attach_histories(quant.sharded(self.parallel, shard_groups), self, group)
         self.capture_site = site
         self.weight_cache = QuantizedWeightCache()

@@ -109,34 +109,43 @@ def _layer_results(rank: int, world_size: int) -> dict:
 
 
 def _delayed_histories_at_dp2(rank: int) -> dict:
-    """The histories of a te-fp8-delayed layer at TP=1, DP=2 after two steps on rank-dependent
-    data: Megatron-LM's amax group spans the data-parallel ranks, so they must agree."""
+    """The input histories of a te-fp8-delayed layer at TP=1, DP=2 after two steps on rank-dependent
+    data, with Megatron-LM's amax group (tensor x data parallel) and with ``tp_only_amax_red``."""
     from megatron.quant import cpu
     from megatron.quant.layers import QuantColumnParallelLinear
     from megatron.quant.ops import LinearQuant
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=1, seed=1)
-    layer = QuantColumnParallelLinear(128, 128, config=transformer_config(), init_method=torch.nn.init.normal_,
-                                      bias=False, gather_output=True)
-    layer.configure_quant(LinearQuant.from_formats(_formats("te-fp8-delayed")), None)
-    amaxes = []
-    for step in range(2):
-        x, _, grad = _full_data(128, seed=10 * step + rank)
-        x = x * (rank + 1)
-        y, _ = layer(x)
-        y.backward(grad)
-        amaxes.append(x.abs().max().item())
-    return {"histories": {k: h.amax_history.clone() for k, h in layer.amax_histories.items()}, "amaxes": amaxes}
+    out = {}
+    for tp_only in (False, True):
+        layer = QuantColumnParallelLinear(128, 128, config=transformer_config(tp_only_amax_red=tp_only),
+                                          init_method=torch.nn.init.normal_, bias=False, gather_output=True)
+        layer.configure_quant(LinearQuant.from_formats(_formats("te-fp8-delayed")), None)
+        amaxes = []
+        for step in range(2):
+            x, _, grad = _full_data(128, seed=10 * step + rank)
+            x = x * (rank + 1)
+            y, _ = layer(x)
+            y.backward(grad)
+            amaxes.append(x.abs().max().item())
+        out[tp_only] = {"histories": {k: h.amax_history.clone() for k, h in layer.amax_histories.items()},
+                        "amaxes": amaxes}
+    return out
 
 
 def test_delayed_histories_agree_across_data_parallel_ranks(tp_runs):
-    both = tp_runs[1]
-    first, second = (r["delayed_dp"] for r in both)
+    first, second = (r["delayed_dp"][False] for r in tp_runs[1])
     for key, history in first["histories"].items():
         assert torch.equal(history, second["histories"][key]), key
     inputs = first["histories"]["fprop_input"][-2:].tolist()
     assert inputs == [max(a, b) for a, b in zip(first["amaxes"], second["amaxes"])]
+
+
+def test_tp_only_amax_reduction_leaves_data_parallel_ranks_their_own_histories(tp_runs):
+    for rank_results in tp_runs[1]:
+        own = rank_results["delayed_dp"][True]
+        assert own["histories"]["fprop_input"][-2:].tolist() == own["amaxes"]
 
 
 def _assemble(per_rank: list[dict], kind: str, fmt: str):

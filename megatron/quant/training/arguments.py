@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fp8-recipe delayed: amaxes kept per operand (default 1, as Megatron-LM)")
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default=None,
                    help="with --fp8-recipe delayed: which amax sets the scale (default most_recent, as Megatron-LM)")
+    g.add_argument("--tp-only-amax-red", action="store_true",
+                   help="delayed scaling: reduce amaxes over tensor-parallel ranks only, not data-parallel ones")
     g.add_argument("--no-fp8-wgrad", action="store_true", help="emulated recipe: wgrad GEMM operands not quantized")
     g.add_argument("--fp4-format", choices=["e2m1"], default=None, help="emulate FP4 training (te-nvfp4)")
     g.add_argument("--fp4-recipe", choices=["nvfp4"], default=None, help="with --fp4-format: the FP4 recipe")
