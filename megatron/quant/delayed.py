@@ -81,6 +81,14 @@ class AmaxHistory(torch.nn.Module):
             self.amax_history.copy_(history)
             self.amax_for_scale.copy_(for_scale)
 
+    def _apply(self, fn, recurse: bool = True):
+        """Moves between devices but keeps float32 (TE keeps its FP8 metadata in FP32): a 16-bit
+        model (megatron-core's Float16Module calls ``.bfloat16()``) would round the amaxes."""
+        device = fn(torch.empty(0, device=self.amax_history.device)).device
+        for name, buffer in self._buffers.items():
+            self._buffers[name] = buffer.to(device)
+        return self
+
     def extra_repr(self) -> str:
         return f"length={self.amax_history.numel()}, algo={self.algo!r}"
 

@@ -57,6 +57,19 @@ def test_record_reduces_nothing_without_a_group_and_follows_the_device():
     assert history.amax_for_scale.item() == 1.5
 
 
+def test_histories_stay_float32_in_a_16_bit_model():
+    """Float16Module calls .bfloat16() on the model: the amaxes must not be rounded to bf16."""
+    history = AmaxHistory(2, "most_recent")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.add_module("histories", history)
+    model.bfloat16()
+    assert model[0].weight.dtype == torch.bfloat16
+    assert history.amax_history.dtype == history.amax_for_scale.dtype == torch.float32
+    amax = torch.tensor(1.0 + 2.0**-20)  # not a bf16 value
+    history.record(amax)
+    assert history.amax_for_scale.item() == amax.item() and history.amax_history[-1].item() == amax.item()
+
+
 def _linear(recipe_formats, parallel_config=None):
     from megatron.quant.layers import QuantColumnParallelLinear
     from megatron.quant.ops import LinearQuant
