@@ -61,9 +61,14 @@ def test_stochastic_rounding_does_not_depend_on_the_tp_size(one_rank, two_ranks)
     # flip a few roundings and the curves drift apart by ~0.3 %.
     first = one_rank["stochastic"][0]["lm loss"]
     assert two_ranks[0]["stochastic_tp2"][0]["lm loss"] == pytest.approx(first, rel=1e-5)
-    reference = one_rank["stochastic"][:2]
+    _assert_first_steps_agree(one_rank["stochastic"], two_ranks, "stochastic_tp2")
+
+
+def _assert_first_steps_agree(reference_run, two_ranks, run):
+    """Both ranks' first two logged losses and grad norms equal the single process's to 1e-4."""
+    reference = reference_run[:2]
     for rank_results in two_ranks:
-        history = rank_results["stochastic_tp2"][:2]
+        history = rank_results[run][:2]
         for key in ("lm loss", "grad norm"):
             assert [h[key] for h in history] == pytest.approx([h[key] for h in reference], rel=1e-4), key
 
@@ -85,11 +90,7 @@ def test_delayed_scaling_does_not_depend_on_the_tp_size(one_rank, two_ranks):
     # Every amax is MAX-reduced over the TP ranks before it enters a history, so both ranks scale
     # each operand as the single process does; as with the other recipes, fp32 summation order
     # (row-parallel partial sums) makes the curves drift by last bits later.
-    reference = one_rank["delayed"][:2]
-    for rank_results in two_ranks:
-        history = rank_results["delayed_tp2"][:2]
-        for key in ("lm loss", "grad norm"):
-            assert [h[key] for h in history] == pytest.approx([h[key] for h in reference], rel=1e-4), key
+    _assert_first_steps_agree(one_rank["delayed"], two_ranks, "delayed_tp2")
 
 
 def test_checkpoints_are_complete_and_tracked(one_rank):
