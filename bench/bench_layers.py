@@ -67,8 +67,9 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    from megatron.quant import cpu, formats, presets
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant import cpu, formats
+    from megatron.quant.recipes import presets
+    from megatron.quant.recipes.recipe import QuantRecipe
 
     torch.set_num_threads(args.threads)
     cpu.init_parallel(seed=0)

@@ -2,7 +2,7 @@
 import pytest
 
 from megatron.quant.capture.config import SaverConfig
-from megatron.quant.recipe import QuantRecipe, RecipeError
+from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
 NUM_LAYERS = 6
 

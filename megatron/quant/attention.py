@@ -32,9 +32,9 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from megatron.quant import tensor_saver
-from megatron.quant.delayed import HISTORIES, amax_reduction_group, attach_histories
+from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
-from megatron.quant.operands import PV_OPERANDS, QK_OPERANDS
+from megatron.quant.recipes.operands import PV_OPERANDS, QK_OPERANDS
 from megatron.quant.ops import (BmmOperands, BmmQuant, CaptureGradients, NoiseScope, QuantBmmFunction, Quantized,
                                 capturing, module_noise_root, noise_scope, quantize_operand, recompute_backward)
 from megatron.quant.tensor_saver import CaptureSite

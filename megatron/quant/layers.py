@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-from megatron.quant.delayed import amax_reduction_group, attach_histories
+from megatron.quant.recipes.delayed import amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.ops import (LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction,
                                 module_noise_root)

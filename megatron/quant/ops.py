@@ -23,25 +23,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
-from megatron.quant.delayed import AmaxHistory, is_delayed
+from megatron.quant.recipes.delayed import AmaxHistory, is_delayed
+from megatron.quant.recipes.operands import BMM_AXES, LINEAR_AXES, OperandSpec
 from megatron.quant.formats.random_bits import RandomBits, Shard
 from megatron.quant.tensor_saver import CaptureSite, Operand
-
-
-@dataclass(frozen=True)
-class OperandSpec:
-    """How one GEMM operand is fake-quantized: ``fmt`` None means not at all."""
-
-    fmt: Any = None  # megatron.quant.formats.NumericFormat
-    axis: int = -1
-    name: str = ""  # recipe operand key ("fprop.input", ...): names its stochastic-rounding stream
-    shard_dim: Optional[int] = None  # the dimension split across TP ranks; None: the same on every rank
-    shard_groups: int = 1  # runs along shard_dim split separately (SwiGLU's fused [gate; up] in fc1)
-    history: Optional[AmaxHistory] = None  # the layer's amax history for a delayed-scaled format
-
-    @property
-    def stochastic(self) -> bool:
-        return self.fmt is not None and self.fmt.rounding == "stochastic"
 
 
 @dataclass(frozen=True)
@@ -242,12 +227,12 @@ _SHARD_DIMS = {"column": {"fprop_weight": 0, "dgrad_grad_output": -1, "dgrad_wei
 class LinearQuant:
     """Operand specs of a linear layer's three GEMMs on 2-D views ([tokens, features]; W [out, in])."""
 
-    fprop_input: OperandSpec = OperandSpec(axis=-1)          # Y = X W^T: along in_features
-    fprop_weight: OperandSpec = OperandSpec(axis=1)
-    dgrad_grad_output: OperandSpec = OperandSpec(axis=-1)    # dX = dY W: along out_features
-    dgrad_weight: OperandSpec = OperandSpec(axis=0)
-    wgrad_grad_output: OperandSpec = OperandSpec(axis=0)     # dW = dY^T X: along tokens
-    wgrad_input: OperandSpec = OperandSpec(axis=0)
+    fprop_input: OperandSpec = OperandSpec(axis=LINEAR_AXES["fprop.input"])
+    fprop_weight: OperandSpec = OperandSpec(axis=LINEAR_AXES["fprop.weight"])
+    dgrad_grad_output: OperandSpec = OperandSpec(axis=LINEAR_AXES["dgrad.grad_output"])
+    dgrad_weight: OperandSpec = OperandSpec(axis=LINEAR_AXES["dgrad.weight"])
+    wgrad_grad_output: OperandSpec = OperandSpec(axis=LINEAR_AXES["wgrad.grad_output"])
+    wgrad_input: OperandSpec = OperandSpec(axis=LINEAR_AXES["wgrad.input"])
 
     @classmethod
     def from_formats(cls, formats: Mapping[str, Any]) -> "LinearQuant":
@@ -439,12 +424,12 @@ class QuantLinearFunction(torch.autograd.Function):
 class BmmQuant:
     """Specs for C = alpha * A @ B (A [n, m, k], B [n, k, p]) and its two backward GEMMs."""
 
-    a: OperandSpec = OperandSpec(axis=-1)            # forward: along k
-    b: OperandSpec = OperandSpec(axis=-2)
-    grad_a_dc: OperandSpec = OperandSpec(axis=-1)    # dA = dC B^T: along p
-    grad_a_b: OperandSpec = OperandSpec(axis=-1)
-    grad_b_a: OperandSpec = OperandSpec(axis=-2)     # dB = A^T dC: along m
-    grad_b_dc: OperandSpec = OperandSpec(axis=-2)
+    a: OperandSpec = OperandSpec(axis=BMM_AXES[0])            # forward: along k
+    b: OperandSpec = OperandSpec(axis=BMM_AXES[1])
+    grad_a_dc: OperandSpec = OperandSpec(axis=BMM_AXES[2])    # dA = dC B^T: along p
+    grad_a_b: OperandSpec = OperandSpec(axis=BMM_AXES[3])
+    grad_b_a: OperandSpec = OperandSpec(axis=BMM_AXES[4])     # dB = A^T dC: along m
+    grad_b_dc: OperandSpec = OperandSpec(axis=BMM_AXES[5])
 
     @classmethod
     def from_formats(cls, formats: Mapping[str, Any], keys: tuple[str, ...], shard_dim: Optional[int] = 0

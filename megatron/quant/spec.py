@@ -22,7 +22,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
 from megatron.quant.ops import LinearQuant
-from megatron.quant.recipe import QuantRecipe
+from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
 
 # Attribute name of a module inside its TransformerLayer -> role used by recipes and captures.

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from megatron.quant import tensor_saver
-from megatron.quant.presets import emulates_precision, recipe_from_megatron_flags
+from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
-from megatron.quant.recipe import QuantRecipe
+from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 from megatron.quant.training.data import BatchLayout, build_datasets

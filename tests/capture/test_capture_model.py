@@ -20,7 +20,7 @@ def tiny_llama():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron.quant import cpu
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.spec import build_llama_model
 
     cpu.init_parallel(seed=5)

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant import formats, presets, tensor_saver
+from megatron.quant import formats, tensor_saver
+from megatron.quant.recipes import presets
 from megatron.quant.analysis.catalog import CaptureRecord
 from megatron.quant.analysis.selection import CaptureFilter
 from megatron.quant.compare import run_whatif, whatif
-from megatron.quant.recipe import QuantRecipe
+from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
 
 LAYERS = (0, 1)

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from megatron.quant import formats
-from megatron.quant.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS
+from megatron.quant.recipes.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS
 
 BLOCK_FORMAT = "mxfp8"        # blocks of 32 along the reduction axis
 TENSOR_FORMAT = "fp8_e4m3"    # one scale per tensor (amax)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant.delayed import AmaxHistory, updated_history
+from megatron.quant.recipes.delayed import AmaxHistory, updated_history
 from tests.layers._helpers import gemm, transformer_config
 
 TARGET = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -83,7 +83,7 @@ def _linear(recipe_formats, parallel_config=None):
 
 def _delayed_formats(length: int, algo: str) -> dict:
     from megatron.quant.formats import get_format
-    from megatron.quant.operands import LINEAR_OPERANDS
+    from megatron.quant.recipes.operands import LINEAR_OPERANDS
 
     e4m3 = get_format("fp8_e4m3", scaling="delayed", amax_history_len=length, amax_compute_algo=algo)
     e5m2 = get_format("fp8_e5m2", scaling="delayed", amax_history_len=length, amax_compute_algo=algo)
@@ -172,7 +172,7 @@ def test_attention_operands_keep_histories_in_its_sharded_state_dict(parallel):
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
     from megatron.quant.formats import get_format
-    from megatron.quant.operands import ATTENTION_OPERANDS
+    from megatron.quant.recipes.operands import ATTENTION_OPERANDS
 
     config = transformer_config()
     attn = QuantDotProductAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal,

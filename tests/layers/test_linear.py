@@ -190,7 +190,7 @@ def test_unconfigured_layer_is_stock(parallel):
 
 
 def test_compiled_quantization_equals_eager(parallel):
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
 
     x, grad = _data(torch.float32, seed=8)
     results = []

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from megatron.quant import presets
-from megatron.quant.operands import LINEAR_OPERANDS
-from megatron.quant.recipe import QuantRecipe, RecipeError
+from megatron.quant.recipes import presets
+from megatron.quant.recipes.operands import LINEAR_OPERANDS
+from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
 NUM_LAYERS = 4
 EMULATED = list(presets.PRESETS)

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from megatron.quant import formats
-from megatron.quant.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS, QK_OPERANDS
-from megatron.quant.recipe import QuantRecipe, RecipeError
+from megatron.quant.recipes.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS, QK_OPERANDS
+from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
 
 NUM_LAYERS = 4

@@ -1,9 +1,9 @@
-"""``python -m megatron.quant.recipe show``: preset list, operand tables, layers that differ."""
+"""``python -m megatron.quant.recipes show``: preset list, operand tables, layers that differ."""
 import subprocess
 import sys
 
-from megatron.quant import presets
-from megatron.quant.recipe_cli import main
+from megatron.quant.recipes import presets
+from megatron.quant.recipes.cli import main
 
 
 def _show(capsys, *argv):
@@ -50,7 +50,8 @@ def test_show_format_name_and_refusals(capsys):
 
 
 def test_module_entry_point():
-    result = subprocess.run([sys.executable, "-m", "megatron.quant.recipe", "show", "te-mxfp8", "--num-layers", "2"],
+    result = subprocess.run([sys.executable, "-m", "megatron.quant.recipes", "show", "te-mxfp8",
+                             "--num-layers", "2"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "rceil" in result.stdout and "MXFP8BlockScaling" in result.stdout

@@ -22,7 +22,7 @@ AMAX_REDUCTIONS = {("column", TENSOR_FORMAT): 2, ("row", TENSOR_FORMAT): 2,
 
 
 def _formats(fmt: str) -> dict:
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
     from tests.layers._helpers import linear_formats
 
     if fmt.startswith("te-"):
@@ -287,7 +287,7 @@ def _build_refusals(world_size: int) -> dict[str, str]:
     """Messages of the configurations refused at build time at TP>1."""
     from megatron.quant.layers import QuantRowParallelLinear
     from megatron.quant.ops import LinearQuant
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.spec import build_llama_model
     from megatron.quant.tensor_saver import CaptureSite
     from tests.layers._helpers import linear_formats, transformer_config

@@ -4,7 +4,7 @@ import torch
 
 from megatron.quant import tensor_saver
 from megatron.quant.capture.naming import file_name
-from megatron.quant.recipe import QuantRecipe, RecipeError
+from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from megatron.quant.tensor_saver import CaptureSite, SaverConfig
 
 

@@ -22,7 +22,7 @@ def train(world_size: int, env: dict, argv: list[str]) -> list[dict]:
 def hf_logits(world_size: int, hf_dir: str, tokens: torch.Tensor) -> torch.Tensor:
     """Logits of the imported model; at TP>1 this rank's vocabulary shard."""
     from megatron.quant.cpu import init_parallel
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.training.loading import load_model
 
     init_parallel(tensor_model_parallel_size=world_size)
@@ -37,7 +37,7 @@ def model_accounting(world_size: int, shape: dict, batch: int) -> tuple[int, flo
     from torch.utils.flop_counter import FlopCounterMode
 
     from megatron.quant.cpu import init_parallel
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.training.model import build_gpt, transformer_config
 
     init_parallel()
@@ -54,7 +54,7 @@ def load_across_recipes(world_size: int, plain_ckpt: str, delayed_ckpt: str) -> 
     """A checkpoint saved without delayed scaling loads into a te-fp8-delayed model (same weights,
     fresh histories) and a te-fp8-delayed checkpoint into an unquantized model."""
     from megatron.quant.cpu import destroy_parallel, init_parallel
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.training.loading import load_model
 
     init_parallel(tensor_model_parallel_size=world_size)

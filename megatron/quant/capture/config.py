@@ -10,9 +10,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from megatron.quant.flags import switch_value
-from megatron.quant.operands import ROLES
-from megatron.quant.selectors import UNSIGNED_GRAMMAR, format_indices, parse_selectors
+from megatron.quant.recipes.flags import switch_value
+from megatron.quant.recipes.operands import ROLES
+from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, format_indices, parse_selectors
 from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")

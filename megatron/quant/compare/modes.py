@@ -24,7 +24,7 @@ RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
 @dataclass(frozen=True)
 class Mode:
     name: str                     # the token in .npz keys and reports
-    recipe: object                # megatron.quant.recipe.QuantRecipe
+    recipe: object                # megatron.quant.recipes.recipe.QuantRecipe
     params_dtype: torch.dtype
     kind: str                     # "dtype" (fp32/bf16/fp16, no fake quantization), "format" or "recipe"
 
@@ -76,7 +76,7 @@ def _canonical(token: str) -> str:
 
 def _resolve(token: str, quant_dtype: torch.dtype) -> Mode:
     from megatron.quant import formats
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
 
     if token.endswith(RECIPE_SUFFIXES):
         return _recipe_mode(token, quant_dtype)
@@ -93,7 +93,7 @@ def _resolve(token: str, quant_dtype: torch.dtype) -> Mode:
 
 
 def _recipe_mode(path: str, quant_dtype: torch.dtype) -> Mode:
-    from megatron.quant.recipe import QuantRecipe
+    from megatron.quant.recipes.recipe import QuantRecipe
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"recipe file {path!r} does not exist")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from megatron.quant import presets
+from megatron.quant.recipes import presets
 from megatron.quant.analysis import cli, report
 from megatron.quant.analysis.catalog import CatalogError
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir

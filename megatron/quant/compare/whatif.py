@@ -1,7 +1,7 @@
 """What-if re-quantization: captured high-precision tensors quantized with other formats, along
 the axis their GEMM blocks them on (the capture's ``axis``), with format-aware statistics.
 
-A candidate is a format name or a recipe preset (``megatron.quant.presets``). A format
+A candidate is a format name or a recipe preset (``megatron.quant.recipes.presets``). A format
 quantizes each capture once, along its recorded axis. A preset gives every GEMM operand its
 own format, so a linear layer's capture is evaluated once per operand it feeds that the
 preset quantizes: the forward ``input`` is fprop.input and wgrad.input, the backward
@@ -19,15 +19,16 @@ from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 
-from megatron.quant import formats, presets
+from megatron.quant import formats
+from megatron.quant.recipes import presets
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, build_catalog, enrich_from_file,
                                              relative_path)
 from megatron.quant.analysis.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.selection import CaptureFilter, select
 from megatron.quant.formats.base import NumericFormat, normalize_axis
-from megatron.quant.operands import LINEAR_OPERANDS, ROLES, operands_for_role
-from megatron.quant.recipe import QuantRecipe
-from megatron.quant.selectors import format_indices
+from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES, operands_for_role
+from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.recipes.selectors import format_indices
 
 # Capture fields copied into every result row, in CSV column order (then "file", "axis").
 IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "operation", "phase",

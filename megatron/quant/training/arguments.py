@@ -10,7 +10,7 @@ import argparse
 import importlib.util
 from typing import NoReturn, Sequence
 
-from megatron.quant.presets import FP8_RECIPES, emulates_precision
+from megatron.quant.recipes.presets import FP8_RECIPES, emulates_precision
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fp8-format", choices=["e4m3", "hybrid"], default=None,
                    help="alone: real FP8 GEMMs through Transformer Engine (GPU only); with --fp8-recipe: the "
                         "emulated recipe's FP8 format (hybrid: E5M2 gradients)")
-    # Megatron-LM's precision flags, mapped onto emulated recipes (megatron.quant.presets).
+    # Megatron-LM's precision flags, mapped onto emulated recipes (megatron.quant.recipes.presets).
     g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
                    help="emulate TE's recipe: tensorwise (te-fp8-current), delayed (te-fp8-delayed), mxfp8 "
                         "(te-mxfp8), blockwise (te-fp8-blockwise)")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.quant.delayed import HISTORIES
+from megatron.quant.recipes.delayed import HISTORIES
 from megatron.quant.training.checkpoint_files import find_damage, first_line
 
 TRACKER = "latest_checkpointed_iteration.txt"

@@ -69,9 +69,10 @@ def _recipe_tokens(text: str) -> list[str]:
 
 def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
     """(run name, recipe environment) for a format name, a recipe preset (te-nvfp4, ...) or a recipe file."""
-    from megatron.quant import formats, presets
+    from megatron.quant import formats
+    from megatron.quant.recipes import presets
     from megatron.quant.compare.modes import PRESETS, RECIPE_SUFFIXES
-    from megatron.quant.recipe import QuantRecipe, RecipeError
+    from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
     if token.lower().endswith(RECIPE_SUFFIXES) or Path(token).is_file():
         if not Path(token).is_file():

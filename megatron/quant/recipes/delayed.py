@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from megatron.quant.recipes.operands import OperandSpec
+
 DELAYED = "delayed"
 HISTORIES = "amax_histories"  # the attribute holding a module's histories, and its state-dict prefix
 
@@ -107,8 +109,6 @@ def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.Pr
 
 
 def _attach(value: Any, histories: torch.nn.ModuleDict, group: Optional[dist.ProcessGroup]) -> Any:
-    from megatron.quant.ops import OperandSpec  # ops imports this module
-
     if not dataclasses.is_dataclass(value):
         return value
     if isinstance(value, OperandSpec):

@@ -1,4 +1,4 @@
-"""``python -m megatron.quant.recipe show [NAME] [--num-layers N]``: what a recipe quantizes, and how.
+"""``python -m megatron.quant.recipes show [NAME] [--num-layers N]``: what a recipe quantizes, and how.
 
 NAME is a preset (``te-nvfp4``), a format name (``mxfp8``) or a recipe file; without it, the
 presets are listed. For each group of decoder layers that resolve alike, one table per group of
@@ -8,27 +8,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from megatron.quant import formats, presets
-from megatron.quant.operands import LINEAR_ROLES, PV_OPERANDS, QK_OPERANDS
-from megatron.quant.recipe import FormatChoice, QuantRecipe, RecipeError
-from megatron.quant.selectors import format_indices
+from megatron.quant import formats
+from megatron.quant.recipes import presets
+from megatron.quant.recipes.operands import LINEAR_ROLES, OPERAND_AXES
+from megatron.quant.recipes.recipe import FormatChoice, QuantRecipe, RecipeError
+from megatron.quant.recipes.selectors import format_indices
 
 COLUMNS = ("operand", "format", "block", "axis", "transform", "scaling", "rounding")
 DEFAULT_NUM_LAYERS = 16
-
-
-def _axes() -> dict[str, int]:
-    """The axis each operand's blocks run along, as the layers fix it (ops' GEMM specs)."""
-    from megatron.quant.ops import BmmQuant, LinearQuant
-
-    axes = {key: spec.axis for key, spec in LinearQuant().specs().items()}
-    for keys in (QK_OPERANDS, PV_OPERANDS):
-        axes.update({key: f.default.axis for f, key in zip(fields(BmmQuant), keys)})
-    return axes
 
 
 def load(name: str) -> QuantRecipe:
@@ -89,7 +79,7 @@ def _role_tables(recipe: QuantRecipe, layer: int, num_layers: int, roles: Sequen
 
 def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: Optional[str] = None) -> str:
     """The operand tables of ``recipe`` for a ``num_layers``-layer model, layers that differ shown apart."""
-    axes = _axes()
+    axes = OPERAND_AXES
     roles = (*LINEAR_ROLES, "core_attention")
     by_layer: dict[tuple, list[int]] = {}
     for layer in range(num_layers):
@@ -111,7 +101,7 @@ def list_presets() -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m megatron.quant.recipe",
+    parser = argparse.ArgumentParser(prog="python -m megatron.quant.recipes",
                                      description="Show what a recipe quantizes.")
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="operand table of a preset, format name or recipe file; "

@@ -4,7 +4,7 @@ A recipe is parsed and validated once (from CUSTOM_QUANT_TYPE / CUSTOM_QUANT_SCO
 CUSTOM_QUANT_RECIPE, a dict, or Python) and resolved once per module at model build
 (``resolve``); the layers never look anything up per call.
 
-A top-level ``format`` may name a preset (``megatron.quant.presets``, e.g. ``te-nvfp4``): the
+A top-level ``format`` may name a preset (``megatron.quant.recipes.presets``, e.g. ``te-nvfp4``): the
 preset's recipe dict, with the other given keys merged over it (``presets.merge_preset``).
 
 Resolution for one module: start from ``format`` for the operands that ``scope`` covers
@@ -21,13 +21,14 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from megatron.quant import formats, presets
-from megatron.quant.flags import switch_value
+from megatron.quant import formats
+from megatron.quant.recipes import presets
+from megatron.quant.recipes.flags import switch_value
 from megatron.quant.formats.compiled import CompiledFormat
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
-from megatron.quant.operands import ALL_OPERANDS, ROLES, SCOPES, operands_for_role
-from megatron.quant.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
-from megatron.quant.operands import LINEAR_ROLES  # unquantized_layers: the decoder layer's linear roles
+from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES, operands_for_role
+from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
+from megatron.quant.recipes.operands import LINEAR_ROLES  # unquantized_layers: the decoder layer's linear roles
 
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"
@@ -381,8 +382,3 @@ def _default_name(fmt_name: str, scopes: frozenset[str]) -> str:
         return fmt_name
     return fmt_name + "-" + "+".join(sorted(scopes))
 
-
-if __name__ == "__main__":  # python -m megatron.quant.recipe show [NAME]; the CLI lives apart from the logic
-    from megatron.quant.recipe_cli import main
-
-    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from megatron.quant.recipes.cli import main
+
+raise SystemExit(main())
