@@ -34,7 +34,7 @@ def build_block(recipe, dtype: torch.dtype):
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    from megatron.quant.spec import configure_quant_modules, llama_layer_spec
+    from megatron.quant.layers.spec import configure_quant_modules, llama_layer_spec
 
     config = TransformerConfig(num_layers=1, **SHAPE, normalization="RMSNorm", gated_linear_unit=True,
                                activation_func=torch.nn.functional.silu, add_bias_linear=False,

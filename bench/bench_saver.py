@@ -41,7 +41,7 @@ MODELS = {"llama-tiny": {}, "wide": {"hidden_size": 1024, "ffn_hidden_size": 307
 def build_model(fmt: str, model: str):
     from megatron.quant.cpu import init_parallel
     from megatron.quant.recipes.recipe import QuantRecipe
-    from megatron.quant.spec import build_llama_model
+    from megatron.quant.layers.spec import build_llama_model
     from megatron.quant.training.model import transformer_config
     from megatron.quant.training.presets import get_preset
 

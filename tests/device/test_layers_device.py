@@ -4,9 +4,9 @@ formats against oracles, tests/device/test_formats_device.py carries that to the
 import pytest
 import torch
 
-from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
-from megatron.quant.layers import QuantColumnParallelLinear
-from megatron.quant.ops import LinearQuant
+from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
+from megatron.quant.layers.linear import QuantColumnParallelLinear
+from megatron.quant.layers.ops import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import attention_formats, gemm, linear_formats, operand, transformer_config
 

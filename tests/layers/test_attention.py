@@ -5,7 +5,7 @@ import torch
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
+from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, attention_formats, q,

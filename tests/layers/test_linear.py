@@ -4,8 +4,8 @@ import pytest
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear, invalidate_quantized_weights
-from megatron.quant.ops import LinearQuant
+from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear, invalidate_quantized_weights
+from megatron.quant.layers.ops import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, gemm, linear_formats,
                                    operand, q, transformer_config)
@@ -229,7 +229,7 @@ def test_bf16_operands_are_on_the_grid_and_scales_go_to_the_fp32_product(paralle
     rounded to bf16: ~89 % of fp8_e4m3 and ~88 % of nvfp4 values off the grid."""
     import ml_dtypes
 
-    from megatron.quant import ops
+    from megatron.quant.layers import ops
 
     layer = _build("column", torch.bfloat16, bias=False)
     fmts = linear_formats(fmt_name)

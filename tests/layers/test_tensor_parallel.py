@@ -66,8 +66,8 @@ def _full_data(width: int, seed: int = 0):
 def _layer_results(rank: int, world_size: int) -> dict:
     """Each case's output and gradients on this rank, as full (un-sharded) tensors where sharded."""
     from megatron.quant import cpu, tensor_saver
-    from megatron.quant.layers import QuantColumnParallelLinear, QuantRowParallelLinear
-    from megatron.quant.ops import LinearQuant
+    from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear
+    from megatron.quant.layers.ops import LinearQuant
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=world_size, seed=1)
@@ -112,8 +112,8 @@ def _delayed_histories_at_dp2(rank: int) -> dict:
     """The input histories of a te-fp8-delayed layer at TP=1, DP=2 after two steps on rank-dependent
     data, with Megatron-LM's amax group (tensor x data parallel) and with ``tp_only_amax_red``."""
     from megatron.quant import cpu
-    from megatron.quant.layers import QuantColumnParallelLinear
-    from megatron.quant.ops import LinearQuant
+    from megatron.quant.layers.linear import QuantColumnParallelLinear
+    from megatron.quant.layers.ops import LinearQuant
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=1, seed=1)
@@ -185,7 +185,7 @@ def _attention_captured_on_rank0(rank: int, world_size: int):
     from megatron.core.transformer.enums import AttnMaskType
 
     from megatron.quant import tensor_saver
-    from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
+    from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
     from megatron.quant.tensor_saver import CaptureSite
     from tests.layers._helpers import attention_formats, transformer_config
 
@@ -218,7 +218,7 @@ def _attention_stochastic(rank: int, world_size: int):
     stochastic rounding."""
     from megatron.core.transformer.enums import AttnMaskType
 
-    from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
+    from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
     from tests.layers._helpers import attention_formats, transformer_config
 
     heads, groups, head_dim, seq = 4, 2, 32, 32
@@ -251,8 +251,8 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
     without sequence parallelism."""
     from megatron.core.tensor_parallel import ColumnParallelLinear
 
-    from megatron.quant.layers import QuantColumnParallelLinear
-    from megatron.quant.ops import LinearQuant
+    from megatron.quant.layers.linear import QuantColumnParallelLinear
+    from megatron.quant.layers.ops import LinearQuant
     from tests.layers._helpers import linear_formats, transformer_config
 
     x, weight, grad = _full_data(128)
@@ -285,10 +285,10 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
 
 def _build_refusals(world_size: int) -> dict[str, str]:
     """Messages of the configurations refused at build time at TP>1."""
-    from megatron.quant.layers import QuantRowParallelLinear
-    from megatron.quant.ops import LinearQuant
+    from megatron.quant.layers.linear import QuantRowParallelLinear
+    from megatron.quant.layers.ops import LinearQuant
     from megatron.quant.recipes.recipe import QuantRecipe
-    from megatron.quant.spec import build_llama_model
+    from megatron.quant.layers.spec import build_llama_model
     from megatron.quant.tensor_saver import CaptureSite
     from tests.layers._helpers import linear_formats, transformer_config
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.quant import tensor_saver
-from megatron.quant.layers import invalidate_quantized_weights
+from megatron.quant.layers.linear import invalidate_quantized_weights
 from megatron.quant.training import checkpoint
 from megatron.quant.training.data import BatchLayout, get_batch
 from megatron.quant.training.metrics import DIVERGED, MetricsLogger, capture_digest, format_line

@@ -35,7 +35,7 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
 def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
     """GPTModel for ``shape`` with the quantized Llama spec of ``recipe``."""
     from megatron.core import parallel_state
-    from megatron.quant.spec import build_llama_model
+    from megatron.quant.layers.spec import build_llama_model
 
     if config.fp8:
         return _build_te_fp8_model(config, shape, vocab_size or shape["vocab_size"])

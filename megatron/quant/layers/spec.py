@@ -19,9 +19,9 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from megatron.quant.attention import AttentionQuant, QuantDotProductAttention
-from megatron.quant.layers import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
-from megatron.quant.ops import LinearQuant
+from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
+from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
+from megatron.quant.layers.ops import LinearQuant
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
 

@@ -14,7 +14,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 
 from megatron.quant.recipes.delayed import amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
-from megatron.quant.ops import (LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction,
+from megatron.quant.layers.ops import (LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction,
                                 module_noise_root)
 from megatron.quant.tensor_saver import CaptureSite
 

@@ -1,0 +1,6 @@
+"""The quantized layers: autograd GEMM functions (``ops``), megatron-core's tensor-parallel linear
+layers and core attention with fake-quantized operands (``linear``, ``attention``), and the Llama
+layer spec that puts them in a GPTModel (``spec``).
+
+Imports formats, recipes and ``tensor_saver``; nothing below it imports this package.
+"""
