@@ -14,7 +14,7 @@ from megatron.quant.analysis.loading import (CaptureLoadError, SummaryOptions, l
                                              pooled_absmax, sample_indices, summarize)
 from megatron.quant.analysis.summary import pooled_moments
 from megatron.quant.formats import get_format
-from megatron.quant.stats import quant_stats, tensor_stats_float64
+from megatron.quant.capture.stats import quant_stats, tensor_stats_float64
 
 
 def test_file_name_is_parsed_field_by_field():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant.stats import LOG2_EDGES, pack_tensor_stats, tensor_stats, unpack_tensor_stats
+from megatron.quant.capture.stats import LOG2_EDGES, pack_tensor_stats, tensor_stats, unpack_tensor_stats
 
 
 def numpy_log2_histogram(values: np.ndarray) -> list[int]:

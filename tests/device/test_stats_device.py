@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from megatron.quant import stats
+from megatron.quant.capture import stats
 from megatron.quant.formats import get_format
 
 pytestmark = pytest.mark.device

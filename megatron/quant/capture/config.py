@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional
 from megatron.quant.recipes.flags import switch_value
 from megatron.quant.recipes.operands import ROLES
 from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, format_indices, parse_selectors
-from megatron.quant.stats import STATS_LEVELS
+from megatron.quant.capture.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
 # Tensor names the layers emit (docs/interfaces.md section 2; roles are operands.ROLES); filters reject others
@@ -197,7 +197,7 @@ class SaverConfig:
     save_quantized: bool = False
     exit_after_capture: bool = False
     queue_mb: int = 1024  # bound on tensor bytes waiting for the background writer
-    stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.stats.capture_stats)
+    stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.capture.stats.capture_stats)
 
     def __post_init__(self) -> None:
         for name, (_, parse) in _ENV.items():

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.stats import (capture_stats, pack_quant_stats, pack_tensor_stats, unpack_quant_stats,
+from megatron.quant.capture.stats import (capture_stats, pack_quant_stats, pack_tensor_stats, unpack_quant_stats,
                                   unpack_tensor_stats)
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
