@@ -13,7 +13,8 @@ import torch
 
 from megatron.quant import formats
 from megatron.quant.compare import report, run_layer_io
-from megatron.quant.compare.modes import ESSENTIAL, resolve_modes
+from megatron.quant.compare.modes import resolve_modes
+from megatron.quant.recipes.sets import ESSENTIAL
 
 REPO = Path(__file__).resolve().parents[2]
 SEQ = 16

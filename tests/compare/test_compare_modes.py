@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from megatron.quant import formats
-from megatron.quant.compare.modes import ESSENTIAL, expand_presets, quantized_formats, resolve_modes
+from megatron.quant.compare.modes import resolve_modes
+from megatron.quant.recipes.sets import ESSENTIAL, expand_sets, quantized_formats
 
 
 def _changes_values(name: str) -> bool:
@@ -12,23 +13,23 @@ def _changes_values(name: str) -> bool:
 
 
 def test_essential_is_the_original_list_with_fp32_first():
-    assert expand_presets(["essential"]) == ["fp32", "bf16", "hifp8", "mxfp8", "mxfp4"] == list(ESSENTIAL)
+    assert expand_sets(["essential"]) == ["fp32", "bf16", "hifp8", "mxfp8", "mxfp4"] == list(ESSENTIAL)
 
 
 def test_quant_only_is_every_fake_quantizing_format():
-    quant_only = expand_presets(["quant_only"])
+    quant_only = expand_sets(["quant_only"])
     assert quant_only[0] == "fp32"  # the reference always runs, first
     assert set(quant_only[1:]) == {name for name in formats.list_formats() if not formats.is_passthrough(name)}
     assert all(_changes_values(name) for name in quant_only[1:])
 
 
 def test_an_alias_of_a_format_already_listed_runs_once():
-    assert expand_presets(["essential", "mxfp8_e4m3", "quant_only"])[:5] == list(ESSENTIAL)
-    assert expand_presets(["mxfp4_e2m1", "mxfp4"]) == ["fp32", "mxfp4_e2m1"]
+    assert expand_sets(["essential", "mxfp8_e4m3", "quant_only"])[:5] == list(ESSENTIAL)
+    assert expand_sets(["mxfp4_e2m1", "mxfp4"]) == ["fp32", "mxfp4_e2m1"]
 
 
 def test_all_adds_the_dtypes_and_drops_duplicates():
-    everything = expand_presets(["mxfp4", "all", "bf16"])
+    everything = expand_sets(["mxfp4", "all", "bf16"])
     assert everything[:4] == ["fp32", "mxfp4", "bf16", "fp16"]
     canonical = {formats.get_format(name).name for name in everything}
     assert canonical == {"fp32", "bf16", "fp16", *quantized_formats()}

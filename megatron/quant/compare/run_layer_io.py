@@ -13,7 +13,8 @@ import torch
 
 from megatron.quant.compare import inputs, report
 from megatron.quant.compare.layer_io import SUBMODULE_ALIASES, Target, capture_layer_io, resolve_targets
-from megatron.quant.compare.modes import REFERENCE, Mode, resolve_modes
+from megatron.quant.compare.modes import Mode, resolve_modes
+from megatron.quant.recipes.sets import REFERENCE
 
 DEFAULT_MODEL = "preset:llama-tiny"
 DEFAULT_OUTPUT = "first_layer_io_all_modes.npz"

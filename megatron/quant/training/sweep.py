@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from megatron.quant.recipes.sets import RECIPE_SUFFIXES, SETS, expand_sets
 from megatron.quant.training import checkpoint
 from megatron.quant.training.arguments import ArgumentError, parse_args
 from megatron.quant.training.metrics import DIVERGED
@@ -55,12 +56,10 @@ class SweepRun:
 
 def _recipe_tokens(text: str) -> list[str]:
     """Recipe tokens with the comparison presets (essential, quant_only, all) expanded."""
-    from megatron.quant.compare import modes
-
     tokens: list[str] = []
     for token in text.replace(",", " ").split():
-        if token in modes.PRESETS:  # expand_presets puts its fp32 reference first: keep it only if the preset has it
-            expanded = modes.expand_presets([token])
+        if token in SETS:  # expand_sets puts its fp32 reference first: keep it only if the set has it
+            expanded = expand_sets([token])
             tokens += expanded if token != "quant_only" else expanded[1:]
         else:
             tokens.append(token)
@@ -71,7 +70,6 @@ def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
     """(run name, recipe environment) for a format name, a recipe preset (te-nvfp4, ...) or a recipe file."""
     from megatron.quant import formats
     from megatron.quant.recipes import presets
-    from megatron.quant.compare.modes import PRESETS, RECIPE_SUFFIXES
     from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
     if token.lower().endswith(RECIPE_SUFFIXES) or Path(token).is_file():
@@ -85,7 +83,7 @@ def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
     valid = sorted(set(formats.list_formats()) | set(formats.ALIASES)) + presets.preset_names()
     if token.lower() not in valid:
         raise SweepError(f"unknown recipe {token!r}; give format names or recipe presets ({', '.join(valid)}), "
-                         f"comparison presets ({', '.join(PRESETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
+                         f"comparison presets ({', '.join(SETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
     return token, {"CUSTOM_QUANT_TYPE": token.lower()}
 
 
