@@ -3,7 +3,7 @@
 This is the package's only global mutable state: one capture session per process, and the
 run's position (iteration, micro-batch), which the training loop sets whether or not anything
 is captured: it also keys the layers' stochastic rounding (``position``). See
-docs/interfaces.md section 2 for the contract and the README capture section for usage.
+docs/interfaces.md section 2 for the contract and docs/capture.md for usage.
 
 Layers::
 

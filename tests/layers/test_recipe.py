@@ -156,10 +156,10 @@ def test_python_construction_is_frozen_and_resolves_once_per_call():
         recipe.resolve("mlp", 0, NUM_LAYERS)
 
 
-def test_readme_recipe_examples_load(tmp_path):
+def test_guide_recipe_examples_load(tmp_path):
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "recipes.md").read_text()
     examples = [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
     assert len(examples) == 4
     for i, example in enumerate(examples):

@@ -22,7 +22,8 @@ def _format_table() -> list[str]:
         fmt = get_format(name)
         lines.append(f"{name:<12} {fmt.bits:>4} {fmt.max_value:>12.6g} {fmt.min_positive:>13.6g} "
                      f"{fmt.block_size or '-':>5}  {fmt.scaling:<7} {', '.join(aliases[name]) or '-'}")
-    lines += ["", "options: name=default (allowed values); '-': no default or one set by the scaling (see the README)"]
+    lines += ["", "options: name=default (allowed values); '-': no default or one set by the scaling "
+                  "(see docs/formats.md)"]
     for name in list_formats():
         described = [f"{key}={'-' if spec.default is None else spec.default} ({spec.describe()})"
                      for key, spec in format_options(name).items()]

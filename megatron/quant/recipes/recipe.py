@@ -98,7 +98,7 @@ class QuantRecipe:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>",
                   defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
-        """Parse the recipe schema (see the README); ``defaults`` fill keys ``data`` omits."""
+        """Parse the recipe schema (see docs/recipes.md); ``defaults`` fill keys ``data`` omits."""
         if not isinstance(data, Mapping):
             raise RecipeError(f"{source}: a recipe must be a mapping, got {type(data).__name__}")
         _check_keys(data, _TOP_KEYS, "", source)
