@@ -14,25 +14,31 @@ TARGET = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 
 def te_update(history: list, scale: float, amax: float, algo: str, target: float) -> tuple[list, float]:
-    """TE's kernel for one tensor, in its own layout: slot 0 stages the new amax; the roll moves
-    entries 1..L-1 down, appends slot 0 last and zeroes slot 0; amax = fmaxf over all (from 0)
-    or slot 0; scale = target / amax unless that amax is 0 or not finite (then kept)."""
+    """TE PyTorch's default update for one tensor, the fused ``kernel_bulk`` (TE d0067d0,
+    ``transformer_engine/common/recipe/delayed_scaling.cu`` lines 163-252), in its own layout:
+    slot 0 stages the new amax; only when it is not 0 (``if (last_amax != 0.0f)``, line 186) the
+    roll moves entries 1..L-1 down, appends slot 0 last and zeroes slot 0, and amax = fmaxf over
+    them (from 0); ``most_recent`` takes slot 0; scale = target / amax unless that amax is 0 or
+    not finite (then kept, lines 237-242)."""
     staged = [amax] + history[1:]
     length = len(staged)
-    rolled = [staged[i + 1] if i < length - 1 else staged[0] for i in range(length)]
     chosen = 0.0
-    for value in rolled:
-        chosen = chosen if math.isnan(value) else max(chosen, value)  # fmaxf skips NaN
+    rolled = staged
+    if amax != 0:
+        rolled = [staged[i + 1] if i < length - 1 else staged[0] for i in range(length)]
+        for value in rolled:
+            chosen = chosen if math.isnan(value) else max(chosen, value)  # fmaxf skips NaN
+        rolled = [0.0] + rolled[1:]
     if algo == "most_recent":
         chosen = amax
     new_scale = float(np.float32(target) / np.float32(chosen)) if math.isfinite(chosen) and chosen > 0 else scale
-    return [0.0] + rolled[1:], new_scale
+    return rolled, new_scale
 
 
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("length", [1, 2, 5])
 def test_history_window_matches_te_kernel(algo, length):
-    amaxes = [3.0, 0.5, 7.0, 0.0, float("nan"), 2.0, float("inf"), 1.0, 0.25, 0.125, 4.0, 0.1]
+    amaxes = [3.0, 0.5, 7.0, 0.0, float("nan"), 2.0, float("inf"), 1.0, 0.0, 0.0, 0.25, 0.125, 4.0, 0.1]
     te_history, te_scale = [0.0] * length, 1.0
     history, for_scale = torch.zeros(length), torch.tensor(math.inf)
     for amax in amaxes:
@@ -40,9 +46,21 @@ def test_history_window_matches_te_kernel(algo, length):
         history, for_scale = updated_history(history, for_scale, torch.tensor(amax), algo)
         encode = 1.0 if not math.isfinite(for_scale.item()) else float(np.float32(448.0) / np.float32(for_scale.item()))
         assert encode == te_scale, (amax, history, for_scale)
-        # TE's history after the roll is [0, the L-1 newest]; ours keeps the L newest.
+        # TE's history after a roll is [0, the L-1 newest]; ours keeps the L newest.
         assert torch.allclose(history[1:], torch.tensor(te_history[1:], dtype=torch.float32), rtol=0, atol=0,
                               equal_nan=True)
+
+
+def test_an_all_zero_operand_neither_rolls_the_history_nor_changes_the_scale():
+    """The issue's case: with "max" and a history of 2, the step after an all-zero tensor still
+    sees the large amax (TE PR #825, "Avoid amax roll for non-run modules"); rolling the zero in
+    would drop it and scale the next tensor 4x too large."""
+    history = AmaxHistory(2, "max")
+    for amax in (8.0, 2.0, 0.0):
+        history.record(torch.tensor(amax))
+    assert history.amax_history.tolist() == [8.0, 2.0] and history.amax_for_scale.item() == 8.0
+    history.record(torch.tensor(1.0))
+    assert history.amax_history.tolist() == [2.0, 1.0] and history.amax_for_scale.item() == 2.0
 
 
 def test_record_reduces_nothing_without_a_group_and_follows_the_device():

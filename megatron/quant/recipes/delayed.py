@@ -11,6 +11,12 @@ Per quantization of an operand whose format has ``scaling="delayed"`` (TE's kern
    largest in the history (``"max"``, skipping NaN as CUDA's fmaxf does); an amax of 0, Inf or
    NaN keeps the previous scale.
 
+An amax of 0 (an operand that was all zeros: an unused expert, a masked-out input, a zero
+gradient) leaves the history as it is: TE PyTorch's default update is the fused ``kernel_bulk``
+(``delayed_scaling.cu``, ``if (last_amax != 0.0f)`` around the roll, TE PR #825), so the window
+keeps its oldest entry. (TE's unfused Python update, ``NVTE_UNFUSED_FP8_UPDATE=1``, rolls
+anyway; it is not emulated.)
+
 The history starts at zeros and the scale at 1 (``amax_for_scale`` Inf, which the format turns
 into encode 1), so each operand's first quantization in a run is unscaled, as in TE. The state
 keeps the amax a scale derives from rather than the scale: the format computes
@@ -47,13 +53,14 @@ def is_delayed(fmt: Any) -> bool:
 
 def updated_history(history: Tensor, amax_for_scale: Tensor, amax: Tensor, algo: str) -> tuple[Tensor, Tensor]:
     """(history with ``amax`` appended and its oldest entry dropped, the amax the next scale
-    derives from), for a history oldest first; pure."""
-    window = torch.cat([history[1:], amax.reshape(1)])
+    derives from), for a history oldest first; an ``amax`` of 0 changes neither; pure."""
+    rolled = amax.reshape(()) != 0  # TE's kernel_bulk skips the roll and keeps the scale
+    window = torch.where(rolled, torch.cat([history[1:], amax.reshape(1)]), history)
     if algo == "most_recent":
         chosen = amax.reshape(())
     else:  # fmaxf from 0: NaN entries are skipped, Inf is kept
         chosen = torch.nan_to_num(window, nan=0.0, posinf=math.inf).amax()
-    usable = torch.isfinite(chosen) & (chosen > 0)
+    usable = torch.isfinite(chosen) & (chosen > 0) & rolled
     return window, torch.where(usable, chosen, amax_for_scale)
 
 
