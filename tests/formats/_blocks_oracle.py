@@ -29,11 +29,19 @@ def _round_mantissa_even(amax: np.ndarray, mbits: int) -> np.ndarray:
     return np.ldexp(np.round(significand * steps) / steps, exponent)
 
 
-def mx_reference(x: np.ndarray, element: str, scale_mode: str, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+def fmax_amax(blocks: np.ndarray) -> np.ndarray:
+    """Per-block max |x| as TE's kernels reduce it: fmaxf from 0, so NaN is skipped."""
+    return np.where(np.isnan(blocks), np.float32(0), np.abs(blocks)).max(-1, keepdims=True)
+
+
+def mx_reference(x: np.ndarray, element: str, scale_mode: str, block: int = 32, te: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(fake-quantized x, per-element scale) for MX with blocks of ``block`` along the last axis
-    (torchao's four scale modes and the OCP one)."""
+    (torchao's four scale modes and the OCP one). ``te``: Inf and NaN as TE's MXFP8 kernel takes
+    them: the amax skips NaN (``fmax_amax``) and an Inf amax gives E8M0 0xFE, 2**127
+    (``float_to_e8m0``, TE d0067d0 ``common/util/ptx_arch_spec.cuh`` lines 86-91)."""
     blocks = _blocks(x, block)
-    amax = np.abs(blocks).max(-1, keepdims=True)
+    amax = fmax_amax(blocks) if te else np.abs(blocks).max(-1, keepdims=True)
     finite = np.isfinite(amax)
     safe = np.where(finite & (amax > 0), amax, 1).astype(np.float64)
     if scale_mode == "floor":
@@ -47,8 +55,8 @@ def mx_reference(x: np.ndarray, element: str, scale_mode: str, block: int = 32) 
     exponent = np.where(amax == 0, -127, exponent).clip(-127, 127).astype(np.int32)
     scale = np.ldexp(np.float32(1), exponent).astype(np.float32)
     assert np.array_equal(scale.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32), scale)
-    scale = np.where(finite, scale, np.nan).astype(np.float32)
-    with np.errstate(invalid="ignore"):
+    scale = np.where(finite, scale, np.float32(2.0**127) if te else np.nan).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
         q = saturating_cast(blocks / scale, element) * scale
     return _unblock(q, x.shape[-1]), _unblock(np.broadcast_to(scale, blocks.shape), x.shape[-1])
 
@@ -94,18 +102,23 @@ def nvfp4_divide_block_scale(amax_block, global_amax) -> np.ndarray:
     return saturating_cast(np.float32(amax_block) / np.float32(6) / global_scale, "fp8_e4m3")
 
 
-def fp8_block_reference(blocks: np.ndarray, element: str, power_of_two: bool) -> tuple[np.ndarray, np.ndarray]:
+def fp8_block_reference(blocks: np.ndarray, element: str, power_of_two: bool, value_for_inf=np.finfo(np.float32).max,
+                        te: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(fake-quantized blocks, per-block decode scale) for FP8 block scaling along the last axis:
-    encode = max / amax (float32; FP32 max on overflow, 1 for amax 0), rounded down to a
-    power of two when asked; a block with Inf or NaN is NaN."""
+    encode = max / amax (float32; ``value_for_inf`` on overflow: TE's ``compute_scale_from_types``
+    passes the input dtype's max, ``recipe_common.cuh`` line 67; 1 for amax 0), rounded down to a
+    power of two when asked; a block with Inf or NaN is NaN, or with ``te`` as TE's blockwise
+    kernels: the amax skips NaN (fmaxf, ``quantize_transpose_vector_blockwise.cu`` line 281) and
+    an Inf amax gives encode 1 (``recipe_common.cuh`` line 24)."""
     f32 = np.float32
-    amax = np.abs(blocks).max(-1, keepdims=True)
+    amax = fmax_amax(blocks) if te else np.abs(blocks).max(-1, keepdims=True)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        encode = np.minimum(f32(element_values(element).max()) / amax, np.finfo(f32).max).astype(f32)
-        encode = np.where(amax == 0, f32(1), encode)
+        encode = f32(element_values(element).max()) / amax
+        encode = np.where(np.isinf(encode), f32(value_for_inf), encode).astype(f32)
+        encode = np.where((amax == 0) | np.isinf(amax), f32(1), encode)
         if power_of_two:
             encode = np.exp2(np.floor(np.log2(encode.astype(np.float64)))).astype(f32)
-        scale = np.where(np.isfinite(amax), f32(1) / encode, np.nan).astype(f32)
+        scale = np.where(np.isfinite(amax) | te, f32(1) / encode, np.nan).astype(f32)
         q = (saturating_cast(blocks * encode, element) * scale).astype(f32)
     return q, np.broadcast_to(scale, blocks.shape)
 

@@ -70,16 +70,19 @@ def saturating_cast(x: np.ndarray, name: str) -> np.ndarray:
     return np.where(np.isnan(x), np.nan, out).astype(np.float32)
 
 
-def encode_scale(amax, target: float, power_of_two: bool = False) -> np.float32:
+def encode_scale(amax, target: float, power_of_two: bool = False,
+                 value_for_inf: float = np.finfo(np.float32).max) -> np.float32:
     """Transformer Engine's compute_scale_from_amax, written from its documented arithmetic:
-    float32 target / amax; 1 for an amax of 0, Inf or NaN; float32 max when the quotient
-    overflows; with ``power_of_two`` the largest power of two not above it."""
+    float32 target / amax; 1 for an amax of 0, Inf or NaN; ``value_for_inf`` (float32 max per
+    tensor; the input dtype's max in the block kernels, TE d0067d0 ``recipe_common.cuh`` lines
+    35-38 and 67) when the quotient overflows; with ``power_of_two`` the largest power of two
+    not above it."""
     amax = np.float32(amax)
     if not np.isfinite(amax) or amax == 0:
         return np.float32(1)
     with np.errstate(over="ignore"):
         encode = np.float32(target) / amax
-    encode = min(encode, np.finfo(np.float32).max)
+    encode = np.float32(value_for_inf) if np.isinf(encode) else encode
     return np.float32(2.0 ** np.floor(np.log2(np.float64(encode)))) if power_of_two else np.float32(encode)
 
 

@@ -51,6 +51,17 @@ def _delayed_options(recipe):
             for f in recipe.resolve("fc2", 0, LAYERS).values()}
 
 
+def test_hybrid_blockwise_puts_the_gradients_in_e5m2_1x128_blocks():
+    """TE accepts HYBRID for Float8BlockScaling: its ``__post_init__`` asserts only
+    ``fp8_format != Format.E5M2`` (TE d0067d0, ``transformer_engine/common/recipe/__init__.py``
+    line 464), and HYBRID's backward format is E5M2 (lines 49-50)."""
+    recipe = _recipe("--fp8-format", "hybrid", "--fp8-recipe", "blockwise")
+    assert recipe.name == "te-fp8-blockwise-hybrid" and _formats(recipe) == _all("fp8_e4m3", "fp8_e5m2")
+    fmts = recipe.resolve("fc1", 1, LAYERS)
+    assert {k: (f.scaling, f.block_shape, f.options["power_of_two_scales"]) for k, f in fmts.items()} == {
+        k: ("block", (128, 128) if k in ("fprop.weight", "dgrad.weight") else (1, 128), True) for k in fmts}
+
+
 def test_delayed_takes_megatron_defaults_and_its_flags():
     recipe = _recipe("--fp8-format", "hybrid", "--fp8-recipe", "delayed")
     assert recipe.name == "te-fp8-delayed-len1-most-recent"
@@ -86,7 +97,6 @@ def test_no_precision_flags_means_no_flag_recipe():
     (["--fp8-format", "e4m3", "--fp4-format", "e2m1"], "--fp4-format and --fp8-format are mutually exclusive"),
     (["--fp8-recipe", "mxfp8"], r"--fp8-recipe mxfp8 needs --fp8-format \{e4m3,hybrid\}"),
     (["--fp4-recipe", "nvfp4"], "--fp4-recipe nvfp4 needs --fp4-format e2m1"),
-    (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"], "blockwise supports --fp8-format e4m3 only"),
     (["--no-fp8-wgrad"], "--no-fp8-wgrad needs an emulated recipe"),
     (["--first-last-layers-bf16"], "--first-last-layers-bf16 needs an emulated recipe"),
     (["--fp4-format", "e2m1", "--num-layers-at-end-in-bf16", "2"], "needs --first-last-layers-bf16"),

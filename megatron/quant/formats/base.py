@@ -80,6 +80,12 @@ def positive_int(value: Any) -> int:
 
 ROUNDING_OPTION = Option("nearest", ROUNDING_MODES)
 SEED_OPTION = Option(0, kind=int)
+# What Inf and NaN inputs do to a scale. "propagate": amaxes take NaN in, and a block holding
+# Inf or NaN turns NaN (the OCP reference's behaviour). "te": as Transformer Engine's kernels, whose
+# amax reductions are fmaxf (NaN skipped) and whose scale rules give an Inf amax scale 1 (FP8)
+# or E8M0 0xFE (MXFP8); the finite elements are cast with that scale.
+NONFINITE_MODES = ("propagate", "te")
+NONFINITE_OPTION = Option("propagate", NONFINITE_MODES)
 
 
 def resolve_options(format_name: str, specs: dict[str, Option], given: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +180,11 @@ class NumericFormat(ABC):
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         """max |x| in the format's quantization domain (after its Hadamard transform, if any):
         the per-tensor amax to reduce over tensor-parallel ranks and pass back as ``amax``."""
-        return abs_max(self.transform(x, axis))
+        return self._abs_max(self.transform(x, axis))
+
+    def _abs_max(self, x: Tensor, dim: int | None = None) -> Tensor:
+        """``abs_max`` as the format's ``nonfinite`` option reads it: NaN skipped under "te"."""
+        return abs_max(x, dim, skip_nan=self.options.get("nonfinite") == "te")
 
     @property
     def transforms_operand(self) -> bool:
@@ -281,16 +291,18 @@ def _check_input(name: str, x: Tensor) -> None:
 _FP32_MAX = torch.finfo(torch.float32).max
 
 
-def encode_scale(amax: Tensor, target: float, power_of_two: bool = False) -> Tensor:
+def encode_scale(amax: Tensor, target: float, power_of_two: bool = False, value_for_inf: float = _FP32_MAX) -> Tensor:
     """Transformer Engine's per-tensor (or per-block) encode factor ``target / amax`` (float32):
     values are cast as ``x * encode`` and decoded as ``element * (1 / encode)``.
 
     As TE's ``compute_scale_from_amax``: an amax of 0, Inf or NaN gives 1; a quotient that
-    overflows float32 gives float32's max; ``power_of_two`` clears the mantissa (rounds down).
+    overflows float32 gives ``value_for_inf`` (float32's max per tensor; TE's block kernels pass
+    the input dtype's largest finite value); ``power_of_two`` clears the mantissa (rounds down).
     """
     amax = amax.detach().to(torch.float32)
     # A tensor numerator: torch computes number / tensor as reciprocal(tensor) * number, two roundings.
-    encode = (amax.new_tensor(target) / amax).clamp_max(_FP32_MAX)
+    encode = amax.new_tensor(target) / amax
+    encode = torch.where(torch.isinf(encode), value_for_inf, encode)
     encode = torch.where((amax > 0) & (encode > 0), encode, 1.0)  # amax 0 or NaN; Inf gives encode 0
     return bits.floor_pow2(encode) if power_of_two else encode
 
@@ -300,12 +312,15 @@ def float32_copy(x: Tensor) -> Tensor:
     return x.clone() if x.dtype == torch.float32 else x.float()
 
 
-def abs_max(x: Tensor, dim: int | None = None) -> Tensor:
-    """max |x| over all of x or over ``dim`` (kept), NaN if a NaN is there.
+def abs_max(x: Tensor, dim: int | None = None, skip_nan: bool = False) -> Tensor:
+    """max |x| over all of x or over ``dim`` (kept), NaN if a NaN is there; with ``skip_nan``
+    NaN is left out, as CUDA's fmaxf from 0 does (an all-NaN x gives 0).
 
     Computed as |max(max x, -min x)|: two reads and no full-size temporary, unlike
     ``x.abs().amax()`` (the outer abs turns the -0 of an all-zero x into +0).
     """
+    if skip_nan:
+        x = x.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf)
     if dim is None:
         return torch.maximum(x.amax(), x.amin().neg()).abs_()
     return torch.maximum(x.amax(dim, keepdim=True), x.amin(dim, keepdim=True).neg_()).abs_()

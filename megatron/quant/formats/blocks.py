@@ -84,27 +84,28 @@ class BlockFormat(NumericFormat):
         axis = normalize_axis(self.name, axis, x.dim())
         x32 = x.float()
         if self.tiled:
-            return self._quantize_tiles(x32, amax, uniform, split)
+            return self._quantize_tiles(x32, amax, uniform, split, x.dtype)
         blocks = split_blocks(x32, axis, self.block_size)
         if uniform is not None:
             uniform = split_blocks(uniform, axis, self.block_size)
-        q, scale, tensor_scale = self._quantize_blocks(blocks, axis + 1, amax, uniform, split)
+        q, scale, tensor_scale = self._quantize_blocks(blocks, axis + 1, amax, uniform, split, x.dtype)
         return merge_blocks(q, axis, x.shape[axis]), scale, tensor_scale
 
-    def _quantize_tiles(self, x32, amax, uniform, split):
+    def _quantize_tiles(self, x32, amax, uniform, split, dtype):
         if x32.dim() < 2:
             raise ValueError(f"{self.name}: block_shape={self.block_shape} needs a tensor with at least two dimensions")
         tiles = split_tiles(x32, self.block_size)
         if uniform is not None:
             uniform = split_tiles(uniform, self.block_size)  # noise keeps its element's global index
-        q, scale, tensor_scale = self._quantize_blocks(tiles, tiles.dim() - 1, amax, uniform, split)
+        q, scale, tensor_scale = self._quantize_blocks(tiles, tiles.dim() - 1, amax, uniform, split, dtype)
         return merge_tiles(q, self.block_size, *x32.shape[-2:]), scale, tensor_scale
 
     @abstractmethod
     def _quantize_blocks(self, blocks: Tensor, block_dim: int, amax: Tensor | None, uniform: Tensor | None,
-                         split: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+                         split: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor | None]:
         """(fake-quantized blocks, per-block scale: ``blocks``' shape with 1 at ``block_dim``, tensor
-        scale); ``uniform`` and ``split`` as in ``NumericFormat._quantize``."""
+        scale); ``uniform`` and ``split`` as in ``NumericFormat._quantize``; ``dtype``: the input's
+        (``blocks`` are float32 copies)."""
 
     def _scale_like_input(self, scale, x, axis):
         if self.tiled:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import NumericFormat, abs_max, encode_scale, float32_copy
+from .base import NumericFormat, encode_scale, float32_copy
 from .grid import FP16, ElementGrid
 
 _BF16_DROPPED_BITS = 16  # bfloat16 is the top half of a float32
@@ -83,7 +83,7 @@ class ElementwiseFormat(NumericFormat):
     def _quantize(self, x, axis, amax, uniform, split):
         if self.scaling == "none":
             return self._round_(float32_copy(x), x, uniform), _one(x), None
-        amax = abs_max(x) if amax is None else amax
+        amax = self._abs_max(x) if amax is None else amax
         encode = encode_scale(amax, self.scale_target, bool(self.options.get("power_of_two_scales")))
         decode = 1 / encode
         scaled = x * encode if x.dtype == torch.float32 else x.float().mul_(encode)

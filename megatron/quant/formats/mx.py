@@ -7,14 +7,18 @@ Scale exponent per block, clamped to E8M0's finite range [-127, 127] (torchao's
 - ``scale_mode="even"``: amax_block's mantissa rounded to the element's mantissa width
   first (a carry moves it to the next power of two), then as floor;
 - ``scale_mode="rceil"`` (NVIDIA hardware): ceil(log2(amax_block / elem_max)), computed
-  exactly from the bits (Transformer Engine multiplies amax by a float32 1/elem_max first,
-  which for amax exactly elem_max * 2**k gives 2**(k+1)).
+  exactly from the bits. Transformer Engine multiplies amax by a float32 1/elem_max first
+  (``quantize_mxfp8.cuh``, ``amax * max_norm_rcp``); for amax exactly elem_max * 2**k both give
+  2**k (the product rounds to 2**k in float32), so the two agree there.
 ``block_shape=(32, 32)`` shares one scale per 32 x 32 tile; ``hadamard=n`` quantizes a random
 Hadamard transform of x (``hadamard.py``).
 Elements are x / scale rounded onto the element grid (nearest-even or stochastic) and
 saturated to the element's max. An all-zero block stays zero. Inf or NaN anywhere in a
 block makes its scale NaN (E8M0 0xFF) and so the whole block NaN, as the OCP reference
 implementation (microxcaling) does: one non-finite value hides the block's other values.
+With ``nonfinite="te"`` the block amax skips NaN (fmaxf) and an Inf amax gives E8M0 0xFE
+(2**127), as TE's ``float_to_e8m0`` (``ptx_arch_spec.cuh``): the finite elements are cast with
+that scale (Inf saturates to the element max; NaN stays NaN).
 """
 from __future__ import annotations
 
@@ -23,7 +27,6 @@ import torch
 from torch import Tensor
 
 from . import bits
-from .base import abs_max
 from .blocks import GridBlockFormat
 from .grid import Minifloat
 
@@ -54,10 +57,13 @@ def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -
 class MXFormat(GridBlockFormat):
     scale_encoding = "E8M0 (a power of two, 2**-127 .. 2**127) per block"
 
-    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
-        block_amax = abs_max(blocks, dim=block_dim)
+    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
+        block_amax = self._abs_max(blocks, dim=block_dim)
         exponent = mx_scale_exponent(block_amax, self.element, self.options["scale_mode"])
         finite = bits.exponent_field(block_amax) != bits.EXPONENT_FIELD_MASK
+        if self.options["nonfinite"] == "te":  # no NaN amax left; an Inf one gives E8M0 0xFE
+            exponent = torch.where(finite, exponent, E8M0_MAX_EXPONENT)
+            finite = torch.ones_like(finite)
         scale = torch.where(finite, bits.exp2_int(exponent), torch.nan)
         scaled = blocks * bits.exp2_int(-exponent)  # exact: a power of two
         elements = self.element.round_(scaled, blocks, self.rounding, "saturate", uniform)

@@ -37,7 +37,7 @@ class NVFP4Format(BlockFormat):
     max_value = FP4_E2M1.max_value
     min_positive = FP4_E2M1.min_positive
 
-    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split):
+    def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
         block_amax = abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
         element_max, scale_max = self.element.max_value, self.block_scale_format.max_value

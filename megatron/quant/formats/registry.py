@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from . import hadamard
-from .base import (ROUNDING_OPTION, SEED_OPTION, NumericFormat, Option, non_negative_int, positive_int,
-                   resolve_options)
+from .base import (NONFINITE_OPTION, ROUNDING_OPTION, SEED_OPTION, NumericFormat, Option, non_negative_int,
+                   positive_int, resolve_options)
 from .blocks import parse_block_shape
 from .elementwise import CastFormat, ElementwiseFormat
 from .fp8_blocks import FP8BlockFormat
@@ -54,7 +54,7 @@ def _cast(name: str, dtype: torch.dtype, options: dict[str, Option]) -> _Entry:
 def _fp8(name: str, grid) -> _Entry:
     options = {"scaling": Option("tensor", ("tensor", "none", "block", "delayed")), "overflow": _OVERFLOW,
                **_TENSOR_SCALE, **_DELAYED, "block_shape": Option(None, parse=parse_block_shape, allowed=_BLOCK_SHAPES),
-               **_HADAMARD, **_STOCHASTIC}
+               "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC}
 
     def build(resolved: dict[str, Any]) -> NumericFormat:
         if resolved["scaling"] == "block":
@@ -64,6 +64,7 @@ def _fp8(name: str, grid) -> _Entry:
     scaled = ("tensor", "block")
     scoped = {"overflow": ("none", "tensor", "delayed"), "margin": ("tensor", "delayed"), "power_of_two_scales": scaled,
               "block_shape": ("block",), "hadamard": scaled, "hadamard_signs": scaled,
+              "nonfinite": ("tensor", "block", "delayed"),
               **{key: ("delayed",) for key in _DELAYED}}
     defaults = {"tensor": {"power_of_two_scales": False},
                 "block": {"power_of_two_scales": True, "block_shape": FP8_BLOCK_SHAPE}, "delayed": _DELAYED_DEFAULTS}
@@ -73,7 +74,7 @@ def _fp8(name: str, grid) -> _Entry:
 def _mx(name: str, element) -> _Entry:
     options = {"scale_mode": Option("floor", SCALE_MODES),
                "block_shape": Option((1, MX_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
-               **_HADAMARD, **_STOCHASTIC}
+               "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC}
     return _Entry(lambda resolved: MXFormat(name, element, resolved), options)
 
 

@@ -42,6 +42,8 @@ def _scaling(fmt: Any) -> str:
         text += ", 2^k"
     if opts.get("margin"):
         text += f", margin {opts['margin']}"
+    if opts.get("nonfinite") == "te":
+        text += ", te nonfinite"
     return text
 
 

@@ -31,7 +31,8 @@ GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
 WEIGHTS = ("fprop.weight", "dgrad.weight")
 WGRAD = ("wgrad.grad_output", "wgrad.input")
 _STOCHASTIC = {"rounding": "stochastic"}
-_DELAYED = {"scaling": "delayed", "amax_history_len": 1024, "amax_compute_algo": "max"}
+_TE = {"nonfinite": "te"}  # Inf and NaN as TE's kernels treat them (fmaxf amaxes; an Inf amax gives scale 1)
+_DELAYED = {"scaling": "delayed", "amax_history_len": 1024, "amax_compute_algo": "max", **_TE}
 
 # name -> (source, recipe dict). Operand overrides without "format" keep the preset's format
 # and add options (QuantRecipe's override semantics).
@@ -46,13 +47,13 @@ _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
             "wgrad.input": {"options": {"hadamard": 16}},            # columnwise activation: RHT
         }}),
     "te-mxfp8": ("TE MXFP8BlockScaling (fp8_format E4M3)", {
-        "format": "mxfp8_e4m3", "options": {"scale_mode": "rceil"}, "scope": ["linear"]}),
+        "format": "mxfp8_e4m3", "options": {"scale_mode": "rceil", **_TE}, "scope": ["linear"]}),
     "te-fp8-current": ("TE Float8CurrentScaling (fp8_format HYBRID); Megatron-LM --fp8-recipe tensorwise", {
-        "format": "fp8_e4m3", "scope": ["linear"],
-        "operands": {key: "fp8_e5m2" for key in GRADIENTS}}),
+        "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_TE),
+        "operands": {key: {"format": "fp8_e5m2", "options": dict(_TE)} for key in GRADIENTS}}),
     "te-fp8-blockwise": ("TE Float8BlockScaling (DeepSeek-V3); Megatron-LM --fp8-recipe blockwise", {
         "format": "fp8_e4m3", "scope": ["linear"],
-        "options": {"scaling": "block", "block_shape": [1, 128], "power_of_two_scales": True},
+        "options": {"scaling": "block", "block_shape": [1, 128], "power_of_two_scales": True, **_TE},
         "operands": {key: {"options": {"block_shape": [128, 128]}} for key in WEIGHTS}}),
     "te-fp8-delayed": ("TE DelayedScaling (fp8_format HYBRID, amax_history_len 1024, amax_compute_algo max)", {
         "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED),
@@ -116,7 +117,9 @@ _FP8_PRESETS = {"tensorwise": "te-fp8-current", "mxfp8": "te-mxfp8", "blockwise"
                 "delayed": "te-fp8-delayed"}
 # --fp8-format e4m3 keeps the gradients in E4M3; hybrid puts them in E5M2 (TE's Format enum).
 _E4M3_GRADIENTS = {"tensorwise": "fp8_e4m3", "delayed": "fp8_e4m3"}
-_E5M2_GRADIENTS = {"mxfp8": "mxfp8_e5m2"}
+# blockwise + hybrid: TE's Float8BlockScaling refuses only E5M2 (``__post_init__``), so HYBRID
+# gives E5M2 gradients in the same 1x128 blocks.
+_E5M2_GRADIENTS = {"mxfp8": "mxfp8_e5m2", "blockwise": "fp8_e5m2"}
 _DELAYED_ONLY = ("fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo")
 # Megatron-LM's defaults for its delayed-scaling flags (TE's recipe defaults are 1024 and "max").
 MEGATRON_DELAYED_DEFAULTS = {"fp8_margin": 0, "fp8_amax_history_len": 1, "fp8_amax_compute_algo": "most_recent"}
@@ -130,9 +133,6 @@ def _fp8_gradients(recipe: str, fp8_format: str) -> Optional[str]:
     """The gradient operands' format where ``fp8_format`` changes it from the preset's; None to keep it."""
     if fp8_format == "e4m3":
         return _E4M3_GRADIENTS.get(recipe)
-    if recipe == "blockwise":  # TE's Float8BlockScaling asserts fp8_format == E4M3
-        raise PresetError("--fp8-recipe blockwise supports --fp8-format e4m3 only (TE Float8BlockScaling), "
-                          "not hybrid")
     return _E5M2_GRADIENTS.get(recipe)
 
 
