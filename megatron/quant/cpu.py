@@ -59,6 +59,12 @@ def _make_cpu_rng_tracker():
     return CpuRNGStatesTracker
 
 
+def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
+    # Activation recompute (CheckpointFunction) saves and restores the CUDA generator next to the
+    # CPU one, which it keeps itself: without CUDA there is no state to keep.
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def _cpu_causal_mask(sq: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
@@ -88,6 +94,8 @@ def enable_cpu_compat() -> bool:
     tracker_cls = _make_cpu_rng_tracker()
     mrandom._CUDA_RNG_STATE_TRACKER = tracker_cls()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mrandom._get_cuda_rng_state = _no_cuda_rng_state
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     # fused_softmax imported the mask builders by name, so patch both modules.
     for module in (tutils, fused_softmax):
         module.get_default_causal_mask = _cpu_causal_mask

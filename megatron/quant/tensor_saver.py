@@ -39,10 +39,12 @@ __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
     "configure", "is_active", "capture", "set_iteration", "set_microbatch",
     "capture_complete", "iteration_summary", "paused", "flush", "close", "writer_stats", "position",
+    "recomputing",
 ]
 
 _session: Optional[CaptureSession] = None
 _position = (0, 0)  # (iteration, first global sample of the micro-batch)
+_recomputing = False  # inside an activation-recompute forward (``recomputing``)
 
 
 def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[range] = None) -> None:
@@ -66,7 +68,10 @@ def is_active() -> bool:
 
 def capture(site: CaptureSite, operation: str, phase: str,
             tensors: Mapping[str, Union[Tensor, Operand]]) -> None:
-    """Record ``tensors`` (name -> tensor or Operand) seen at ``site``; a no-op when not active."""
+    """Record ``tensors`` (name -> tensor or Operand) seen at ``site``; a no-op when not active, and
+    for forward records while ``recomputing`` (the first forward made them)."""
+    if _recomputing and operation == "forward":
+        return
     if _session is not None and _session.active:
         _session.capture(site, operation, phase, tensors)
 
@@ -93,6 +98,21 @@ def position() -> tuple[int, int]:
     never share stochastic-rounding noise, and a checkpoint resume continues the same keys.
     """
     return _position
+
+
+@contextlib.contextmanager
+def recomputing(at: tuple[int, int]) -> Iterator[None]:
+    """Inside the block a forward is re-run for activation recompute: ``position()`` is ``at``, the
+    position of the forward being recomputed (so stochastic rounding draws that forward's noise
+    again, whatever micro-batch the schedule is at), and forward records are dropped; the
+    backward that follows records as usual (its only run)."""
+    global _position, _recomputing
+    saved = _position, _recomputing
+    _position, _recomputing = at, True
+    try:
+        yield
+    finally:
+        _position, _recomputing = saved
 
 
 @contextlib.contextmanager

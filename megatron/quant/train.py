@@ -164,7 +164,9 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         shape, precision=_precision(args), tensor_parallel=args.tensor_model_parallel_size,
         pipeline_parallel=args.pipeline_model_parallel_size, sequence_parallel=args.sequence_parallel,
         init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
-        hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red)
+        hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red,
+        recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers)
     gpt = build_gpt(config, shape, recipe)
     if args.hf_checkpoint:
         from megatron.quant.training.hf_import import load_hf_weights

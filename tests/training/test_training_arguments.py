@@ -54,10 +54,31 @@ def test_derived_batch_values():
     (["--lr", "1e-4", "--min-lr", "1e-3"], 1, "--min-lr"),
     (["--save-interval", "5"], 1, "--save-interval needs --save"),
     (["--normalization", "LayerNorm"], 1, "Llama uses RMSNorm"),
+    (["--recompute-method", "uniform"], 1, "--recompute-method and --recompute-num-layers need --recompute-granularity"),
+    (["--recompute-num-layers", "1"], 1, "need --recompute-granularity full"),
+    (["--recompute-granularity", "full"], 1, "full needs --recompute-method {uniform,block}"),
+    (["--recompute-granularity", "full", "--recompute-method", "block"], 1, "--recompute-num-layers between 1 and"),
+    (["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "99"], 1,
+     "got 99"),
+    (["--recompute-granularity", "selective", "--recompute-method", "block"], 1,
+     "--recompute-method block is not supported with --recompute-granularity selective"),
+    (["--recompute-granularity", "selective", "--recompute-num-layers", "1"], 1, "--recompute-num-layers 1 must not"),
 ])
 def test_inconsistent_arguments_are_refused(extra, world, message):
     with pytest.raises(ArgumentError, match=message.replace("(", r"\(").replace("+", r"\+")):
         validate_args(parse_args(TINY + extra), world, cuda=False)
+
+
+def test_recompute_flags_reach_megatron_cores_config():
+    from megatron.quant.training.model import transformer_config
+    from megatron.quant.training.presets import get_preset
+
+    flags = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"]
+    args = validate_args(parse_args(TINY + flags), 1, cuda=False)
+    config = transformer_config(get_preset("llama-tiny"), recompute_granularity=args.recompute_granularity,
+                                recompute_method=args.recompute_method, recompute_num_layers=args.recompute_num_layers)
+    assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == ("full", "block", 1)
+    assert validate_args(parse_args(TINY + ["--recompute-granularity", "selective"]), 1, cuda=False)
 
 
 def test_shape_is_required_without_a_preset():

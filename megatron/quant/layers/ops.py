@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
+from megatron.quant.layers import recompute
 from megatron.quant.recipes.delayed import AmaxHistory, is_delayed
 from megatron.quant.recipes.operands import BMM_AXES, LINEAR_AXES, OperandSpec
 from megatron.quant.formats.random_bits import RandomBits, Shard
@@ -108,8 +109,7 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     if spec.fmt is None:
         return Quantized(x, seen=Operand(tensor=x, axis=spec.axis) if capture else None)
     if amax is None and spec.history is not None:
-        amax = spec.history.scale_amax(x.device)
-        spec.history.record(spec.fmt.amax_of(x.detach(), spec.axis))
+        amax = recompute.delayed_scale_amax(spec.history, lambda: spec.fmt.amax_of(x.detach(), spec.axis), x.device)
     elif amax is None:
         amax = tensor_amax(x, spec, group)
     bits = None if noise is None else noise.bits(spec, groups, per_sample)

@@ -21,6 +21,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
+from megatron.quant.layers import recompute
 from megatron.quant.layers.ops import LinearQuant
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
@@ -109,4 +110,6 @@ def build_llama_model(config: TransformerConfig, recipe: QuantRecipe, *, vocab_s
                      share_embeddings_and_output_weights=share_embeddings_and_output_weights,
                      position_embedding_type="rope", rotary_base=rotary_base)
     configure_quant_modules(model, recipe, config.num_layers)
+    if config.recompute_granularity is not None:
+        recompute.install()  # recomputed forwards reproduce the first one (layers/recompute.py)
     return model

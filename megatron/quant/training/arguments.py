@@ -16,6 +16,8 @@ from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 TOKENIZER_TYPES = ("ByteTokenizer", "HuggingFaceTokenizer", "NullTokenizer")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
 
 # Defaults for shape flags when neither a preset nor the command line sets them
 # (Megatron-LM's defaults where it has one).
@@ -125,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES, default=None,
+                   help="activation recompute (megatron-core's): full layers, or selective (core attention)")
+    g.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, default=None,
+                   help="with full: uniform (chunks of --recompute-num-layers) or block (the first N layers)")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="with full: layers per chunk (uniform) or recomputed layers per pipeline stage (block)")
 
     g = p.add_argument_group("run length, logging and checkpoints")
     g.add_argument("--train-iters", type=int, required=True)
@@ -223,6 +231,25 @@ def _check_shape(args: argparse.Namespace) -> None:
              f"--seq-length {args.seq_length} exceeds --max-position-embeddings {args.max_position_embeddings}")
 
 
+def _check_recompute(args: argparse.Namespace) -> None:
+    """Megatron-LM's rules (its arguments.py and TransformerConfig.__post_init__), refused up front."""
+    granularity, method, count = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
+    if granularity is None:
+        _require(method is None and count is None,
+                 "--recompute-method and --recompute-num-layers need --recompute-granularity full")
+    elif granularity == "selective":
+        _require(method is None, f"--recompute-method {method} is not supported with --recompute-granularity "
+                                 "selective (Megatron-LM); drop it")
+        _require(count is None, f"--recompute-num-layers {count} must not be given with --recompute-granularity "
+                                "selective (Megatron-LM)")
+    else:
+        per_stage = args.num_layers // args.pipeline_model_parallel_size
+        _require(method is not None, "--recompute-granularity full needs --recompute-method {uniform,block}")
+        _require(count is not None and 1 <= count <= per_stage,
+                 f"--recompute-granularity full needs --recompute-num-layers between 1 and the layers per pipeline "
+                 f"stage ({per_stage}), got {count}")
+
+
 def _check_devices(args: argparse.Namespace, cuda: bool) -> None:
     te = importlib.util.find_spec("transformer_engine") is not None
     _require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
@@ -305,6 +332,7 @@ def _check_data(args: argparse.Namespace) -> None:
 def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argparse.Namespace:
     """Complete derived values (data-parallel size, micro-batches, ...) and refuse bad combinations."""
     _check_shape(args)
+    _check_recompute(args)
     _check_devices(args, cuda)
     _check_run(args, world_size)
     _check_data(args)

@@ -11,8 +11,11 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parallel: int = 1,
                        pipeline_parallel: int = 1, sequence_parallel: bool = False,
                        init_method_std: float = 0.02, attention_dropout: float = 0.0,
-                       hidden_dropout: float = 0.0, fp8_format: str | None = None, tp_only_amax_red: bool = False):
-    """megatron-core's TransformerConfig for a Llama shape (preset-style keys)."""
+                       hidden_dropout: float = 0.0, fp8_format: str | None = None, tp_only_amax_red: bool = False,
+                       recompute_granularity: str | None = None, recompute_method: str | None = None,
+                       recompute_num_layers: int | None = None):
+    """megatron-core's TransformerConfig for a Llama shape (preset-style keys); ``recompute_*``:
+    megatron-core's activation recompute (selective recomputes core attention)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if precision not in PRECISIONS:
@@ -29,7 +32,9 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         pipeline_dtype=PRECISIONS[precision],
         bf16=precision == "bf16", fp16=precision == "fp16", use_cpu_initialization=not torch.cuda.is_available(),
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, fp8=fp8_format, tp_only_amax_red=tp_only_amax_red)
+        bias_dropout_fusion=False, apply_rope_fusion=False, fp8=fp8_format, tp_only_amax_red=tp_only_amax_red,
+        recompute_granularity=recompute_granularity, recompute_method=recompute_method,
+        recompute_num_layers=recompute_num_layers)
 
 
 def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
