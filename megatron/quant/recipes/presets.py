@@ -13,6 +13,9 @@ leaves attention's batched GEMMs in high precision unless ``fp8_dpa`` is set.
 | ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
 | ``te-fp8-delayed`` | ``DelayedScaling`` (defaults: HYBRID, amax history of 1024, "max", margin 0) |
 
+The FP8 and MXFP8 presets set ``nonfinite="te"`` (amaxes skip NaN, an Inf amax gives scale 1 or
+E8M0 0xFE, as TE's kernels); NVFP4 has no such option.
+
 The RHT of ``te-nvfp4`` uses TE's hard-coded 16-entry sign vector (``get_wgrad_sign_vector`` in
 TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and some later code)
 describe signs re-drawn every iteration, which is not emulated.
