@@ -54,7 +54,7 @@ def test_derived_batch_values():
     (["--lr", "1e-4", "--min-lr", "1e-3"], 1, "--min-lr"),
     (["--save-interval", "5"], 1, "--save-interval needs --save"),
     (["--normalization", "LayerNorm"], 1, "Llama uses RMSNorm"),
-    (["--recompute-method", "uniform"], 1, "--recompute-method and --recompute-num-layers need --recompute-granularity"),
+    (["--recompute-method", "uniform"], 1, "--recompute-num-layers need --recompute-granularity full"),
     (["--recompute-num-layers", "1"], 1, "need --recompute-granularity full"),
     (["--recompute-granularity", "full"], 1, "full needs --recompute-method {uniform,block}"),
     (["--recompute-granularity", "full", "--recompute-method", "block"], 1, "--recompute-num-layers between 1 and"),
