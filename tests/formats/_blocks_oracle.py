@@ -71,16 +71,19 @@ def nvfp4_global_encode(amax) -> np.float32:
     return min(encode, np.finfo(np.float32).max)
 
 
-def nvfp4_blocks_reference(blocks: np.ndarray, global_amax) -> tuple[np.ndarray, np.ndarray]:
+def nvfp4_blocks_reference(blocks: np.ndarray, global_amax, te: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(fake-quantized blocks, per-block scale) for NVFP4 blocks along the last axis, the kernels'
-    arithmetic step by step in float32 (the issue's formulas)."""
+    arithmetic step by step in float32 (the issue's formulas). ``te``: Inf and NaN as TE's
+    kernels take them: block amaxes skip NaN (fmaxf, ``quantize_transpose_nvfp4.cuh``) and an Inf
+    block amax gives the saturated E4M3 scale 448 (``static_cast<fp8e4m3>`` with satfinite of
+    ``fminf(S_dec_b, FLT_MAX)``, ``core_nvfp4.cuh`` lines 40-53)."""
     f32 = np.float32
     global_encode = nvfp4_global_encode(global_amax)
     global_decode = f32(1) / global_encode
-    amax_block = np.abs(blocks).max(-1, keepdims=True)
+    amax_block = fmax_amax(blocks) if te else np.abs(blocks).max(-1, keepdims=True)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         block_decode = saturating_cast(amax_block * (global_encode * f32(1 / 6)), "fp8_e4m3")
-        block_decode = np.where(np.isfinite(amax_block), block_decode, np.nan).astype(f32)
+        block_decode = np.where(np.isfinite(amax_block) | te, block_decode, np.nan).astype(f32)
         scale = (block_decode * global_decode).astype(f32)
         encode = (f32(1) / scale).astype(f32)
         elements = np.where(scale == 0, f32(0), saturating_cast(blocks * encode, "fp4_e2m1"))

@@ -8,7 +8,7 @@ import torch
 
 from megatron.quant.formats import get_format
 from megatron.quant.recipes.recipe import QuantRecipe
-from tests.formats._blocks_oracle import fmax_amax, fp8_block_reference, mx_reference
+from tests.formats._blocks_oracle import fmax_amax, fp8_block_reference, mx_reference, nvfp4_blocks_reference
 from tests.formats._oracle import mismatches, tensor_scaled_reference
 
 BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
@@ -79,6 +79,22 @@ def test_mx_blocks_nonfinite(name, element, nonfinite):
     assert not mismatches(q, expected_q, x) and not mismatches(scale, expected_scale)
 
 
+@pytest.mark.parametrize("nonfinite", ["propagate", "te"])
+def test_nvfp4_blocks_nonfinite(nonfinite):
+    """te: TE's NVFP4 kernels reduce block and tensor amaxes with fmaxf (NaN skipped); an Inf
+    block amax gives S_dec_b = Inf, cast with satfinite to E4M3's 448 (``core_nvfp4.cuh`` lines
+    40-66), and an Inf tensor amax a global encode of 1 (lines 82-95)."""
+    x = _with_nonfinite(6, 64, 4)
+    fmt = get_format("nvfp4", nonfinite=nonfinite)
+    te = nonfinite == "te"
+    for rows in (x[[0, 4, 5]], x):  # a NaN only (global amax finite under te), then Inf too
+        q, scale = fmt.quantize_with_scale(torch.from_numpy(rows))
+        global_amax = fmax_amax(rows.reshape(1, -1))[0, 0] if te else np.abs(rows).max()
+        expected_q, expected_scale = nvfp4_blocks_reference(_blocks(rows, 16), global_amax, te)
+        assert not mismatches(q, expected_q.reshape(rows.shape), rows)
+        assert not mismatches(scale, expected_scale.reshape(rows.shape))
+
+
 @pytest.mark.parametrize("scaling", ["tensor", "delayed"])
 @pytest.mark.parametrize("nonfinite", ["propagate", "te"])
 def test_per_tensor_amax_skips_nan_under_te(scaling, nonfinite):
@@ -96,9 +112,8 @@ def test_per_tensor_amax_skips_nan_under_te(scaling, nonfinite):
 
 
 def test_te_presets_take_the_kernel_behaviour():
-    """Every FP8 / MXFP8 operand of a te-* preset uses ``nonfinite="te"``; NVFP4 has no such
-    option (its kernels are not covered), and plain format names keep the default."""
-    for preset in ("te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed"):
+    """Every operand of a te-* preset uses ``nonfinite="te"``; plain format names keep the default."""
+    for preset in ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed"):
         fmts = QuantRecipe.from_dict({"format": preset}).resolve("fc1", 0, 4)
         assert {f.options["nonfinite"] for f in fmts.values()} == {"te"}, preset
     fmts = QuantRecipe.from_dict({"format": "mxfp8_e4m3"}).resolve("fc1", 0, 4)

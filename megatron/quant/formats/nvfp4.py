@@ -11,7 +11,9 @@ with the arithmetic of Transformer Engine's quantization kernels (float32, in th
 
 The reported scale is block_decode * global_decode (so the elements are x * (1 / scale)).
 A block whose E4M3 scale rounds to zero (its amax is tiny next to the tensor's) quantizes
-to zero. Inf or NaN in a block makes that block NaN, as in MX. ``quantize_for_gemm`` returns
+to zero. Inf or NaN in a block makes that block NaN, as in MX; with ``nonfinite="te"`` the
+amaxes skip NaN (fmaxf) and an Inf block amax saturates the E4M3 scale to 448, as TE's
+kernels (``core_nvfp4.cuh``), the elements being cast normally. ``quantize_for_gemm`` returns
 element * block_decode (exact in bf16) and global_decode as the tensor scale.
 ``block_shape=(16, 16)`` shares one scale per 16 x 16 tile (TE's weights); ``hadamard=16``
 quantizes TE's random Hadamard transform of x.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import abs_max, encode_scale
+from .base import encode_scale
 from .blocks import BlockFormat
 from .grid import FP4_E2M1, FP8_E4M3
 
@@ -38,12 +40,13 @@ class NVFP4Format(BlockFormat):
     min_positive = FP4_E2M1.min_positive
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
-        block_amax = abs_max(blocks, dim=block_dim)
+        block_amax = self._abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
         element_max, scale_max = self.element.max_value, self.block_scale_format.max_value
         global_encode = encode_scale(global_amax, scale_max * element_max)
         block_decode = self.block_scale_format.round(block_amax * (global_encode * (1 / element_max)))
-        block_decode = torch.where(torch.isfinite(block_amax), block_decode, torch.nan)
+        if self.options["nonfinite"] == "propagate":  # "te": an Inf amax saturates to E4M3's 448
+            block_decode = torch.where(torch.isfinite(block_amax), block_decode, torch.nan)
         global_decode = 1 / global_encode
         scale = block_decode * global_decode
         scaled = (blocks * (1 / scale)).masked_fill_(scale == 0, 0.0)

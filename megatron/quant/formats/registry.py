@@ -90,7 +90,7 @@ _HIFP8 = _Entry(
 
 _NVFP4 = _Entry(NVFP4Format, {
     "block_shape": Option((1, NVFP4_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
-    **_HADAMARD, **_STOCHASTIC})
+    "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC})
 
 _REGISTRY: dict[str, _Entry] = {
     "fp32": _cast("fp32", torch.float32, {}),

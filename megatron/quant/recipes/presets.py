@@ -13,8 +13,8 @@ leaves attention's batched GEMMs in high precision unless ``fp8_dpa`` is set.
 | ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
 | ``te-fp8-delayed`` | ``DelayedScaling`` (defaults: HYBRID, amax history of 1024, "max", margin 0) |
 
-The FP8 and MXFP8 presets set ``nonfinite="te"`` (amaxes skip NaN, an Inf amax gives scale 1 or
-E8M0 0xFE, as TE's kernels); NVFP4 has no such option.
+Every preset sets ``nonfinite="te"``: Inf and NaN as TE's kernels take them (amaxes skip NaN;
+an Inf amax gives scale 1, E8M0 0xFE, or NVFP4's saturated E4M3 block scale).
 
 The RHT of ``te-nvfp4`` uses TE's hard-coded 16-entry sign vector (``get_wgrad_sign_vector`` in
 TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and some later code)
@@ -41,7 +41,7 @@ _DELAYED = {"scaling": "delayed", "amax_history_len": 1024, "amax_compute_algo":
 # and add options (QuantRecipe's override semantics).
 _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "te-nvfp4": ("TE NVFP4BlockScaling; NVIDIA, 'Pretraining LLMs with NVFP4' (2025)", {
-        "format": "nvfp4", "scope": ["linear"],
+        "format": "nvfp4", "scope": ["linear"], "options": dict(_TE),
         "operands": {
             "fprop.weight": {"options": {"block_shape": [16, 16]}},   # 2D: W and W^T quantize alike
             "dgrad.weight": {"options": {"block_shape": [16, 16]}},
