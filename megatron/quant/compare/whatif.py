@@ -20,7 +20,7 @@ from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 import torch
 
 from megatron.quant import formats
-from megatron.quant.recipes import presets
+from megatron.quant.recipes import ablations, presets
 from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, build_catalog, enrich_from_file,
                                              relative_path)
 from megatron.quant.analysis.loading import CaptureLoadError, load_capture
@@ -74,7 +74,7 @@ def parse_candidates(names: Sequence[str]) -> list[Candidate]:
     valid name (a refused preset gives its own reason)."""
     candidates = []
     for name in names:
-        if presets.is_preset(name):
+        if presets.is_preset(name) or ablations.is_variant(name):
             recipe = QuantRecipe.from_dict({"format": name}, source="--formats")
             candidates.append(Candidate(recipe.name, recipe=recipe))
             continue

@@ -1,7 +1,8 @@
 """``python -m megatron.quant.recipes show [NAME] [--num-layers N]``: what a recipe quantizes, and how.
 
-NAME is a preset (``te-nvfp4``), a format name (``mxfp8``) or a recipe file; without it, the
-presets are listed. For each group of decoder layers that resolve alike, one table per group of
+NAME is a preset (``te-nvfp4``), a variant (``te-nvfp4-no-sr``, ``mxfp4+sr``), a format name
+(``mxfp8``) or a recipe file; without it, the presets and their variants are listed; ``--ablate``
+shows NAME and each of its variants (``ablations.ablation``). For each group of decoder layers that resolve alike, one table per group of
 roles that resolve alike: operand, format, block, axis, transform, scaling, rounding.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from megatron.quant import formats
-from megatron.quant.recipes import presets
+from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.operands import LINEAR_ROLES, OPERAND_AXES
 from megatron.quant.recipes.recipe import FormatChoice, QuantRecipe, RecipeError
 from megatron.quant.recipes.selectors import format_indices
@@ -99,7 +100,20 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
 def list_presets() -> str:
     lines = ["presets (CUSTOM_QUANT_TYPE=NAME, or format: NAME in a recipe file):"]
     lines += [f"  {name:<18} {source}" for name, (source, _) in presets.PRESETS.items()]
+    lines.append("variants (one component removed or added; show NAME --ablate shows each):")
+    for base in dict.fromkeys([*presets.PRESETS, *ablations.ADDITIONS]):
+        variants = ablations.ablation(base)[1:]
+        if variants:
+            lines.append(f"  {base:<18} {', '.join(variants)}")
+    lines.append(f"  components: {', '.join(f'{c.name} ({c.description})' for c in ablations.COMPONENTS.values())}")
     return "\n".join(lines)
+
+
+def _source(name: str) -> Optional[str]:
+    """What a preset reproduces, or what a variant changes; None for format names and files."""
+    if presets.is_preset(name):
+        return presets.preset_source(name)
+    return ablations.describe_variant(name) if ablations.is_variant(name) else None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -111,6 +125,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     show.add_argument("name", nargs="?")
     show.add_argument("--num-layers", type=int, default=DEFAULT_NUM_LAYERS,
                       help="decoder layers, for layer rules (default: %(default)s)")
+    show.add_argument("--ablate", action="store_true",
+                      help="also show each variant with one component removed or added (as the sweep's --ablate)")
     args = parser.parse_args(argv)
     if args.name is None:
         print(list_presets())
@@ -118,10 +134,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.num_layers < 1:
         parser.error(f"--num-layers must be positive, got {args.num_layers}")
     try:
-        recipe = load(args.name)
+        names = ablations.ablation(args.name) if args.ablate else [args.name]
+        recipes = [load(name) for name in names]
     except (RecipeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    source = presets.preset_source(args.name) if args.name.lower() in presets.PRESETS else None
-    print(describe(recipe, args.num_layers, source))
+    print("\n\n".join(describe(recipe, args.num_layers, _source(name)) for name, recipe in zip(names, recipes)))
     return 0

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Optional
 import yaml
 
 from megatron.quant import formats
-from megatron.quant.recipes import presets
+from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value
 from megatron.quant.formats.compiled import CompiledFormat
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
@@ -257,7 +257,8 @@ def _check_top_format(name: Any, options: Mapping, source: str) -> str:
     """The top-level format, where an unknown name's message also lists the presets."""
     if isinstance(name, str) and not _is_format_name(name):
         raise RecipeError(f"{source}: format: unknown format or preset {name!r}; valid: "
-                          f"{', '.join(_valid_format_names() + presets.preset_names())}")
+                          f"{', '.join(_valid_format_names() + presets.preset_names())}, or a variant "
+                          f"(PRESET-no-COMPONENT, FORMAT+COMPONENT; components: {', '.join(ablations.COMPONENTS)})")
     return _check_format(name, options, "format", source)
 
 
@@ -265,18 +266,18 @@ def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
     """``data`` with a preset ``format`` replaced by the preset's recipe, ``data``'s other keys merged
     over it; named after the preset (plus ``-<scopes>`` when ``scope`` changes the preset's)."""
     name = data.get("format")
-    if not presets.is_preset(name):
+    if not (presets.is_preset(name) or ablations.is_variant(name)):
         return data
     key = name.strip().lower()
     try:
-        preset = presets.get_preset(key)
-    except presets.PresetError as exc:
+        preset = ablations.lookup(key)
+    except (presets.PresetError, ablations.AblationError) as exc:
         raise RecipeError(f"{source}: format: {exc}") from None
     rest = {k: v for k, v in data.items() if k != "format"}
     merged = presets.merge_preset(preset, rest)
     if not merged.get("name"):
-        scopes = _parse_scope(merged["scope"], "scope", source)
-        changed = scopes != frozenset(preset["scope"])
+        scopes = _parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
+        changed = scopes != frozenset(preset.get("scope", DEFAULT_SCOPE))
         merged["name"] = key + ("-" + "+".join(sorted(scopes)) if changed else "")
     return merged
 

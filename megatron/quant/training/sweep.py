@@ -69,7 +69,7 @@ def _recipe_tokens(text: str) -> list[str]:
 def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
     """(run name, recipe environment) for a format name, a recipe preset (te-nvfp4, ...) or a recipe file."""
     from megatron.quant import formats
-    from megatron.quant.recipes import presets
+    from megatron.quant.recipes import ablations, presets
     from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
     if token.lower().endswith(RECIPE_SUFFIXES) or Path(token).is_file():
@@ -81,8 +81,13 @@ def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
             raise SweepError(str(error)) from error
         return name, {"CUSTOM_QUANT_RECIPE": str(Path(token).resolve())}
     valid = sorted(set(formats.list_formats()) | set(formats.ALIASES)) + presets.preset_names()
-    if token.lower() not in valid:
+    try:
+        variant = ablations.is_variant(token) and ablations.get_variant(token)
+    except ablations.AblationError as error:
+        raise SweepError(str(error)) from error
+    if token.lower() not in valid and not variant:
         raise SweepError(f"unknown recipe {token!r}; give format names or recipe presets ({', '.join(valid)}), "
+                         f"their variants (te-nvfp4-no-sr, mxfp4+sr, ...; see --ablate), "
                          f"comparison presets ({', '.join(SETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
     return token, {"CUSTOM_QUANT_TYPE": token.lower()}
 
