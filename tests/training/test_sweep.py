@@ -87,8 +87,9 @@ def test_print_gives_one_command_per_run_that_runs_only_that_run(tmp_path, capsy
     out = tmp_path / "sweep"
     assert sweep.main(["--print", "--seeds", "1,2", str(out), "bf16 mxfp8", "--", *FLAGS]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 4
-    for line, name in zip(lines, ["bf16", "mxfp8", "bf16-seed1", "bf16-seed2"]):
+    names = ["bf16", "mxfp8", "bf16-seed1", "mxfp8-seed1", "bf16-seed2", "mxfp8-seed2"]  # seeds of every recipe
+    assert len(lines) == len(names)
+    for line, name in zip(lines, names):
         argv = shlex.split(line)
         assert argv[1:4] == ["-m", "megatron.quant.training.sweep", "--only"] and argv[4] == name
         assert argv[-len(FLAGS) - 1:] == ["--", *FLAGS]

@@ -11,7 +11,7 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 | ``rht`` | random Hadamard transform | every ``hadamard`` | on the wgrad operands (16 for NVFP4, else 32) |
 | ``2d`` | 2D weight tiles (16x16, 128x128) | the weights' ``block_shape`` (1D blocks) | — |
 | ``rceil`` | MX scales rounded up | ``scale_mode: rceil`` (OCP floor) | — |
-| ``bf16-layers`` | first/last layers in BF16 | rules keeping whole layers in BF16 | first and last decoder layer |
+| ``bf16-layers`` | first/last layers in BF16 | rules keeping whole layers in BF16 | first and last layer's linears |
 
 ``bf16-layers`` added is Megatron-LM's ``--first-last-layers-bf16`` with its defaults: TE's
 recipes (and so the ``te-*`` presets) keep no layers in BF16, so the NVFP4 report's full recipe is
@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from megatron.quant import formats
 from megatron.quant.recipes import presets
+from megatron.quant.recipes.operands import LINEAR_ROLES
 
 GRADIENTS, WEIGHTS, WGRAD = presets.GRADIENTS, presets.WEIGHTS, presets.WGRAD
 BF16_LAYERS = ["0:1", "-1:"]  # Megatron-LM --first-last-layers-bf16 defaults: one layer at each end
@@ -84,7 +85,7 @@ def _drop_weight_blocks(recipe: dict[str, Any]) -> None:
 
 
 def _is_bf16_layer_rule(rule: dict[str, Any]) -> bool:
-    return rule.get("format") == "bf16" and "layers" in rule.get("match", {}) and "roles" not in rule["match"]
+    return rule.get("format") == "bf16" and "layers" in rule.get("match", {})
 
 
 def _hadamard_size(recipe: dict[str, Any]) -> int:
@@ -116,7 +117,8 @@ COMPONENTS = {c.name: c for c in (
     Component("bf16-layers", "the first and last decoder layers in BF16",
               lambda r: any(_is_bf16_layer_rule(rule) for rule in r.get("rules", [])),
               lambda r: r.update(rules=[rule for rule in r.get("rules", []) if not _is_bf16_layer_rule(rule)]),
-              lambda r: r.update(rules=[*r.get("rules", []), {"match": {"layers": list(BF16_LAYERS)},
+              lambda r: r.update(rules=[*r.get("rules", []), {"match": {"layers": list(BF16_LAYERS),
+                                                                        "roles": list(LINEAR_ROLES)},
                                                               "format": "bf16"}])),
 )}
 

@@ -7,9 +7,12 @@ file). Run ``NAME`` lives in ``OUTPUT_DIR/NAME/``: ``checkpoints/``, ``tensorboa
 enabled and no ``TENSOR_SAVE_DIR``, ``tensor_logs/``.
 
 Re-running the sweep skips runs whose status is finished or diverged and resumes the others
-from their checkpoints. ``--seeds`` adds runs ``<baseline>-seed<N>`` of the baseline recipe
-(the report's noise band); ``--print`` prints one command per run (a job array) instead of
-running them; ``--only NAME`` runs one of them.
+from their checkpoints. ``--seeds`` adds runs ``<recipe>-seed<N>`` of every recipe (with
+``--baseline NAME``, of that recipe only): the report's bands and uncertainties; ``--ablate
+PRESET`` adds the preset and its variants with one component removed or added
+(``recipes.ablations``); ``--parallel N`` runs N at once, each in its own slot (GPUs or CPU
+threads, ``training.slots``) with its output in ``OUTPUT_DIR/NAME/train.log``; ``--print``
+prints one command per run (a job array) instead of running them; ``--only NAME`` runs one of them.
 """
 from __future__ import annotations
 
@@ -23,12 +26,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from megatron.quant.recipes.sets import RECIPE_SUFFIXES, SETS, expand_sets
 from megatron.quant.training import checkpoint
 from megatron.quant.training.arguments import ArgumentError, parse_args
 from megatron.quant.training.metrics import DIVERGED
+from megatron.quant.training.slots import SlotError, run_in_slots, slot_environments, visible_gpus
 
 RUN_JSON = "run.json"
 CHECKPOINTS = "checkpoints"
@@ -36,7 +40,8 @@ TENSORBOARD = "tensorboard"
 FINISHED, DIVERGED_STATUS, CRASHED, INCOMPLETE, RUNNING, INTERRUPTED = (
     "finished", "diverged", "crashed", "incomplete", "running", "interrupted")
 DONE = (FINISHED, DIVERGED_STATUS)  # statuses a re-run skips
-SEED_SUFFIX = "-seed"  # run NAME-seedN: recipe NAME with --seed N (the report's baseline noise band)
+SEED_SUFFIX = "-seed"  # run NAME-seedN: recipe NAME with --seed N (the report's seed bands)
+TRAIN_LOG = "train.log"  # a parallel run's output
 _RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_RECIPE")
 # The sweep sets these per run.
 _OWN_FLAGS = ("save", "load", "tensorboard_dir")
@@ -92,10 +97,27 @@ def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
     return token, {"CUSTOM_QUANT_TYPE": token.lower()}
 
 
-def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = None) -> list[SweepRun]:
-    """The runs of a sweep, in order: one per recipe, then the baseline's extra seeds."""
+def ablation_tokens(bases: Sequence[str], given: Sequence[str]) -> list[str]:
+    """The recipes ``--ablate`` adds: each base and its variants, those not ``given`` already."""
+    from megatron.quant.recipes import ablations
+
+    tokens: list[str] = []
+    for base in bases:
+        try:
+            expanded = ablations.ablation(base)
+        except ablations.AblationError as error:
+            raise SweepError(str(error)) from error
+        tokens += [token for token in expanded if token not in given and token not in tokens]
+    return tokens
+
+
+def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = None,
+              ablate: Sequence[str] = ()) -> list[SweepRun]:
+    """The runs of a sweep, in order: one per recipe (``--ablate``'s after the given ones), then
+    per extra seed one run of every recipe (of ``baseline`` only, when given)."""
     runs = []
-    for token in _recipe_tokens(recipes):
+    tokens = _recipe_tokens(recipes)
+    for token in tokens + ablation_tokens(ablate, [t.lower() for t in tokens]):
         name, env = resolve_recipe(token)
         runs.append(SweepRun(name, token, tuple(sorted(env.items()))))
     if not runs:
@@ -104,13 +126,11 @@ def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = No
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise SweepError(f"recipes {duplicates} are given twice (a recipe file's name equals another recipe)")
-    if seeds:
-        baseline = baseline or names[0]
-        if baseline not in names:
-            raise SweepError(f"baseline {baseline!r} is not one of the sweep's recipes: {', '.join(names)}")
-        base = runs[names.index(baseline)]
-        runs += [SweepRun(f"{baseline}{SEED_SUFFIX}{seed}", base.recipe, base.env, ("--seed", str(seed)))
-                 for seed in seeds]
+    if baseline is not None and baseline not in names:
+        raise SweepError(f"baseline {baseline!r} is not one of the sweep's recipes: {', '.join(names)}")
+    seeded = [run for run in runs if baseline is None or run.name == baseline]
+    runs += [SweepRun(f"{run.name}{SEED_SUFFIX}{seed}", run.recipe, run.env, ("--seed", str(seed)))
+             for seed in seeds for run in seeded]
     return runs
 
 
@@ -146,6 +166,8 @@ def print_command(output_dir: Path, recipes: str, run: SweepRun, options: argpar
         argv += ["--seeds", " ".join(map(str, options.seeds))]
     if options.baseline:
         argv += ["--baseline", options.baseline]
+    for base in options.ablate:
+        argv += ["--ablate", base]
     return shlex.join([*argv, str(output_dir), recipes, "--", *flags])
 
 
@@ -201,11 +223,14 @@ def outcome(run_dir: Path, returncode: int, train_iters: int) -> str:
     return FINISHED if done == train_iters else INCOMPLETE  # e.g. --exit-interval: the next sweep resumes
 
 
-def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[str], train_iters: int) -> str:
-    """Run (or resume) ``run`` with ``command``, keeping run.json up to date; its status."""
+def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[str], train_iters: int,
+            slot: Mapping[str, str] | None = None) -> str:
+    """Run (or resume) ``run`` with ``command``, keeping run.json up to date; its status. In a
+    ``slot`` (``--parallel``): with the slot's environment, output appended to ``run_dir/train.log``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key not in _RECIPE_ENV}
     env.update(run.env)
+    env.update(slot or {})
     env.setdefault("TENSOR_SAVE_DIR", str(run_dir / "tensor_logs"))  # captures, when enabled, stay with the run
     record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
                                    "start_time": _now(), "attempts": []}
@@ -215,7 +240,7 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     _write_run(run_dir, record)
     status = INTERRUPTED
     try:
-        returncode = subprocess.run(command, env=env).returncode
+        returncode = _run_command(command, env, run_dir / TRAIN_LOG if slot is not None else None)
         status = outcome(run_dir, returncode, train_iters)
         attempt["returncode"] = returncode
     finally:  # an interrupted sweep still records it, and the next one resumes the run
@@ -225,6 +250,39 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
             record["divergence"] = json.loads((run_dir / CHECKPOINTS / DIVERGED).read_text())
         _write_run(run_dir, record)
     return status
+
+
+def _launcher_value(launcher: Sequence[str], *names: str) -> str | None:
+    """The value of a launcher option (``--opt V`` or ``--opt=V``), None when absent."""
+    for i, token in enumerate(launcher):
+        for name in names:
+            if token == name and i + 1 < len(launcher):
+                return launcher[i + 1]
+            if token.startswith(name + "="):
+                return token.split("=", 1)[1]
+    return None
+
+
+def parallel_slots(parallel: int, launcher: Sequence[str]) -> list[dict[str, str]]:
+    """``--parallel``'s slots on this machine: its GPUs shared by processes per run, else its cores."""
+    import torch
+
+    if _launcher_value(launcher, "--master-port", "--master_port") is not None:
+        raise SweepError(f"--parallel {parallel}: the launcher {shlex.join(launcher)!r} fixes --master-port, so "
+                         f"concurrent runs would collide; drop it (torchrun on one node then picks a free port)")
+    per_run = _launcher_value(launcher, "--nproc-per-node", "--nproc_per_node") or "1"
+    if not per_run.isdigit():
+        raise SweepError(f"--parallel {parallel}: the launcher's --nproc-per-node {per_run!r} must be a number")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gpus = visible_gpus(os.environ, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return slot_environments(parallel, gpus, cpus, int(per_run))
+
+
+def _run_command(command: list[str], env: dict[str, str], log: Path | None) -> int:
+    if log is None:
+        return subprocess.run(command, env=env).returncode
+    with open(log, "a") as handle:
+        return subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,8 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("flags", nargs=argparse.REMAINDER, help="megatron-quant-train flags, after --")
     p.add_argument("--launcher", default="torchrun --nproc-per-node 1",
                    help="command that runs '-m megatron.quant.train' (default: %(default)s)")
-    p.add_argument("--seeds", default="", help="extra seeds of the baseline recipe, e.g. \"1 2 3\"")
-    p.add_argument("--baseline", default=None, help="recipe the extra seeds run (default: the first)")
+    p.add_argument("--seeds", default="", help="extra seeds of every recipe, e.g. \"1 2\" (runs NAME-seed1, "
+                                               "NAME-seed2 beside NAME, which has the flags' --seed)")
+    p.add_argument("--baseline", default=None, help="give the extra seeds to this recipe only (a cheaper noise band)")
+    p.add_argument("--ablate", action="append", default=[], metavar="PRESET",
+                   help="also run PRESET and its variants with one component removed or added "
+                        "(te-nvfp4 -> te-nvfp4-no-sr, -no-rht, -no-2d, +bf16-layers; mxfp4 -> mxfp4+sr, ...); "
+                        "repeatable")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="run N at once, each on its share of the GPUs (CUDA_VISIBLE_DEVICES) or, without GPUs, "
+                        "of the CPU cores (OMP_NUM_THREADS); output in OUTPUT_DIR/NAME/train.log")
     p.add_argument("--print", action="store_true", help="print one command per run instead of running")
     p.add_argument("--only", default=None, metavar="NAME", help="run only this one of the sweep's runs")
     return p
@@ -262,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = _parse(argv)
     try:
         args = check_flags(options.flags)
-        runs = plan_runs(options.recipes, options.seeds, options.baseline)
+        runs = plan_runs(options.recipes, options.seeds, options.baseline, options.ablate)
         if options.only is not None:
             chosen = [run for run in runs if run.name == options.only]
             if not chosen:
@@ -278,18 +344,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in runs:
             print(print_command(options.output_dir, options.recipes, run, options, options.flags))
         return 0
-    results = {}
-    for run in runs:
+    def sweep_one(run: SweepRun, slot: dict[str, str] | None = None) -> str:
         run_dir = options.output_dir / run.name
         if statuses[run.name] in DONE:
             print(f"sweep: {run.name}: {statuses[run.name]} already, skipped", flush=True)
-            results[run.name] = statuses[run.name]
-            continue
+            return statuses[run.name]
         verb = "resuming" if statuses[run.name] else "starting"
-        print(f"sweep: {verb} {run.name} in {run_dir}", flush=True)
+        where = "" if slot is None else f" ({' '.join(f'{k}={v}' for k, v in slot.items())}, log {TRAIN_LOG})"
+        print(f"sweep: {verb} {run.name} in {run_dir}{where}", flush=True)
         command = train_command(run, run_dir, launcher, options.flags, wandb=args.wandb_project is not None)
-        results[run.name] = execute(run, run_dir, command, options.flags, args.train_iters)
-        print(f"sweep: {run.name}: {results[run.name]}", flush=True)
+        status = execute(run, run_dir, command, options.flags, args.train_iters, slot)
+        print(f"sweep: {run.name}: {status}", flush=True)
+        return status
+
+    if options.parallel > 1:
+        try:
+            slots = parallel_slots(options.parallel, launcher)
+        except (SweepError, SlotError) as error:
+            print(f"sweep: error: {error}", file=sys.stderr)
+            return 2
+        done = run_in_slots([lambda slot, run=run: sweep_one(run, slot) for run in runs], slots)
+    else:
+        done = [sweep_one(run) for run in runs]
+    results = {run.name: status for run, status in zip(runs, done)}
     print("sweep: " + ", ".join(f"{name} {status}" for name, status in results.items()))
     return 0 if all(status in DONE for status in results.values()) else 1
 
