@@ -2,9 +2,11 @@
 
 ``python -m megatron.quant.analysis runs OUTPUT_DIR [--output_dir REPORT_DIR] [--baseline bf16]``:
 every subdirectory of OUTPUT_DIR holding event files (at any depth, e.g. ``NAME/tensorboard/``)
-is one run named after the subdirectory; runs ``<baseline>-seed<N>`` are extra seeds of the
-baseline and give the noise band. Writes ``index.html`` (self-contained, links the PNGs beside
-it) and ``runs.csv`` (one row per run).
+is one run named after the subdirectory; runs ``<recipe>-seed<N>`` are extra seeds of
+``<recipe>``: the baseline's give the noise band, and every recipe with seeds gets a mean curve
+with a min-max band and a row of the recipe table (``seed_stats``). Writes ``index.html``
+(self-contained, links the PNGs beside it), ``runs.csv`` (one row per run) and, with seed runs,
+``recipes.csv`` (one row per recipe).
 
 Gaps are relative: ``loss_run / loss_baseline - 1`` at the iterations both logged. The gap at
 the end and the first iteration above 1 % / 5 % use the smoothed losses (TensorBoard's debiased
@@ -27,7 +29,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figures, seed_stats
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import STYLE, figure_html, link, table
 
@@ -41,6 +43,7 @@ SPIKE_FACTOR, SPIKE_WINDOW = 4.0, 50  # a grad-norm spike: above 4x the median o
 SEED_RUN = re.compile(r"^(?P<recipe>.+)-seed(?P<seed>\d+)$")  # the sweep's seed runs
 EVENTS_GLOB = "events.out.tfevents.*"
 CSV_NAME = "runs.csv"
+RECIPES_CSV = "recipes.csv"
 
 
 class RunsReportError(ValueError):
@@ -182,6 +185,90 @@ def noise_band(baseline: Run, seeds: Sequence[Run], smoothing: float) -> Optiona
     return common, stacked.min(0), stacked.max(0)
 
 
+def recipe_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Recipe -> its runs (``NAME`` and ``NAME-seed<N>``), in the order of ``runs``."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.seed_of or run.name, []).append(run)
+    return groups
+
+
+def _seed_runs(runs: Sequence[Run]) -> list[seed_stats.SeedRun]:
+    return [seed_stats.SeedRun(run.series(LOSS), run.series(VALIDATION), run.diverged) for run in runs]
+
+
+def recipe_table(groups: dict[str, list[Run]], baseline: str) -> list[dict]:
+    """One ``seed_stats.recipe_row`` per recipe, the baseline first."""
+    return [seed_stats.recipe_row(name, _seed_runs(runs), _seed_runs(groups[baseline]))
+            for name, runs in sorted(groups.items(), key=lambda item: item[0] != baseline)]
+
+
+def band_payload(groups: dict[str, list[Run]], baseline: str, smoothing: float) -> dict:
+    """Per recipe: (iterations, mean, min, max) of its seeds' smoothed losses, and of their gaps to
+    the baseline's mean curve."""
+    def curves(runs: Sequence[Run]) -> list[Series]:
+        return [(run.series(LOSS)[0], smooth(run.series(LOSS)[1], smoothing)) for run in runs
+                if run.series(LOSS)[0].size and not run.diverged]
+
+    base = seed_stats.band(curves(groups[baseline]))
+    loss, gaps = {}, {}
+    for name, runs in groups.items():
+        own = curves(runs)
+        mine = seed_stats.band(own)
+        if mine is None or base is None:
+            continue
+        loss[name] = [values.tolist() for values in mine] + [len(own)]
+        relative = [relative_gap(curve, (base[0], base[1])) for curve in own]
+        gaps[name] = [values.tolist() for values in seed_stats.band(relative)]
+    return {"loss": loss, "gap": gaps, "baseline": baseline, "smoothing": smoothing}
+
+
+def _draw_bands(payload: dict):
+    fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6), legend_width=1.8)
+    for i, (name, (steps, mean, low, high, count)) in enumerate(payload["loss"].items()):
+        loss_ax.fill_between(steps, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+        loss_ax.plot(steps, mean, color=f"C{i % 10}", linewidth=1.4, label=f"{name} ({count} seeds)")
+        steps, mean, low, high = payload["gap"][name]
+        gap_ax.fill_between(steps, 100 * np.asarray(low), 100 * np.asarray(high), color=f"C{i % 10}", alpha=0.2,
+                            linewidth=0)
+        gap_ax.plot(steps, 100 * np.asarray(mean), color=f"C{i % 10}", linewidth=1.4, label=name)
+    loss_ax.set(title=f"training loss over seeds (mean, band: min-max; smoothed {payload['smoothing']})",
+                xlabel="iteration", ylabel="lm loss")
+    gap_ax.set(title=f"gap to the mean of {payload['baseline']} (mean, band: min-max over seeds)",
+               xlabel="iteration", ylabel="gap (%)")
+    for ax in (loss_ax, gap_ax):
+        ax.grid(alpha=0.3)
+    return figures.finish(fig, "Recipes over seeds", shared_legend=[loss_ax, gap_ax])
+
+
+def _display_recipe(row: dict) -> list:
+    cells = []
+    for key, value in row.items():
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            cells.append("–")
+        elif isinstance(value, bool):
+            cells.append("yes" if value else "no")
+        elif key in ("gap to baseline", "gap ±", "baseline seed spread"):
+            cells.append(f"{100 * value:+.2f} %" if key == "gap to baseline" else f"{100 * value:.2f} %")
+        elif isinstance(value, float):
+            cells.append(f"{value:.4f}")
+        else:
+            cells.append(value)
+    return cells
+
+
+def recipes_html(rows: list[dict]) -> str:
+    """The recipe table and what its columns mean."""
+    return "\n".join([
+        "<h2 id='recipes'>Recipes over seeds</h2>",
+        table(list(rows[0]), [_display_recipe(row) for row in rows]),
+        f"<p>Per seed run, loss = mean of its last {seed_stats.LAST_SHARE:.0%} of training losses; validation "
+        "loss = its last one. Mean and sample std over a recipe's seeds (diverged runs counted, not averaged). "
+        "Gap = mean / baseline mean − 1; ± = one std combined from both recipes' seed spreads. Beyond noise: "
+        "|gap| exceeds the baseline's seed spread ((max − min) / mean of its seeds). All numbers in "
+        f"<a href='{link(RECIPES_CSV)}'>{RECIPES_CSV}</a>.</p>"])
+
+
 # ---- figures --------------------------------------------------------------------------------
 def _draw_loss(payload: dict):
     fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6), legend_width=1.6)
@@ -277,6 +364,7 @@ class RunsReport:
     csv: Path
     rows: list[dict]
     failed: list[tuple[str, str]]  # (figure, error)
+    recipes: list[dict] = field(default_factory=list)  # one row per recipe over its seeds (with seed runs)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -312,7 +400,7 @@ def _details(runs: Sequence[Run]) -> list[list]:
 
 
 def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[Run], jobs: Sequence[FigureJob],
-                report_dir: Path, command: str, band) -> str:
+                report_dir: Path, command: str, band, recipes: Sequence[dict] = ()) -> str:
     stats = [job for job in jobs if job.path.startswith("stats_")]
     drawn = [job for job in jobs if (report_dir / job.path).is_file()]
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
@@ -329,6 +417,8 @@ def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[
              f"curves; last 10 %: raw. Grad-norm spikes: iterations above {SPIKE_FACTOR:g}× the median of the "
              f"previous {SPIKE_WINDOW}. Tokens/s: median. All numbers in <a href='{link(CSV_NAME)}'>"
              f"{CSV_NAME}</a>.</p>"]
+    if recipes:
+        parts.append(recipes_html(list(recipes)))
     if band is not None:
         parts.append(f"<p class='note'>Baseline noise at the end (spread of its seed runs): "
                      f"{100 * band[1][-1]:+.2f} % to {100 * band[2][-1]:+.2f} %.</p>")
@@ -360,18 +450,25 @@ def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf
     if not baseline.series(LOSS)[0].size:
         raise RunsReportError(f"baseline {baseline_name!r} logged no {LOSS!r}; tags: {', '.join(baseline.scalars)}")
     ordered = [baseline] + [run for run in runs if run is not baseline]
-    seeds = [run for run in ordered if run.seed_of == baseline_name]
+    seeds = [run for run in ordered if run.seed_of in by_name]  # drawn as bands, not lines
     curves = [run for run in ordered if run not in seeds]
-    band = noise_band(baseline, seeds, smoothing)
+    band = noise_band(baseline, [run for run in seeds if run.seed_of == baseline_name], smoothing)
     rows = [summarize(run, baseline, smoothing) for run in ordered]
+    groups = recipe_groups(ordered)
+    recipes = recipe_table(groups, baseline_name) if len(groups) < len(ordered) else []
     report_dir.mkdir(parents=True, exist_ok=True)
     jobs = figure_jobs(curves, baseline, smoothing, band)
+    if recipes:
+        jobs.insert(1, FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
+                                                   "band) and its gap to the baseline's mean", _draw_bands,
+                                 band_payload(groups, baseline_name, smoothing)))
+        _write_csv(report_dir / RECIPES_CSV, recipes)
     failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
     _write_csv(report_dir / CSV_NAME, rows)
     index = report_dir / "index.html"
-    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band),
+    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band, recipes),
                      encoding="utf-8")
-    return RunsReport(index, report_dir / CSV_NAME, rows, failed)
+    return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes)
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:

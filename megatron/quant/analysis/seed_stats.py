@@ -1,0 +1,92 @@
+"""A recipe over seeds: its loss curves as a mean with a min-max band, and its gap to the baseline
+with an uncertainty (the numbers behind the run report's recipe table and band figure).
+
+Each seed run's loss is the mean of its last 10 % of logged training losses (one iteration's
+loss is noisier than the seeds' spread); its validation loss is the last one logged. Over a
+recipe's seeds: the mean, the sample standard deviation and the min/max. The gap is
+``mean_recipe / mean_baseline - 1``; its ``±`` is one standard deviation combined from both
+recipes' seed standard deviations (how far one pair of runs may move with the seed, not the
+standard error of the means). The gap is *beyond noise* when it exceeds the baseline's own seed
+spread ((max - min) / mean over the baseline's seeds); with fewer than two baseline seeds that is
+unknown.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+Series = tuple[np.ndarray, np.ndarray]  # (iterations, values)
+LAST_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    loss: Series
+    validation: Series
+    diverged: bool = False
+
+
+@dataclass(frozen=True)
+class Spread:
+    n: int
+    mean: float
+    std: float   # sample standard deviation; nan below two values
+    low: float
+    high: float
+
+    @property
+    def relative_range(self) -> float:
+        """(max - min) / mean; nan below two values."""
+        return (self.high - self.low) / self.mean if self.n > 1 and self.mean else math.nan
+
+
+def endpoint(values: np.ndarray, share: float = LAST_SHARE) -> float:
+    """The mean of the last ``share`` of ``values`` (at least one); nan when empty."""
+    if not values.size:
+        return math.nan
+    return float(values[-max(1, math.ceil(share * values.size)):].mean())
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Mean, sample std, min and max of the finite ``values``."""
+    finite = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    if not finite.size:
+        return Spread(0, math.nan, math.nan, math.nan, math.nan)
+    std = float(finite.std(ddof=1)) if finite.size > 1 else math.nan
+    return Spread(int(finite.size), float(finite.mean()), std, float(finite.min()), float(finite.max()))
+
+
+def gap(recipe: Spread, baseline: Spread) -> tuple[float, float]:
+    """(relative gap of the means, its one-std uncertainty from both recipes' seed spreads)."""
+    ratio = recipe.mean / baseline.mean
+    return ratio - 1.0, ratio * math.hypot(recipe.std / recipe.mean, baseline.std / baseline.mean)
+
+
+def recipe_row(recipe: str, runs: Sequence[SeedRun], baseline: Sequence[SeedRun]) -> dict:
+    """The recipe table's row: loss and validation loss over seeds, gap to the baseline and whether
+    it is beyond the baseline's seed spread. Diverged runs are counted, not averaged."""
+    finished = [run for run in runs if not run.diverged]
+    loss = spread([endpoint(run.loss[1]) for run in finished])
+    base = spread([endpoint(run.loss[1]) for run in baseline if not run.diverged])
+    validation = spread([float(run.validation[1][-1]) for run in finished if run.validation[1].size])
+    relative, uncertainty = gap(loss, base) if loss.n and base.n else (math.nan, math.nan)
+    noise = base.relative_range
+    return {"recipe": recipe, "seeds": len(runs), "diverged": len(runs) - len(finished),
+            "loss mean": loss.mean, "loss std": loss.std, "gap to baseline": relative, "gap ±": uncertainty,
+            "baseline seed spread": noise,
+            "beyond noise": None if math.isnan(noise) or math.isnan(relative) else bool(abs(relative) > noise),
+            "validation loss mean": validation.mean, "validation loss std": validation.std}
+
+
+def band(curves: Sequence[Series]) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(iterations, mean, min, max) over ``curves`` at the iterations all of them logged; None without any."""
+    if not curves:
+        return None
+    common = curves[0][0]
+    for steps, _ in curves[1:]:
+        common = np.intersect1d(common, steps)
+    stacked = np.stack([values[np.isin(steps, common)] for steps, values in curves])
+    return common, stacked.mean(0), stacked.min(0), stacked.max(0)
