@@ -8,6 +8,7 @@ import torch
 from megatron.quant.training import preprocess
 from megatron.quant.training.presets import get_preset
 from tests._dist import run_distributed
+from tests.training._corpus_files import CORPUS_TEXTS
 from tests.training._workers import run_plan
 
 HF_VOCAB = 300  # not a multiple of 128: exercises vocabulary padding
@@ -32,6 +33,19 @@ def corpus(tmp_path_factory) -> str:
     [prefix] = preprocess.main(["--input", str(root / "docs.jsonl"), "--output-prefix", str(root / "c"),
                                 "--append-eod", "--log-interval", "0"])
     return prefix
+
+
+@pytest.fixture(scope="session")
+def built_corpus(tmp_path_factory):
+    """``corpus.build_corpus`` over CORPUS_TEXTS: (source directory, output directory, Corpus)."""
+    from megatron.quant.training.corpus import build_corpus
+
+    source = tmp_path_factory.mktemp("text_files")
+    for name, text in CORPUS_TEXTS.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = tmp_path_factory.mktemp("built_corpus")
+    return source, out, build_corpus(out, [source], valid_fraction=0.2, seed=3)
 
 
 def train_argv(corpus: str, cache: str, *extra: str) -> list[str]:
@@ -85,7 +99,7 @@ def stochastic_env(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
+def one_rank(corpus, built_corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("one_rank")
     cache, ckpt, sr_ckpt, delayed_ckpt = (str(tmp / name) for name in ("cache", "ckpt", "sr_ckpt", "delayed_ckpt"))
     argv = train_argv(corpus, cache)
@@ -110,12 +124,16 @@ def one_rank(corpus, hf_models, stochastic_env, tmp_path_factory) -> dict:
         # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).
         ("diverge", "train", ({}, argv + ["--save", str(tmp / "diverged" / "checkpoints"), "--tensorboard-dir",
                                           str(tmp / "diverged" / "tensorboard"), "--divergence-threshold", "1"])),
+        # One step on the corpus builder's held-out split (tests/training/test_corpus.py).
+        ("built_corpus", "train", ({}, train_argv(built_corpus[2].data_path, cache) + [
+            "--split", built_corpus[2].split, "--train-iters", "1", "--lr-warmup-iters", "0", "--eval-interval", "1",
+            "--tensorboard-dir", str(tmp / "corpus_tb")])),
     ]
     plan += [(f"hf_{name}", "hf_logits", (path, tokens)) for name, (path, tokens, _) in hf_models.items()]
     plan += [(f"accounting_{name}", "model_accounting", (shape, 2)) for name, shape in accounting_shapes().items()]
     results = run_distributed(run_plan, 1, plan, timeout=600)[0]
     results.update(checkpoint_dir=ckpt, tensorboard_dir=str(tmp / "tb"), tensor_dir=str(tmp / "tensors"),
-                   diverged_run_dir=str(tmp / "diverged"))
+                   diverged_run_dir=str(tmp / "diverged"), corpus_tensorboard_dir=str(tmp / "corpus_tb"))
     return results
 
 
