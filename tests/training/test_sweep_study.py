@@ -36,7 +36,7 @@ if barrier:  # wait until this many runs have started: they run at once
 os.makedirs(save, exist_ok=True)
 print(f"training {recipe} from {start}")
 with open(os.path.join(run_dir, "calls.jsonl"), "a") as f:
-    f.write(json.dumps({"start": start, "recipe": recipe, "seed": flag("--seed"), "env": {
+    f.write(json.dumps({"start": start, "recipe": recipe, "cache": flag("--data-cache-path"), "env": {
         k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}}) + "\n")
 crash = recipe == os.environ.get("FAKE_CRASH")
 open(tracker, "w").write(str(2 if crash else iters))
@@ -105,12 +105,14 @@ def test_parallel_runs_go_at_once_each_in_its_slot_and_each_resumes(tmp_path, fa
     monkeypatch.setenv("FAKE_BARRIER", str(tmp_path))
     monkeypatch.setenv("FAKE_AT_ONCE", "2")
     monkeypatch.setenv("FAKE_CRASH", "mxfp4")
-    argv = ["--parallel", "2", "--launcher", fake_launcher, str(out), "bf16 mxfp4", "--", *FLAGS]
+    flags = ["--model", "llama-tiny", "--data-path", str(tmp_path / "text_document"), "--train-iters", "4"]
+    argv = ["--parallel", "2", "--launcher", fake_launcher, str(out), "bf16 mxfp4", "--", *flags]
     assert sweep.main(argv) == 1  # both started before either ended (the barrier), mxfp4 crashed at iteration 2
     for name, status in (("bf16", "finished"), ("mxfp4", "crashed")):
         record = json.loads((out / name / "run.json").read_text())
         assert record["status"] == status and record["attempts"][0]["status"] == status
         assert _calls(out / name)[0]["env"] == {"OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": ""}
+        assert _calls(out / name)[0]["cache"] == str(out / name / sweep.DATA_CACHE)  # no race on a shared one
         assert f"training {name} from 0" in (out / name / sweep.TRAIN_LOG).read_text()
 
     monkeypatch.delenv("FAKE_CRASH")

@@ -231,7 +231,7 @@ def _draw_bands(payload: dict):
         steps, mean, low, high = payload["gap"][name]
         gap_ax.fill_between(steps, 100 * np.asarray(low), 100 * np.asarray(high), color=f"C{i % 10}", alpha=0.2,
                             linewidth=0)
-        gap_ax.plot(steps, 100 * np.asarray(mean), color=f"C{i % 10}", linewidth=1.4, label=name)
+        gap_ax.plot(steps, 100 * np.asarray(mean), color=f"C{i % 10}", linewidth=1.4)  # the legend: loss_ax's
     loss_ax.set(title=f"training loss over seeds (mean, band: min-max; smoothed {payload['smoothing']})",
                 xlabel="iteration", ylabel="lm loss")
     gap_ax.set(title=f"gap to the mean of {payload['baseline']} (mean, band: min-max over seeds)",

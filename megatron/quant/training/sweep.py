@@ -11,7 +11,8 @@ from their checkpoints. ``--seeds`` adds runs ``<recipe>-seed<N>`` of every reci
 ``--baseline NAME``, of that recipe only): the report's bands and uncertainties; ``--ablate
 PRESET`` adds the preset and its variants with one component removed or added
 (``recipes.ablations``); ``--parallel N`` runs N at once, each in its own slot (GPUs or CPU
-threads, ``training.slots``) with its output in ``OUTPUT_DIR/NAME/train.log``; ``--print``
+threads, ``training.slots``) with its output in ``OUTPUT_DIR/NAME/train.log`` and, without
+``--data-cache-path``, its own dataset index cache ``OUTPUT_DIR/NAME/data_cache``; ``--print``
 prints one command per run (a job array) instead of running them; ``--only NAME`` runs one of them.
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ FINISHED, DIVERGED_STATUS, CRASHED, INCOMPLETE, RUNNING, INTERRUPTED = (
 DONE = (FINISHED, DIVERGED_STATUS)  # statuses a re-run skips
 SEED_SUFFIX = "-seed"  # run NAME-seedN: recipe NAME with --seed N (the report's seed bands)
 TRAIN_LOG = "train.log"  # a parallel run's output
+DATA_CACHE = "data_cache"  # a parallel run's dataset index cache, unless --data-cache-path is given
 _RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_RECIPE")
 # The sweep sets these per run.
 _OWN_FLAGS = ("save", "load", "tensorboard_dir")
@@ -278,11 +280,17 @@ def parallel_slots(parallel: int, launcher: Sequence[str]) -> list[dict[str, str
     return slot_environments(parallel, gpus, cpus, int(per_run))
 
 
+def _say(line: str) -> None:
+    """One line in one write: runs in parallel threads do not interleave their lines."""
+    print(line + "\n", end="", flush=True)
+
+
 def _run_command(command: list[str], env: dict[str, str], log: Path | None) -> int:
     if log is None:
         return subprocess.run(command, env=env).returncode
-    with open(log, "a") as handle:
-        return subprocess.run(command, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
+    with open(log, "a") as handle:  # unbuffered: the log follows the run
+        return subprocess.run(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=handle,
+                              stderr=subprocess.STDOUT).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,14 +355,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     def sweep_one(run: SweepRun, slot: dict[str, str] | None = None) -> str:
         run_dir = options.output_dir / run.name
         if statuses[run.name] in DONE:
-            print(f"sweep: {run.name}: {statuses[run.name]} already, skipped", flush=True)
+            _say(f"sweep: {run.name}: {statuses[run.name]} already, skipped")
             return statuses[run.name]
         verb = "resuming" if statuses[run.name] else "starting"
         where = "" if slot is None else f" ({' '.join(f'{k}={v}' for k, v in slot.items())}, log {TRAIN_LOG})"
-        print(f"sweep: {verb} {run.name} in {run_dir}{where}", flush=True)
+        _say(f"sweep: {verb} {run.name} in {run_dir}{where}")
         command = train_command(run, run_dir, launcher, options.flags, wandb=args.wandb_project is not None)
+        if slot is not None and args.data_path is not None and args.data_cache_path is None:
+            command += ["--data-cache-path", str(run_dir / DATA_CACHE)]  # runs at once would race on a shared one
         status = execute(run, run_dir, command, options.flags, args.train_iters, slot)
-        print(f"sweep: {run.name}: {status}", flush=True)
+        _say(f"sweep: {run.name}: {status}")
         return status
 
     if options.parallel > 1:
