@@ -6,9 +6,9 @@ would time out there), and crashes or finishes as told."""
 import json
 import shlex
 import sys
-from pathlib import Path
 
 import pytest
+from test_sweep import _calls
 
 from megatron.quant.training import sweep
 from megatron.quant.training.slots import SlotError, slot_environments, visible_gpus
@@ -45,14 +45,9 @@ sys.exit(1 if crash else 0)
 
 
 @pytest.fixture
-def fake_launcher(tmp_path) -> str:
-    script = tmp_path / "fake_train.py"
-    script.write_text(FAKE_TRAIN)
-    return shlex.join([sys.executable, str(script)])
-
-
-def _calls(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "calls.jsonl").read_text().splitlines()]
+def parallel_launcher(tmp_path) -> str:
+    (tmp_path / "parallel_train.py").write_text(FAKE_TRAIN)
+    return shlex.join([sys.executable, str(tmp_path / "parallel_train.py")])
 
 
 def test_seeds_apply_to_every_recipe_unless_a_baseline_is_named():
@@ -98,7 +93,7 @@ def test_parallel_refuses_a_launcher_with_a_fixed_port(tmp_path, capsys):
     assert "fixes --master-port" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_parallel_runs_go_at_once_each_in_its_slot_and_each_resumes(tmp_path, fake_launcher, monkeypatch):
+def test_parallel_runs_go_at_once_each_in_its_slot_and_each_resumes(tmp_path, parallel_launcher, monkeypatch):
     out = tmp_path / "sweep"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU slots, on any machine
     monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
@@ -106,7 +101,7 @@ def test_parallel_runs_go_at_once_each_in_its_slot_and_each_resumes(tmp_path, fa
     monkeypatch.setenv("FAKE_AT_ONCE", "2")
     monkeypatch.setenv("FAKE_CRASH", "mxfp4")
     flags = ["--model", "llama-tiny", "--data-path", str(tmp_path / "text_document"), "--train-iters", "4"]
-    argv = ["--parallel", "2", "--launcher", fake_launcher, str(out), "bf16 mxfp4", "--", *flags]
+    argv = ["--parallel", "2", "--launcher", parallel_launcher, str(out), "bf16 mxfp4", "--", *flags]
     assert sweep.main(argv) == 1  # both started before either ended (the barrier), mxfp4 crashed at iteration 2
     for name, status in (("bf16", "finished"), ("mxfp4", "crashed")):
         record = json.loads((out / name / "run.json").read_text())

@@ -241,27 +241,20 @@ def _draw_bands(payload: dict):
     return figures.finish(fig, "Recipes over seeds", shared_legend=[loss_ax, gap_ax])
 
 
-def _display_recipe(row: dict) -> list:
-    cells = []
-    for key, value in row.items():
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            cells.append("–")
-        elif isinstance(value, bool):
-            cells.append("yes" if value else "no")
-        elif key in ("gap to baseline", "gap ±", "baseline seed spread"):
-            cells.append(f"{100 * value:+.2f} %" if key == "gap to baseline" else f"{100 * value:.2f} %")
-        elif isinstance(value, float):
-            cells.append(f"{value:.4f}")
-        else:
-            cells.append(value)
-    return cells
+def _recipe_number(key: str, value):
+    """A recipe-table cell: the gap signed in %, its ± and the noise in %, other floats to 4 digits."""
+    if key == "gap to baseline":
+        return f"{100 * value:+.2f} %"
+    if key in ("gap ±", "baseline seed spread"):
+        return f"{100 * value:.2f} %"
+    return f"{value:.4f}" if isinstance(value, float) else value
 
 
 def recipes_html(rows: list[dict]) -> str:
     """The recipe table and what its columns mean."""
     return "\n".join([
         "<h2 id='recipes'>Recipes over seeds</h2>",
-        table(list(rows[0]), [_display_recipe(row) for row in rows]),
+        table(list(rows[0]), [_display(row, _recipe_number) for row in rows]),
         f"<p>Per seed run, loss = mean of its last {seed_stats.LAST_SHARE:.0%} of training losses; validation "
         "loss = its last one. Mean and sample std over a recipe's seeds (diverged runs counted, not averaged). "
         "Gap = mean / baseline mean − 1; ± = one std combined from both recipes' seed spreads. Beyond noise: "
@@ -374,18 +367,23 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows({key: "" if value is None else value for key, value in row.items()} for row in rows)
 
 
-def _display(row: dict) -> list:
-    """Table cells: gaps and ratios in %, yes/no, missing values as a dash."""
+def _run_number(key: str, value):
+    """A run-table cell: gaps signed in %, ratios to the baseline in %."""
+    if key.startswith("gap"):
+        return f"{100 * value:+.2f} %"
+    return f"{100 * value:.1f} %" if key.endswith("vs baseline") else value
+
+
+def _display(row: dict, number=_run_number) -> list:
+    """Table cells: missing values as a dash, yes/no, numbers as ``number(key, value)`` writes them."""
     cells = []
     for key, value in row.items():
         if value is None or (isinstance(value, float) and math.isnan(value)):
             cells.append("–")
         elif isinstance(value, bool):
             cells.append("yes" if value else "no")
-        elif key.startswith("gap") or key.endswith("vs baseline"):
-            cells.append(f"{100 * value:+.2f} %" if key.startswith("gap") else f"{100 * value:.1f} %")
         else:
-            cells.append(value)
+            cells.append(number(key, value))
     return cells
 
 

@@ -1,9 +1,10 @@
-"""``python -m megatron.quant.recipes show [NAME] [--num-layers N]``: what a recipe quantizes, and how.
+"""``python -m megatron.quant.recipes show [NAME] [--num-layers N] [--ablate]``: what a recipe quantizes, and how.
 
 NAME is a preset (``te-nvfp4``), a variant (``te-nvfp4-no-sr``, ``mxfp4+sr``), a format name
 (``mxfp8``) or a recipe file; without it, the presets and their variants are listed; ``--ablate``
-shows NAME and each of its variants (``ablations.ablation``). For each group of decoder layers that resolve alike, one table per group of
-roles that resolve alike: operand, format, block, axis, transform, scaling, rounding.
+shows NAME and each of its variants (``ablations.ablation``). For each group of decoder layers
+that resolve alike, one table per group of roles that resolve alike: operand, format, block,
+axis, transform, scaling, rounding.
 """
 from __future__ import annotations
 
