@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 import sys
@@ -16,6 +17,7 @@ from megatron.quant.analysis.parallel import default_workers
 from megatron.quant.analysis.pipeline import ReportOptions, run_report
 from megatron.quant.analysis.plans import PlotSettings
 from megatron.quant.analysis.selection import CaptureFilter, FilterError
+from megatron.quant.recipes.selectors import IndexSet
 
 _FILTERS = {  # option -> (parser of one token, help)
     "quant_types": (str, "quant types (directory / name token), e.g. hifp8 mxfp8"),
@@ -30,16 +32,16 @@ _FILTERS = {  # option -> (parser of one token, help)
 _INT_OR_RANGE = re.compile(r"^(-?\d+)(?:-(-?\d+))?$")
 
 
-def _int_tokens(text: str) -> list[int]:
-    """"3", "0-3" or "-1,4-5" -> ints."""
-    values: list[int] = []
+def _int_tokens(text: str) -> IndexSet:
+    """"3", "0-3" or "-1,4-5" -> their integers, ranges kept as ranges (``0-1000000000`` is not listed)."""
+    spans = []
     for part in filter(None, text.split(",")):
         match = _INT_OR_RANGE.match(part)
         if match is None:
             raise argparse.ArgumentTypeError(f"{part!r} is not an integer or a range like 0-3")
         first, last = match.groups()
-        values.extend(range(int(first), int(last if last is not None else first) + 1))
-    return values
+        spans.append((int(first), int(last if last is not None else first)))
+    return IndexSet.of(spans)
 
 
 def _str_tokens(text: str) -> list[str]:
@@ -87,9 +89,13 @@ def build_parser(description: str, default_analyses: Sequence[str],
 
 
 def capture_filter(args: argparse.Namespace) -> CaptureFilter:
-    def chosen(name: str) -> Optional[frozenset]:
+    def chosen(name: str) -> Optional[frozenset | IndexSet]:
         lists = getattr(args, name)
-        return None if lists is None else frozenset(v for values in lists for v in values)
+        if lists is None:
+            return None
+        if _FILTERS[name][0] == "int":
+            return functools.reduce(IndexSet.union, lists, IndexSet())
+        return frozenset(v for values in lists for v in values)
     return CaptureFilter(**{name: chosen(name) for name in _FILTERS})
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Optional
 
 from megatron.quant.recipes.flags import switch_value
 from megatron.quant.recipes.operands import ROLES
-from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, format_indices, parse_selectors
+from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
 from megatron.quant.capture.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
@@ -41,13 +41,13 @@ def _parse_int(text: str, source: str, whole: str, allowed: str) -> int:
     return int(text)
 
 
-def parse_index_set(value: str, source: str) -> frozenset[int]:
-    """'0,1,15' or '0-3,7' -> {0, 1, 2, 3, 7}; ranges are inclusive."""
+def parse_index_set(value: str, source: str) -> IndexSet:
+    """'0,1,15' or '0-3,7' -> {0, 1, 2, 3, 7}; ranges are inclusive and stay ranges (never listed)."""
     try:
         selectors = parse_selectors(value, signed=False)
     except ValueError as exc:
         raise _bad(source, value, f"{UNSIGNED_GRAMMAR} ({exc})") from None
-    return frozenset(i for selector in selectors for i in selector.members())
+    return IndexSet.from_selectors(selectors)
 
 
 def _name_set_parser(known: tuple[str, ...]) -> Callable[[str, str], frozenset[str]]:
@@ -73,7 +73,7 @@ class IterationWindow:
     """Which iterations to capture: a finite set, or every N-th iteration (i % N == 0)."""
 
     spec: str
-    members: Optional[frozenset[int]] = None
+    members: Optional[IndexSet] = None
     every: Optional[int] = None
 
     @classmethod
@@ -91,7 +91,7 @@ class IterationWindow:
 
     @classmethod
     def only(cls, iteration: int) -> "IterationWindow":
-        return cls(spec=str(iteration), members=frozenset({iteration}))
+        return cls(spec=str(iteration), members=IndexSet.from_values([iteration]))
 
     def __contains__(self, iteration: int) -> bool:
         if self.every is not None:
@@ -100,16 +100,16 @@ class IterationWindow:
 
     def last(self) -> Optional[int]:
         """The last iteration of a finite window; None for 'every:N'."""
-        return None if self.members is None else max(self.members)
+        return None if self.members is None else self.members.max()
 
     def restricted_to(self, first: int, end: Optional[int]) -> "IterationWindow":
         """The members that lie in the run's iterations [first, end) (end None: unbounded)."""
         if self.every is not None and end is None:
             return self
         if self.every is not None:
-            members = frozenset(i for i in range(first, end) if i % self.every == 0)
+            members = IndexSet.from_values(range(first + -first % self.every, end, self.every))
         else:
-            members = frozenset(i for i in self.members if i >= first and (end is None or i < end))
+            members = self.members.clip(first, None if end is None else end - 1)
         return IterationWindow(spec=self.spec, members=members)
 
     def is_empty(self) -> bool:
@@ -187,11 +187,11 @@ class SaverConfig:
     enabled: bool = False
     save_dir: str = "./enhanced_tensor_logs"
     iterations: Optional[IterationWindow] = None
-    layers: Optional[frozenset[int]] = None
+    layers: Optional[IndexSet] = None
     roles: Optional[frozenset[str]] = None
     tensors: Optional[frozenset[str]] = None
-    ranks: Optional[frozenset[int]] = None
-    microbatches: Optional[frozenset[int]] = None
+    ranks: Optional[IndexSet] = None
+    microbatches: Optional[IndexSet] = None
     mode: str = "full"
     max_gb: Optional[float] = None
     save_quantized: bool = False
@@ -204,7 +204,7 @@ class SaverConfig:
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, parse(value, f"SaverConfig.{name}"))
-            elif name in _SET_FIELDS and value is not None:
+            elif name in _SET_FIELDS and value is not None and not isinstance(value, IndexSet):
                 object.__setattr__(self, name, parse(",".join(map(str, sorted(value))), f"SaverConfig.{name}"))
             elif name == "iterations" and isinstance(value, int):
                 object.__setattr__(self, name, IterationWindow.only(value))
@@ -242,9 +242,9 @@ class SaverConfig:
             chosen = getattr(self, name)
             if chosen is None or count is None:
                 continue
-            env, outside = _ENV[name][0], sorted(i for i in chosen if i >= count)
+            env, outside = _ENV[name][0], chosen.clip(count, None)
             run = f"the run has {count} {_COUNTED[name]} (0-{count - 1})"
-            if len(outside) == len(chosen):
-                raise ValueError(f"{env}={format_indices(outside)} can never match: {run}")
+            if outside == chosen:
+                raise ValueError(f"{env}={outside} can never match: {run}")
             if outside:
-                warnings.warn(f"{env}: {format_indices(outside)} ignored, {run}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"{env}: {outside} ignored, {run}", RuntimeWarning, stacklevel=2)

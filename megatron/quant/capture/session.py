@@ -115,7 +115,7 @@ class CaptureSession:
         """Enabled, iterations ran, and all of them lie before the (finite) window."""
         if not self.config.enabled or self._window is None or self._window.members is None:
             return False
-        return self._iteration is not None and self._iteration < min(self._window.members)
+        return self._iteration is not None and self._iteration < self._window.members.min()
 
     # -- layer side -----------------------------------------------------------------------
     def capture(self, site: CaptureSite, operation: str, phase: str,
