@@ -17,7 +17,7 @@ import torch.distributed as dist
 from megatron.quant import tensor_saver
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
-from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 from megatron.quant.training.data import BatchLayout, build_datasets
@@ -50,6 +50,7 @@ _RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE")
 def build_recipe(args, environ: Mapping[str, str]) -> QuantRecipe:
     """The recipe from Megatron-LM's precision flags (--fp8-recipe, --fp4-format, ...) or from
     CUSTOM_QUANT_*; both at once is an error, not a choice."""
+    check_env_names(environ)
     flags_recipe = recipe_from_megatron_flags(args)
     if flags_recipe is None:
         return QuantRecipe.from_env(environ)

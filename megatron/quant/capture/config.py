@@ -10,7 +10,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from megatron.quant.recipes.flags import switch_value
+from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.operands import ROLES
 from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
 from megatron.quant.capture.stats import STATS_LEVELS
@@ -219,9 +219,9 @@ class SaverConfig:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SaverConfig":
         """Read the TENSOR_SAVE_* variables; unset or empty ones keep their defaults."""
         environ = os.environ if environ is None else environ
-        unknown = sorted(k for k in environ if k.startswith(_ENV_PREFIXES) and k not in ENV_VARS)
+        unknown = unknown_variables(environ, _ENV_PREFIXES, ENV_VARS, "capture")
         if unknown:
-            raise ValueError(f"unknown capture variable(s) {', '.join(unknown)}; known: {', '.join(ENV_VARS)}")
+            raise ValueError(unknown)
         values = {}
         for name, (env, parse) in _ENV.items():
             raw = environ.get(env, "")

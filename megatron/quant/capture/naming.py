@@ -6,6 +6,8 @@ import re
 from datetime import datetime
 from typing import Mapping, Optional
 
+from megatron.quant.recipes.names import NAME_RULE, name_problem
+
 FILE_NAME_RE = re.compile(
     r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d{4,})_iter(?P<iteration>\d{3,})"
     r"_(?P<layer_type>attention|linear)_L(?P<layer_idx>-?\d+)_(?P<operation>forward|backward)"
@@ -15,9 +17,6 @@ FILE_NAME_RE = re.compile(
 MANIFEST_RE = re.compile(r"^manifest-rank\d{2,}\.jsonl$")
 _INT_FIELDS = ("counter", "iteration", "layer_idx", "rank", "sample")
 
-# quant_type is a directory name and a file-name token: no separators or spaces, and no leading
-# '.' ('.' and '..' would put captures beside or above TENSOR_SAVE_DIR, '.x' would hide them).
-QUANT_TYPE_RE = re.compile(r"^[A-Za-z0-9+-][A-Za-z0-9.+-]*(?:_[A-Za-z0-9.+-]+)*$")
 
 
 def timestamp_token(moment: datetime) -> str:
@@ -38,9 +37,8 @@ def file_name(metadata: Mapping, counter: int) -> str:
 
 def capture_directory(save_dir: str, quant_type: str) -> str:
     """``save_dir/quant_type``; ValueError unless ``quant_type`` is one path component inside ``save_dir``."""
-    if not QUANT_TYPE_RE.match(quant_type):
-        raise ValueError(f"quant_type={quant_type!r} is invalid; allowed: letters, digits and . + - joined by "
-                         f"single underscores, not starting with '.' (it is a directory and name token)")
+    if name_problem(quant_type) is not None:  # the recipe's name: checked when the recipe was read
+        raise ValueError(f"quant_type={quant_type!r} is invalid; allowed: {NAME_RULE}")
     return os.path.join(save_dir, quant_type)
 
 

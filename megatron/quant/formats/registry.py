@@ -31,7 +31,19 @@ _TENSOR_SCALE = {"margin": Option(0, parse=non_negative_int, allowed="integer >=
                  "power_of_two_scales": Option(None, kind=bool)}
 # TE DelayedScaling's amax history (defaults: TE's recipe defaults).
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
-_DELAYED = {"amax_history_len": Option(None, parse=positive_int, allowed="integer >= 1"),
+# TE's practical history lengths are 1 (Megatron-LM's default) to 1024 (TE's default), a few thousand at most;
+# the bound refuses a typo (1e8 would allocate gigabytes over a model's operands) before any buffer exists.
+MAX_AMAX_HISTORY_LEN = 65536
+
+
+def _history_len(value: Any) -> int:
+    length = positive_int(value)
+    if length > MAX_AMAX_HISTORY_LEN:
+        raise ValueError(f"must be at most {MAX_AMAX_HISTORY_LEN}")
+    return length
+
+
+_DELAYED = {"amax_history_len": Option(None, parse=_history_len, allowed=f"integer 1..{MAX_AMAX_HISTORY_LEN}"),
             "amax_compute_algo": Option(None, AMAX_COMPUTE_ALGOS)}
 _DELAYED_DEFAULTS = {"amax_history_len": 1024, "amax_compute_algo": "max"}
 

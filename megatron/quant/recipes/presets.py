@@ -30,6 +30,8 @@ import copy
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
+from megatron.quant.formats.registry import MAX_AMAX_HISTORY_LEN
+
 GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
 WEIGHTS = ("fprop.weight", "dgrad.weight")
 WGRAD = ("wgrad.grad_output", "wgrad.input")
@@ -175,8 +177,8 @@ def _with_megatron_delayed_flags(name: str, data: dict[str, Any], args: Any) -> 
     1, "most_recent", margin 0); the name spells out the history."""
     given = {key: getattr(args, key, None) for key in _DELAYED_ONLY}
     value = {key: MEGATRON_DELAYED_DEFAULTS[key] if v is None else v for key, v in given.items()}
-    _refuse(value["fp8_amax_history_len"] < 1, f"--fp8-amax-history-len must be >= 1, got "
-                                               f"{value['fp8_amax_history_len']}")
+    _refuse(not 1 <= value["fp8_amax_history_len"] <= MAX_AMAX_HISTORY_LEN,
+            f"--fp8-amax-history-len must be 1..{MAX_AMAX_HISTORY_LEN}, got {value['fp8_amax_history_len']}")
     _refuse(value["fp8_margin"] < 0, f"--fp8-margin must be >= 0, got {value['fp8_margin']}")
     name += f"-len{value['fp8_amax_history_len']}-{value['fp8_amax_compute_algo'].replace('_', '-')}"
     if value["fp8_margin"]:

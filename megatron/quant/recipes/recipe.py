@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
@@ -23,7 +24,8 @@ import yaml
 
 from megatron.quant import formats
 from megatron.quant.recipes import ablations, presets
-from megatron.quant.recipes.flags import switch_value
+from megatron.quant.recipes.flags import switch_value, unknown_variables
+from megatron.quant.recipes.names import NAME_RULE, name_problem
 from megatron.quant.formats.compiled import CompiledFormat
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
 from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES, operands_for_role
@@ -37,11 +39,61 @@ _TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
-_NAME_PUNCTUATION = "-_.+"
 
 
 class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
+
+
+ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE")
+# A recipe is a few hundred values; more through YAML aliases is an alias bomb ("billion laughs").
+MAX_YAML_VALUES = 100_000
+_SHOWN = reprlib.Repr()  # errors show a bounded excerpt of a value, however large or nested it is
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel, _SHOWN.maxlist = 80, 80, 3, 8
+
+
+def check_env_names(environ: Mapping[str, str]) -> None:
+    """RecipeError for a CUSTOM_QUANT_* variable that is none of ENV_VARS (e.g. CUSTOM_QUANT_TPYE)."""
+    unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")
+    if unknown:
+        raise RecipeError(unknown)
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _yaml_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """The values ``node`` expands to with its aliases followed (shared nodes counted per use),
+    without expanding them; above MAX_YAML_VALUES (or a cycle) counts as too many."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    sizes[key] = MAX_YAML_VALUES + 1  # while counting: a node that contains itself is too large
+    children = ([part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode)
+                else node.value if isinstance(node, yaml.SequenceNode) else [])
+    total = 1
+    for child in children:
+        total += _yaml_size(child, sizes)
+        if total > MAX_YAML_VALUES:
+            break
+    sizes[key] = min(total, MAX_YAML_VALUES + 1)
+    return sizes[key]
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _yaml_size(node, {}) > MAX_YAML_VALUES:
+            raise RecipeError(f"{source}: expands to more than {MAX_YAML_VALUES} values through YAML aliases; "
+                              f"refused (a recipe needs a few hundred)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 @dataclass(frozen=True)
@@ -110,37 +162,45 @@ class QuantRecipe:
         overrides = _parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
         rules = merged.get("rules", [])
         if not isinstance(rules, list):
-            raise RecipeError(f"{source}: rules: expected a list of rules, got {rules!r}")
+            raise RecipeError(f"{source}: rules: expected a list of rules, got {_show(rules)}")
         parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
         name = merged.get("name") or _default_name(fmt_name, scopes)
-        # The name becomes a directory under TENSOR_SAVE_DIR: '.', '..' or a hidden name would escape or hide it.
-        if not isinstance(name, str) or name.startswith(".") or \
-                not all(c.isalnum() or c in _NAME_PUNCTUATION for c in name):
-            raise RecipeError(f"{source}: name: {name!r} must be letters, digits or any of {_NAME_PUNCTUATION!r}, "
-                              f"not starting with '.' (it becomes a directory and file-name token)")
+        problem = name_problem(name)
+        if problem is not None:
+            raise RecipeError(f"{source}: name: {_show(name)} is invalid ({problem}); allowed: {NAME_RULE}")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                    compile=_parse_bool(merged.get("compile", False), "compile", source),
                    seed=_parse_seed(merged.get("seed"), source))
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
-        """Load a ``.yaml``/``.yml``/``.json`` recipe; ``name`` defaults to the file stem."""
+    def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None,
+                  source: Optional[str] = None) -> "QuantRecipe":
+        """Load a ``.yaml``/``.yml``/``.json`` UTF-8 recipe; ``name`` defaults to the file stem.
+        ``source`` names it in errors (default: the path; e.g. ``CUSTOM_QUANT_RECIPE=path``)."""
         path = Path(path)
+        source = source or str(path)
         suffix = path.suffix.lower()
         if suffix not in (".yaml", ".yml", ".json"):
-            raise RecipeError(f"{path}: unknown recipe file type {suffix!r}; use .yaml, .yml or .json")
+            raise RecipeError(f"{source}: unknown recipe file type {suffix!r}; use .yaml, .yml or .json")
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise RecipeError(f"{path}: cannot read recipe file: {exc}") from exc
+            raise RecipeError(f"{source}: cannot read recipe file: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise RecipeError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                              f"{exc.start}); save the recipe as UTF-8") from None
         try:
-            data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+            data = json.loads(text) if suffix == ".json" else _load_yaml(text, source)
+        except RecursionError:
+            raise RecipeError(f"{source}: nested too deeply to be a recipe") from None
         except (ValueError, yaml.YAMLError) as exc:
-            raise RecipeError(f"{path}: not valid {suffix[1:]}: {exc}") from exc
+            if isinstance(exc, RecipeError):
+                raise
+            raise RecipeError(f"{source}: not valid {suffix[1:]}: {' '.join(str(exc).split())[:300]}") from exc
         data = {} if data is None else data
         if isinstance(data, Mapping) and data.get("name") in (None, ""):  # absent, `name:` or `name: ""`
             data = {**data, "name": path.stem}
-        return cls.from_dict(data, source=str(path), defaults=defaults)
+        return cls.from_dict(data, source=source, defaults=defaults)
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "QuantRecipe":
@@ -150,6 +210,7 @@ class QuantRecipe:
         With a recipe file, the other variables fill only the keys the file omits.
         """
         env = os.environ if environ is None else environ
+        check_env_names(env)
         defaults: dict[str, Any] = {}
         if env.get("CUSTOM_QUANT_TYPE"):
             defaults["format"] = env["CUSTOM_QUANT_TYPE"].strip().lower()
@@ -158,7 +219,8 @@ class QuantRecipe:
         if env.get("CUSTOM_QUANT_COMPILE"):
             defaults["compile"] = env["CUSTOM_QUANT_COMPILE"].strip().lower()
         if env.get("CUSTOM_QUANT_RECIPE"):
-            return cls.from_file(env["CUSTOM_QUANT_RECIPE"], defaults=defaults)
+            return cls.from_file(env["CUSTOM_QUANT_RECIPE"], defaults=defaults,
+                                 source=f"CUSTOM_QUANT_RECIPE={env['CUSTOM_QUANT_RECIPE']}")
         return cls.from_dict(defaults, source="CUSTOM_QUANT_TYPE/CUSTOM_QUANT_SCOPE")
 
     # ---- resolution ---------------------------------------------------------------------
@@ -237,7 +299,7 @@ def _check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str)
 
 def _mapping(value: Any, path: str, source: str) -> dict:
     if not isinstance(value, Mapping):
-        raise RecipeError(f"{source}: {path}: expected a mapping, got {value!r}")
+        raise RecipeError(f"{source}: {path}: expected a mapping, got {_show(value)}")
     return dict(value)
 
 
@@ -256,7 +318,7 @@ def _is_format_name(name: str) -> bool:
 def _check_top_format(name: Any, options: Mapping, source: str) -> str:
     """The top-level format, where an unknown name's message also lists the presets."""
     if isinstance(name, str) and not _is_format_name(name):
-        raise RecipeError(f"{source}: format: unknown format or preset {name!r}; valid: "
+        raise RecipeError(f"{source}: format: unknown format or preset {_show(name)}; valid: "
                           f"{', '.join(_valid_format_names() + presets.preset_names())}, or a variant "
                           f"(PRESET-no-COMPONENT, FORMAT+COMPONENT; components: {', '.join(ablations.COMPONENTS)})")
     return _check_format(name, options, "format", source)
@@ -285,17 +347,17 @@ def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
 def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     """Build the format once to validate name and options; return the name as given."""
     if not isinstance(name, str):
-        raise RecipeError(f"{source}: {path}: format must be a string, got {name!r}; "
+        raise RecipeError(f"{source}: {path}: format must be a string, got {_show(name)}; "
                           f"valid: {', '.join(_valid_format_names())}")
     name = name.strip().lower()
     if formats.is_passthrough(name):
         if options:
-            raise RecipeError(f"{source}: {path}: passthrough format {name!r} takes no options, got {dict(options)}")
+            raise RecipeError(f"{source}: {path}: passthrough format {_show(name)} takes no options, got {_show(dict(options))}")
         return name
     try:
         formats.get_format(name, **dict(options))
     except (ValueError, TypeError) as exc:  # the formats' message lists the valid names/values
-        raise RecipeError(f"{source}: {path}: format {name!r} with options {dict(options)} is refused: {exc}") from exc
+        raise RecipeError(f"{source}: {path}: format {_show(name)} with options {_show(dict(options))} is refused: {exc}") from exc
     return name
 
 
@@ -303,21 +365,21 @@ def _parse_bool(value: Any, path: str, source: str) -> bool:
     switch = value if isinstance(value, bool) else switch_value(str(value))
     if switch is not None:
         return switch
-    raise RecipeError(f"{source}: {path}: {value!r} is not a boolean; use true/false, 1/0, yes/no or on/off")
+    raise RecipeError(f"{source}: {path}: {_show(value)} is not a boolean; use true/false, 1/0, yes/no or on/off")
 
 
 def _parse_seed(value: Any, source: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise RecipeError(f"{source}: seed: {value!r} must be a non-negative integer")
+        raise RecipeError(f"{source}: seed: {_show(value)} must be a non-negative integer")
     return value
 
 
 def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
     items = value if isinstance(value, (list, tuple)) else [value]
     if not items or not all(isinstance(s, str) and s in SCOPES for s in items):
-        raise RecipeError(f"{source}: {path}: invalid scope {value!r}; allowed (comma list): {', '.join(SCOPES)}")
+        raise RecipeError(f"{source}: {path}: invalid scope {_show(value)}; allowed (comma list): {', '.join(SCOPES)}")
     return frozenset(items)
 
 
@@ -347,7 +409,7 @@ def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ..
         try:
             selectors.extend(parse_selectors(item, signed=True))
         except ValueError as exc:
-            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {item!r} ({exc}); "
+            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {_show(item)} ({exc}); "
                               f"use {SIGNED_GRAMMAR}") from None
     return tuple(selectors)
 
@@ -362,7 +424,7 @@ def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Ru
         roles_value = match["roles"] if isinstance(match["roles"], list) else [match["roles"]]
         bad = [r for r in roles_value if r not in ROLES]
         if bad or not roles_value:
-            raise RecipeError(f"{source}: {path}.match.roles: invalid role(s) {bad or roles_value!r}; "
+            raise RecipeError(f"{source}: {path}.match.roles: invalid role(s) {_show(bad or roles_value)}; "
                               f"allowed: {', '.join(ROLES)}")
         roles = frozenset(roles_value)
     layers = _parse_layers(match["layers"], path + ".match.layers", source) if "layers" in match else None
