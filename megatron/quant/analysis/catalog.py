@@ -8,6 +8,7 @@ described is returned as a :class:`SkippedFile` with the reason, never raised.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,40 +99,82 @@ class Catalog:
 
 def record_from_metadata(metadata: Mapping[str, Any], path: Optional[Path],
                          source: str = "manifest") -> CaptureRecord:
-    """Build a record from capture metadata; ValueError names what is missing or malformed."""
+    """Build a record from capture metadata, every field checked once here (the reading
+    boundary): integers finite and integral, statistics numbers; ValueError names what is
+    missing or malformed."""
     missing = [key for key in REQUIRED_KEYS if metadata.get(key) is None]
     if missing:
         raise ValueError(f"metadata lacks {', '.join(missing)}")
     fmt = metadata.get("format")
     format_name, format_options = _format_reference(fmt)
     shape = metadata.get("shape")
+    stats = metadata.get("stats") if isinstance(metadata.get("stats"), Mapping) else None
     try:
+        if stats is not None:
+            _check_stats(stats, "stats", 0)
         return CaptureRecord(
             path=path,
             quant_type=str(metadata["quant_type"]),
             layer_type=str(metadata["layer_type"]),
-            layer_idx=int(metadata["layer_idx"]),
+            layer_idx=_integer(metadata["layer_idx"], "layer_idx"),
             operation=str(metadata["operation"]),
             phase=str(metadata["phase"]),
             component=str(metadata["component"]),
             tensor_name=str(metadata["tensor_name"]),
-            iteration=int(metadata["iteration"]),
-            rank=int(metadata["rank"]),
-            sample=int(metadata.get("sample") or 0),
-            microbatch=None if metadata.get("microbatch") is None else int(metadata["microbatch"]),
+            iteration=_integer(metadata["iteration"], "iteration"),
+            rank=_integer(metadata["rank"], "rank"),
+            sample=_integer(metadata.get("sample") or 0, "sample"),
+            microbatch=None if metadata.get("microbatch") is None else _integer(metadata["microbatch"], "microbatch"),
             role=None if metadata.get("role") is None else str(metadata["role"]),
-            module=metadata.get("module"),
-            shape=None if shape is None else tuple(int(s) for s in shape),
-            dtype=metadata.get("dtype"),
+            module=None if metadata.get("module") is None else str(metadata["module"]),
+            shape=None if shape is None else tuple(_integer(s, "shape") for s in shape),
+            dtype=None if metadata.get("dtype") is None else str(metadata["dtype"]),
             format_name=format_name,
             format_options=format_options,
-            axis=-1 if metadata.get("axis") is None else int(metadata["axis"]),
+            axis=-1 if metadata.get("axis") is None else _integer(metadata["axis"], "axis"),
             quantized=bool(metadata.get("quantized", False)),
-            stats=metadata.get("stats") if isinstance(metadata.get("stats"), Mapping) else None,
+            stats=stats,
             source=source,
         )
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         raise ValueError(f"malformed metadata ({error})") from None
+
+
+def _integer(value: Any, key: str) -> int:
+    """An int, an integral finite float (JSON writes 3.0) or digits; ValueError otherwise
+    (``Infinity`` would raise OverflowError in ``int``)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"{key} is {_excerpt(value)}, not an integer")
+
+
+# Statistics that are text (capture/stats.py); every other leaf is a number, None or a flag.
+_TEXT_STATS = ("dtype", "stats_level")
+_MAX_STATS_DEPTH = 4  # stats hold histograms ({"edges": [...], "counts": [...]}) at most one level down
+
+
+def _check_stats(value: Any, where: str, depth: int) -> None:
+    """ValueError naming the first entry of ``value`` that is not a number (a string, a deep nest)."""
+    if depth > _MAX_STATS_DEPTH:
+        raise ValueError(f"{where} is nested too deeply")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not (key in _TEXT_STATS and isinstance(item, str)):
+                _check_stats(item, f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_stats(item, where, depth + 1)
+    elif value is not None and not isinstance(value, (int, float)):
+        raise ValueError(f"{where} is {_excerpt(value)}, not a number")
+
+
+def _excerpt(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _format_reference(fmt: Any) -> tuple[Optional[str], Mapping[str, Any]]:
@@ -238,15 +281,11 @@ def _read_manifest(root: Path, real_root: Path, manifest: Path
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("metadata"), Mapping):
-                raise ValueError("entry has no metadata object")
-            file_name = entry.get("file")
-            path = None if file_name is None else manifest.parent / str(file_name)
-            record = record_from_metadata(entry["metadata"], path)
-        except ValueError as error:  # json.JSONDecodeError is a ValueError
+            record = _manifest_record(line, manifest)
+        except ValueError as error:
             skipped.append(SkippedFile(f"{where}:{number}", f"bad manifest line ({error})"))
             continue
+        path = record.path
         if path is not None:
             if path.parent == manifest.parent:
                 listed.add(path.name)
@@ -256,6 +295,21 @@ def _read_manifest(root: Path, real_root: Path, manifest: Path
                 continue
         records.append(record)
     return records, skipped, listed
+
+
+def _manifest_record(line: str, manifest: Path) -> CaptureRecord:
+    """One manifest line as a record; ValueError for anything else (bad JSON, JSON nested past
+    the parser's depth, a file entry that is not a string, malformed metadata)."""
+    try:
+        entry = json.loads(line)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("metadata"), Mapping):
+        raise ValueError("entry has no metadata object")
+    file_name = entry.get("file")
+    if file_name is not None and not isinstance(file_name, str):
+        raise ValueError(f"file is {_excerpt(file_name)}, not a path")
+    return record_from_metadata(entry["metadata"], None if file_name is None else manifest.parent / file_name)
 
 
 def relative_path(root: Path, path: Path) -> str:

@@ -23,6 +23,8 @@ def not_regular(path: Path) -> Optional[str]:
         return "missing"
     except OSError as error:
         return f"cannot be inspected ({error.strerror})"
+    except ValueError as error:  # e.g. a NUL byte in a manifest's file entry
+        return f"cannot be inspected ({error})"
     if stat.S_ISREG(mode):
         return None
     kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")

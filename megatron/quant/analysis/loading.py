@@ -64,11 +64,24 @@ def load_capture(path: Path) -> tuple[torch.Tensor, dict]:
     if not isinstance(metadata, dict):
         raise CaptureLoadError(f"metadata is {type(metadata).__name__}, expected dict")
     tensor = payload["tensor"]
-    if tensor.is_complex() or tensor.dtype == torch.bool:
+    _check_tensor(tensor)
+    return tensor, metadata
+
+
+def _check_tensor(tensor: torch.Tensor) -> None:
+    """CaptureLoadError unless ``tensor`` is a dense, strided, non-empty real tensor whose
+    elements its file really stores: a view repeating stored bytes (stride 0) could claim 2^40
+    elements in a 3 KB file and stall every reader that walks them."""
+    if tensor.layout != torch.strided:
+        raise CaptureLoadError(f"{tensor.layout} tensor; only dense tensors are read")
+    if tensor.is_complex() or tensor.dtype == torch.bool or tensor.is_quantized:
         raise CaptureLoadError(f"unsupported dtype {tensor.dtype}")
     if tensor.numel() == 0:
         raise CaptureLoadError("empty tensor")
-    return tensor, metadata
+    stored = tensor.untyped_storage().nbytes()
+    if tensor.numel() * tensor.element_size() > stored:
+        raise CaptureLoadError(f"claims {tensor.numel()} elements of shape {list(tensor.shape)} but its file stores "
+                               f"{stored} bytes (a view repeating them, strides {list(tensor.stride())})")
 
 
 def _describe(payload: Any) -> str:
