@@ -22,6 +22,7 @@ import json
 import math
 import re
 import shlex
+import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from megatron.quant.analysis import figures, seed_stats
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import STYLE, figure_html, link, table
 
@@ -58,13 +60,15 @@ class Run:
     name: str
     scalars: dict[str, Series]
     record: dict = field(default_factory=dict)  # run.json, when the sweep wrote one
+    notes: list[str] = field(default_factory=list)  # damaged inputs read around (shown in the table)
 
     def series(self, tag: str) -> Series:
         return self.scalars.get(tag, (np.zeros(0, dtype=np.int64), np.zeros(0)))
 
     @property
     def diverged(self) -> bool:
-        return self.record.get("status") == "diverged" or DIVERGED in self.scalars
+        return (self.record.get("status") == "diverged" or DIVERGED in self.scalars
+                or first_not_finite(self.series(LOSS)) is not None)
 
     @property
     def seed_of(self) -> Optional[str]:
@@ -87,21 +91,70 @@ def read_scalars(event_dir: Path) -> dict[str, Series]:
     return out
 
 
-def load_runs(output_dir: Path) -> list[Run]:
-    """The runs under ``output_dir``, sorted by name."""
+def event_file_damage(path: Path) -> Optional[tuple[int, str]]:
+    """(whole records before the damage, what is wrong) for a damaged event file; None when whole.
+
+    Checks the TFRecord framing (each record's length, its CRC and that the record fits in the
+    file), not the payloads: cheap, and what tells random bytes and a cut file apart."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    size, offset, records = path.stat().st_size, 0, 0
+    with open(path, "rb") as handle:
+        while offset < size:
+            header = handle.read(12)
+            if len(header) == 12 and masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+                return records, f"not a TensorBoard event record at byte {offset}"
+            end = offset + 12 + (struct.unpack("<Q", header[:8])[0] if len(header) == 12 else 0) + 4
+            if len(header) < 12 or end > size:
+                return records, f"truncated at byte {size}"
+            offset = handle.seek(end)
+            records += 1
+    return None
+
+
+def _read_run(run_dir: Path, event_files: Sequence[Path]) -> tuple[Optional[Run], list[str]]:
+    """The run in ``run_dir`` (None when none of its event files is readable) and its problems."""
+    notes, readable = [], []
+    for path in event_files:
+        damage = event_file_damage(path)
+        if damage is not None:
+            notes.append(f"{path.relative_to(run_dir)}: {damage[1]}"
+                         + (", skipped" if damage[0] == 0 else f", read its first {damage[0]} records"))
+        if damage is None or damage[0]:
+            readable.append(path)
+    if not readable:
+        return None, notes
+    scalars: dict[str, Series] = {}
+    for event_dir in sorted({path.parent for path in readable}):
+        scalars.update(read_scalars(event_dir))
+    record: dict = {}
+    record_path = run_dir / "run.json"
+    if record_path.is_file():
+        try:
+            record = json.loads(record_path.read_text(encoding="utf-8"))
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+        except (OSError, ValueError, RecursionError) as error:
+            notes.append(f"run.json unreadable ({type(error).__name__}), ignored")
+            record = {}
+    return Run(run_dir.name, scalars, record, notes), notes
+
+
+def load_runs(output_dir: Path, skipped: Optional[list[tuple[str, str]]] = None) -> list[Run]:
+    """The runs under ``output_dir``, sorted by name; runs whose event files are all damaged
+    are left out and added to ``skipped`` as (run, reason)."""
     if not output_dir.is_dir():
         raise RunsReportError(f"runs directory {str(output_dir)!r} does not exist")
     runs = []
     for run_dir in sorted(p for p in output_dir.iterdir() if p.is_dir()):
-        event_dirs = sorted({f.parent for f in run_dir.rglob(EVENTS_GLOB)})
-        if not event_dirs:
+        event_files = sorted(run_dir.rglob(EVENTS_GLOB))
+        if not event_files:
             continue
-        scalars: dict[str, Series] = {}
-        for event_dir in event_dirs:
-            scalars.update(read_scalars(event_dir))
-        record_path = run_dir / "run.json"
-        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
-        runs.append(Run(run_dir.name, scalars, record))
+        run, notes = _read_run(run_dir, event_files)
+        if run is not None:
+            runs.append(run)
+        elif skipped is not None:
+            skipped.append((run_dir.name, "; ".join(notes)))
     if not runs:
         found = ", ".join(sorted(p.name for p in output_dir.iterdir() if p.is_dir())) or "nothing"
         raise RunsReportError(f"no runs in {str(output_dir)!r}: no subdirectory holds TensorBoard event files "
@@ -144,6 +197,22 @@ def grad_norm_spikes(values: np.ndarray, factor: float = SPIKE_FACTOR, window: i
                if values[i] > factor * np.median(values[max(0, i - window):i]))
 
 
+def first_not_finite(series: Series) -> Optional[int]:
+    """The first iteration whose value is NaN or infinite; None when all are finite."""
+    bad = np.flatnonzero(~np.isfinite(series[1]))
+    return int(series[0][bad[0]]) if bad.size else None
+
+
+def loss_notes(run: Run, baseline: Run) -> list[str]:
+    """Why gaps are blank from some iteration on: the run's or the baseline's loss is not finite."""
+    notes = []
+    for who, source in (("loss", run), (f"baseline {baseline.name}'s loss", baseline)):
+        step = first_not_finite(source.series(LOSS))
+        if step is not None and (source is run or run is not baseline):
+            notes.append(f"{who} not finite from iteration {step}: gaps blank from there")
+    return notes
+
+
 def _median(series: Series) -> float:
     return float(np.median(series[1])) if series[1].size else math.nan
 
@@ -169,6 +238,7 @@ def summarize(run: Run, baseline: Run, smoothing: float) -> dict:
     row["tokens/s"] = _median(run.series(TOKENS_PER_S))
     row["tokens/s vs baseline"] = row["tokens/s"] / _median(baseline.series(TOKENS_PER_S))
     row["final validation loss"] = float(validation[1][-1]) if validation[1].size else math.nan
+    row["notes"] = "; ".join(run.notes + loss_notes(run, baseline))
     return row
 
 
@@ -358,6 +428,7 @@ class RunsReport:
     rows: list[dict]
     failed: list[tuple[str, str]]  # (figure, error)
     recipes: list[dict] = field(default_factory=list)  # one row per recipe over its seeds (with seed runs)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (run, why): no readable event file
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -398,7 +469,8 @@ def _details(runs: Sequence[Run]) -> list[list]:
 
 
 def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[Run], jobs: Sequence[FigureJob],
-                report_dir: Path, command: str, band, recipes: Sequence[dict] = ()) -> str:
+                report_dir: Path, command: str, band, recipes: Sequence[dict] = (),
+                skipped: Sequence[tuple[str, str]] = ()) -> str:
     stats = [job for job in jobs if job.path.startswith("stats_")]
     drawn = [job for job in jobs if (report_dir / job.path).is_file()]
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
@@ -417,6 +489,9 @@ def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[
              f"{CSV_NAME}</a>.</p>"]
     if recipes:
         parts.append(recipes_html(list(recipes)))
+    if skipped:
+        parts.append("<p class='note'>Skipped (no readable event file): " + "; ".join(
+            f"<b>{html.escape(name)}</b>: {html.escape(reason)}" for name, reason in skipped) + "</p>")
     if band is not None:
         parts.append(f"<p class='note'>Baseline noise at the end (spread of its seed runs): "
                      f"{100 * band[1][-1]:+.2f} % to {100 * band[2][-1]:+.2f} %.</p>")
@@ -439,7 +514,8 @@ def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf
     """Read the runs, draw the figures, write index.html and runs.csv into ``report_dir``."""
     if not 0 <= smoothing < 1:
         raise RunsReportError(f"smoothing must be in [0, 1), got {smoothing}")
-    runs = load_runs(runs_dir)
+    skipped: list[tuple[str, str]] = []
+    runs = load_runs(runs_dir, skipped)
     by_name = {run.name: run for run in runs}
     if baseline_name not in by_name:
         raise RunsReportError(f"baseline {baseline_name!r} is not among the runs in {str(runs_dir)!r}: "
@@ -464,9 +540,9 @@ def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf
     failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
     _write_csv(report_dir / CSV_NAME, rows)
     index = report_dir / "index.html"
-    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band, recipes),
-                     encoding="utf-8")
-    return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes)
+    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
+                                 skipped), encoding="utf-8")
+    return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes, skipped)
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -492,12 +568,18 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         parser.error(f"--dpi must be at least 1, got {args.dpi}")
     report_dir = args.output_dir or args.runs_dir / "report"
     try:
+        check_output_dir(report_dir)
         result = write_runs_report(args.runs_dir, report_dir, args.baseline, args.smoothing, args.dpi,
                                    shlex.join([parser.prog, *argv]))
-    except RunsReportError as error:
+    except (RunsReportError, OutputDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"{len(result.rows)} runs compared; report: {result.index}, table: {result.csv}")
+    for name, reason in result.skipped:
+        print(f"skipped run {name}: {reason}")
+    for row in result.rows:
+        if row["notes"]:
+            print(f"note: {row['run']}: {row['notes']}")
     for path, error in result.failed:
         print(f"error: figure {path} could not be drawn: {error}", file=sys.stderr)
     return 1 if result.failed else 0

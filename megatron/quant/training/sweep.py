@@ -23,12 +23,15 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.recipes.sets import RECIPE_SUFFIXES, SETS, expand_sets
 from megatron.quant.training import checkpoint
 from megatron.quant.training.arguments import ArgumentError, parse_args
@@ -51,6 +54,76 @@ _OWN_FLAGS = ("save", "load", "tensorboard_dir")
 
 class SweepError(ValueError):
     """Bad sweep input; the message names the value and what is allowed."""
+
+
+class SweepInterrupted(Exception):
+    """The sweep received SIGTERM or SIGINT; the runs' processes got it too and have ended."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+KILL_AFTER_S = 60.0  # a run still alive this long after the forwarded signal is killed
+
+
+class SignalForwarder:
+    """While entered (main thread), SIGTERM (what a scheduler sends) and SIGINT to the sweep go
+    to the whole process group of every run started by ``run`` (torchrun and its workers), from
+    any slot thread; ``run`` then waits for its run to end (SIGKILL after ``kill_after`` s) and
+    raises SweepInterrupted, so run.json records "interrupted"."""
+
+    def __init__(self, kill_after: float = KILL_AFTER_S) -> None:
+        self.kill_after, self.signum = kill_after, None
+        self._children: set[subprocess.Popen] = set()
+        self._previous: dict = {}
+
+    def __enter__(self) -> "SignalForwarder":
+        self.signum = None
+        self._previous = {signum: signal.signal(signum, self._forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _forward(self, signum: int, _frame=None) -> None:
+        self.signum = self.signum or signum
+        for child in list(self._children):  # list(): one C call, safe against slot threads
+            _signal_group(child, signum)
+
+    def run(self, command: Sequence[str], **popen: object) -> int:
+        """``command``'s exit status, in its own process group."""
+        child = subprocess.Popen(command, start_new_session=True, **popen)
+        self._children.add(child)
+        try:
+            if self.signum is not None:  # arrived while it started
+                _signal_group(child, self.signum)
+            deadline = None
+            while True:
+                try:
+                    returncode = child.wait(timeout=1.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.signum is not None:
+                        deadline = deadline or time.monotonic() + self.kill_after
+                        if time.monotonic() > deadline:
+                            _signal_group(child, signal.SIGKILL)
+        finally:
+            self._children.discard(child)
+        if self.signum is not None:
+            raise SweepInterrupted(self.signum)
+        return returncode
+
+
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+FORWARDER = SignalForwarder()
 
 
 @dataclass(frozen=True)
@@ -287,10 +360,10 @@ def _say(line: str) -> None:
 
 def _run_command(command: list[str], env: dict[str, str], log: Path | None) -> int:
     if log is None:
-        return subprocess.run(command, env=env).returncode
+        return FORWARDER.run(command, env=env)
     with open(log, "a") as handle:  # unbuffered: the log follows the run
-        return subprocess.run(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=handle,
-                              stderr=subprocess.STDOUT).returncode
+        return FORWARDER.run(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=handle,
+                             stderr=subprocess.STDOUT)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -343,8 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SweepError(f"--only {options.only!r} is not one of the sweep's runs: "
                                  f"{', '.join(run.name for run in runs)}")
             runs = chosen
+        check_output_dir(options.output_dir, "OUTPUT_DIR")
         statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
-    except (SweepError, ArgumentError) as error:
+    except (SweepError, ArgumentError, OutputDirError) as error:
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2
     launcher = shlex.split(options.launcher)
@@ -367,15 +441,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"sweep: {run.name}: {status}")
         return status
 
-    if options.parallel > 1:
-        try:
-            slots = parallel_slots(options.parallel, launcher)
-        except (SweepError, SlotError) as error:
-            print(f"sweep: error: {error}", file=sys.stderr)
-            return 2
-        done = run_in_slots([lambda slot, run=run: sweep_one(run, slot) for run in runs], slots)
-    else:
-        done = [sweep_one(run) for run in runs]
+    try:
+        slots = parallel_slots(options.parallel, launcher) if options.parallel > 1 else None
+    except (SweepError, SlotError) as error:
+        print(f"sweep: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        with FORWARDER:
+            done = (run_in_slots([lambda slot, run=run: sweep_one(run, slot) for run in runs], slots) if slots
+                    else [sweep_one(run) for run in runs])
+    except SweepInterrupted as interrupt:
+        print(f"sweep: {interrupt} received: the running runs stopped and are recorded as {INTERRUPTED} in "
+              f"their {RUN_JSON}; run the sweep again to resume them", file=sys.stderr, flush=True)
+        return 128 + interrupt.signum
     results = {run.name: status for run, status in zip(runs, done)}
     print("sweep: " + ", ".join(f"{name} {status}" for name, status in results.items()))
     return 0 if all(status in DONE for status in results.values()) else 1
