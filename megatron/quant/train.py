@@ -192,7 +192,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         keep_optim = not args.no_load_optim
         start = checkpoint.load_checkpoint(args.load, gpt, opt if keep_optim else None,
                                            scheduler if keep_optim else None, restore_rng=not args.no_load_rng,
-                                           step=args.ckpt_step)
+                                           step=args.ckpt_step, shape=shape)
         logger.print(f"resumed from {args.load} at iteration {start}")
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")

@@ -159,14 +159,39 @@ def _sharded_state(model, optimizer, scheduler, iteration: int, *, is_loading: b
     return state
 
 
-def _absent_histories(model_template: dict, directory: str) -> set[str]:
+def _absent_histories(model_template: dict, saved: dict) -> set[str]:
     """State-dict names of the model's delayed-scaling histories the checkpoint does not hold (it
     was saved under a recipe without them): left out of the load, so they keep their fresh state."""
-    from megatron.core import dist_checkpointing
-
-    saved = dist_checkpointing.load_tensors_metadata(directory)
     return {name for name, item in model_template.items()
             if f".{HISTORIES}." in name and getattr(item, "key", name) not in saved}
+
+
+def shape_mismatch(model_template: dict, saved: dict, saved_shape: dict | None, shape: dict | None) -> str | None:
+    """The first tensor whose saved global shape differs from the model's: its key, both shapes
+    and the flag that differs when the run configs tell (None when all agree). Checked before
+    loading, where torch's CheckpointException (a BaseException) would end every rank in a traceback."""
+    for item in model_template.values():
+        key, expected = getattr(item, "key", None), getattr(item, "global_shape", None)
+        if key not in saved or expected is None or tuple(saved[key].global_shape) == tuple(expected):
+            continue
+        found = tuple(saved[key].global_shape)
+        if key.rsplit(".", 1)[-1] == "amax_history":
+            cause = f"the amax history length differs: saved {found[-1]}, now {expected[-1]} (--fp8-amax-history-len " \
+                    f"or the recipe's amax_history_len)"
+        else:
+            differing = [f"--{k.replace('_', '-')} saved {saved_shape[k]}, now {shape[k]}" for k in shape or {}
+                         if saved_shape and k in saved_shape and saved_shape[k] != shape[k]]
+            cause = "; ".join(differing) or "another model shape"
+        return f"{key} has shape {list(found)} in the checkpoint but {list(expected)} in this model ({cause})"
+    return None
+
+
+def _saved_shape(directory: str) -> dict | None:
+    try:
+        with open(os.path.join(directory, RUN_CONFIG)) as f:
+            return json.load(f).get("shape")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run_config: dict) -> str:
@@ -195,24 +220,35 @@ def save_checkpoint(root: str, iteration: int, model, optimizer, scheduler, run_
 
 
 def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore_rng: bool = True,
-                    step: int | None = None) -> int:
+                    step: int | None = None, shape: dict | None = None) -> int:
     """Load into ``model`` (unwrapped GPTModel) and, when given, optimizer and scheduler; returns the iteration.
 
     ``step``: load that iteration instead of the tracker's (``--ckpt-step``). Weights load at
     any tensor-parallel size (sharded tensors are resharded); the RNG states (``restore_rng``,
     for exact resume) only at the saving run's parallel layout. A damaged or missing
-    checkpoint is a CheckpointError naming the file and the intact checkpoints.
+    checkpoint is a CheckpointError naming the file and the intact checkpoints; one saved with
+    another model shape (``shape``: this run's, to name the flag) or amax history length is a
+    CheckpointError naming the tensor and both shapes.
     """
+    from torch.distributed.checkpoint.api import CheckpointException
+
     from megatron.core import dist_checkpointing
 
     directory = verified_checkpoint_dir(path, step)
     root = os.path.dirname(os.path.normpath(directory))
     template = _sharded_state(model, optimizer, scheduler, 0, is_loading=True, rng=restore_rng)
     try:
-        fresh = _absent_histories(template["model"], directory)
+        saved = dist_checkpointing.load_tensors_metadata(directory)
+        mismatch = shape_mismatch(template["model"], saved, _saved_shape(directory), shape)
+        if mismatch is not None:
+            raise CheckpointError(f"checkpoint {directory} does not fit this model: {mismatch}; resume with the "
+                                  f"saved settings or start without --load")
+        fresh = _absent_histories(template["model"], saved)
         template["model"] = {k: v for k, v in template["model"].items() if k not in fresh}
         state = dist_checkpointing.load(template, directory)
-    except Exception as error:  # damage find_damage cannot see (e.g. bytes flipped inside a tensor file)
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as error:  # damage find_damage cannot see (e.g. flipped bytes)
         raise CheckpointError(f"checkpoint {directory} cannot be loaded ({type(error).__name__}: {first_line(error)}); "
                               f"{fallback_hint(root)}") from error
     if fresh and dist.get_rank() == 0:
