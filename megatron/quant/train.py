@@ -17,6 +17,7 @@ import torch.distributed as dist
 from megatron.quant import tensor_saver
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
+from megatron.quant.capture.directory import check_writable
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
@@ -146,7 +147,10 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
     shape = {key: getattr(args, key) for key in SHAPE_KEYS}
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
     saver_config.check_selectors(num_layers=shape["num_layers"], world_size=int(os.environ.get("WORLD_SIZE", "1")),
-                                 num_microbatches=args.num_microbatches)
+                                 num_microbatches=args.num_microbatches,
+                                 roles=recipe.capture_roles(shape["num_layers"]))
+    if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
+        check_writable(saver_config.save_dir)
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step)
     return Inputs(args, recipe, saver_config, tokenizer, shape)

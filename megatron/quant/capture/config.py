@@ -18,10 +18,14 @@ from megatron.quant.capture.stats import STATS_LEVELS
 MODES = ("full", "stats")
 # Tensor names the layers emit (docs/interfaces.md section 2; roles are operands.ROLES); filters reject others
 # so that a typo cannot silently capture nothing.
-KNOWN_TENSOR_NAMES = (
-    "input", "weight", "output", "grad_output", "grad_input", "grad_weight",
-    "query", "key", "value", "grad_query", "grad_key", "grad_value",
-)
+LINEAR_TENSORS = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
+ATTENTION_TENSORS = ("query", "key", "value", "output", "grad_output", "grad_query", "grad_key", "grad_value")
+KNOWN_TENSOR_NAMES = tuple(dict.fromkeys(LINEAR_TENSORS + ATTENTION_TENSORS))
+
+
+def tensors_of_role(role: str) -> tuple[str, ...]:
+    """The tensor names a module of ``role`` captures (core attention's differ from the GEMMs')."""
+    return ATTENTION_TENSORS if role == "core_attention" else LINEAR_TENSORS
 
 
 def _bad(source: str, value: object, allowed: str) -> ValueError:
@@ -229,14 +233,18 @@ class SaverConfig:
                 values[name] = parse(raw, env)
         return cls(**values)
 
-    def check_selectors(self, *, num_layers: int, world_size: int, num_microbatches: Optional[int] = None) -> None:
-        """Check the index filters against the run, once it is known (capture off: nothing to check).
+    def check_selectors(self, *, num_layers: int, world_size: int, num_microbatches: Optional[int] = None,
+                        roles: Optional[tuple[str, ...]] = None) -> None:
+        """Check the filters against the run, once it is known (capture off: nothing to check);
+        ``roles``: those of the run's capturing modules (``QuantRecipe.capture_roles``).
 
         ValueError when a filter can match nothing (the run would exit "successfully" with no capture);
         one RuntimeWarning per filter naming the members that lie outside the run.
         """
         if not self.enabled:
             return
+        if roles is not None:
+            self._check_names(roles)
         counts = {"layers": num_layers, "ranks": world_size, "microbatches": num_microbatches}
         for name, count in counts.items():
             chosen = getattr(self, name)
@@ -248,3 +256,23 @@ class SaverConfig:
                 raise ValueError(f"{env}={outside} can never match: {run}")
             if outside:
                 warnings.warn(f"{env}: {outside} ignored, {run}", RuntimeWarning, stacklevel=2)
+
+    def _check_names(self, run_roles: tuple[str, ...]) -> None:
+        """Roles against the run's capturing modules, then tensor names against what those roles emit."""
+        roles = run_roles if self.roles is None else tuple(r for r in run_roles if r in self.roles)
+        if self.roles is not None:
+            _check_overlap("TENSOR_SAVE_ROLES", self.roles, roles, f"the run captures roles {', '.join(run_roles)}"
+                           + ("" if "output_layer" in run_roles else " (output_layer only when the recipe "
+                              "quantizes it)"))
+        if self.tensors is not None:
+            emitted = tuple(dict.fromkeys(name for role in roles for name in tensors_of_role(role)))
+            _check_overlap("TENSOR_SAVE_TENSORS", self.tensors, emitted,
+                           f"roles {', '.join(roles)} capture {', '.join(emitted)}")
+
+
+def _check_overlap(env: str, chosen: frozenset[str], available: tuple[str, ...], run: str) -> None:
+    outside = sorted(chosen - set(available))
+    if len(outside) == len(chosen):
+        raise ValueError(f"{env}={','.join(outside)} can never match: {run}")
+    if outside:
+        warnings.warn(f"{env}: {','.join(outside)} ignored, {run}", RuntimeWarning, stacklevel=4)

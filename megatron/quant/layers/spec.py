@@ -87,8 +87,7 @@ def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_lay
                 _configure(module, qualified, layer_idx, role, recipe, num_layers, shared)
                 sites.append(module.capture_site)
     output_layer = getattr(model, "output_layer", None)
-    if output_layer is not None and any(f is not None for f in recipe.resolve("output_layer", -1, num_layers,
-                                                                               shared).values()):
+    if output_layer is not None and recipe.quantizes_output_layer(num_layers):
         # GPTModel builds its LM head directly (no spec hook); the quantized subclass adds only
         # methods and class-level defaults, so promoting the instance keeps all its state.
         output_layer.__class__ = QuantColumnParallelLinear

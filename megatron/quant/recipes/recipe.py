@@ -255,6 +255,17 @@ class QuantRecipe:
         shared = {} if shared is None else shared
         return {key: self._build(c, shared) for key, c in self.choices(role, layer_idx, num_layers).items()}
 
+    def quantizes_output_layer(self, num_layers: int) -> bool:
+        """Whether a rule gives the output layer (LM head) a format: only then is it a quantized,
+        capturing module."""
+        return any(not formats.is_passthrough(c.name) for c in self.choices("output_layer", -1, num_layers).values())
+
+    def capture_roles(self, num_layers: int) -> tuple[str, ...]:
+        """The roles of the modules that capture: every decoder layer's, and the output layer's
+        when it is quantized."""
+        return (*LINEAR_ROLES, "core_attention") + (("output_layer",) if self.quantizes_output_layer(num_layers)
+                                                   else ())
+
     def unquantized_layers(self, num_layers: int) -> list[int]:
         """0-based decoder layers whose linear GEMMs rules leave unquantized although the recipe
         without its rules quantizes them (e.g. first and last layers kept in bf16)."""
