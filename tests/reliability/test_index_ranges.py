@@ -5,7 +5,6 @@ import tracemalloc
 import pytest
 
 from megatron.quant.capture.config import SaverConfig
-from megatron.quant.recipes.selectors import IndexSet
 
 WIDE = "0-999999"  # small enough that expanding it (the old way) costs tens of MB, not all memory
 
@@ -51,6 +50,7 @@ def test_report_filter_ranges_are_not_expanded(tmp_path):
 def test_a_filter_value_no_capture_has_is_named_as_a_range():
     from megatron.quant.analysis.catalog import CaptureRecord
     from megatron.quant.analysis.selection import CaptureFilter, FilterError
+    from megatron.quant.recipes.selectors import IndexSet
 
     record = CaptureRecord(None, "bf16", "linear", 0, "forward", "pre", "linear", "input", 3, 0)
     with pytest.raises(FilterError, match=r"^--iterations 0-2,4-99999999999: no capture has these values; "
