@@ -363,12 +363,14 @@ def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     name = name.strip().lower()
     if formats.is_passthrough(name):
         if options:
-            raise RecipeError(f"{source}: {path}: passthrough format {_show(name)} takes no options, got {_show(dict(options))}")
+            raise RecipeError(f"{source}: {path}: passthrough format {_show(name)} takes no options, "
+                              f"got {_show(dict(options))}")
         return name
     try:
         formats.get_format(name, **dict(options))
     except (ValueError, TypeError) as exc:  # the formats' message lists the valid names/values
-        raise RecipeError(f"{source}: {path}: format {_show(name)} with options {_show(dict(options))} is refused: {exc}") from exc
+        raise RecipeError(f"{source}: {path}: format {_show(name)} with options {_show(dict(options))} "
+                          f"is refused: {exc}") from exc
     return name
 
 
