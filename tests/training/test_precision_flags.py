@@ -93,7 +93,7 @@ def test_no_precision_flags_means_no_flag_recipe():
     (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-margin", "1"],
      "--fp8-margin 1 only applies to delayed scaling.*Megatron-LM ignores it"),
     (["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "0"],
-     "--fp8-amax-history-len must be >= 1, got 0"),
+     "--fp8-amax-history-len must be 1..65536, got 0"),
     (["--fp8-format", "e4m3", "--fp4-format", "e2m1"], "--fp4-format and --fp8-format are mutually exclusive"),
     (["--fp8-recipe", "mxfp8"], r"--fp8-recipe mxfp8 needs --fp8-format \{e4m3,hybrid\}"),
     (["--fp4-recipe", "nvfp4"], "--fp4-recipe nvfp4 needs --fp4-format e2m1"),
