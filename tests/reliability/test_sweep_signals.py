@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.reliability._faults import REPO
 
 FLAGS = ["--", "--model", "llama-tiny", "--train-iters", "1"]
@@ -21,39 +23,43 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in state  # a zombie has ended
 
 
-def test_sigterm_reaches_the_run_and_is_recorded(tmp_path):
-    pidfile = tmp_path / "worker.pid"
-    # Stand-in for torchrun: a shell whose child (the "worker") sleeps; both must end.
-    launcher = f"sh -c 'sleep 300 & echo $! > {pidfile}; wait' sh"
+@pytest.mark.parametrize("parallel", [1, 2], ids=["one_at_a_time", "two_slots"])
+def test_sigterm_reaches_the_run_and_is_recorded(tmp_path, parallel):
+    pidfile = tmp_path / "workers.pid"
+    # Stand-in for torchrun: a shell whose child (the "worker") sleeps; all of them must end.
+    launcher = f"sh -c 'sleep 300 & echo $! >> {pidfile}; wait' sh"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    recipes = ["bf16", "mxfp8"][:parallel]
     sweep = subprocess.Popen([sys.executable, "-m", "megatron.quant.training.sweep", "--launcher", launcher,
-                              str(tmp_path / "out"), "bf16", *FLAGS], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    worker = None
+                              "--parallel", str(parallel), str(tmp_path / "out"), " ".join(recipes), *FLAGS],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
     try:
         for _ in range(600):
-            if pidfile.is_file() and pidfile.read_text().strip():
-                worker = int(pidfile.read_text())
+            workers = [int(line) for line in pidfile.read_text().split()] if pidfile.is_file() else []
+            if len(workers) == parallel:
                 break
             time.sleep(0.1)
-        assert worker is not None, sweep.communicate(timeout=60)
+        assert len(workers) == parallel, sweep.communicate(timeout=60)
         sweep.send_signal(signal.SIGTERM)
         _, err = sweep.communicate(timeout=90)
         assert sweep.returncode == 128 + signal.SIGTERM, err
         assert "SIGTERM received: the running runs stopped and are recorded as interrupted" in err, err
         assert "Traceback" not in err
-        for _ in range(50):  # the group got the signal; give the kernel a moment to reap
-            if not _alive(worker):
+        for _ in range(50):  # the groups got the signal; give the kernel a moment to reap
+            if not any(map(_alive, workers)):
                 break
             time.sleep(0.1)
-        assert not _alive(worker), "the run's worker is still running"
-        record = json.loads((tmp_path / "out" / "bf16" / "run.json").read_text())
-        assert record["status"] == "interrupted" and record["attempts"][-1]["status"] == "interrupted"
+        assert not any(map(_alive, workers)), "a run's worker is still running"
+        for recipe in recipes:
+            record = json.loads((tmp_path / "out" / recipe / "run.json").read_text())
+            assert record["status"] == "interrupted" and record["attempts"][-1]["status"] == "interrupted"
     finally:
         if sweep.poll() is None:
             sweep.kill()
-        if worker is not None and _alive(worker):
-            os.kill(worker, signal.SIGKILL)
+        for worker in workers:
+            if _alive(worker):
+                os.kill(worker, signal.SIGKILL)
 
 
 def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
