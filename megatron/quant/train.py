@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from megatron.quant import tensor_saver
+from megatron.quant import kernels, tensor_saver
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
 from megatron.quant.capture.directory import check_writable
@@ -105,6 +105,7 @@ def _connect_schedule(config, chunks: list, opt) -> None:
 
 
 def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> None:
+    cuda = torch.cuda.is_available()
     memory = metrics.memory_estimate_gb(
         shape, num_parameters=num_params, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
         tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,
@@ -117,7 +118,8 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> 
                  f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
                  f"quantization {_quantization(recipe, shape['num_layers'])} | "
-                 f"device {'cuda' if torch.cuda.is_available() else 'cpu'}")
+                 f"device {'cuda' if torch.cuda.is_available() else 'cpu'} | "
+                 f"{kernels.describe(recipe.formats(shape['num_layers']), recipe.compile, kernels.backend(), cuda)}")
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e}")
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")
@@ -139,6 +141,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
     recipe = build_recipe(args, os.environ)
+    kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
     if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
         recipe = replace(recipe, seed=args.seed)
     _check_fp8_recipe(args, recipe)

@@ -31,3 +31,24 @@ def test_compiled_tiles_and_hadamard_match_eager():
     x = torch.from_numpy(random_fp32(96 * 80, seed=3, lo=-10, hi=10)).reshape(96, 80)
     x = torch.where(torch.isfinite(x), x, 0.0)
     assert not mismatches(compiled(x), fmt.quantize(x), x)
+
+
+def test_each_compiled_format_has_its_own_recompile_limit(monkeypatch):
+    """Formats used to share one code object and so one recompile limit: the third (format, shape)
+    ran eager without a word. Now each format counts alone, and passing its limit raises."""
+    import pytest
+
+    from megatron.quant.formats.compiled import CompiledFormat
+
+    monkeypatch.setattr(CompiledFormat, "RECOMPILE_LIMIT", 2)
+    monkeypatch.setattr(CompiledFormat, "BACKEND", "eager")  # dynamo's bookkeeping without inductor's cost
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    formats = [CompiledFormat(get_format(name)) for name in ("bf16", "fp16", "bf16")]
+    for fmt in formats:
+        for n in (8, 16):
+            x = torch.randn(n)
+            assert torch.equal(fmt.quantize(x), fmt.fmt.quantize(x))
+    assert torch._dynamo.utils.counters["frames"]["ok"] == 6  # every call compiled, none skipped
+    with pytest.raises(RuntimeError, match="bf16: torch.compile reached its limit of 2 compilations"):
+        formats[0].quantize(torch.randn(4))

@@ -26,7 +26,7 @@ from megatron.quant import formats
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.names import NAME_RULE, name_problem
-from megatron.quant.formats.compiled import CompiledFormat
+from megatron.quant import kernels
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
 from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES, operands_for_role
 from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
@@ -266,6 +266,12 @@ class QuantRecipe:
         return (*LINEAR_ROLES, "core_attention") + (("output_layer",) if self.quantizes_output_layer(num_layers)
                                                    else ())
 
+    def formats(self, num_layers: int) -> list[Any]:
+        """Every distinct format the recipe quantizes with (plain ``NumericFormat`` objects)."""
+        chosen = {c for role in ROLES for layer in range(num_layers)
+                  for c in self.choices(role, layer, num_layers).values() if not formats.is_passthrough(c.name)}
+        return [formats.get_format(c.name, **dict(c.options)) for c in sorted(chosen, key=repr)]
+
     def unquantized_layers(self, num_layers: int) -> list[int]:
         """0-based decoder layers whose linear GEMMs rules leave unquantized although the recipe
         without its rules quantizes them (e.g. first and last layers kept in bf16)."""
@@ -282,7 +288,7 @@ class QuantRecipe:
             return None
         if choice not in shared:
             fmt = formats.get_format(choice.name, **dict(choice.options))
-            shared[choice] = CompiledFormat(fmt) if self.compile and fmt.rounding != "stochastic" else fmt
+            shared[choice] = kernels.wrap(fmt, self.compile)  # Triton, compiled or eager: CUSTOM_QUANT_KERNELS
         return shared[choice]
 
 

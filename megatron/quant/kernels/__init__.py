@@ -1,0 +1,12 @@
+"""Quantization kernels under the ``NumericFormat`` interface (Triton), chosen per tensor.
+
+    fmt = kernels.wrap(get_format("fp8_e4m3"), compile=False)   # what the recipes hand the layers
+    y = fmt.quantize(x)       # Triton on CUDA tensors (CUSTOM_QUANT_KERNELS), the torch path on CPU
+
+``select`` decides (``CUSTOM_QUANT_KERNELS=auto|torch|compile|triton``); the Triton modules are
+imported only when a kernel is used, so this package imports without Triton. The formats in
+``megatron.quant.formats`` are the reference: every kernel gives their bits.
+"""
+from .select import BACKENDS, ENV, backend, describe, interpreting, plan, supported, triton_available, wrap
+
+__all__ = ["BACKENDS", "ENV", "backend", "describe", "interpreting", "plan", "supported", "triton_available", "wrap"]

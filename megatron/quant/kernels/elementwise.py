@@ -1,0 +1,122 @@
+"""Triton kernels of the elementwise formats (``formats.elementwise``, ``formats.hifloat8``):
+bf16/fp16 casts and the FP8/HiF8 grids, unscaled or with a per-tensor scale, round to nearest
+or stochastic. One pass: read x, write the quantized values in the output's dtype.
+
+The rounding is ``formats.grid``'s, written for one element: scale by the grid spacing's
+inverse (a power of two built from the exponent field), pick an integer with exact float32
+compares, scale back, apply the overflow rule. Per-tensor scales arrive as device pointers to
+the torch path's own encode/decode factors, so no host sync and no second copy of TE's
+arithmetic.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from megatron.quant.formats.grid import Minifloat
+from megatron.quant.formats.hifloat8 import HiFloat8Grid
+
+from .noise import global_index, uniform
+
+BLOCK = 1024
+
+
+@triton.jit
+def round_integer(a, u, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
+    """``rounding.py``'s rules on float32 a, returned with a's sign: nearest-even, nearest with
+    ties away, or stochastic (``u``: U[0, 1)). Magnitudes >= 2**23, Inf and NaN are kept."""
+    m = tl.abs(a)
+    small = m < 8388608.0
+    t = tl.where(small, m, 0.0).to(tl.int32)
+    whole = t.to(tl.float32)
+    f = m - whole  # exact
+    if STOCHASTIC:
+        up = u < f
+    elif AWAY:
+        up = f >= 0.5
+    else:
+        up = (f > 0.5) | ((f == 0.5) & ((t & 1) == 1))
+    r = tl.where(small, whole + up.to(tl.float32), m)
+    sign = a.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_grid(x, u, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
+               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
+               HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr):
+    """float32 x rounded onto a grid (``ElementGrid.round_``), or to bfloat16 (``_round_bf16``)."""
+    xbits = x.to(tl.int32, bitcast=True)
+    if GRID == 0:  # bf16: round the float32 bit pattern at bit 16
+        if STOCHASTIC:
+            added = (u * 65536.0).to(tl.int32)
+        else:
+            added = ((xbits >> 16) & 1) + 0x7FFF
+        y = ((xbits + added) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, y)
+    field = xbits & 0x7F800000
+    if GRID == 2:  # HiF8: q = e - 3 + [|e| >= 4] + [|e| >= 8] + [|e| >= 16], e clamped to [-22, 15]
+        e = tl.minimum(tl.maximum((field >> 23) - 127, -22), 15)
+        t = tl.abs(e)
+        c = (t >= 4).to(tl.int32) + (t >= 8).to(tl.int32) + (t >= 16).to(tl.int32)
+        field = (e + c + 124) << 23
+    else:
+        field = tl.minimum(tl.maximum(field, MIN_FIELD), MAX_FIELD) - (MBITS << 23)
+    inverse = ((254 << 23) - field).to(tl.float32, bitcast=True)
+    r = round_integer(x * inverse, u, STOCHASTIC, GRID == 2)
+    y = r * field.to(tl.float32, bitcast=True)
+    if OVERFLOW_INF:
+        beyond: tl.constexpr = float("inf") if HAS_INF else float("nan")
+        y = tl.where(y > MAX_VALUE, beyond, tl.where(y < -MAX_VALUE, -beyond, y))
+    else:
+        y = tl.where(y > MAX_VALUE, MAX_VALUE, tl.where(y < -MAX_VALUE, -MAX_VALUE, y))
+    if not SIGNED_ZERO:
+        y = tl.where(y == 0.0, 0.0, y)
+    return y
+
+
+@triton.jit(do_not_specialize=["key_low", "key_high"])
+def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_high, after, local, rank_offset,
+                        row_stride, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
+                        MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
+                        HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr,
+                        SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    u = x  # unused unless stochastic
+    if STOCHASTIC:
+        u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
+    if SCALED:
+        x = x * tl.load(encode_ptr)
+    y = round_grid(x, u, GRID, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, OVERFLOW_INF, HAS_INF, SIGNED_ZERO,
+                   STOCHASTIC)
+    if DECODE:
+        y = y * tl.load(decode_ptr)
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def grid_constants(grid, overflow: str) -> dict:
+    """The constexpr arguments of ``round_grid`` for a ``formats.grid`` grid (None: bf16)."""
+    if grid is None:
+        return dict(GRID=0, MBITS=0, MIN_FIELD=0, MAX_FIELD=0, MAX_VALUE=0.0, OVERFLOW_INF=False, HAS_INF=True,
+                    SIGNED_ZERO=True)
+    if isinstance(grid, HiFloat8Grid):
+        kind, mbits, low, high = 2, 0, 0, 0
+    elif isinstance(grid, Minifloat):
+        kind, mbits = 1, grid.mbits
+        low, high = (grid.min_exponent + 127) << 23, (grid.max_exponent + 127) << 23
+    else:
+        raise ValueError(f"{grid.name}: no Triton rounding for this grid")
+    return dict(GRID=kind, MBITS=mbits, MIN_FIELD=low, MAX_FIELD=high, MAX_VALUE=float(grid.max_value),
+                OVERFLOW_INF=overflow == "inf", HAS_INF=grid.has_inf, SIGNED_ZERO=grid.signed_zero)
+
+
+def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool) -> None:
+    """Run the elementwise kernel over contiguous x into out; ``encode``/``decode``: 0-d float32
+    device tensors or None (unscaled; decode None also for the split GEMM operand)."""
+    n = x.numel()
+    scaled, dec = encode is not None, decode is not None
+    _elementwise_kernel[(triton.cdiv(n, BLOCK),)](
+        x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
+        SCALED=scaled, DECODE=dec, BLOCK_SIZE=BLOCK)

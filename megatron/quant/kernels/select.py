@@ -1,0 +1,93 @@
+"""Which code quantizes a tensor: Triton kernels, ``torch.compile`` or eager torch.
+
+``CUSTOM_QUANT_KERNELS`` chooses (default ``auto``):
+
+- ``auto``: Triton kernels for CUDA tensors when Triton imports and the format has a kernel;
+  otherwise the recipe's choice (``compile: true``: torch.compile, else eager torch);
+- ``torch``: eager torch everywhere (the reference);
+- ``compile``: torch.compile for round-to-nearest formats (stochastic rounding runs eager);
+- ``triton``: Triton kernels wherever a format has one; CPU tensors use them only under
+  ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), else the eager torch path.
+
+The formats (``megatron.quant.formats``) stay the reference and the CPU path: a kernel must
+give their bits exactly.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Mapping, Optional
+
+import torch
+
+from megatron.quant.formats.compiled import CompiledFormat
+from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
+
+ENV = "CUSTOM_QUANT_KERNELS"
+BACKENDS = ("auto", "torch", "compile", "triton")
+
+
+def backend(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The backend ``CUSTOM_QUANT_KERNELS`` names (``auto`` when unset); ValueError lists the allowed values."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV, "").strip().lower() or "auto"
+    if value not in BACKENDS:
+        raise ValueError(f"{ENV}={env[ENV]!r} is not one of {', '.join(BACKENDS)}")
+    if value == "triton" and not triton_available():
+        raise ValueError(f"{ENV}=triton but Triton does not import here (pip install triton)")
+    return value
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def supported(fmt: Any) -> bool:
+    """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
+    return isinstance(fmt, (CastFormat, ElementwiseFormat)) and getattr(fmt, "dtype", None) != torch.float32
+
+
+def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:
+    """What quantizes ``fmt``'s tensors on this machine's device: "triton", "compiled" or "eager".
+    ``compile``: the recipe's choice; ``chosen``: the backend; ``cuda``: whether tensors live there."""
+    triton_wanted = chosen == "triton" or (chosen == "auto" and cuda and triton_available())
+    if triton_wanted and supported(fmt) and (cuda or interpreting()):
+        return "triton"
+    if (chosen == "compile" or (chosen == "auto" and compile)) and fmt.rounding != "stochastic":
+        return "compiled"
+    return "eager"
+
+
+def wrap(fmt: Any, compile: bool, chosen: Optional[str] = None, cuda: Optional[bool] = None) -> Any:
+    """``fmt`` as the layers should call it: a ``TritonFormat`` (kernels for the tensors they
+    serve, ``fmt`` or its compiled twin for the others), a ``CompiledFormat``, or ``fmt`` itself.
+    ``chosen``: the backend (default: the environment's); ``cuda``: whether CUDA is there."""
+    chosen = backend() if chosen is None else chosen
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    fallback = CompiledFormat(fmt) if plan(fmt, compile, chosen, False) == "compiled" else fmt
+    if supported(fmt) and (chosen == "triton" or (chosen == "auto" and cuda and triton_available())):
+        from .triton_format import TritonFormat
+
+        return TritonFormat(fmt, fallback)
+    return fallback
+
+
+def describe(formats: list[Any], compile: bool, chosen: str, cuda: bool) -> str:
+    """The start line's words: the backend and each format's path, saying where a GPU runs eager."""
+    paths: dict[str, list[str]] = {}
+    for fmt in formats:
+        label = fmt.name + (" (stochastic)" if fmt.rounding == "stochastic" else "")
+        paths.setdefault(plan(fmt, compile, chosen, cuda), []).append(label)
+    words = "; ".join(f"{p} {', '.join(sorted(set(names)))}" for p, names in sorted(paths.items())) or "none"
+    warning = " (WARNING: eager quantization on the GPU)" if cuda and "eager" in paths else ""
+    return f"kernels {chosen}: {words}{warning}"

@@ -1,0 +1,88 @@
+"""``TritonFormat``: a NumericFormat whose quantization runs as Triton kernels on the tensors the
+kernels serve (CUDA, or CPU under Triton's interpreter), and as its fallback (the eager format
+or its compiled twin) everywhere else. Same results as the format, bit for bit."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, abs_max, encode_scale
+from megatron.quant.formats.elementwise import CastFormat
+from megatron.quant.formats.grid import FP16
+from megatron.quant.formats.random_bits import RandomBits
+
+from . import elementwise
+from .noise import noise_args
+from .select import interpreting, supported
+
+
+class TritonFormat:
+    """``fmt`` with Triton kernels for the tensors they serve; ``fallback`` for the others."""
+
+    def __init__(self, fmt: Any, fallback: Any) -> None:
+        if not supported(fmt):
+            raise ValueError(f"{fmt.name}: no Triton kernel for {fmt!r}")
+        self.fmt, self.fallback = fmt, fallback
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fmt, name)
+
+    def __repr__(self) -> str:
+        return f"TritonFormat({self.fmt!r})"
+
+    def serves(self, x: Tensor, generator: Optional[torch.Generator] = None) -> bool:
+        """True when the kernels quantize x (generator-drawn noise stays with the torch path)."""
+        return (generator is None and isinstance(x, Tensor) and x.dtype in SUPPORTED_DTYPES and x.numel() > 0
+                and (x.is_cuda or (x.device.type == "cpu" and interpreting())) and not self._identity(x))
+
+    def _identity(self, x: Tensor) -> bool:
+        return isinstance(self.fmt, CastFormat) and x.dtype == self.fmt.dtype
+
+    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+        """As ``NumericFormat.quantize``."""
+        if not self.serves(x, generator):
+            return self.fallback.quantize(x, axis, amax, noise=noise, generator=generator)
+        _check_input(self.name, x)
+        xt = self.fmt.transform(x, axis)
+        out_dtype = x.dtype if xt is x else torch.float32
+        q, _ = self._kernel(xt, axis, amax, noise, split=False, out_dtype=out_dtype)
+        return self.fmt._inverse_transform(q, axis).to(x.dtype)
+
+    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                          ) -> tuple[Tensor, Optional[Tensor]]:
+        """As ``NumericFormat.quantize_for_gemm``."""
+        fmt = self.fmt
+        if not self.serves(x, generator):
+            return self.fallback.quantize_for_gemm(x, axis, amax, noise=noise, generator=generator)
+        if not (fmt.needs_tensor_amax or fmt.transforms_operand):
+            return self.quantize(x, axis, amax, noise=noise), None
+        _check_input(self.name, x)
+        xt = fmt.transform(x, axis)
+        q, tensor_scale = self._kernel(xt, axis, amax, noise, split=fmt.needs_tensor_amax, out_dtype=x.dtype)
+        return q, tensor_scale if fmt.needs_tensor_amax else None
+
+    def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
+                out_dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
+        """(quantized x in ``out_dtype``, the per-tensor decode factor or None); x in the format's
+        quantization domain. ``split``: leave the decode factor out of the values."""
+        fmt = self.fmt
+        stochastic = fmt.rounding == "stochastic"
+        bits = (noise or fmt._default_bits) if stochastic else None
+        encode = decode = None
+        if getattr(fmt, "needs_tensor_amax", False):
+            amax = abs_max(x) if amax is None else amax
+            encode = encode_scale(amax, fmt.scale_target, bool(fmt.options.get("power_of_two_scales")))
+            decode = 1 / encode
+        if isinstance(fmt, CastFormat):
+            grid, overflow = (None, "saturate") if fmt.dtype == torch.bfloat16 else (FP16, "inf")
+        else:
+            grid, overflow = fmt.element, fmt.options["overflow"]
+        x = x.contiguous()
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        elementwise.launch(x, out, encode, None if split else decode, noise_args(bits, tuple(x.shape)),
+                           elementwise.grid_constants(grid, overflow), stochastic)
+        return out, decode
