@@ -30,6 +30,8 @@ setup(
             "ml_dtypes>=0.5",
             "en_dtypes>=0.0.4",
             "transformers>=4.45",
+            # The kernel tests run Triton's interpreter on CPU; its wheel depends on nothing (no CUDA packages).
+            "triton>=3.0; platform_system == 'Linux'",
         ],
         # --wandb-project: the same scalars as TensorBoard, to Weights & Biases (WANDB_MODE=offline works offline).
         "wandb": ["wandb>=0.16"],

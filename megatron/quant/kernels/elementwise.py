@@ -93,7 +93,18 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                    STOCHASTIC)
     if DECODE:
         y = y * tl.load(decode_ptr)
-    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+    store(out_ptr + offsets, y, mask)
+
+
+@triton.jit
+def store(pointers, y, mask):
+    """Store float32 y in the pointers' dtype, rounded to nearest even as torch's ``.to`` does
+    (bfloat16 is rounded here on the bits: Triton's interpreter truncates that conversion)."""
+    if pointers.dtype.element_ty == tl.bfloat16:
+        bits = y.to(tl.int32, bitcast=True)
+        rounded = ((bits + ((bits >> 16) & 1) + 0x7FFF) & -65536).to(tl.float32, bitcast=True)
+        y = tl.where(y != y, y, rounded)
+    tl.store(pointers, y.to(pointers.dtype.element_ty), mask=mask)
 
 
 def grid_constants(grid, overflow: str) -> dict:
