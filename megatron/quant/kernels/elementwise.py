@@ -17,6 +17,7 @@ from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
 from .noise import global_index, uniform
+from .select import program_elements
 
 BLOCK = 1024
 
@@ -83,7 +84,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x = load(x_ptr + offsets, mask)
     u = x  # unused unless stochastic
     if STOCHASTIC:
         u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
@@ -97,14 +98,25 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
 
 
 @triton.jit
+def load(pointers, mask):
+    """float32 values of float32/bf16/fp16 pointers; bf16 through its bits (exact; Triton's
+    interpreter converts bf16 subnormals wrongly)."""
+    if pointers.dtype.element_ty == tl.bfloat16:
+        raw = tl.load(pointers.to(tl.pointer_type(tl.int16)), mask=mask, other=0)
+        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return tl.load(pointers, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def store(pointers, y, mask):
-    """Store float32 y in the pointers' dtype, rounded to nearest even as torch's ``.to`` does
-    (bfloat16 is rounded here on the bits: Triton's interpreter truncates that conversion)."""
+    """Store float32 y in the pointers' dtype rounded to nearest even, as torch's ``.to`` does;
+    bf16 as its bits (ties to even at bit 16, NaN kept NaN)."""
     if pointers.dtype.element_ty == tl.bfloat16:
         bits = y.to(tl.int32, bitcast=True)
-        rounded = ((bits + ((bits >> 16) & 1) + 0x7FFF) & -65536).to(tl.float32, bitcast=True)
-        y = tl.where(y != y, y, rounded)
-    tl.store(pointers, y.to(pointers.dtype.element_ty), mask=mask)
+        rounded = tl.where(y != y, 0x7FC0, (bits + ((bits >> 16) & 1) + 0x7FFF) >> 16)
+        tl.store(pointers.to(tl.pointer_type(tl.int16)), rounded.to(tl.int16), mask=mask)
+    else:
+        tl.store(pointers, y.to(pointers.dtype.element_ty), mask=mask)
 
 
 def grid_constants(grid, overflow: str) -> dict:
@@ -128,6 +140,7 @@ def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bo
     device tensors or None (unscaled; decode None also for the split GEMM operand)."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
-    _elementwise_kernel[(triton.cdiv(n, BLOCK),)](
+    block = program_elements(BLOCK)
+    _elementwise_kernel[(triton.cdiv(n, block),)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
-        SCALED=scaled, DECODE=dec, BLOCK_SIZE=BLOCK)
+        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block)

@@ -22,6 +22,7 @@ import torch
 
 from megatron.quant.formats.compiled import CompiledFormat
 from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
+from megatron.quant.formats.mx import MXFormat
 
 ENV = "CUSTOM_QUANT_KERNELS"
 BACKENDS = ("auto", "torch", "compile", "triton")
@@ -52,9 +53,15 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def program_elements(on_device: int) -> int:
+    """Elements per kernel program: ``on_device`` on a GPU; many more in the interpreter, which runs
+    programs one after another in Python (the results do not depend on it: blocks never straddle)."""
+    return 1 << 15 if interpreting() else on_device
+
+
 def supported(fmt: Any) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
-    return isinstance(fmt, (CastFormat, ElementwiseFormat)) and getattr(fmt, "dtype", None) != torch.float32
+    return isinstance(fmt, (CastFormat, ElementwiseFormat, MXFormat)) and getattr(fmt, "dtype", None) != torch.float32
 
 
 def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:

@@ -8,12 +8,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, abs_max, encode_scale
+from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, abs_max, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
 from megatron.quant.formats.grid import FP16
+from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.random_bits import RandomBits
 
-from . import elementwise
+from . import blocks, elementwise
 from .noise import noise_args
 from .select import interpreting, supported
 
@@ -72,6 +73,11 @@ class TritonFormat:
         fmt = self.fmt
         stochastic = fmt.rounding == "stochastic"
         bits = (noise or fmt._default_bits) if stochastic else None
+        x = x.contiguous()
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        if isinstance(fmt, MXFormat):
+            blocks.launch_mx(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()), noise_args(bits, tuple(x.shape)))
+            return out, None
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
             amax = abs_max(x) if amax is None else amax
@@ -81,8 +87,6 @@ class TritonFormat:
             grid, overflow = (None, "saturate") if fmt.dtype == torch.bfloat16 else (FP16, "inf")
         else:
             grid, overflow = fmt.element, fmt.options["overflow"]
-        x = x.contiguous()
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         elementwise.launch(x, out, encode, None if split else decode, noise_args(bits, tuple(x.shape)),
                            elementwise.grid_constants(grid, overflow), stochastic)
         return out, decode

@@ -1,0 +1,111 @@
+"""Triton kernel of the MX formats (``formats.mx``): blocks along any axis (first, middle, last;
+a ragged last block counts as shorter) or square tiles of the last two dimensions, every
+E8M0 scale mode, round to nearest or stochastic. One pass: each program loads whole blocks,
+reduces their amax, and writes the quantized values.
+
+x is viewed as (before, length, after) with the blocks along ``length``; a program holds a
+(block position, block) tile, so the amax is a reduction over its first dimension. Inf or NaN
+in a block makes the block NaN, as the torch path does.
+"""
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+from megatron.quant.formats import bits
+from megatron.quant.formats.mx import SCALE_MODES
+
+from .elementwise import load, round_grid, store
+from .noise import global_index, uniform
+from .select import program_elements
+
+ELEMENTS_PER_PROGRAM = 1024
+
+
+@triton.jit
+def exp2_int(k):
+    """Exact 2**k as float32 for int32 k in [-149, 127] (``formats.bits.exp2_int``)."""
+    normal = tl.minimum(tl.maximum(k, -126), 127)
+    return ((normal + 127) << 23).to(tl.float32, bitcast=True) * ((k - normal + 127) << 23).to(tl.float32,
+                                                                                                bitcast=True)
+
+
+@triton.jit
+def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B: tl.constexpr,
+                  SIDE: tl.constexpr, TILED: tl.constexpr):
+    """(offsets, valid) of a [block position, block] tile: block ids ``c``, positions ``k``."""
+    if TILED:  # c enumerates (matrix, tile row, tile column); k runs row by row through a SIDE x SIDE tile
+        per_row = (cols + SIDE - 1) // SIDE
+        per_matrix = ((rows + SIDE - 1) // SIDE) * per_row
+        t = c % per_matrix
+        row = (t // per_row) * SIDE + k[:, None] // SIDE
+        col = (t % per_row) * SIDE + k[:, None] % SIDE
+        valid = (k[:, None] < B) & (row < rows) & (col < cols) & (c < n_blocks_total)
+        offsets = (c // per_matrix).to(tl.int64) * rows * cols + row * cols + col
+    else:  # c enumerates (before, block, after) with after fastest
+        a = c % after
+        r = c // after
+        position = (r % n_blocks) * B + k[:, None]
+        valid = (k[:, None] < B) & (position < length) & (c < n_blocks_total)
+        offsets = (r // n_blocks).to(tl.int64) * length * after + position.to(tl.int64) * after + a
+    return offsets, valid
+
+
+@triton.jit(do_not_specialize=["key_low", "key_high"])
+def _mx_kernel(x_ptr, out_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high, g_after,
+               g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
+               TILED: tl.constexpr, COLS: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
+               HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
+               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
+    k = tl.arange(0, BP)
+    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
+    x = load(x_ptr + offsets, valid)
+    special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+    nonfinite = tl.max(special.to(tl.int32), axis=0) > 0
+    amax = tl.max(tl.where(special, 0.0, tl.abs(x)), axis=0)
+    amax_bits = amax.to(tl.int32, bitcast=True)
+    if SCALE_MODE == 2:  # even: the mantissa rounded to the element's width first (a carry bumps the exponent)
+        amax_bits = amax_bits + HALF_ULP
+    exponent = ((amax_bits >> 23) & 0xFF) - 127 - EMAX
+    if SCALE_MODE == 1:  # ceil
+        exponent = exponent + ((amax_bits & 0x7FFFFF) != 0).to(tl.int32)
+    elif SCALE_MODE == 3:  # rceil
+        exponent = exponent + ((amax_bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
+    exponent = tl.minimum(tl.maximum(exponent, -127), 127)
+    u = x
+    if STOCHASTIC:
+        u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
+    elements = round_grid(x * exp2_int(-exponent)[None, :], u, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False,
+                          False, True, STOCHASTIC)
+    y = tl.where(nonfinite[None, :], float("nan"), elements * exp2_int(exponent)[None, :])
+    store(out_ptr + offsets, y, valid)
+
+
+def launch_mx(x, out, fmt, axis: int, noise: tuple) -> None:
+    """MX-quantize contiguous x (blocks along non-negative ``axis``, or ``fmt``'s tiles) into out."""
+    element, size = fmt.element, fmt.block_size
+    if fmt.tiled:
+        if x.dim() < 2:
+            raise ValueError(f"{fmt.name}: block_shape={fmt.block_shape} needs a tensor with at least two dimensions")
+        rows, cols = x.shape[-2], x.shape[-1]
+        total = (x.numel() // (rows * cols)) * triton.cdiv(rows, size) * triton.cdiv(cols, size)
+        length = after = n_blocks = 1
+        block = size * size
+    else:
+        length, after = x.shape[axis], math.prod(x.shape[axis + 1:])
+        n_blocks = triton.cdiv(length, size)
+        total = math.prod(x.shape[:axis]) * n_blocks * after
+        rows = cols = 1
+        block = size
+    padded = triton.next_power_of_2(block)
+    columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
+    _mx_kernel[(triton.cdiv(total, columns),)](
+        x, out, total, length, after, n_blocks, rows, cols, *noise, B=block, BP=padded, SIDE=size, TILED=fmt.tiled,
+        COLS=columns, EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]),
+        HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),
+        MBITS=element.mbits, MIN_FIELD=(element.min_exponent + 127) << 23,
+        MAX_FIELD=(element.max_exponent + 127) << 23, MAX_VALUE=float(element.max_value),
+        STOCHASTIC=fmt.rounding == "stochastic")

@@ -1,0 +1,50 @@
+"""MX formats in Triton against the torch path, bit for bit: FP8/FP6/FP4 elements, every scale
+mode, blocks along the first, a middle and the last axis, ragged last blocks, 32 x 32 tiles,
+Hadamard, NaN/Inf/zero blocks, fp32 and bf16 inputs, round to nearest and stochastic."""
+import pytest
+import torch
+
+from megatron.quant.formats import get_format
+from megatron.quant.formats.mx import SCALE_MODES
+from megatron.quant.formats.random_bits import RandomBits
+from tests.kernels._compare import assert_same_result, triton_twin, wide_values
+
+pytestmark = pytest.mark.device
+
+MX = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4_e2m1"]
+
+
+def _blocks_input(shape, seed, dtype, device):
+    """Wide values with an all-zero block, a NaN block and an Inf block along the last axis."""
+    x = wide_values(shape, seed, dtype=torch.float32, specials=False, lo=-20, hi=12)
+    flat = x.view(-1, shape[-1])
+    flat[0, :32] = 0.0
+    flat[1, 3] = float("nan")
+    flat[2, 40] = -float("inf")
+    flat[3, :32] = torch.linspace(-2.0**-130, 2.0**-128, 32)  # subnormal amax: scale 2**-127
+    return x.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+@pytest.mark.parametrize("name", MX)
+def test_mx_formats_along_every_axis_match_the_torch_path(name, scale_mode, rounding, kernel_device):
+    fmt = get_format(name, scale_mode=scale_mode, rounding=rounding, seed=2)
+    twin = triton_twin(fmt)
+    noise = RandomBits.derive("mx", name)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _blocks_input((5, 40, 72), seed=len(name), dtype=dtype, device=kernel_device)  # 72 = 2 x 32 + 8
+        for axis in (0, 1, -1):
+            ours = twin.quantize(x, axis, noise=noise)
+            assert_same_result(ours, fmt.quantize(x, axis, noise=noise), f"{dtype} axis {axis}")
+
+
+@pytest.mark.parametrize("options", [{"block_shape": (32, 32)}, {"hadamard": 32}, {"block_shape": (1, 24)},
+                                     {"block_shape": (32, 32), "rounding": "stochastic"}])
+def test_mx_tiles_hadamard_and_other_block_sizes(options, kernel_device):
+    fmt = get_format("mxfp8_e4m3", **options)
+    twin = triton_twin(fmt)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _blocks_input((2, 40, 64), seed=9, dtype=dtype, device=kernel_device)  # tiles: 40 rows are ragged
+        for call in ("quantize", "quantize_for_gemm"):
+            assert_same_result(getattr(twin, call)(x, -1), getattr(fmt, call)(x, -1), f"{call} {dtype}")
