@@ -48,3 +48,21 @@ def test_mx_tiles_hadamard_and_other_block_sizes(options, kernel_device):
         x = _blocks_input((2, 40, 64), seed=9, dtype=dtype, device=kernel_device)  # tiles: 40 rows are ragged
         for call in ("quantize", "quantize_for_gemm"):
             assert_same_result(getattr(twin, call)(x, -1), getattr(fmt, call)(x, -1), f"{call} {dtype}")
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("options", [{}, {"power_of_two_scales": False}, {"block_shape": (128, 128)},
+                                     {"block_shape": (128, 128), "power_of_two_scales": False},
+                                     {"block_shape": (1, 32), "hadamard": 16}],
+                         ids=["1x128", "1x128-fp32-scales", "128x128", "128x128-fp32-scales", "1x32-hadamard"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_blockwise_matches_the_torch_path(name, options, rounding, kernel_device):
+    fmt = get_format(name, scaling="block", rounding=rounding, **options)
+    twin = triton_twin(fmt)
+    for dtype in (torch.float32, torch.bfloat16):
+        # Ragged 128-blocks and tiles (the middle axis takes the MX tests' path).
+        x = _blocks_input((136, 144), seed=4, dtype=dtype, device=kernel_device)
+        x[5, :128] = torch.linspace(-2.0**-128, 2.0**-129, 128)  # max / amax overflows: FP32's max
+        for axis in ((0, -1) if fmt.block_shape[0] == 1 and "hadamard" not in options else (-1,)):
+            ours = twin.quantize_for_gemm(x, axis)
+            assert_same_result(ours, fmt.quantize_for_gemm(x, axis), f"{dtype} axis {axis}")

@@ -1,6 +1,7 @@
-"""Triton kernel of the MX formats (``formats.mx``): blocks along any axis (first, middle, last;
-a ragged last block counts as shorter) or square tiles of the last two dimensions, every
-E8M0 scale mode, round to nearest or stochastic. One pass: each program loads whole blocks,
+"""Triton kernel of the block formats with one scale per block: MX (``formats.mx``, every E8M0
+scale mode) and FP8 blockwise (``formats.fp8_blocks``, with or without power-of-two scales);
+blocks along any axis (first, middle, last; a ragged last block counts as shorter) or square
+tiles of the last two dimensions, round to nearest or stochastic. One pass: each program loads whole blocks,
 reduces their amax, and writes the quantized values.
 
 x is viewed as (before, length, after) with the blocks along ``length``; a program holds a
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from megatron.quant.formats import bits
-from megatron.quant.formats.mx import SCALE_MODES
+from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
 from .elementwise import load, round_grid, store
 from .noise import global_index, uniform
@@ -53,19 +54,10 @@ def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B: 
     return offsets, valid
 
 
-@triton.jit(do_not_specialize=["key_low", "key_high"])
-def _mx_kernel(x_ptr, out_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high, g_after,
-               g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
-               TILED: tl.constexpr, COLS: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-               HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
-               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr):
-    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
-    k = tl.arange(0, BP)
-    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
-    x = load(x_ptr + offsets, valid)
-    special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
-    nonfinite = tl.max(special.to(tl.int32), axis=0) > 0
-    amax = tl.max(tl.where(special, 0.0, tl.abs(x)), axis=0)
+@triton.jit
+def mx_scales(amax, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr,
+              MAX_MANTISSA: tl.constexpr):
+    """(encode, decode) powers of two from finite block amaxes (``mx.mx_scale_exponent``)."""
     amax_bits = amax.to(tl.int32, bitcast=True)
     if SCALE_MODE == 2:  # even: the mantissa rounded to the element's width first (a carry bumps the exponent)
         amax_bits = amax_bits + HALF_ULP
@@ -75,17 +67,49 @@ def _mx_kernel(x_ptr, out_ptr, n_blocks_total, length, after, n_blocks, rows, co
     elif SCALE_MODE == 3:  # rceil
         exponent = exponent + ((amax_bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
     exponent = tl.minimum(tl.maximum(exponent, -127), 127)
+    return exp2_int(-exponent), exp2_int(exponent)
+
+
+@triton.jit
+def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr):
+    """(encode, decode) from finite block amaxes: ``base.encode_scale`` (TE's rule), IEEE division."""
+    encode = tl.minimum(tl.math.div_rn(tl.full(amax.shape, MAX_VALUE, tl.float32), amax), 3.4028234663852886e38)
+    encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)
+    if POWER_OF_TWO:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    return encode, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
+
+
+@triton.jit(do_not_specialize=["key_low", "key_high"])
+def _block_kernel(x_ptr, out_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high, g_after,
+                  g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
+                  TILED: tl.constexpr, COLS: tl.constexpr, FP8_BLOCKS: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+                  EMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
+               HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
+               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
+    k = tl.arange(0, BP)
+    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
+    x = load(x_ptr + offsets, valid)
+    special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
+    nonfinite = tl.max(special.to(tl.int32), axis=0) > 0
+    amax = tl.max(tl.where(special, 0.0, tl.abs(x)), axis=0)
+    if FP8_BLOCKS:
+        encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO)
+    else:
+        encode, decode = mx_scales(amax, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA)
     u = x
     if STOCHASTIC:
         u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-    elements = round_grid(x * exp2_int(-exponent)[None, :], u, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False,
+    elements = round_grid(x * encode[None, :], u, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False,
                           False, True, STOCHASTIC)
-    y = tl.where(nonfinite[None, :], float("nan"), elements * exp2_int(exponent)[None, :])
+    y = tl.where(nonfinite[None, :], float("nan"), elements * decode[None, :])
     store(out_ptr + offsets, y, valid)
 
 
-def launch_mx(x, out, fmt, axis: int, noise: tuple) -> None:
-    """MX-quantize contiguous x (blocks along non-negative ``axis``, or ``fmt``'s tiles) into out."""
+def launch_blocks(x, out, fmt, axis: int, noise: tuple) -> None:
+    """Quantize contiguous x with an MX or FP8 block format (blocks along non-negative ``axis``, or
+    ``fmt``'s tiles) into out."""
     element, size = fmt.element, fmt.block_size
     if fmt.tiled:
         if x.dim() < 2:
@@ -102,9 +126,11 @@ def launch_mx(x, out, fmt, axis: int, noise: tuple) -> None:
         block = size
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
-    _mx_kernel[(triton.cdiv(total, columns),)](
+    mx = isinstance(fmt, MXFormat)
+    _block_kernel[(triton.cdiv(total, columns),)](
         x, out, total, length, after, n_blocks, rows, cols, *noise, B=block, BP=padded, SIDE=size, TILED=fmt.tiled,
-        COLS=columns, EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]),
+        COLS=columns, FP8_BLOCKS=not mx, POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
+        EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]) if mx else 0,
         HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),
         MBITS=element.mbits, MIN_FIELD=(element.min_exponent + 127) << 23,
         MAX_FIELD=(element.max_exponent + 127) << 23, MAX_VALUE=float(element.max_value),

@@ -22,6 +22,7 @@ import torch
 
 from megatron.quant.formats.compiled import CompiledFormat
 from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
+from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import MXFormat
 
 ENV = "CUSTOM_QUANT_KERNELS"
@@ -61,7 +62,7 @@ def program_elements(on_device: int) -> int:
 
 def supported(fmt: Any) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
-    return isinstance(fmt, (CastFormat, ElementwiseFormat, MXFormat)) and getattr(fmt, "dtype", None) != torch.float32
+    return isinstance(fmt, (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat)) and getattr(fmt, "dtype", None) != torch.float32
 
 
 def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, abs_max, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
+from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.grid import FP16
 from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.random_bits import RandomBits
@@ -75,8 +76,8 @@ class TritonFormat:
         bits = (noise or fmt._default_bits) if stochastic else None
         x = x.contiguous()
         out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-        if isinstance(fmt, MXFormat):
-            blocks.launch_mx(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()), noise_args(bits, tuple(x.shape)))
+        if isinstance(fmt, (MXFormat, FP8BlockFormat)):
+            blocks.launch_blocks(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()), noise_args(bits, tuple(x.shape)))
             return out, None
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
