@@ -66,3 +66,22 @@ def test_fp8_blockwise_matches_the_torch_path(name, options, rounding, kernel_de
         for axis in ((0, -1) if fmt.block_shape[0] == 1 and "hadamard" not in options else (-1,)):
             ours = twin.quantize_for_gemm(x, axis)
             assert_same_result(ours, fmt.quantize_for_gemm(x, axis), f"{dtype} axis {axis}")
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("options", [{}, {"block_shape": (16, 16)}, {"hadamard": 16}])
+def test_nvfp4_matches_the_torch_path(options, rounding, kernel_device):
+    """1x16 blocks along the first, a middle and the last axis, 16 x 16 tiles, hadamard=16; with the
+    tensor's own amax and a given (TP-reduced) one; blocks whose E4M3 scale rounds to zero."""
+    fmt = get_format("nvfp4", rounding=rounding, **options)
+    twin = triton_twin(fmt)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _blocks_input((3, 40, 48), seed=6, dtype=dtype, device=kernel_device)
+        x[1, 7, :16] = -(2.0**-15)  # next to an amax of 2**12 its E4M3 scale rounds to zero (-0 kept)
+        axes = (-1,) if options else (0, 1, -1)
+        finite = x.nan_to_num(0.0, 0.0, 0.0)  # a finite tensor amax: a real FP32 tensor scale
+        cases = [(x, a, None) for a in axes] + [(finite, -1, None), (x, -1, torch.tensor(2.0**13, device=x.device))]
+        for x, axis, amax in cases:
+            for call in ("quantize", "quantize_for_gemm"):
+                assert_same_result(getattr(twin, call)(x, axis, amax), getattr(fmt, call)(x, axis, amax),
+                                   f"{call} {dtype} axis {axis} amax {amax}")

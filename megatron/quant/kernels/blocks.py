@@ -1,5 +1,6 @@
-"""Triton kernel of the block formats with one scale per block: MX (``formats.mx``, every E8M0
-scale mode) and FP8 blockwise (``formats.fp8_blocks``, with or without power-of-two scales);
+"""Triton kernel of the block-scaled formats: MX (``formats.mx``, every E8M0 scale mode), FP8
+blockwise (``formats.fp8_blocks``, with or without power-of-two scales) and NVFP4
+(``formats.nvfp4``: E4M3 block scales under an FP32 tensor scale, TE's arithmetic);
 blocks along any axis (first, middle, last; a ragged last block counts as shorter) or square
 tiles of the last two dimensions, round to nearest or stochastic. One pass: each program loads whole blocks,
 reduces their amax, and writes the quantized values.
@@ -11,11 +12,16 @@ in a block makes the block NaN, as the torch path does.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import triton
 import triton.language as tl
 
+from torch import Tensor
+
 from megatron.quant.formats import bits
+from megatron.quant.formats.grid import FP8_E4M3
+from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
 from .elementwise import load, round_grid, store
@@ -81,12 +87,13 @@ def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
-def _block_kernel(x_ptr, out_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high, g_after,
+def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high, g_after,
                   g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
-                  TILED: tl.constexpr, COLS: tl.constexpr, FP8_BLOCKS: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+                  TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr,
                   EMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
                HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
-               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr):
+               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
+                  E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr):
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
@@ -94,22 +101,35 @@ def _block_kernel(x_ptr, out_ptr, n_blocks_total, length, after, n_blocks, rows,
     special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
     nonfinite = tl.max(special.to(tl.int32), axis=0) > 0
     amax = tl.max(tl.where(special, 0.0, tl.abs(x)), axis=0)
-    if FP8_BLOCKS:
-        encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO)
-    else:
+    if KIND == 0:
         encode, decode = mx_scales(amax, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA)
+    elif KIND == 1:
+        encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO)
+    else:  # NVFP4: tensor_ptr holds (global_encode / 6, global_decode)
+        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, 1, 3, E4M3_MIN_FIELD, E4M3_MAX_FIELD, 448.0,
+                            False, False, True, False)  # the block's E4M3 scale, to nearest
+        scale = decode * tl.load(tensor_ptr + 1)
+        encode = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
     u = x
     if STOCHASTIC:
         u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-    elements = round_grid(x * encode[None, :], u, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False,
+    scaled = x * encode[None, :]
+    if KIND == 2:  # a block whose scale rounded to zero quantizes to zero
+        scaled = tl.where((scale == 0.0)[None, :], 0.0, scaled)
+    elements = round_grid(scaled, u, x, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False,
                           False, True, STOCHASTIC)
-    y = tl.where(nonfinite[None, :], float("nan"), elements * decode[None, :])
+    y = elements * decode[None, :]
+    if KIND == 2 and not SPLIT:
+        y = y * tl.load(tensor_ptr + 1)
+    y = tl.where(nonfinite[None, :], float("nan"), y)
     store(out_ptr + offsets, y, valid)
 
 
-def launch_blocks(x, out, fmt, axis: int, noise: tuple) -> None:
-    """Quantize contiguous x with an MX or FP8 block format (blocks along non-negative ``axis``, or
-    ``fmt``'s tiles) into out."""
+def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False
+                  ) -> None:
+    """Quantize contiguous x with an MX, FP8 block or NVFP4 format (blocks along non-negative
+    ``axis``, or ``fmt``'s tiles) into out. NVFP4: ``tensor`` holds (global encode / 6, global
+    decode) and ``split`` leaves the global decode out of the values."""
     element, size = fmt.element, fmt.block_size
     if fmt.tiled:
         if x.dim() < 2:
@@ -127,11 +147,13 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple) -> None:
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
     mx = isinstance(fmt, MXFormat)
+    kind = 0 if mx else 2 if isinstance(fmt, NVFP4Format) else 1
     _block_kernel[(triton.cdiv(total, columns),)](
-        x, out, total, length, after, n_blocks, rows, cols, *noise, B=block, BP=padded, SIDE=size, TILED=fmt.tiled,
-        COLS=columns, FP8_BLOCKS=not mx, POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
+        x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
+        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, KIND=kind, POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
         EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]) if mx else 0,
         HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),
         MBITS=element.mbits, MIN_FIELD=(element.min_exponent + 127) << 23,
         MAX_FIELD=(element.max_exponent + 127) << 23, MAX_VALUE=float(element.max_value),
-        STOCHASTIC=fmt.rounding == "stochastic")
+        STOCHASTIC=fmt.rounding == "stochastic", SPLIT=split, E4M3_MIN_FIELD=(FP8_E4M3.min_exponent + 127) << 23,
+        E4M3_MAX_FIELD=(FP8_E4M3.max_exponent + 127) << 23)

@@ -23,9 +23,10 @@ BLOCK = 1024
 
 
 @triton.jit
-def round_integer(a, u, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
-    """``rounding.py``'s rules on float32 a, returned with a's sign: nearest-even, nearest with
-    ties away, or stochastic (``u``: U[0, 1)). Magnitudes >= 2**23, Inf and NaN are kept."""
+def round_integer(a, u, signs, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
+    """``rounding.py``'s rules on float32 a: nearest-even (keeps a's sign), or on magnitudes with
+    the sign of ``signs``: nearest with ties away, or stochastic (``u``: U[0, 1)), as
+    ``ElementGrid.round_`` does. Magnitudes >= 2**23, Inf and NaN are kept."""
     m = tl.abs(a)
     small = m < 8388608.0
     t = tl.where(small, m, 0.0).to(tl.int32)
@@ -38,15 +39,16 @@ def round_integer(a, u, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
     else:
         up = (f > 0.5) | ((f == 0.5) & ((t & 1) == 1))
     r = tl.where(small, whole + up.to(tl.float32), m)
-    sign = a.to(tl.int32, bitcast=True) & -2147483648
+    sign = (signs if STOCHASTIC or AWAY else a).to(tl.int32, bitcast=True) & -2147483648
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def round_grid(x, u, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
+def round_grid(x, u, signs, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
                MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
                HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr):
-    """float32 x rounded onto a grid (``ElementGrid.round_``), or to bfloat16 (``_round_bf16``)."""
+    """float32 x rounded onto a grid (``ElementGrid.round_``, ``signs`` as there), or to bfloat16
+    (``_round_bf16``)."""
     xbits = x.to(tl.int32, bitcast=True)
     if GRID == 0:  # bf16: round the float32 bit pattern at bit 16
         if STOCHASTIC:
@@ -64,7 +66,7 @@ def round_grid(x, u, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.cons
     else:
         field = tl.minimum(tl.maximum(field, MIN_FIELD), MAX_FIELD) - (MBITS << 23)
     inverse = ((254 << 23) - field).to(tl.float32, bitcast=True)
-    r = round_integer(x * inverse, u, STOCHASTIC, GRID == 2)
+    r = round_integer(x * inverse, u, signs, STOCHASTIC, GRID == 2)
     y = r * field.to(tl.float32, bitcast=True)
     if OVERFLOW_INF:
         beyond: tl.constexpr = float("inf") if HAS_INF else float("nan")
@@ -90,7 +92,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
         u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
     if SCALED:
         x = x * tl.load(encode_ptr)
-    y = round_grid(x, u, GRID, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, OVERFLOW_INF, HAS_INF, SIGNED_ZERO,
+    y = round_grid(x, u, x, GRID, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, OVERFLOW_INF, HAS_INF, SIGNED_ZERO,
                    STOCHASTIC)
     if DECODE:
         y = y * tl.load(decode_ptr)

@@ -24,6 +24,7 @@ from megatron.quant.formats.compiled import CompiledFormat
 from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import MXFormat
+from megatron.quant.formats.nvfp4 import NVFP4Format
 
 ENV = "CUSTOM_QUANT_KERNELS"
 BACKENDS = ("auto", "torch", "compile", "triton")
@@ -62,7 +63,7 @@ def program_elements(on_device: int) -> int:
 
 def supported(fmt: Any) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
-    return isinstance(fmt, (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat)) and getattr(fmt, "dtype", None) != torch.float32
+    return isinstance(fmt, (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)) and getattr(fmt, "dtype", None) != torch.float32
 
 
 def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:

@@ -11,8 +11,9 @@ from torch import Tensor
 from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, abs_max, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
-from megatron.quant.formats.grid import FP16
+from megatron.quant.formats.grid import FP16, FP8_E4M3
 from megatron.quant.formats.mx import MXFormat
+from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
 from . import blocks, elementwise
@@ -76,9 +77,15 @@ class TritonFormat:
         bits = (noise or fmt._default_bits) if stochastic else None
         x = x.contiguous()
         out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-        if isinstance(fmt, (MXFormat, FP8BlockFormat)):
-            blocks.launch_blocks(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()), noise_args(bits, tuple(x.shape)))
-            return out, None
+        if isinstance(fmt, (MXFormat, FP8BlockFormat, NVFP4Format)):
+            tensor = decode = None
+            if isinstance(fmt, NVFP4Format):  # the FP32 tensor scale, as NVFP4Format computes it
+                encode = encode_scale(abs_max(x) if amax is None else amax, FP8_E4M3.max_value * fmt.element.max_value)
+                decode = 1 / encode
+                tensor = torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32)
+            blocks.launch_blocks(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()),
+                                 noise_args(bits, tuple(x.shape)), tensor, split)
+            return out, decode
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
             amax = abs_max(x) if amax is None else amax
