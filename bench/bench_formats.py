@@ -3,6 +3,7 @@
     python bench/bench_formats.py            # 16M elements (4096 x 4096), fp32 and bf16
     python bench/bench_formats.py --quick    # 1M elements, for a smoke run
     python bench/bench_formats.py --device cuda   # on a GPU: GB/s against a device-to-device copy
+    python bench/bench_formats.py --device cuda --kernels triton compile torch --dual-axis
 
 Each time is the median of ``--repeats`` runs after a warm-up (which includes compilation);
 the ratio is against ``x.clone()`` of the same tensor timed in the same run, so it carries
@@ -11,6 +12,10 @@ Stochastic-rounding rows compare the stateless keyed noise the layers use with a
 torch.Generator's (no goal: a reference for the cost of reproducibility).
 Goals on CPU (issue 2): compiled elementwise <= 2x clone, block <= 3x; eager <= 4x and 6x.
 On CUDA (issue 13): compiled moves >= 80 % of the copy's bandwidth (ratio <= 1.25); eager has no goal.
+Triton kernels (issue 21, ``--kernels triton``, CUDA only: on CPU its rows are skipped): >= 85 % of
+the copy's bandwidth (ratio <= 1 / 0.85). ``--dual-axis`` adds rows quantizing a 2-D tensor along
+both axes (the weight for fprop and dgrad), today two single-axis passes; the issue's goal for a
+one-read dual-axis kernel is <= 1.3x the single-axis time.
 Writes bench/results/bench_formats.json (bench_formats_cuda.json on a GPU).
 """
 from __future__ import annotations
@@ -30,7 +35,10 @@ from megatron.quant.formats import get_format, list_formats
 
 GOALS = {"cpu": {("eager", False): 4.0, ("eager", True): 6.0, ("compiled", False): 2.0, ("compiled", True): 3.0},
          "cuda": {("eager", False): float("inf"), ("eager", True): float("inf"),
-                  ("compiled", False): 1.25, ("compiled", True): 1.25}}
+                  ("compiled", False): 1.25, ("compiled", True): 1.25,
+                  ("triton", False): 1 / 0.85, ("triton", True): 1 / 0.85}}
+# --kernels names (CUSTOM_QUANT_KERNELS's) -> row modes
+MODES = {"torch": "eager", "compile": "compiled", "triton": "triton"}
 RESULTS = Path(__file__).resolve().parent / "results"
 # Recipe variants timed beside the formats' defaults (nvfp4's default is the TE kernel arithmetic):
 # label -> (format, options); --formats accepts the labels too.
@@ -55,8 +63,24 @@ def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, compile_too: bool,
-                device: str) -> list[dict]:
+def quantizers(fmt, modes: list[str]) -> dict[str, Callable[..., torch.Tensor]]:
+    """Row mode -> the format's ``quantize`` run by that backend (``megatron.quant.kernels``)."""
+    from megatron.quant import kernels
+
+    out = {}
+    for mode in modes:
+        if mode == "compiled":
+            # A fresh compiled callable per format (CompiledFormat compiles a code object of its own).
+            out[mode] = kernels.wrap(fmt, compile=True, chosen="compile").quantize
+        elif mode == "triton":
+            out[mode] = kernels.wrap(fmt, compile=False, chosen="triton", cuda=True).quantize
+        else:
+            out[mode] = fmt.quantize
+    return out
+
+
+def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, modes: list[str],
+                device: str, dual_axis: bool) -> list[dict]:
     side = int(numel**0.5)
     x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     moved = 2 * x.numel() * x.element_size()  # bytes read + written by a copy and by a quantization
@@ -66,22 +90,20 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
     for name in names:
         format_name, options = VARIANTS.get(name, (name, {}))
         fmt = get_format(format_name, **options)
-        modes = {"eager": fmt.quantize}
-        if compile_too:
-            # Every format shares NumericFormat.quantize's code object: without a reset,
-            # dynamo's recompile limit (8) would silently fall back to eager.
-            torch._dynamo.reset()
-            modes["compiled"] = torch.compile(fmt.quantize, dynamic=False)
-        for mode, fn in modes.items():
-            seconds = median_seconds(lambda: fn(x), repeats)
-            ratio = seconds / clone
-            goal = GOALS[device][(mode, fmt.block_size is not None)]
-            rows.append({"format": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode,
-                         "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
-                         "GBps": moved / seconds, "copy_GBps": moved / clone,
-                         "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
-            print(f"  {name:<20} {mode:<9} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s  {ratio:6.2f}x clone"
-                  f"  (goal {goal:.2f}x{'' if ratio <= goal else ', missed'})", flush=True)
+        for mode, quantize in quantizers(fmt, modes).items():
+            cases = {"single-axis": lambda: quantize(x, -1)}
+            if dual_axis:
+                cases["dual-axis"] = lambda: (quantize(x, -1), quantize(x, 0))
+            for axes, fn in cases.items():
+                seconds = median_seconds(fn, repeats)
+                ratio = seconds / clone
+                goal = GOALS[device][(mode, fmt.block_size is not None)] * (1.3 if axes == "dual-axis" else 1)
+                rows.append({"format": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode, "axes": axes,
+                             "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
+                             "GBps": moved / seconds, "copy_GBps": moved / clone,
+                             "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
+                print(f"  {name:<20} {mode:<9} {axes:<11} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s"
+                      f"  {ratio:6.2f}x clone  (goal {goal:.2f}x{'' if ratio <= goal else ', missed'})", flush=True)
     return rows
 
 
@@ -119,7 +141,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per case (median; >= 5)")
     parser.add_argument("--formats", nargs="*", default=None,
                         help=f"subset of formats and variants (default: all; variants: {', '.join(VARIANTS)})")
-    parser.add_argument("--eager-only", action="store_true", help="skip torch.compile")
+    parser.add_argument("--eager-only", action="store_true", help="skip torch.compile (same as --kernels torch)")
+    parser.add_argument("--kernels", nargs="+", choices=tuple(MODES), default=None,
+                        help="backends to time (default: torch compile, plus triton on cuda)")
+    parser.add_argument("--dual-axis", action="store_true", help="also quantize along both axes of the tensor")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--output", type=Path, default=None,
@@ -133,10 +158,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     numel = (1 << 20) if args.quick else (1 << 24)
     names = args.formats or list_formats() + list(VARIANTS)
+    backends = args.kernels or (["torch"] if args.eager_only else
+                                ["torch", "compile"] + (["triton"] if args.device == "cuda" else []))
+    if "triton" in backends and args.device != "cuda":
+        print("triton rows skipped: Triton kernels are timed on CUDA only (on CPU they run in its interpreter)")
+        backends = [b for b in backends if b != "triton"]
+    modes = [MODES[b] for b in backends]
     started = time.time()
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        rows += bench_dtype(dtype, names, numel, args.repeats, not args.eager_only, args.device)
+        rows += bench_dtype(dtype, names, numel, args.repeats, modes, args.device, args.dual_axis)
         rows += bench_stochastic(dtype, numel, args.repeats, args.device)
     report = {
         "benchmark": "bench_formats",
@@ -151,7 +182,8 @@ def main() -> None:
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2))
-    missed = [f"{r['format']}/{r['dtype']}/{r['mode']}" for r in rows if not r["meets_goal"]]
+    missed = [f"{r['format']}/{r['dtype']}/{r['mode']}" + (f"/{r['axes']}" if r.get("axes", "single-axis") !=
+                                                          "single-axis" else "") for r in rows if not r["meets_goal"]]
     print(f"\nwrote {output}; goals missed: {', '.join(missed) or 'none'}")
 
 
