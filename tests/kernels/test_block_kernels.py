@@ -40,7 +40,8 @@ def test_mx_formats_along_every_axis_match_the_torch_path(name, scale_mode, roun
 
 
 @pytest.mark.parametrize("options", [{"block_shape": (32, 32)}, {"hadamard": 32}, {"block_shape": (1, 24)},
-                                     {"block_shape": (32, 32), "rounding": "stochastic"}])
+                                     {"block_shape": (32, 32), "rounding": "stochastic"}, {"nonfinite": "te"},
+                                     {"nonfinite": "te", "scale_mode": "even", "rounding": "stochastic"}])
 def test_mx_tiles_hadamard_and_other_block_sizes(options, kernel_device):
     fmt = get_format("mxfp8_e4m3", **options)
     twin = triton_twin(fmt)
@@ -53,8 +54,8 @@ def test_mx_tiles_hadamard_and_other_block_sizes(options, kernel_device):
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("options", [{}, {"power_of_two_scales": False}, {"block_shape": (128, 128)},
                                      {"block_shape": (128, 128), "power_of_two_scales": False},
-                                     {"block_shape": (1, 32), "hadamard": 16}],
-                         ids=["1x128", "1x128-fp32-scales", "128x128", "128x128-fp32-scales", "1x32-hadamard"])
+                                     {"block_shape": (1, 32), "hadamard": 16}, {"nonfinite": "te"}],
+                         ids=["1x128", "1x128-fp32-scales", "128x128", "128x128-fp32-scales", "1x32-hadamard", "te"])
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
 def test_fp8_blockwise_matches_the_torch_path(name, options, rounding, kernel_device):
     fmt = get_format(name, scaling="block", rounding=rounding, **options)
@@ -69,7 +70,7 @@ def test_fp8_blockwise_matches_the_torch_path(name, options, rounding, kernel_de
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-@pytest.mark.parametrize("options", [{}, {"block_shape": (16, 16)}, {"hadamard": 16}])
+@pytest.mark.parametrize("options", [{}, {"block_shape": (16, 16)}, {"hadamard": 16}, {"nonfinite": "te"}])
 def test_nvfp4_matches_the_torch_path(options, rounding, kernel_device):
     """1x16 blocks along the first, a middle and the last axis, 16 x 16 tiles, hadamard=16; with the
     tensor's own amax and a given (TP-reduced) one; blocks whose E4M3 scale rounds to zero."""

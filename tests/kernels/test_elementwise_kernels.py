@@ -15,7 +15,7 @@ CASES = [
     ("fp8_e4m3", {"scaling": "none"}), ("fp8_e5m2", {"scaling": "none", "overflow": "inf"}),
     ("fp8_e4m3", {}), ("fp8_e5m2", {"margin": 2}), ("fp8_e4m3", {"power_of_two_scales": True}),
     ("fp8_e4m3", {"scaling": "delayed"}), ("fp8_e4m3", {"overflow": "inf"}),
-    ("fp8_e4m3", {"hadamard": 16}),
+    ("fp8_e4m3", {"hadamard": 16}), ("fp8_e5m2", {"nonfinite": "te"}),
     ("hifp8", {}), ("hifp8", {"overflow": "inf"}), ("hifp8", {"scaling": "tensor", "power_of_two_scales": True}),
     ("hifp8", {"scaling": "delayed", "margin": 1}),
 ]

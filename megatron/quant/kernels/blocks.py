@@ -17,6 +17,7 @@ from typing import Optional
 import triton
 import triton.language as tl
 
+import torch
 from torch import Tensor
 
 from megatron.quant.formats import bits
@@ -73,13 +74,16 @@ def mx_scales(amax, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr, HALF_ULP: tl.c
     elif SCALE_MODE == 3:  # rceil
         exponent = exponent + ((amax_bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
     exponent = tl.minimum(tl.maximum(exponent, -127), 127)
+    exponent = tl.where(amax == float("inf"), 127, exponent)  # nonfinite="te": E8M0 0xFE
     return exp2_int(-exponent), exp2_int(exponent)
 
 
 @triton.jit
-def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr):
-    """(encode, decode) from finite block amaxes: ``base.encode_scale`` (TE's rule), IEEE division."""
-    encode = tl.minimum(tl.math.div_rn(tl.full(amax.shape, MAX_VALUE, tl.float32), amax), 3.4028234663852886e38)
+def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+    """(encode, decode) from block amaxes: ``base.encode_scale`` (TE's rule, an overflow gives
+    ``VALUE_FOR_INF``, an Inf amax 1), IEEE division."""
+    encode = tl.math.div_rn(tl.full(amax.shape, MAX_VALUE, tl.float32), amax)
+    encode = tl.where(encode == float("inf"), VALUE_FOR_INF, encode)
     encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)
     if POWER_OF_TWO:
         encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
@@ -93,18 +97,20 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
                   EMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
                HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
                MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
-                  E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr):
+                  E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr, NONFINITE_TE: tl.constexpr,
+                  VALUE_FOR_INF: tl.constexpr):
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
     x = load(x_ptr + offsets, valid)
     special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
-    nonfinite = tl.max(special.to(tl.int32), axis=0) > 0
-    amax = tl.max(tl.where(special, 0.0, tl.abs(x)), axis=0)
+    nonfinite = tl.max(special.to(tl.int32), axis=0) > 0  # propagate: the block turns NaN
+    # te: the amax skips NaN (fmaxf) and may be Inf; propagate: only finite blocks' amaxes are used
+    amax = tl.max(tl.where((x != x) if NONFINITE_TE else special, 0.0, tl.abs(x)), axis=0)
     if KIND == 0:
         encode, decode = mx_scales(amax, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA)
     elif KIND == 1:
-        encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO)
+        encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO, VALUE_FOR_INF)
     else:  # NVFP4: tensor_ptr holds (global_encode / 6, global_decode)
         decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, 1, 3, E4M3_MIN_FIELD, E4M3_MAX_FIELD, 448.0,
                             False, False, True, False)  # the block's E4M3 scale, to nearest
@@ -121,7 +127,8 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
     y = elements * decode[None, :]
     if KIND == 2 and not SPLIT:
         y = y * tl.load(tensor_ptr + 1)
-    y = tl.where(nonfinite[None, :], float("nan"), y)
+    if not NONFINITE_TE:
+        y = tl.where(nonfinite[None, :], float("nan"), y)
     store(out_ptr + offsets, y, valid)
 
 
@@ -156,4 +163,5 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
         MBITS=element.mbits, MIN_FIELD=(element.min_exponent + 127) << 23,
         MAX_FIELD=(element.max_exponent + 127) << 23, MAX_VALUE=float(element.max_value),
         STOCHASTIC=fmt.rounding == "stochastic", SPLIT=split, E4M3_MIN_FIELD=(FP8_E4M3.min_exponent + 127) << 23,
-        E4M3_MAX_FIELD=(FP8_E4M3.max_exponent + 127) << 23)
+        E4M3_MAX_FIELD=(FP8_E4M3.max_exponent + 127) << 23, NONFINITE_TE=fmt.options.get("nonfinite") == "te",
+        VALUE_FOR_INF=float(torch.finfo(x.dtype).max))  # TE's block kernels: the input dtype's max

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, abs_max, encode_scale, normalize_axis
+from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.grid import FP16, FP8_E4M3
@@ -80,7 +80,8 @@ class TritonFormat:
         if isinstance(fmt, (MXFormat, FP8BlockFormat, NVFP4Format)):
             tensor = decode = None
             if isinstance(fmt, NVFP4Format):  # the FP32 tensor scale, as NVFP4Format computes it
-                encode = encode_scale(abs_max(x) if amax is None else amax, FP8_E4M3.max_value * fmt.element.max_value)
+                amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
+                encode = encode_scale(amax, FP8_E4M3.max_value * fmt.element.max_value)
                 decode = 1 / encode
                 tensor = torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32)
             blocks.launch_blocks(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()),
@@ -88,7 +89,7 @@ class TritonFormat:
             return out, decode
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
-            amax = abs_max(x) if amax is None else amax
+            amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
             encode = encode_scale(amax, fmt.scale_target, bool(fmt.options.get("power_of_two_scales")))
             decode = 1 / encode
         if isinstance(fmt, CastFormat):
