@@ -91,14 +91,13 @@ def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
-def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high, g_after,
-                  g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
+def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
+                  g_after, g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
                   TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-                  EMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-               HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
-               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
-                  E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr, NONFINITE_TE: tl.constexpr,
-                  VALUE_FOR_INF: tl.constexpr):
+                  EMAX: tl.constexpr, SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr,
+                  MBITS: tl.constexpr, MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr,
+                  STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr,
+                  E4M3_MAX_FIELD: tl.constexpr, NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
@@ -157,7 +156,8 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
     kind = 0 if mx else 2 if isinstance(fmt, NVFP4Format) else 1
     _block_kernel[(triton.cdiv(total, columns),)](
         x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
-        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, KIND=kind, POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
+        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, KIND=kind,
+        POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
         EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]) if mx else 0,
         HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),
         MBITS=element.mbits, MIN_FIELD=(element.min_exponent + 127) << 23,

@@ -63,7 +63,8 @@ def program_elements(on_device: int) -> int:
 
 def supported(fmt: Any) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
-    return isinstance(fmt, (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)) and getattr(fmt, "dtype", None) != torch.float32
+    kernels = (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)
+    return isinstance(fmt, kernels) and getattr(fmt, "dtype", None) != torch.float32
 
 
 def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:
