@@ -86,3 +86,25 @@ def test_nvfp4_matches_the_torch_path(options, rounding, kernel_device):
             for call in ("quantize", "quantize_for_gemm"):
                 assert_same_result(getattr(twin, call)(x, axis, amax), getattr(fmt, call)(x, axis, amax),
                                    f"{call} {dtype} axis {axis} amax {amax}")
+
+
+@pytest.mark.parametrize("name, options", [
+    ("mxfp8_e4m3", {}), ("mxfp4_e2m1", {"scale_mode": "rceil", "rounding": "stochastic"}),
+    ("mxfp8_e5m2", {"nonfinite": "te"}), ("fp8_e4m3", {"scaling": "block"}),
+    ("fp8_e5m2", {"scaling": "block", "power_of_two_scales": False, "rounding": "stochastic"}),
+    ("nvfp4", {}), ("nvfp4", {"rounding": "stochastic", "nonfinite": "te"}), ("nvfp4", {"block_shape": (16, 16)}),
+    ("nvfp4", {"hadamard": 16})])
+def test_both_axes_from_one_read_match_two_single_axis_calls(name, options, kernel_device):
+    """One kernel quantizes a 2-D tensor along axis 0 and axis 1 (the weight for fprop and dgrad, the
+    gradient for dgrad and wgrad), each with its own noise: the torch path's two results."""
+    fmt = get_format(name, **options)
+    twin = triton_twin(fmt)
+    noises = (RandomBits.derive("dgrad"), RandomBits.derive("wgrad"))
+    for dtype in (torch.float32, torch.bfloat16):
+        shape = (144, 160) if "hadamard" in options else (136, 144)  # else ragged blocks on both axes
+        x = _blocks_input(shape, seed=12, dtype=dtype, device=kernel_device)
+        both = twin.quantize_for_gemm_both(x, noises=noises)
+        for axis in (0, 1):
+            expected = fmt.quantize_for_gemm(x, axis, noise=noises[axis])
+            assert_same_result(both[axis], expected, f"{dtype} axis {axis}")
+    assert twin.dual_axis == ("block_shape" not in options and "hadamard" not in options)

@@ -90,45 +90,100 @@ def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr, 
     return encode, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
 
 
-@triton.jit(do_not_specialize=["key_low", "key_high"])
-def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
-                  g_after, g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
-                  TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-                  EMAX: tl.constexpr, SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr,
-                  MBITS: tl.constexpr, MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr,
-                  STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr,
-                  E4M3_MAX_FIELD: tl.constexpr, NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
-    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
-    k = tl.arange(0, BP)
-    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
-    x = load(x_ptr + offsets, valid)
+@triton.jit
+def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
+    """(amax, nonfinite) of the blocks along ``AXIS`` of a 2-D tile, kept 2-D for broadcasting.
+    te: the amax skips NaN (fmaxf) and may be Inf; propagate: a block holding Inf or NaN turns
+    NaN (``nonfinite``), so only finite blocks' amaxes matter."""
     special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
-    nonfinite = tl.max(special.to(tl.int32), axis=0) > 0  # propagate: the block turns NaN
-    # te: the amax skips NaN (fmaxf) and may be Inf; propagate: only finite blocks' amaxes are used
-    amax = tl.max(tl.where((x != x) if NONFINITE_TE else special, 0.0, tl.abs(x)), axis=0)
+    nonfinite = tl.max(special.to(tl.int32), axis=AXIS) > 0
+    amax = tl.max(tl.where((x != x) if NONFINITE_TE else special, 0.0, tl.abs(x)), axis=AXIS)
+    if AXIS == 0:
+        return amax[None, :], nonfinite[None, :]
+    return amax[:, None], nonfinite[:, None]
+
+
+@triton.jit
+def block_values(x, amax, nonfinite, u, tensor_ptr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr, EMAX: tl.constexpr,
+                 SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
+                 MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
+                 SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
+                 NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+    """x quantized with its blocks' amaxes (broadcast against x): the per-block scale of the
+    format (``KIND`` 0 MX, 1 FP8 blockwise, 2 NVFP4 whose tensor_ptr holds (global encode / 6,
+    global decode)), the elements rounded (``u``: noise), decoded."""
     if KIND == 0:
         encode, decode = mx_scales(amax, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA)
     elif KIND == 1:
         encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO, VALUE_FOR_INF)
-    else:  # NVFP4: tensor_ptr holds (global_encode / 6, global_decode)
+    else:
         decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, 1, 3, E4M3_MIN_FIELD, E4M3_MAX_FIELD, 448.0,
                             False, False, True, False)  # the block's E4M3 scale, to nearest
         scale = decode * tl.load(tensor_ptr + 1)
         encode = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-    u = x
-    if STOCHASTIC:
-        u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-    scaled = x * encode[None, :]
+    scaled = x * encode
     if KIND == 2:  # a block whose scale rounded to zero quantizes to zero
-        scaled = tl.where((scale == 0.0)[None, :], 0.0, scaled)
-    elements = round_grid(scaled, u, x, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False,
-                          False, True, STOCHASTIC)
-    y = elements * decode[None, :]
+        scaled = tl.where(scale == 0.0, 0.0, scaled)
+    y = round_grid(scaled, u, x, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False, False, True, STOCHASTIC) * decode
     if KIND == 2 and not SPLIT:
         y = y * tl.load(tensor_ptr + 1)
     if not NONFINITE_TE:
-        y = tl.where(nonfinite[None, :], float("nan"), y)
+        y = tl.where(nonfinite, float("nan"), y)
+    return y
+
+
+@triton.jit(do_not_specialize=["key_low", "key_high"])
+def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
+                  g_after, g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
+                  TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr, EMAX: tl.constexpr,
+                  SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
+                  MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
+                  SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
+                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
+    k = tl.arange(0, BP)
+    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
+    x = load(x_ptr + offsets, valid)
+    amax, nonfinite = block_amax(x, 0, NONFINITE_TE)
+    u = x
+    if STOCHASTIC:
+        u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
+    y = block_values(x, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+                     STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out_ptr + offsets, y, valid)
+
+
+@triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
+def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, key0_high, after0, local0, offset0,
+                 stride0, key1_low, key1_high, after1, local1, offset1, stride1, B: tl.constexpr, BP: tl.constexpr,
+                 KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr, EMAX: tl.constexpr,
+                 SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
+                 MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
+                 SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
+                 NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+    """A 2-D x quantized along axis 0 (into out0) and axis 1 (out1) from one read of each B x B tile."""
+    per_row = (cols + B - 1) // B
+    tile = tl.program_id(0)
+    i = tl.arange(0, BP)[:, None]
+    j = tl.arange(0, BP)[None, :]
+    r = (tile // per_row) * B + i
+    c = (tile % per_row) * B + j
+    valid = (i < B) & (j < B) & (r < rows) & (c < cols)
+    offsets = r.to(tl.int64) * cols + c
+    x = load(x_ptr + offsets, valid)
+    u0 = x
+    u1 = x
+    if STOCHASTIC:
+        u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
+        u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
+    amax, nonfinite = block_amax(x, 0, NONFINITE_TE)
+    y = block_values(x, amax, nonfinite, u0, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+                     STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
+    store(out0_ptr + offsets, y, valid)
+    amax, nonfinite = block_amax(x, 1, NONFINITE_TE)
+    y = block_values(x, amax, nonfinite, u1, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+                     STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
+    store(out1_ptr + offsets, y, valid)
 
 
 def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False
@@ -152,11 +207,28 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
         block = size
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
-    mx = isinstance(fmt, MXFormat)
-    kind = 0 if mx else 2 if isinstance(fmt, NVFP4Format) else 1
     _block_kernel[(triton.cdiv(total, columns),)](
         x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
-        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, KIND=kind,
+        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, **_format_constants(fmt, x.dtype, split))
+
+
+def launch_dual(x, out0, out1, fmt, noises: tuple[tuple, tuple], tensor: Optional[Tensor] = None,
+                split: bool = False) -> None:
+    """Quantize a contiguous 2-D x with a block format along axis 0 into out0 and along axis 1 into
+    out1, reading x once (``noises``: the two quantizations' noise arguments)."""
+    rows, cols = x.shape
+    size = fmt.block_size
+    _dual_kernel[(triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
+        x, out0, out1, x if tensor is None else tensor, rows, cols, *noises[0], *noises[1], B=size,
+        BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split))
+
+
+def _format_constants(fmt, dtype, split: bool) -> dict:
+    """The constexpr arguments of ``block_values`` for ``fmt`` and inputs of ``dtype``."""
+    element = fmt.element
+    mx = isinstance(fmt, MXFormat)
+    return dict(
+        KIND=0 if mx else 2 if isinstance(fmt, NVFP4Format) else 1,
         POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
         EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]) if mx else 0,
         HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),
@@ -164,4 +236,4 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
         MAX_FIELD=(element.max_exponent + 127) << 23, MAX_VALUE=float(element.max_value),
         STOCHASTIC=fmt.rounding == "stochastic", SPLIT=split, E4M3_MIN_FIELD=(FP8_E4M3.min_exponent + 127) << 23,
         E4M3_MAX_FIELD=(FP8_E4M3.max_exponent + 127) << 23, NONFINITE_TE=fmt.options.get("nonfinite") == "te",
-        VALUE_FOR_INF=float(torch.finfo(x.dtype).max))  # TE's block kernels: the input dtype's max
+        VALUE_FOR_INF=float(torch.finfo(dtype).max))  # TE's block kernels: the input dtype's max

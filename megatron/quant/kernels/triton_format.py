@@ -20,6 +20,8 @@ from . import blocks, elementwise
 from .noise import noise_args
 from .select import interpreting, supported
 
+BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFP4Format)
+
 
 class TritonFormat:
     """``fmt`` with Triton kernels for the tensors they serve; ``fallback`` for the others."""
@@ -68,6 +70,42 @@ class TritonFormat:
         q, tensor_scale = self._kernel(xt, axis, amax, noise, split=fmt.needs_tensor_amax, out_dtype=x.dtype)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
+    @property
+    def dual_axis(self) -> bool:
+        """True when one kernel quantizes a 2-D tensor along both axes (blocks along an axis, no
+        transform: the blocks of both axes are in every tile)."""
+        fmt = self.fmt
+        return isinstance(fmt, BLOCK_FORMATS) and not fmt.tiled and not fmt.transforms_operand
+
+    def quantize_for_gemm_both(self, x: Tensor, amax: Optional[Tensor] = None, *,
+                               noises: tuple[Optional[RandomBits], Optional[RandomBits]] = (None, None)
+                               ) -> tuple[tuple[Tensor, Optional[Tensor]], tuple[Tensor, Optional[Tensor]]]:
+        """``quantize_for_gemm`` of a 2-D x along axis 0 and along axis 1 (with ``noises[0]`` and
+        ``noises[1]``), from one read of x where a kernel does both (``dual_axis``)."""
+        fmt = self.fmt
+        if not (self.dual_axis and x.dim() == 2 and self.serves(x)):
+            return tuple(self.quantize_for_gemm(x, axis, amax, noise=noise) for axis, noise in enumerate(noises))
+        _check_input(self.name, x)
+        x = x.contiguous()
+        stochastic = fmt.rounding == "stochastic"
+        args = tuple(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
+                     for noise in noises)
+        out0, out1 = torch.empty_like(x), torch.empty_like(x)
+        tensor, decode = self._nvfp4_tensor_scale(x, amax)
+        blocks.launch_dual(x, out0, out1, fmt, args, tensor, split=fmt.needs_tensor_amax)
+        return (out0, decode), (out1, decode)
+
+    def _nvfp4_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        """NVFP4's FP32 tensor scale as ``NVFP4Format`` computes it: (global encode / 6 and global
+        decode for the kernel, global decode); (None, None) for other formats."""
+        fmt = self.fmt
+        if not isinstance(fmt, NVFP4Format):
+            return None, None
+        amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
+        encode = encode_scale(amax, FP8_E4M3.max_value * fmt.element.max_value)
+        decode = 1 / encode
+        return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
+
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
                 out_dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
         """(quantized x in ``out_dtype``, the per-tensor decode factor or None); x in the format's
@@ -77,13 +115,8 @@ class TritonFormat:
         bits = (noise or fmt._default_bits) if stochastic else None
         x = x.contiguous()
         out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-        if isinstance(fmt, (MXFormat, FP8BlockFormat, NVFP4Format)):
-            tensor = decode = None
-            if isinstance(fmt, NVFP4Format):  # the FP32 tensor scale, as NVFP4Format computes it
-                amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
-                encode = encode_scale(amax, FP8_E4M3.max_value * fmt.element.max_value)
-                decode = 1 / encode
-                tensor = torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32)
+        if isinstance(fmt, BLOCK_FORMATS):
+            tensor, decode = self._nvfp4_tensor_scale(x, amax)
             blocks.launch_blocks(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()),
                                  noise_args(bits, tuple(x.shape)), tensor, split)
             return out, decode
