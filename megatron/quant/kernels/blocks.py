@@ -135,7 +135,8 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, KIND: tl.constexpr, POWER_OF
 @triton.jit(do_not_specialize=["key_low", "key_high"])
 def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
                   g_after, g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
-                  TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr, EMAX: tl.constexpr,
+                  TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+                  EMAX: tl.constexpr,
                   SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
                   MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
                   SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
@@ -148,7 +149,8 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
     u = x
     if STOCHASTIC:
         u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-    y = block_values(x, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+    y = block_values(x, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+                     MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
                      STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out_ptr + offsets, y, valid)
 
@@ -177,11 +179,13 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
         u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
         u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
     amax, nonfinite = block_amax(x, 0, NONFINITE_TE)
-    y = block_values(x, amax, nonfinite, u0, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+    y = block_values(x, amax, nonfinite, u0, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+                     MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
                      STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out0_ptr + offsets, y, valid)
     amax, nonfinite = block_amax(x, 1, NONFINITE_TE)
-    y = block_values(x, amax, nonfinite, u1, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+    y = block_values(x, amax, nonfinite, u1, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+                     MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
                      STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out1_ptr + offsets, y, valid)
 

@@ -123,6 +123,23 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     return Quantized(values, tensor_scale, amax, seen)
 
 
+def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSpec,
+                       group: Optional[dist.ProcessGroup], noise: Optional[NoiseScope]
+                       ) -> Optional[tuple[Quantized, Quantized]]:
+    """2-D x quantized for ``along_rows`` (axis 0) and ``along_cols`` (axis 1) from one read, where
+    both use one format object whose kernel does both axes (``kernels``' ``dual_axis``: block
+    formats on CUDA); None otherwise. Same values, scales and noise as two ``quantize_operand``."""
+    fmt = along_rows.fmt
+    if (fmt is None or fmt is not along_cols.fmt or not getattr(fmt, "dual_axis", False) or not fmt.serves(x)
+            or along_rows.history is not None or along_cols.history is not None
+            or along_rows.shard_dim != along_cols.shard_dim):
+        return None
+    amax = tensor_amax(x, along_rows, group)
+    noises = tuple(None if noise is None else noise.bits(spec) for spec in (along_rows, along_cols))
+    (rows, rows_scale), (cols, cols_scale) = fmt.quantize_for_gemm_both(x, amax, noises=noises)
+    return Quantized(rows, rows_scale, amax), Quantized(cols, cols_scale, amax)
+
+
 def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) -> Optional[Tensor]:
     """The amax ``done`` used, when ``spec`` quantizes the same tensor with an amax taken the same
     way (per-tensor amaxes do not depend on the block axis); None otherwise, and always for delayed
@@ -373,7 +390,11 @@ class QuantLinearFunction(torch.autograd.Function):
             total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
 
         capture = capturing(cfg.site)
-        dy = quantize_operand(grad_output, q.dgrad_grad_output, group, noise, capture=capture)
+        # dY along tokens (wgrad) and features (dgrad) from one read where a kernel does both.
+        both = None if capture or not wgrad_compute else quantize_both_axes(
+            grad_output.reshape(-1, grad_output.shape[-1]), q.wgrad_grad_output, q.dgrad_grad_output, group, noise)
+        dy = both[1].reshape(grad_output.shape) if both else \
+            quantize_operand(grad_output, q.dgrad_grad_output, group, noise, capture=capture)
         w = cfg.weight_cache.get(weight, q.dgrad_weight, group, noise)
         grad_input = scaled_product(_dgrad, dy, w)
         if capture:
@@ -392,7 +413,9 @@ class QuantLinearFunction(torch.autograd.Function):
         grad_weight = grad_bias = None
         if wgrad_compute:
             grad_output, total_input = prepare_input_tensors_for_wgrad_compute(grad_output, total_input)
-            if same_quantization(q.dgrad_grad_output, q.wgrad_grad_output):
+            if both:
+                dy_w = both[0].reshape(grad_output.shape)
+            elif same_quantization(q.dgrad_grad_output, q.wgrad_grad_output):
                 dy_w = dy.reshape(grad_output.shape)
             else:
                 dy_w = quantize_operand(grad_output, q.wgrad_grad_output, group, noise,
