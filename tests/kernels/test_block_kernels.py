@@ -101,7 +101,8 @@ def test_both_axes_from_one_read_match_two_single_axis_calls(name, options, kern
     twin = triton_twin(fmt)
     noises = (RandomBits.derive("dgrad"), RandomBits.derive("wgrad"))
     for dtype in (torch.float32, torch.bfloat16):
-        shape = (144, 160) if "hadamard" in options else (136, 144)  # else ragged blocks on both axes
+        # Ragged blocks on both axes (Hadamard needs whole groups); small: the interpreter runs a program per tile.
+        shape = (48, 64) if "hadamard" in options else (136, 144) if fmt.block_size == 128 else (40, 56)
         x = _blocks_input(shape, seed=12, dtype=dtype, device=kernel_device)
         both = twin.quantize_for_gemm_both(x, noises=noises)
         for axis in (0, 1):
