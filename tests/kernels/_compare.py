@@ -1,8 +1,6 @@
 """Inputs and bit-for-bit comparison for the kernel tests."""
 import torch
 
-from megatron.quant.kernels.triton_format import TritonFormat
-
 
 def wide_values(shape, seed: int, dtype=torch.float32, device="cpu", lo: int = -30, hi: int = 20,
                 specials: bool = True) -> torch.Tensor:
@@ -20,8 +18,10 @@ def wide_values(shape, seed: int, dtype=torch.float32, device="cpu", lo: int = -
     return x[torch.randperm(n, generator=g)].reshape(shape).to(device=device, dtype=dtype)
 
 
-def triton_twin(fmt) -> TritonFormat:
+def triton_twin(fmt):
     """``fmt`` run by its Triton kernels (the torch path: ``fmt`` itself)."""
+    from megatron.quant.kernels.triton_format import TritonFormat  # imports Triton: only once it is known to
+
     return TritonFormat(fmt, fmt)
 
 
