@@ -124,7 +124,7 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
 
 
 def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSpec,
-                       group: Optional[dist.ProcessGroup], noise: Optional[NoiseScope]
+                       group: Optional[dist.ProcessGroup], noise: Optional[NoiseScope], per_sample: bool = True
                        ) -> Optional[tuple[Quantized, Quantized]]:
     """2-D x quantized for ``along_rows`` (axis 0) and ``along_cols`` (axis 1) from one read, where
     both use one format object whose kernel does both axes (``kernels``' ``dual_axis``: block
@@ -135,7 +135,8 @@ def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSp
             or along_rows.shard_dim != along_cols.shard_dim):
         return None
     amax = tensor_amax(x, along_rows, group)
-    noises = tuple(None if noise is None else noise.bits(spec) for spec in (along_rows, along_cols))
+    noises = tuple(None if noise is None else noise.bits(spec, per_sample=per_sample)
+                   for spec in (along_rows, along_cols))
     (rows, rows_scale), (cols, cols_scale) = fmt.quantize_for_gemm_both(x, amax, noises=noises)
     return Quantized(rows, rows_scale, amax), Quantized(cols, cols_scale, amax)
 
@@ -206,14 +207,22 @@ class QuantizedWeightCache:
         self._entries: dict[tuple[int, Optional[int]], tuple[tuple, Quantized, OperandSpec]] = {}
 
     def get(self, weight: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup],
-            noise: Optional[NoiseScope]) -> Quantized:
+            noise: Optional[NoiseScope], partner: Optional[OperandSpec] = None) -> Quantized:
+        """The weight quantized as ``spec`` says; ``partner``: the spec of its other GEMM (dgrad for
+        fprop), quantized in the same read where a kernel does both axes."""
         if spec.fmt is None:
             return Quantized(weight)
-        # Formats without blocks and without random rounding give the same values on any axis.
-        slot = (id(spec.fmt), None if same_quantization(spec, spec) else spec.axis)
-        bits = None if noise is None else noise.bits(spec, per_sample=False)
-        version = (weight.data_ptr(), weight._version, bits)
+        slot, version = self._key(weight, spec, noise)
         entry = self._entries.get(slot)
+        if (entry is None or entry[0] != version) and partner is not None and weight.dim() == 2 \
+                and {spec.axis % 2, partner.axis % 2} == {0, 1}:
+            rows, cols = (spec, partner) if spec.axis % 2 == 0 else (partner, spec)
+            with torch.no_grad():
+                both = quantize_both_axes(weight, rows, cols, group, noise, per_sample=False)
+            for done_spec, done in zip((rows, cols), both or ()):
+                done_slot, done_version = self._key(weight, done_spec, noise)
+                self._entries[done_slot] = (done_version, done, done_spec)
+            entry = self._entries.get(slot)
         if entry is None or entry[0] != version:
             # Another axis's entry of the same weight version holds its TP-reduced amax already.
             done = [(e[1], e[2]) for e in self._entries.values() if e[0][:2] == version[:2]]
@@ -222,6 +231,14 @@ class QuantizedWeightCache:
                 entry = (version, quantize_operand(weight, spec, group, noise, amax=amax, per_sample=False), spec)
             self._entries[slot] = entry
         return entry[1]
+
+    @staticmethod
+    def _key(weight: Tensor, spec: OperandSpec, noise: Optional[NoiseScope]) -> tuple[tuple, tuple]:
+        """(slot, version) of ``spec``'s entry: formats without blocks and without random rounding
+        give the same values on any axis; the noise key is part of the version."""
+        slot = (id(spec.fmt), None if same_quantization(spec, spec) else spec.axis)
+        bits = None if noise is None else noise.bits(spec, per_sample=False)
+        return slot, (weight.data_ptr(), weight._version, bits)
 
     def seen(self, weight: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup],
              noise: Optional[NoiseScope]) -> Operand:
@@ -354,7 +371,7 @@ class QuantLinearFunction(torch.autograd.Function):
         # other micro-batches' forwards in between).
         ctx.noise = noise = noise_scope(cfg.noise_root, group)
         x = quantize_operand(total_input, q.fprop_input, group, noise, capture=capture)
-        w = cfg.weight_cache.get(weight, q.fprop_weight, group, noise)
+        w = cfg.weight_cache.get(weight, q.fprop_weight, group, noise, partner=q.dgrad_weight)
         # The input is only needed for wgrad (a frozen weight has none); under sequence
         # parallelism the local shard is kept and gathered again, as megatron-core does.
         ctx.input_quantized = x if same_quantization(q.fprop_input, q.wgrad_input) and not cfg.sequence_parallel \
