@@ -68,9 +68,10 @@ def round_grid(x, u, signs, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: 
     inverse = ((254 << 23) - field).to(tl.float32, bitcast=True)
     r = round_integer(x * inverse, u, signs, STOCHASTIC, GRID == 2)
     y = r * field.to(tl.float32, bitcast=True)
-    if OVERFLOW_INF:
-        beyond: tl.constexpr = float("inf") if HAS_INF else float("nan")
-        y = tl.where(y > MAX_VALUE, beyond, tl.where(y < -MAX_VALUE, -beyond, y))
+    if OVERFLOW_INF and HAS_INF:
+        y = tl.where(y > MAX_VALUE, float("inf"), tl.where(y < -MAX_VALUE, float("-inf"), y))
+    elif OVERFLOW_INF:  # no Inf in the format: beyond max is NaN
+        y = tl.where((y > MAX_VALUE) | (y < -MAX_VALUE), float("nan"), y)
     else:
         y = tl.where(y > MAX_VALUE, MAX_VALUE, tl.where(y < -MAX_VALUE, -MAX_VALUE, y))
     if not SIGNED_ZERO:
