@@ -45,7 +45,7 @@ class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
 
 
-ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE")
+ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", kernels.ENV)
 # A recipe is a few hundred values; more through YAML aliases is an alias bomb ("billion laughs").
 MAX_YAML_VALUES = 100_000
 _SHOWN = reprlib.Repr()  # errors show a bounded excerpt of a value, however large or nested it is
