@@ -26,6 +26,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "device: runs on --device (cpu by default, cuda on a GPU machine)")
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: torch sees no CUDA device")
+    if config.getoption("--device") == "cpu":
+        # Triton kernels run in its interpreter on CPU (tests/kernels); Triton reads this when a
+        # kernel is decorated, so it is set before any test module is collected.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

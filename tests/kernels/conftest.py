@@ -1,15 +1,29 @@
 """Kernel tests: Triton kernels against the torch path, bit for bit. On CPU (the default) they run
-in Triton's interpreter; ``pytest --device cuda -m device`` runs them compiled on the GPU."""
+in Triton's interpreter (the root conftest sets TRITON_INTERPRET=1); ``pytest --device cuda -m device``
+runs them compiled on the GPU."""
+import importlib
 import os
 
 import pytest
 
 
 def pytest_configure(config):
-    # Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when its module is first
-    # imported: this runs at collection in every (xdist) worker, before any test imports one.
-    if config.getoption("--device") == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Triton fixes a kernel as interpreted or compiled when it is decorated, i.e. when its module is
+    # first imported: import them here, at collection, under the root conftest's TRITON_INTERPRET,
+    # so that no test run earlier in this worker (with another environment) decides it.
+    if config.getoption("--device") == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        try:
+            importlib.import_module("triton")
+        except ImportError:
+            return
+        importlib.import_module("megatron.quant.kernels.triton_format")
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_on_cpu(request, monkeypatch):
+    """select.interpreting() reads the variable at call time: keep it set for every kernel test."""
+    if request.config.getoption("--device") == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
