@@ -9,9 +9,12 @@ import pytest
 
 def pytest_configure(config):
     # Triton fixes a kernel as interpreted or compiled when it is decorated, i.e. when its module is
-    # first imported: import them here, at collection, under the root conftest's TRITON_INTERPRET,
-    # so that no test run earlier in this worker (with another environment) decides it.
-    if config.getoption("--device") == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    # first imported: import them here, under TRITON_INTERPRET, so that no test run earlier in this
+    # worker (with another environment) decides it. Set here too: when pytest is given paths in this
+    # folder, this hook runs before the root conftest's.
+    if config.getoption("--device") == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if config.getoption("--device") == "cpu" and os.environ["TRITON_INTERPRET"] == "1":
         try:
             importlib.import_module("triton")
         except ImportError:

@@ -1,7 +1,5 @@
 """Which code quantizes: CUSTOM_QUANT_KERNELS, the recipe's compile switch, the device, and the
 words the training start line prints (a GPU run that would quantize eager says so)."""
-import importlib
-
 import pytest
 
 from megatron.quant import kernels
@@ -58,10 +56,6 @@ def test_recipes_hand_the_layers_wrapped_formats(monkeypatch):
 def test_triton_backend_on_cpu_runs_the_torch_path_outside_the_interpreter(monkeypatch):
     import torch
 
-    # Triton fixes interpreted or compiled when a kernel is decorated: the kernel modules must be
-    # imported under the suite's TRITON_INTERPRET=1, not first here (the worker's later kernel
-    # tests would then launch compiled kernels in the interpreter and fail).
-    importlib.import_module("megatron.quant.kernels.triton_format")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     fmt = kernels.wrap(get_format("fp8_e4m3"), compile=False, chosen="triton", cuda=False)
     assert type(fmt).__name__ == "TritonFormat" and not fmt.serves(torch.ones(4))
