@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import Tensor
 
-from megatron.quant.formats import bits
 from megatron.quant.formats.base import abs_max, normalize_axis
 from megatron.quant.formats.blocks import split_blocks
+from megatron.quant.formats.saturation import overflow_bound
 
 if TYPE_CHECKING:
     from megatron.quant.formats import NumericFormat
@@ -179,26 +179,6 @@ def tensor_stats_float64(x: Tensor, chunk: int = 1 << 22) -> dict:
                               (_packed_tensor_stats(part.double(), finite_only=True).tolist()
                                for part in x.detach().reshape(-1).split(chunk)))
     return {**unpack_tensor_stats(packed, x.shape, torch.float64), "dtype": str(x.dtype).removeprefix("torch.")}
-
-
-@functools.lru_cache(maxsize=None)
-def overflow_bound(fmt: "NumericFormat") -> tuple[float, bool]:
-    """(b, inclusive): |x / scale| is not representable without saturation (rounds beyond the
-    format's max) iff it is above b, or equal to b when ``inclusive``.
-
-    b lies half a grid step above max (the grid continued past max by its top binade's
-    spacing); a value there is a tie, which rounds up unless ties go to even and max is the
-    even neighbour (E4M3: 464 rounds to 448). Stochastic rounding is judged by this rule too.
-    """
-    element = getattr(fmt, "element", None)
-    if element is None:  # a dtype cast: IEEE, ties to even
-        finfo = torch.finfo(fmt.dtype)
-        spacing, ties = float(finfo.eps) * 2.0 ** math.floor(math.log2(finfo.max)), "even"
-    else:
-        field = bits.exponent_field(torch.tensor([fmt.max_value], dtype=torch.float32))
-        spacing, ties = element.spacing_field(field).view(torch.float32).item(), element.ties
-    steps = round(fmt.max_value / spacing)  # max as a multiple of the spacing
-    return fmt.max_value + spacing / 2, ties == "away" or steps % 2 == 1
 
 
 def _overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat") -> Tensor:
