@@ -22,7 +22,7 @@ def parallel():
     cpu.destroy_parallel()
 
 
-def _run(preset: str, device, dtype) -> list[torch.Tensor]:
+def _run(preset: str, device, dtype, capture: bool = False) -> list[torch.Tensor]:
     layer = QuantRowParallelLinear(64, 48, config=transformer_config(params_dtype=dtype, bf16=dtype == torch.bfloat16),
                                    init_method=torch.nn.init.normal_, bias=False, input_is_parallel=True,
                                    skip_bias_add=False).to(device)
@@ -32,6 +32,10 @@ def _run(preset: str, device, dtype) -> list[torch.Tensor]:
     layer.configure_quant(LinearQuant.from_formats(formats), SITE, seed=3)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 2, 64, generator=g).to(device, dtype).requires_grad_()
+    if capture:
+        from megatron.quant import tensor_saver
+
+        tensor_saver.set_microbatch(0, 0)
     y, _ = layer(x)
     y.backward(torch.randn(y.shape, generator=g).to(device, dtype))
     return [y.detach(), x.grad, layer.weight.grad], formats
@@ -55,3 +59,48 @@ def test_linear_layer_on_triton_kernels_gives_the_torch_path_bits(preset, parall
     # The weight's fprop and dgrad copies and the gradient's dgrad and wgrad copies come from one
     # read where both use one block format along an axis (not 2-D tiles: te-fp8-blockwise's weights).
     assert len(dual_calls) == {"te-mxfp8": 2, "te-fp8-blockwise": 1}.get(preset, 0)
+
+
+def _captured_stats(preset: str, level: str, directory, device) -> dict:
+    """The statistics a stats-mode capture of one forward and backward of the layer records, by
+    (operation, phase, tensor name)."""
+    import json
+    from pathlib import Path
+
+    from megatron.quant import tensor_saver
+    from megatron.quant.tensor_saver import SaverConfig
+
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(directory), iterations="0", mode="stats",
+                                       stats=level))
+    tensor_saver.set_iteration(0)
+    try:
+        _run(preset, device, torch.bfloat16, capture=True)
+    finally:
+        tensor_saver.close()
+    records = {}
+    for manifest in Path(directory).rglob("*.jsonl"):
+        for line in manifest.read_text().splitlines():
+            meta = json.loads(line)["metadata"]
+            records[meta["operation"], meta["phase"], meta["tensor_name"]] = meta["stats"]
+    return records
+
+
+@pytest.mark.parametrize("level", ["counts", "sample"])
+@pytest.mark.parametrize("preset", ["te-nvfp4", "te-mxfp8", "te-fp8-current"])
+def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, level, parallel, kernel_device,
+                                                                      monkeypatch, tmp_path):
+    """The captured operands are quantized by the kernels, which take the exact counts in the same pass
+    (TE's 2-D weights and RHT operands included), and every recorded statistic is the torch path's."""
+    from megatron.quant.capture import stats
+
+    monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")
+    expected = _captured_stats(preset, level, tmp_path / "torch", kernel_device)
+    monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")
+    counted = []
+    exact_counts = stats._exact_counts
+    monkeypatch.setattr(stats, "_exact_counts", lambda *a, **kw: counted.append(a[1]) or exact_counts(*a, **kw))
+    ours = _captured_stats(preset, level, tmp_path / "triton", kernel_device)
+    assert ours.keys() == expected.keys() and len(ours) >= 4
+    assert ours == expected
+    # Only operands without a format, or with a Hadamard transform, are counted in torch.
+    assert all(fmt is None or fmt.transforms_operand for fmt in counted)

@@ -378,24 +378,41 @@ def _exact_counts(v: Tensor, fmt: Optional["NumericFormat"], axis: int, qv: Opti
         nans, infs = int(torch.count_nonzero(torch.isnan(v))), int(torch.count_nonzero(torch.isinf(v)))
         lo = float(torch.where(is_finite, v, math.inf).min())
         hi = float(torch.where(is_finite, v, -math.inf).max())
+    if fmt is None:
+        return _exact_fields(numel, lo, hi, nonzero, nans, infs)
+    if finite:
+        underflow = nonzero - int(torch.count_nonzero(qv))
+        overflow = _finite_overflow_count(v, scale, fmt, axis, max(abs(lo), abs(hi)))
+    else:
+        underflow = int(torch.count_nonzero((qv == 0) & (v != 0)))
+        overflow = int(_overflow_count(v, scale, fmt))
+    return _exact_fields(numel, lo, hi, nonzero, nans, infs, (overflow, underflow))
+
+
+def _exact_fields(numel: int, lo: float, hi: float, nonzero: int, nans: int, infs: int,
+                  flows: Optional[tuple[int, int]] = None) -> dict:
+    """The exact fields from their counts and finite extremes (``flows``: overflow and underflow)."""
     has_finite = numel - nans - infs > 0
     result = {"numel": numel, "min": lo if has_finite else None, "max": hi if has_finite else None,
               "absmax": max(abs(lo), abs(hi)) if has_finite else None, "zeros": numel - nonzero,
               "nans": nans, "infs": infs}
-    if fmt is None:
+    if flows is None:
         return result
-    if finite:
-        underflow = nonzero - int(torch.count_nonzero(qv))
-        overflow = _finite_overflow_count(v, scale, fmt, axis, result["absmax"])
-    else:
-        underflow = int(torch.count_nonzero((qv == 0) & (v != 0)))
-        overflow = int(_overflow_count(v, scale, fmt))
+    overflow, underflow = flows
     return {**result, "overflow": overflow, "overflow_ratio": overflow / numel,
             "underflow": underflow, "underflow_ratio": underflow / numel}
 
 
+def exact_fields_from_counts(packed: Sequence[float], numel: int) -> dict:
+    """The exact fields (``_EXACT_KEYS`` but shape and dtype) from the counts a quantization kernel
+    took in its pass (``kernels.counts.FIELDS``, read to the host)."""
+    nans, infs, nonzero, underflow, overflow, lo, hi = packed
+    return _exact_fields(numel, lo, hi, int(nonzero), int(nans), int(infs), (int(overflow), int(underflow)))
+
+
 def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
-                  q: Optional[Tensor] = None, scale: Optional[Tensor] = None, level: str = "full") -> dict:
+                  q: Optional[Tensor] = None, scale: Optional[Tensor] = None, level: str = "full",
+                  counts: Optional[Tensor] = None) -> dict:
     """``tensor_stats`` (plus ``quant_stats`` with a format) at a cost set by ``level``:
 
     - ``full``: every field over every element;
@@ -405,11 +422,14 @@ def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = 
     - ``counts``: the exact fields only, the others None.
 
     ``stats_level`` says which; ``stats_sampled`` how many elements the non-exact fields saw.
-    The result has the same keys at every level.
+    The result has the same keys at every level. ``counts``: the exact fields as the kernel that
+    quantized x took them in its pass (``kernels.counts``), used instead of counting again.
     """
     if level not in STATS_LEVELS:
         raise ValueError(f"statistics level {level!r} is invalid; allowed: {', '.join(STATS_LEVELS)}")
     x = x.detach()
+    if level == "counts" and counts is not None and fmt is not None and x.numel():
+        return counts_stats(counts.tolist(), x.shape, x.dtype)
     qv = v_scale = None
     if fmt is not None and x.numel():
         v, qv, v_scale = _quantized_operands(x, fmt, axis, amax, q, scale)
@@ -420,10 +440,12 @@ def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = 
         if fmt is not None:
             result.update(quant_stats(x, fmt, axis, amax, qv, v_scale))
         return {**result, "stats_level": level, "stats_sampled": x.numel()}
-    exact = _exact_counts(v, fmt, axis, qv, v_scale)
+    if counts is not None and fmt is not None:
+        exact = exact_fields_from_counts(counts.tolist(), x.numel())
+    else:
+        exact = _exact_counts(v, fmt, axis, qv, v_scale)
     if level == "counts":
-        keys = (*unpack_tensor_stats([], [0], x.dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if fmt is not None else ()))
-        result, sampled = dict.fromkeys(keys), 0
+        result, sampled = _counts_level_keys(x.dtype, fmt is not None), 0
     else:
         sampled = _sample(v, axis, v)
         result = tensor_stats(sampled)
@@ -432,3 +454,16 @@ def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = 
         sampled = sampled.numel()
     return {**result, **exact, "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."),
             "stats_level": level, "stats_sampled": sampled}
+
+
+def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
+    """Every key of ``capture_stats``' result, None (the counts level fills in the exact ones)."""
+    return dict.fromkeys((*unpack_tensor_stats([], [0], dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if quantized else ())))
+
+
+def counts_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype) -> dict:
+    """``capture_stats`` at level ``counts`` of a quantized operand, from the counts its
+    quantization kernel took (``kernels.counts.FIELDS``, read to the host)."""
+    return {**_counts_level_keys(dtype, True), **exact_fields_from_counts(packed, math.prod(shape)),
+            "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "stats_level": "counts",
+            "stats_sampled": 0}

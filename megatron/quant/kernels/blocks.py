@@ -25,6 +25,7 @@ from megatron.quant.formats.grid import FP8_E4M3
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
+from .counts import bound_constants, counts_rows, stored_zero, write_counts
 from .elementwise import load, round_grid, store
 from .noise import global_index, uniform
 from .select import program_elements
@@ -109,13 +110,16 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, KIND: tl.constexpr, POWER_OF
                  MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
                  SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
-    """x quantized with its blocks' amaxes (broadcast against x): the per-block scale of the
-    format (``KIND`` 0 MX, 1 FP8 blockwise, 2 NVFP4 whose tensor_ptr holds (global encode / 6,
-    global decode)), the elements rounded (``u``: noise), decoded."""
+    """(x quantized with its blocks' amaxes, the blocks' scales as the torch path returns them):
+    the per-block scale of the format (``KIND`` 0 MX, 1 FP8 blockwise, 2 NVFP4 whose tensor_ptr
+    holds (global encode / 6, global decode)), the elements rounded (``u``: noise), decoded. The
+    scale is what x was divided by, NaN for a block the format turns NaN."""
     if KIND == 0:
         encode, decode = mx_scales(amax, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA)
+        scale = decode
     elif KIND == 1:
         encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO, VALUE_FOR_INF)
+        scale = decode
     else:
         decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, 1, 3, E4M3_MIN_FIELD, E4M3_MAX_FIELD, 448.0,
                             False, False, True, False)  # the block's E4M3 scale, to nearest
@@ -129,7 +133,8 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, KIND: tl.constexpr, POWER_OF
         y = y * tl.load(tensor_ptr + 1)
     if not NONFINITE_TE:
         y = tl.where(nonfinite, float("nan"), y)
-    return y
+        scale = tl.where(nonfinite, float("nan"), scale)
+    return y, scale
 
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
@@ -140,7 +145,10 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
                   SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
                   MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
                   SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
-                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr, scales_ptr, counts_ptr,
+                  CAPTURE: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
+    """Blocks ``c`` of a program, quantized into out; with ``CAPTURE`` also their scales (one per
+    block, in block order) and the program's row of exact counts (``counts.write_counts``)."""
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
@@ -149,10 +157,13 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
     u = x
     if STOCHASTIC:
         u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-    y = block_values(x, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
-                     MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
-                     STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
+    y, scale = block_values(x, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+                            MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+                            STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out_ptr + offsets, y, valid)
+    if CAPTURE:
+        tl.store(scales_ptr + c, scale, mask=c < n_blocks_total)
+        write_counts(counts_ptr, x, stored_zero(y, out_ptr), scale, valid, BOUND, INCLUSIVE)
 
 
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
@@ -179,22 +190,23 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
         u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
         u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
     amax, nonfinite = block_amax(x, 0, NONFINITE_TE)
-    y = block_values(x, amax, nonfinite, u0, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
                      MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
                      STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out0_ptr + offsets, y, valid)
     amax, nonfinite = block_amax(x, 1, NONFINITE_TE)
-    y = block_values(x, amax, nonfinite, u1, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
                      MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
                      STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out1_ptr + offsets, y, valid)
 
 
-def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False
-                  ) -> None:
+def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False,
+                  capture: bool = False) -> Optional[tuple[Tensor, Tensor]]:
     """Quantize contiguous x with an MX, FP8 block or NVFP4 format (blocks along non-negative
     ``axis``, or ``fmt``'s tiles) into out. NVFP4: ``tensor`` holds (global encode / 6, global
-    decode) and ``split`` leaves the global decode out of the values."""
+    decode) and ``split`` leaves the global decode out of the values. ``capture``: also return
+    (the blocks' scales in block order, the programs' rows of exact counts)."""
     element, size = fmt.element, fmt.block_size
     if fmt.tiled:
         if x.dim() < 2:
@@ -211,9 +223,23 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
         block = size
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
-    _block_kernel[(triton.cdiv(total, columns),)](
+    programs = triton.cdiv(total, columns)
+    scales, counts = ((torch.empty(total, dtype=torch.float32, device=x.device), counts_rows(programs, x.device))
+                      if capture else (x, x))
+    _block_kernel[(programs,)](
         x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
-        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, **_format_constants(fmt, x.dtype, split))
+        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, **_format_constants(fmt, x.dtype, split),
+        scales_ptr=scales, counts_ptr=counts, CAPTURE=capture, **bound_constants(fmt))
+    return (scales, counts) if capture else None
+
+
+def scale_layout(fmt, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """The shape of the per-block scales ``launch_blocks`` returns, in block order: the format's own
+    layout (``formats.blocks``: the block dimension kept as 1 after the block index)."""
+    size = fmt.block_size
+    if fmt.tiled:
+        return (*shape[:-2], triton.cdiv(shape[-2], size), triton.cdiv(shape[-1], size), 1)
+    return (*shape[:axis], triton.cdiv(shape[axis], size), 1, *shape[axis + 1:])
 
 
 def launch_dual(x, out0, out1, fmt, noises: tuple[tuple, tuple], tensor: Optional[Tensor] = None,

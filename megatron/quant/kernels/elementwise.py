@@ -10,12 +10,16 @@ arithmetic.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
+from .counts import counts_rows, stored_zero, write_counts
 from .noise import global_index, uniform
 from .select import program_elements
 
@@ -84,20 +88,26 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         row_stride, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
                         MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
                         HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr,
-                        SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                        SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, counts_ptr,
+                        COUNTS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
+    """x quantized into out; with ``COUNTS`` also the program's row of exact counts."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     x = load(x_ptr + offsets, mask)
     u = x  # unused unless stochastic
     if STOCHASTIC:
         u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
+    scaled = x
     if SCALED:
-        x = x * tl.load(encode_ptr)
-    y = round_grid(x, u, x, GRID, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, OVERFLOW_INF, HAS_INF, SIGNED_ZERO,
-                   STOCHASTIC)
+        scaled = x * tl.load(encode_ptr)
+    y = round_grid(scaled, u, scaled, GRID, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, OVERFLOW_INF, HAS_INF,
+                   SIGNED_ZERO, STOCHASTIC)
     if DECODE:
         y = y * tl.load(decode_ptr)
     store(out_ptr + offsets, y, mask)
+    if COUNTS:
+        scale = tl.load(decode_ptr) if SCALED else 1.0
+        write_counts(counts_ptr, x, stored_zero(y, out_ptr), scale, mask, BOUND, INCLUSIVE)
 
 
 @triton.jit
@@ -138,12 +148,18 @@ def grid_constants(grid, overflow: str) -> dict:
                 OVERFLOW_INF=overflow == "inf", HAS_INF=grid.has_inf, SIGNED_ZERO=grid.signed_zero)
 
 
-def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool) -> None:
+def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool,
+           counts: Optional[dict] = None) -> Optional[Tensor]:
     """Run the elementwise kernel over contiguous x into out; ``encode``/``decode``: 0-d float32
-    device tensors or None (unscaled; decode None also for the split GEMM operand)."""
+    device tensors or None (unscaled; decode None also for the split GEMM operand). ``counts``:
+    the format's ``counts.bound_constants``, to return the programs' rows of exact counts too."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
     block = program_elements(BLOCK)
-    _elementwise_kernel[(triton.cdiv(n, block),)](
+    programs = triton.cdiv(n, block)
+    rows = x if counts is None else counts_rows(programs, x.device)
+    _elementwise_kernel[(programs,)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
-        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block)
+        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, counts_ptr=rows, COUNTS=counts is not None,
+        **(counts or dict(BOUND=0.0, INCLUSIVE=False)))
+    return None if counts is None else rows

@@ -17,6 +17,7 @@ from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
 from . import blocks, elementwise
+from .counts import bound_constants, reduce_counts
 from .noise import noise_args
 from .select import interpreting, supported
 
@@ -53,8 +54,31 @@ class TritonFormat:
         _check_input(self.name, x)
         xt = self.fmt.transform(x, axis)
         out_dtype = x.dtype if xt is x else torch.float32
-        q, _ = self._kernel(xt, axis, amax, noise, split=False, out_dtype=out_dtype)
+        q, _, _ = self._kernel(xt, axis, amax, noise, split=False, out_dtype=out_dtype)
         return self.fmt._inverse_transform(q, axis).to(x.dtype)
+
+    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                            ) -> tuple[Tensor, Tensor]:
+        """As ``NumericFormat.quantize_with_scale``."""
+        q, scale, _ = self.quantize_with_counts(x, axis, amax, noise=noise, generator=generator)
+        return q, scale
+
+    def quantize_with_counts(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                             ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """``quantize_with_scale``, and the exact counts the kernel took in the same pass
+        (``counts.FIELDS``, float64 on x's device, no host sync); None where it took none (x not
+        served, or a Hadamard transform: counts of the transformed values are not x's)."""
+        fmt = self.fmt
+        if not self.serves(x, generator):
+            return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
+        _check_input(self.name, x)
+        xt = fmt.transform(x, axis)
+        q, _, (scale, rows) = self._kernel(xt, axis, amax, noise, split=False,
+                                           out_dtype=x.dtype if xt is x else torch.float32, capture=True)
+        counts = None if fmt.transforms_operand else reduce_counts(rows)
+        return fmt._inverse_transform(q, axis).to(x.dtype), fmt._scale_like_input(scale, x, axis), counts
 
     def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                           noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
@@ -67,7 +91,7 @@ class TritonFormat:
             return self.quantize(x, axis, amax, noise=noise), None
         _check_input(self.name, x)
         xt = fmt.transform(x, axis)
-        q, tensor_scale = self._kernel(xt, axis, amax, noise, split=fmt.needs_tensor_amax, out_dtype=x.dtype)
+        q, tensor_scale, _ = self._kernel(xt, axis, amax, noise, split=fmt.needs_tensor_amax, out_dtype=x.dtype)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
     @property
@@ -107,9 +131,11 @@ class TritonFormat:
         return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
-                out_dtype: torch.dtype) -> tuple[Tensor, Optional[Tensor]]:
-        """(quantized x in ``out_dtype``, the per-tensor decode factor or None); x in the format's
-        quantization domain. ``split``: leave the decode factor out of the values."""
+                out_dtype: torch.dtype, capture: bool = False
+                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+        """(quantized x in ``out_dtype``, the per-tensor decode factor or None, with ``capture``:
+        (the scale in the format's own layout, the programs' rows of exact counts)); x in the
+        format's quantization domain. ``split``: leave the decode factor out of the values."""
         fmt = self.fmt
         stochastic = fmt.rounding == "stochastic"
         bits = (noise or fmt._default_bits) if stochastic else None
@@ -117,9 +143,12 @@ class TritonFormat:
         out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         if isinstance(fmt, BLOCK_FORMATS):
             tensor, decode = self._nvfp4_tensor_scale(x, amax)
-            blocks.launch_blocks(x, out, fmt, normalize_axis(fmt.name, axis, x.dim()),
-                                 noise_args(bits, tuple(x.shape)), tensor, split)
-            return out, decode
+            axis = normalize_axis(fmt.name, axis, x.dim())
+            captured = blocks.launch_blocks(x, out, fmt, axis, noise_args(bits, tuple(x.shape)), tensor, split,
+                                            capture)
+            if captured is not None:
+                captured = (captured[0].view(blocks.scale_layout(fmt, x.shape, axis)), captured[1])
+            return out, decode, captured
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
             amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
@@ -129,6 +158,10 @@ class TritonFormat:
             grid, overflow = (None, "saturate") if fmt.dtype == torch.bfloat16 else (FP16, "inf")
         else:
             grid, overflow = fmt.element, fmt.options["overflow"]
-        elementwise.launch(x, out, encode, None if split else decode, noise_args(bits, tuple(x.shape)),
-                           elementwise.grid_constants(grid, overflow), stochastic)
-        return out, decode
+        rows = elementwise.launch(x, out, encode, None if split else decode, noise_args(bits, tuple(x.shape)),
+                                  elementwise.grid_constants(grid, overflow), stochastic,
+                                  bound_constants(fmt) if capture else None)
+        if not capture:
+            return out, decode, None
+        scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode
+        return out, decode, (scale, rows)

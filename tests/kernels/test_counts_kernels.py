@@ -1,0 +1,81 @@
+"""The exact statistics the quantization kernels take in the same pass (``kernels.counts``) against
+capture's torch path: ``quantize_with_counts`` gives the torch path's values and scales bit for bit,
+and the counts give ``capture_stats``' exact fields (NaN, Inf, zeros, min, max, absmax, overflow,
+underflow) exactly, for every kind of kernel, block axis, dtype and rounding."""
+import math
+
+import pytest
+import torch
+
+from megatron.quant.capture.stats import capture_stats, exact_fields_from_counts
+from megatron.quant.formats import get_format
+from megatron.quant.formats.random_bits import RandomBits
+from tests.kernels._compare import assert_same_result, triton_twin, wide_values
+
+pytestmark = pytest.mark.device
+
+CASES = [  # (format name, options, axes)
+    ("bf16", {}, (-1,)),
+    ("fp16", {}, (-1,)),
+    ("fp8_e4m3", {}, (-1,)),
+    ("fp8_e5m2", {"rounding": "stochastic"}, (-1,)),
+    ("hifp8", {}, (-1,)),
+    ("fp8_e4m3", {"scaling": "tensor", "power_of_two_scales": True}, (-1,)),
+    ("mxfp8_e4m3", {}, (0, 1, -1)),
+    ("mxfp4_e2m1", {"rounding": "stochastic", "scale_mode": "rceil"}, (0, -1)),
+    ("mxfp8_e4m3", {"block_shape": (32, 32), "nonfinite": "te"}, (-1,)),
+    ("fp8_e4m3", {"scaling": "block"}, (0, -1)),
+    ("fp8_e4m3", {"scaling": "block", "block_shape": (128, 128), "power_of_two_scales": False}, (-1,)),
+    ("nvfp4", {}, (0, -1)),
+    ("nvfp4", {"block_shape": (16, 16), "rounding": "stochastic"}, (-1,)),
+    ("nvfp4", {"nonfinite": "te"}, (-1,)),
+]
+EXACT = ("numel", "min", "max", "absmax", "zeros", "nans", "infs", "overflow", "overflow_ratio", "underflow",
+         "underflow_ratio")
+
+
+def _input(shape, dtype, device):
+    """Wide values with specials, a block holding NaN, saturating values and values that underflow."""
+    x = wide_values(shape, seed=11, lo=-40, hi=18)
+    x.view(-1)[:7] = torch.tensor([3e38, -1e5, 1e-30, 2.0**-140, 5e4, -7e4, 1e9])
+    return x.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name,options,axes", CASES, ids=lambda v: str(v) if not isinstance(v, tuple) else "")
+def test_counts_in_the_pass_equal_the_torch_statistics(name, options, axes, dtype, kernel_device):
+    fmt = get_format(name, **options)
+    twin = triton_twin(fmt)
+    noise = RandomBits.derive("counts", name)
+    x = _input((48, 160), dtype, kernel_device)
+    for axis in axes:
+        q, scale, counts = twin.quantize_with_counts(x, axis, noise=noise)
+        assert_same_result((q, scale), fmt.quantize_with_scale(x, axis, noise=noise), f"axis {axis}")
+        if not twin.serves(x):  # a cast to x's own dtype: nothing to quantize, the torch path counts
+            assert counts is None
+            continue
+        expected = capture_stats(x, fmt, axis, q=q, scale=scale, level="counts")
+        ours = exact_fields_from_counts(counts.tolist(), x.numel())
+        assert {key: ours[key] for key in EXACT} == {key: expected[key] for key in EXACT}, f"axis {axis}"
+
+
+def test_counts_see_an_all_special_tensor_and_a_given_amax(kernel_device):
+    fmt = get_format("fp8_e4m3", scaling="tensor")
+    x = torch.full((4, 64), math.nan, device=kernel_device)
+    x[0, 0] = math.inf
+    q, scale, counts = triton_twin(fmt).quantize_with_counts(x, -1)
+    fields = exact_fields_from_counts(counts.tolist(), x.numel())
+    assert (fields["nans"], fields["infs"], fields["min"], fields["absmax"]) == (255, 1, None, None)
+    y = _input((8, 64), torch.bfloat16, kernel_device)
+    amax = torch.tensor(1e-3, device=kernel_device)  # a TP-reduced amax far below the shard's: overflow
+    q, scale, counts = triton_twin(fmt).quantize_with_counts(y, -1, amax)
+    expected = capture_stats(y, fmt, -1, amax, q=q, scale=scale, level="counts")
+    assert exact_fields_from_counts(counts.tolist(), y.numel())["overflow"] == expected["overflow"] > 0
+
+
+def test_hadamard_formats_quantize_in_the_kernel_and_leave_the_counts_to_torch(kernel_device):
+    fmt = get_format("nvfp4", hadamard=16)
+    x = _input((32, 64), torch.bfloat16, kernel_device)
+    q, scale, counts = triton_twin(fmt).quantize_with_counts(x, -1)
+    assert counts is None
+    assert_same_result((q, scale), fmt.quantize_with_scale(x, -1))
