@@ -41,9 +41,21 @@ def _input(shape, dtype, device):
     return x.to(device=device, dtype=dtype)
 
 
+@pytest.fixture(params=["one program", "many programs"])
+def programs(request, monkeypatch, device):
+    """Kernels with the interpreter's large programs, or with many small ones (so that the rows of
+    partials are reduced across programs) on CPU."""
+    if request.param == "many programs" and device.type == "cpu":
+        from megatron.quant.kernels import amax, blocks, elementwise
+
+        for module in (amax, blocks, elementwise):
+            monkeypatch.setattr(module, "program_elements", lambda on_device: 512)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name,options,axes", CASES, ids=lambda v: str(v) if not isinstance(v, tuple) else "")
-def test_counts_in_the_pass_equal_the_torch_statistics(name, options, axes, dtype, kernel_device):
+def test_counts_in_the_pass_equal_the_torch_statistics(name, options, axes, dtype, programs, kernel_device):
     fmt = get_format(name, **options)
     twin = triton_twin(fmt)
     noise = RandomBits.derive("counts", name)
@@ -59,7 +71,7 @@ def test_counts_in_the_pass_equal_the_torch_statistics(name, options, axes, dtyp
         assert {key: ours[key] for key in EXACT} == {key: expected[key] for key in EXACT}, f"axis {axis}"
 
 
-def test_counts_see_an_all_special_tensor_and_a_given_amax(kernel_device):
+def test_counts_see_an_all_special_tensor_and_a_given_amax(programs, kernel_device):
     fmt = get_format("fp8_e4m3", scaling="tensor")
     x = torch.full((4, 64), math.nan, device=kernel_device)
     x[0, 0] = math.inf

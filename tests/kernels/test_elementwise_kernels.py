@@ -59,3 +59,25 @@ def test_casts_of_their_own_dtype_and_empty_tensors_take_the_torch_path(kernel_d
     x = torch.randn(4, 4, device=kernel_device, dtype=torch.bfloat16)
     assert twin.quantize(x) is x and not twin.serves(x)
     assert not twin.serves(torch.empty(0, device=kernel_device))
+
+
+@pytest.mark.parametrize("nonfinite", ["propagate", "te"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_the_one_read_amax_is_the_torch_paths(nonfinite, dtype, kernel_device, monkeypatch):
+    """``amax_of`` (per-tensor scales, NVFP4's tensor scale, delayed scaling's history) from the
+    amax kernel: NaN propagates or is skipped as the format says, Inf and signed zeros as torch."""
+    fmt = get_format("fp8_e4m3", scaling="tensor", nonfinite=nonfinite)
+    twin = triton_twin(fmt)
+    x = wide_values((3, 4992), seed=8).to(kernel_device, dtype)  # holds +-0, +-Inf and a NaN
+    cases = {"specials": x, "finite": torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-3.0),
+             "zeros": -torch.zeros(70, device=kernel_device, dtype=dtype),
+             "all NaN": torch.full((9,), float("nan"), device=kernel_device, dtype=dtype)}
+    for case, value in cases.items():
+        assert_same_result(twin.amax_of(value), fmt.amax_of(value), case)
+    from megatron.quant.kernels import amax
+
+    monkeypatch.setattr(amax, "program_elements", lambda on_device: 1024)  # rows from many programs
+    assert_same_result(twin.amax_of(x), fmt.amax_of(x), "many programs")
+    hadamard = get_format("nvfp4", hadamard=16, nonfinite=nonfinite)
+    finite = cases["finite"]
+    assert_same_result(triton_twin(hadamard).amax_of(finite, -1), hadamard.amax_of(finite, -1), "hadamard")

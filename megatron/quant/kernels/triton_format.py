@@ -17,6 +17,7 @@ from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
 from . import blocks, elementwise
+from .amax import abs_max as one_read_abs_max
 from .counts import bound_constants, reduce_counts
 from .noise import noise_args
 from .select import interpreting, supported
@@ -94,6 +95,16 @@ class TritonFormat:
         q, tensor_scale, _ = self._kernel(xt, axis, amax, noise, split=fmt.needs_tensor_amax, out_dtype=x.dtype)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
+    def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
+        """As ``NumericFormat.amax_of``: one read of x (of its transform, for Hadamard formats)."""
+        if not self.serves(x):
+            return self.fallback.amax_of(x, axis)
+        return self._abs_max(self.fmt.transform(x, axis))
+
+    def _abs_max(self, x: Tensor) -> Tensor:
+        """The format's ``_abs_max`` of a tensor the kernels serve (NaN skipped under nonfinite='te')."""
+        return one_read_abs_max(x, skip_nan=self.fmt.options.get("nonfinite") == "te")
+
     @property
     def dual_axis(self) -> bool:
         """True when one kernel quantizes a 2-D tensor along both axes (blocks along an axis, no
@@ -125,7 +136,7 @@ class TritonFormat:
         fmt = self.fmt
         if not isinstance(fmt, NVFP4Format):
             return None, None
-        amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
+        amax = self._abs_max(x) if amax is None else amax
         encode = encode_scale(amax, FP8_E4M3.max_value * fmt.element.max_value)
         decode = 1 / encode
         return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
@@ -151,7 +162,7 @@ class TritonFormat:
             return out, decode, captured
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
-            amax = fmt._abs_max(x) if amax is None else amax  # NaN skipped under nonfinite='te'
+            amax = self._abs_max(x) if amax is None else amax
             encode = encode_scale(amax, fmt.scale_target, bool(fmt.options.get("power_of_two_scales")))
             decode = 1 / encode
         if isinstance(fmt, CastFormat):
