@@ -104,3 +104,38 @@ def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, lev
     assert ours == expected
     # Only operands without a format, or with a Hadamard transform, are counted in torch.
     assert all(fmt is None or fmt.transforms_operand for fmt in counted)
+
+
+@pytest.mark.parametrize("name,options", [("mxfp8_e4m3", {"rounding": "stochastic"}), ("nvfp4", {}),
+                                          ("fp8_e4m3", {"scaling": "block"})])
+def test_attention_products_take_both_axes_of_their_gradient_from_one_read(name, options, kernel_device,
+                                                                            monkeypatch):
+    """Attention's batched products quantize dC along p (for dA) and along m (for dB) with the dual
+    kernel: the same gradients as the torch path's two quantizations, stochastic rounding included."""
+    from megatron.quant import kernels
+    from megatron.quant.formats import get_format
+    from megatron.quant.kernels import blocks
+    from megatron.quant.layers.ops import BmmOperands, BmmQuant, NoiseScope, QuantBmmFunction, module_noise_root
+    from megatron.quant.recipes.operands import BMM_AXES, OperandSpec
+
+    def grads(fmt):
+        quant = BmmQuant(*(OperandSpec(fmt, axis, key) for axis, key in zip(BMM_AXES, ("a", "b", "dc_a", "b2",
+                                                                                        "a2", "dc_b"))))
+        root = module_noise_root(4, "bmm", [quant.grad_a_dc])
+        noise = None if root is None else NoiseScope(root, 0, 0, 0, 1)
+        g = torch.Generator().manual_seed(2)
+        a = torch.randn(3, 40, 64, generator=g).to(kernel_device, torch.bfloat16).requires_grad_()
+        b = torch.randn(3, 64, 72, generator=g).to(kernel_device, torch.bfloat16).requires_grad_()
+        c = QuantBmmFunction.apply(a, b, 0.125, quant, BmmOperands(noise=noise))
+        c.backward(torch.randn(c.shape, generator=g).to(kernel_device, torch.bfloat16))
+        return a.grad, b.grad
+
+    fmt = get_format(name, **options)
+    expected = grads(fmt)
+    calls = []
+    launch_dual = blocks.launch_dual
+    monkeypatch.setattr(blocks, "launch_dual", lambda *args, **kw: calls.append(args[0].shape) or launch_dual(*args, **kw))
+    ours = grads(kernels.wrap(fmt, compile=False, chosen="triton"))
+    assert calls == [(3, 40, 72)]
+    for a, b in zip(ours, expected):
+        assert torch.equal(a, b)

@@ -283,3 +283,25 @@ def test_a_transform_on_one_operand_of_a_gemm_is_refused():
     fmts["wgrad.input"] = get_format("nvfp4", hadamard=16)
     with pytest.raises(ValueError, match="wgrad: wgrad.grad_output has no transform but wgrad.input has hadamard=16"):
         LinearQuant.from_formats(fmts)
+
+
+@pytest.mark.parametrize("options,shared", [({"block_shape": (16, 16)}, True), ({}, False),
+                                            ({"block_shape": (16, 16), "rounding": "stochastic"}, False)])
+def test_square_tiles_quantize_a_weight_once_for_both_gemms(options, shared):
+    """2-D tiles (TE's NVFP4 weights) scale the same elements whatever the GEMM's axis: fprop and
+    dgrad share one quantization of the weight (round to nearest), which equals each axis's own."""
+    from megatron.quant.formats import get_format
+    from megatron.quant.layers.ops import OperandSpec, QuantizedWeightCache, same_quantization
+
+    fmt = get_format("nvfp4", **options)
+    fprop, dgrad = OperandSpec(fmt, -1, "fprop_weight"), OperandSpec(fmt, 0, "dgrad_weight")
+    assert same_quantization(fprop, dgrad) == shared
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(3))
+    cache = QuantizedWeightCache()
+    first, second = cache.get(weight, fprop, None, None), cache.get(weight, dgrad, None, None)
+    assert (first is second) == shared
+    if shared:
+        assert torch.equal(second.values, fmt.quantize_for_gemm(weight, 0)[0])
+        assert torch.equal(second.values, fmt.quantize_for_gemm(weight, -1)[0])
+    assert not same_quantization(OperandSpec(get_format("nvfp4", hadamard=16), -1, "a"),
+                                 OperandSpec(get_format("nvfp4", hadamard=16), 0, "b"))

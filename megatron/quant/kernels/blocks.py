@@ -174,15 +174,18 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
                  MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
                  SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
-    """A 2-D x quantized along axis 0 (into out0) and axis 1 (out1) from one read of each B x B tile."""
+    """Matrices (rows, cols) quantized along their rows (into out0) and columns (out1) from one read
+    of each B x B tile; programs run through the tiles of one matrix, then the next."""
     per_row = (cols + B - 1) // B
-    tile = tl.program_id(0)
+    per_matrix = ((rows + B - 1) // B) * per_row
+    matrix = tl.program_id(0).to(tl.int64) // per_matrix
+    tile = tl.program_id(0) % per_matrix
     i = tl.arange(0, BP)[:, None]
     j = tl.arange(0, BP)[None, :]
     r = (tile // per_row) * B + i
     c = (tile % per_row) * B + j
     valid = (i < B) & (j < B) & (r < rows) & (c < cols)
-    offsets = r.to(tl.int64) * cols + c
+    offsets = matrix * rows * cols + r.to(tl.int64) * cols + c
     x = load(x_ptr + offsets, valid)
     u0 = x
     u1 = x
@@ -244,11 +247,13 @@ def scale_layout(fmt, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
 
 def launch_dual(x, out0, out1, fmt, noises: tuple[tuple, tuple], tensor: Optional[Tensor] = None,
                 split: bool = False) -> None:
-    """Quantize a contiguous 2-D x with a block format along axis 0 into out0 and along axis 1 into
-    out1, reading x once (``noises``: the two quantizations' noise arguments)."""
-    rows, cols = x.shape
+    """Quantize a contiguous x (a matrix, or a batch of them in its last two dimensions) with a block
+    format along axis -2 into out0 and along axis -1 into out1, reading x once (``noises``: the two
+    quantizations' noise arguments)."""
+    rows, cols = x.shape[-2:]
     size = fmt.block_size
-    _dual_kernel[(triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
+    matrices = x.numel() // (rows * cols)
+    _dual_kernel[(matrices * triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
         x, out0, out1, x if tensor is None else tensor, rows, cols, *noises[0], *noises[1], B=size,
         BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split))
 

@@ -107,19 +107,19 @@ class TritonFormat:
 
     @property
     def dual_axis(self) -> bool:
-        """True when one kernel quantizes a 2-D tensor along both axes (blocks along an axis, no
-        transform: the blocks of both axes are in every tile)."""
+        """True when one kernel quantizes a tensor along both of its last two axes (blocks along an
+        axis, no transform: the blocks of both axes are in every tile)."""
         fmt = self.fmt
         return isinstance(fmt, BLOCK_FORMATS) and not fmt.tiled and not fmt.transforms_operand
 
     def quantize_for_gemm_both(self, x: Tensor, amax: Optional[Tensor] = None, *,
                                noises: tuple[Optional[RandomBits], Optional[RandomBits]] = (None, None)
                                ) -> tuple[tuple[Tensor, Optional[Tensor]], tuple[Tensor, Optional[Tensor]]]:
-        """``quantize_for_gemm`` of a 2-D x along axis 0 and along axis 1 (with ``noises[0]`` and
+        """``quantize_for_gemm`` of x along axis -2 and along axis -1 (with ``noises[0]`` and
         ``noises[1]``), from one read of x where a kernel does both (``dual_axis``)."""
         fmt = self.fmt
-        if not (self.dual_axis and x.dim() == 2 and self.serves(x)):
-            return tuple(self.quantize_for_gemm(x, axis, amax, noise=noise) for axis, noise in enumerate(noises))
+        if not (self.dual_axis and x.dim() >= 2 and self.serves(x)):
+            return tuple(self.quantize_for_gemm(x, axis, amax, noise=noise) for axis, noise in zip((-2, -1), noises))
         _check_input(self.name, x)
         x = x.contiguous()
         stochastic = fmt.rounding == "stochastic"

@@ -134,18 +134,19 @@ def _quantize_with_counts(fmt, x: Tensor, axis: int, amax: Optional[Tensor], bit
 
 
 def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSpec,
-                       group: Optional[dist.ProcessGroup], noise: Optional[NoiseScope], per_sample: bool = True
-                       ) -> Optional[tuple[Quantized, Quantized]]:
-    """2-D x quantized for ``along_rows`` (axis 0) and ``along_cols`` (axis 1) from one read, where
+                       group: Optional[dist.ProcessGroup], noise: Optional[NoiseScope], per_sample: bool = True,
+                       groups: int = 1) -> Optional[tuple[Quantized, Quantized]]:
+    """x quantized for ``along_rows`` (axis -2) and ``along_cols`` (axis -1) from one read, where
     both use one format object whose kernel does both axes (``kernels``' ``dual_axis``: block
-    formats on CUDA); None otherwise. Same values, scales and noise as two ``quantize_operand``."""
+    formats on CUDA); None otherwise. Same values, scales and noise as two ``quantize_operand``
+    (``groups``, ``per_sample``: as there)."""
     fmt = along_rows.fmt
     if (fmt is None or fmt is not along_cols.fmt or not getattr(fmt, "dual_axis", False) or not fmt.serves(x)
             or along_rows.history is not None or along_cols.history is not None
             or along_rows.shard_dim != along_cols.shard_dim):
         return None
     amax = tensor_amax(x, along_rows, group)
-    noises = tuple(None if noise is None else noise.bits(spec, per_sample=per_sample)
+    noises = tuple(None if noise is None else noise.bits(spec, groups, per_sample)
                    for spec in (along_rows, along_cols))
     (rows, rows_scale), (cols, cols_scale) = fmt.quantize_for_gemm_both(x, amax, noises=noises)
     return Quantized(rows, rows_scale, amax), Quantized(cols, cols_scale, amax)
@@ -193,10 +194,13 @@ def check_gemm_transforms(gemms: Mapping[str, tuple[OperandSpec, OperandSpec]]) 
 
 def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
-    same round-to-nearest format without blocks (elementwise or one scale per tensor)."""
+    same round-to-nearest format whose scales follow no axis (elementwise, one scale per tensor, or
+    square tiles of the last two dimensions, such as TE's 2-D NVFP4 weights) and no transform along
+    one."""
     a, b = first.fmt, second.fmt
-    return (a is not None and b is not None and a.block_size is None and b.block_size is None
-            and a.name == b.name and a.options == b.options and a.rounding != "stochastic")
+    return (a is not None and b is not None and (a.block_size is None or getattr(a, "tiled", False))
+            and not a.transforms_operand and a.name == b.name and a.options == b.options
+            and a.rounding != "stochastic")
 
 
 def capturing(site: Optional[CaptureSite]) -> bool:
@@ -541,18 +545,22 @@ class QuantBmmFunction(torch.autograd.Function):
         q: BmmQuant = ctx.quant
         given: BmmOperands = ctx.given
         grad_a = grad_b = None
-        dc_a = None
+        dc_a = dc_b = None
+        if all(ctx.needs_input_grad[:2]) and not same_quantization(q.grad_a_dc, q.grad_b_dc):
+            # dC along p (for dA) and along m (for dB) from one read where a kernel does both.
+            dc_b, dc_a = quantize_both_axes(grad_c, q.grad_b_dc, q.grad_a_dc, given.group, given.noise,
+                                            groups=given.groups) or (None, None)
         if ctx.needs_input_grad[0]:
-            dc_a = _quantize_bmm(grad_c, q.grad_a_dc, given)
+            dc_a = dc_a or _quantize_bmm(grad_c, q.grad_a_dc, given)
             b_q = replace(ctx.b_quantized, values=b) if ctx.b_quantized else \
                 _quantize_bmm(b, q.grad_a_b, given, ctx.amaxes[1])
             grad_a = _scaled(scaled_product(lambda x, y: x.bmm(y.transpose(1, 2)), dc_a, b_q), ctx.alpha)
         if ctx.needs_input_grad[1]:
             a_q = replace(ctx.a_quantized, values=a) if ctx.a_quantized else \
                 _quantize_bmm(a, q.grad_b_a, given, ctx.amaxes[0])
-            if dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc):
+            if dc_b is None and dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc):
                 dc_b = dc_a
-            else:
+            elif dc_b is None:
                 dc_b = _quantize_bmm(grad_c, q.grad_b_dc, given,
                                      None if dc_a is None else reusable_amax(dc_a, q.grad_a_dc, q.grad_b_dc))
             grad_b = _scaled(scaled_product(lambda x, y: x.transpose(1, 2).bmm(y), a_q, dc_b), ctx.alpha)
