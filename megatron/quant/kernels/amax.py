@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .elementwise import load
-from .select import program_elements
+from .select import EXACT_ARITHMETIC, program_elements
 
 BLOCK = 4096
 
@@ -35,7 +35,7 @@ def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     block = program_elements(BLOCK)
     programs = math.ceil(x.numel() / block)
     rows = torch.empty((programs, 2), dtype=torch.float32, device=x.device)
-    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block)
+    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, **EXACT_ARITHMETIC)
     amax = rows[:, 0].amax()
     if not skip_nan:
         amax = torch.where(rows[:, 1].sum() > 0, math.nan, amax)

@@ -28,7 +28,7 @@ from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 from .counts import bound_constants, counts_rows, stored_zero, write_counts
 from .elementwise import load, round_grid, store
 from .noise import global_index, uniform
-from .select import program_elements
+from .select import EXACT_ARITHMETIC, program_elements
 
 ELEMENTS_PER_PROGRAM = 1024
 
@@ -97,11 +97,9 @@ def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
     te: the amax skips NaN (fmaxf) and may be Inf; propagate: a block holding Inf or NaN turns
     NaN (``nonfinite``), so only finite blocks' amaxes matter."""
     special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
-    nonfinite = tl.max(special.to(tl.int32), axis=AXIS) > 0
-    amax = tl.max(tl.where((x != x) if NONFINITE_TE else special, 0.0, tl.abs(x)), axis=AXIS)
-    if AXIS == 0:
-        return amax[None, :], nonfinite[None, :]
-    return amax[:, None], nonfinite[:, None]
+    nonfinite = tl.max(special.to(tl.int32), axis=AXIS, keep_dims=True) > 0
+    amax = tl.max(tl.where((x != x) if NONFINITE_TE else special, 0.0, tl.abs(x)), axis=AXIS, keep_dims=True)
+    return amax, nonfinite
 
 
 @triton.jit
@@ -232,7 +230,7 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
     _block_kernel[(programs,)](
         x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
         BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, **_format_constants(fmt, x.dtype, split),
-        scales_ptr=scales, counts_ptr=counts, CAPTURE=capture, **bound_constants(fmt))
+        scales_ptr=scales, counts_ptr=counts, CAPTURE=capture, **bound_constants(fmt), **EXACT_ARITHMETIC)
     return (scales, counts) if capture else None
 
 
@@ -255,7 +253,7 @@ def launch_dual(x, out0, out1, fmt, noises: tuple[tuple, tuple], tensor: Optiona
     matrices = x.numel() // (rows * cols)
     _dual_kernel[(matrices * triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
         x, out0, out1, x if tensor is None else tensor, rows, cols, *noises[0], *noises[1], B=size,
-        BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split))
+        BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split), **EXACT_ARITHMETIC)
 
 
 def _format_constants(fmt, dtype, split: bool) -> dict:

@@ -21,7 +21,7 @@ from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
 from .counts import counts_rows, stored_zero, write_counts
 from .noise import global_index, uniform
-from .select import program_elements
+from .select import EXACT_ARITHMETIC, program_elements
 
 BLOCK = 1024
 
@@ -161,5 +161,5 @@ def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bo
     _elementwise_kernel[(programs,)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
         SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, counts_ptr=rows, COUNTS=counts is not None,
-        **(counts or dict(BOUND=0.0, INCLUSIVE=False)))
+        **(counts or dict(BOUND=0.0, INCLUSIVE=False)), **EXACT_ARITHMETIC)
     return None if counts is None else rows

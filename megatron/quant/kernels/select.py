@@ -55,6 +55,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+# Launch options of every kernel: no multiply-add contraction into FMAs (Triton's default), which
+# would round once where the torch path rounds twice.
+EXACT_ARITHMETIC = {"enable_fp_fusion": False}
+
+
 def program_elements(on_device: int) -> int:
     """Elements per kernel program: ``on_device`` on a GPU; many more in the interpreter, which runs
     programs one after another in Python (the results do not depend on it: blocks never straddle)."""
