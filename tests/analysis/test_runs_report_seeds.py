@@ -25,6 +25,8 @@ def seeded(tmp_path_factory):
     _write(root / "shaky", {"train/lm loss": 1.02 * BASE})
     _write(root / "shaky-seed1", {"train/lm loss": BASE[:20], "train/diverged": {21: 1.0}}, steps=STEPS[:20])
     _write(root / "single", {"train/lm loss": 1.1 * BASE})
+    # A seed run still training (or interrupted) at iteration 40: its loss is not final.
+    _write(root / "near-seed3", {"train/lm loss": 1.005 * BASE[:40]}, steps=STEPS[:40])
     out = tmp_path_factory.mktemp("report")
     return root, out, runs_report.write_runs_report(root, out, "bf16", smoothing=0.0)
 
@@ -45,6 +47,8 @@ def test_recipe_table_gives_mean_gap_uncertainty_and_noise_verdict(seeded):
     assert far["gap ±"] == pytest.approx(1.05 * math.hypot(0.01, 0.01), rel=1e-3)
     assert far["beyond noise"] is True and near["beyond noise"] is False
     assert near["gap to baseline"] == pytest.approx(0.005, rel=1e-3)
+    assert (near["seeds"], near["incomplete"], near["diverged"]) == (4, 1, 0)
+    assert near["loss std"] == pytest.approx(0.01 * 1.005 * end, rel=1e-3)  # over the three complete seeds
     assert rows["shaky"]["seeds"] == 2 and rows["shaky"]["diverged"] == 1
     assert rows["shaky"]["gap to baseline"] == pytest.approx(0.02, rel=1e-4)
     assert math.isnan(rows["single"]["gap ±"]) and rows["single"]["beyond noise"] is True  # 10 % > 2 % spread
@@ -67,6 +71,8 @@ def test_bands_span_the_seeds_and_leave_diverged_runs_out(seeded):
     _, gap, gap_low, gap_high = payload["gap"]["far"]
     assert np.allclose(gap, 0.05) and np.allclose(gap_low, 1.05 * 0.99 - 1) and np.allclose(gap_high, 1.05 * 1.01 - 1)
     assert payload["loss"]["shaky"][-1] == 1  # the diverged seed is left out of the band
+    steps, *_, count = payload["loss"]["near"]
+    assert count == 3 and steps == STEPS.tolist()  # the incomplete seed neither counts nor cuts the band short
 
 
 def test_without_seed_runs_there_is_no_recipe_table(tmp_path):

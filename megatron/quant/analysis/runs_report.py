@@ -263,22 +263,33 @@ def recipe_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def _seed_runs(runs: Sequence[Run]) -> list[seed_stats.SeedRun]:
-    return [seed_stats.SeedRun(run.series(LOSS), run.series(VALIDATION), run.diverged) for run in runs]
+def last_iteration(runs: Sequence[Run]) -> int:
+    """The last training iteration any of ``runs`` logged (-1 for none)."""
+    return max((int(run.series(LOSS)[0][-1]) for run in runs if run.series(LOSS)[0].size), default=-1)
+
+
+def _seed_runs(runs: Sequence[Run], end: int) -> list[seed_stats.SeedRun]:
+    """Runs that did not log iteration ``end`` (still running, interrupted) are incomplete."""
+    return [seed_stats.SeedRun(run.series(LOSS), run.series(VALIDATION), run.diverged,
+                               bool(run.series(LOSS)[0].size) and run.series(LOSS)[0][-1] >= end) for run in runs]
 
 
 def recipe_table(groups: dict[str, list[Run]], baseline: str) -> list[dict]:
-    """One ``seed_stats.recipe_row`` per recipe, the baseline first."""
-    return [seed_stats.recipe_row(name, _seed_runs(runs), _seed_runs(groups[baseline]))
+    """One ``seed_stats.recipe_row`` per recipe, the baseline first; a run is complete when it got
+    as far as the furthest run of the study."""
+    end = last_iteration([run for runs in groups.values() for run in runs])
+    return [seed_stats.recipe_row(name, _seed_runs(runs, end), _seed_runs(groups[baseline], end))
             for name, runs in sorted(groups.items(), key=lambda item: item[0] != baseline)]
 
 
 def band_payload(groups: dict[str, list[Run]], baseline: str, smoothing: float) -> dict:
     """Per recipe: (iterations, mean, min, max) of its seeds' smoothed losses, and of their gaps to
-    the baseline's mean curve."""
+    the baseline's mean curve (complete runs only: a band stops where its shortest curve does)."""
+    end = last_iteration([run for runs in groups.values() for run in runs])
+
     def curves(runs: Sequence[Run]) -> list[Series]:
-        return [(run.series(LOSS)[0], smooth(run.series(LOSS)[1], smoothing)) for run in runs
-                if run.series(LOSS)[0].size and not run.diverged]
+        return [(run.series(LOSS)[0], smooth(run.series(LOSS)[1], smoothing)) for run, seed_run
+                in zip(runs, _seed_runs(runs, end)) if seed_run.usable]
 
     base = seed_stats.band(curves(groups[baseline]))
     loss, gaps = {}, {}
@@ -326,7 +337,8 @@ def recipes_html(rows: list[dict]) -> str:
         "<h2 id='recipes'>Recipes over seeds</h2>",
         table(list(rows[0]), [_display(row, _recipe_number) for row in rows]),
         f"<p>Per seed run, loss = mean of its last {seed_stats.LAST_SHARE:.0%} of training losses; validation "
-        "loss = its last one. Mean and sample std over a recipe's seeds (diverged runs counted, not averaged). "
+        "loss = its last one. Mean and sample std over a recipe's seeds (diverged runs, and incomplete ones "
+        "that stopped before the study's last iteration, counted, not averaged). "
         "Gap = mean / baseline mean − 1; ± = one std combined from both recipes' seed spreads. Beyond noise: "
         "|gap| exceeds the baseline's seed spread ((max − min) / mean of its seeds). All numbers in "
         f"<a href='{link(RECIPES_CSV)}'>{RECIPES_CSV}</a>.</p>"])

@@ -27,6 +27,12 @@ class SeedRun:
     loss: Series
     validation: Series
     diverged: bool = False
+    complete: bool = True  # trained as far as the study's runs do (not still running, not stopped early)
+
+    @property
+    def usable(self) -> bool:
+        """Its final loss means something: finished, and not diverged."""
+        return self.complete and not self.diverged
 
 
 @dataclass(frozen=True)
@@ -67,14 +73,16 @@ def gap(recipe: Spread, baseline: Spread) -> tuple[float, float]:
 
 def recipe_row(recipe: str, runs: Sequence[SeedRun], baseline: Sequence[SeedRun]) -> dict:
     """The recipe table's row: loss and validation loss over seeds, gap to the baseline and whether
-    it is beyond the baseline's seed spread. Diverged runs are counted, not averaged."""
-    finished = [run for run in runs if not run.diverged]
+    it is beyond the baseline's seed spread. Diverged and incomplete runs are counted, not averaged
+    (a run still training has a higher loss than it will end with)."""
+    finished = [run for run in runs if run.usable]
     loss = spread([endpoint(run.loss[1]) for run in finished])
-    base = spread([endpoint(run.loss[1]) for run in baseline if not run.diverged])
+    base = spread([endpoint(run.loss[1]) for run in baseline if run.usable])
     validation = spread([float(run.validation[1][-1]) for run in finished if run.validation[1].size])
     relative, uncertainty = gap(loss, base) if loss.n and base.n else (math.nan, math.nan)
     noise = base.relative_range
-    return {"recipe": recipe, "seeds": len(runs), "diverged": len(runs) - len(finished),
+    return {"recipe": recipe, "seeds": len(runs), "diverged": sum(run.diverged for run in runs),
+            "incomplete": sum(not run.complete and not run.diverged for run in runs),
             "loss mean": loss.mean, "loss std": loss.std, "gap to baseline": relative, "gap ±": uncertainty,
             "baseline seed spread": noise,
             "beyond noise": None if math.isnan(noise) or math.isnan(relative) else bool(abs(relative) > noise),
