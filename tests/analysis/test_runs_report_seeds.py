@@ -80,3 +80,17 @@ def test_without_seed_runs_there_is_no_recipe_table(tmp_path):
     _write(tmp_path / "mxfp4", {"train/lm loss": 1.01 * BASE})
     report = runs_report.write_runs_report(tmp_path, tmp_path / "report", "bf16")
     assert report.recipes == [] and not (tmp_path / "report" / runs_report.RECIPES_CSV).exists()
+
+
+def test_a_dozen_recipes_get_distinct_colours_and_a_legend_wide_enough():
+    """The study draws 12 recipes: ten default colours would repeat, and long names such as
+    'te-nvfp4+bf16-layers (3 seeds)' overflowed a fixed-width legend."""
+    from matplotlib.colors import to_rgba
+
+    from megatron.quant.analysis import figures
+
+    colors = [to_rgba(c) for c in figures.series_colors(12)]
+    assert len(set(colors)) == 12
+    assert figures.series_colors(3) == ["C0", "C1", "C2"]
+    assert figures.legend_width(["bf16"]) == 1.6
+    assert figures.legend_width(["te-nvfp4+bf16-layers (3 seeds)"]) > 2.5

@@ -51,6 +51,20 @@ def subplot_grid(n_panels: int, ncols: int = 3, panel_size: tuple[float, float] 
     return fig, flat[:n_panels]
 
 
+def series_colors(count: int) -> list:
+    """``count`` distinct line colours: matplotlib's ten default ones, or tab20's twenty (light and
+    dark of each hue) when there are more series than ten, so no two series share a colour."""
+    if count <= 10:
+        return [f"C{i}" for i in range(count)]
+    cmap = plt.get_cmap("tab20")
+    return [cmap(i % 20) for i in range(count)]
+
+
+def legend_width(labels: Sequence[str], minimum: float = 1.6) -> float:
+    """Inches to keep free on the right for a shared legend of ``labels`` (``subplot_grid``)."""
+    return max(minimum, 0.7 + 0.065 * max((len(label) for label in labels), default=0))
+
+
 def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = None) -> Figure:
     """The figure title; ``shared_legend``: axes whose labels get one legend to their right
     (panels drawing the same series; make room with subplot_grid's ``legend_width``)."""

@@ -305,14 +305,17 @@ def band_payload(groups: dict[str, list[Run]], baseline: str, smoothing: float) 
 
 
 def _draw_bands(payload: dict):
-    fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6), legend_width=1.8)
-    for i, (name, (steps, mean, low, high, count)) in enumerate(payload["loss"].items()):
-        loss_ax.fill_between(steps, low, high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
-        loss_ax.plot(steps, mean, color=f"C{i % 10}", linewidth=1.4, label=f"{name} ({count} seeds)")
+    labels = [f"{name} ({entry[-1]} seeds)" for name, entry in payload["loss"].items()]
+    fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6),
+                                                  legend_width=figures.legend_width(labels))
+    colors = figures.series_colors(len(labels))
+    for color, label, (name, (steps, mean, low, high, _)) in zip(colors, labels, payload["loss"].items()):
+        loss_ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+        loss_ax.plot(steps, mean, color=color, linewidth=1.4, label=label)
         steps, mean, low, high = payload["gap"][name]
-        gap_ax.fill_between(steps, 100 * np.asarray(low), 100 * np.asarray(high), color=f"C{i % 10}", alpha=0.2,
+        gap_ax.fill_between(steps, 100 * np.asarray(low), 100 * np.asarray(high), color=color, alpha=0.2,
                             linewidth=0)
-        gap_ax.plot(steps, 100 * np.asarray(mean), color=f"C{i % 10}", linewidth=1.4)  # the legend: loss_ax's
+        gap_ax.plot(steps, 100 * np.asarray(mean), color=color, linewidth=1.4)  # the legend: loss_ax's
     loss_ax.set(title=f"training loss over seeds (mean, band: min-max; smoothed {payload['smoothing']})",
                 xlabel="iteration", ylabel="lm loss")
     gap_ax.set(title=f"gap to the mean of {payload['baseline']} (mean, band: min-max over seeds)",
@@ -346,10 +349,12 @@ def recipes_html(rows: list[dict]) -> str:
 
 # ---- figures --------------------------------------------------------------------------------
 def _draw_loss(payload: dict):
-    fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6), legend_width=1.6)
-    for i, (name, (steps, raw, smoothed)) in enumerate(payload["loss"].items()):
-        loss_ax.plot(steps, raw, color=f"C{i % 10}", alpha=0.25, linewidth=0.8)
-        loss_ax.plot(steps, smoothed, color=f"C{i % 10}", linewidth=1.6, label=name)
+    fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6),
+                                                  legend_width=figures.legend_width(payload["loss"]))
+    colors = dict(zip(payload["loss"], figures.series_colors(len(payload["loss"]))))
+    for name, (steps, raw, smoothed) in payload["loss"].items():
+        loss_ax.plot(steps, raw, color=colors[name], alpha=0.25, linewidth=0.8)
+        loss_ax.plot(steps, smoothed, color=colors[name], linewidth=1.6, label=name)
     loss_ax.set(title=f"training loss (faint: raw, solid: smoothed {payload['smoothing']})",
                 xlabel="iteration", ylabel="lm loss")
     losses = [v for _, raw, _ in payload["loss"].values() for v in raw]
@@ -359,8 +364,8 @@ def _draw_loss(payload: dict):
     if band is not None:
         gap_ax.fill_between(band[0], 100 * np.asarray(band[1]), 100 * np.asarray(band[2]), color="0.8",
                             label=f"{payload['baseline']} seed noise")
-    for i, (name, (steps, gap)) in enumerate(payload["gap"].items()):
-        gap_ax.plot(steps, 100 * np.asarray(gap), color=f"C{i % 10}", linewidth=1.4, label=name)
+    for name, (steps, gap) in payload["gap"].items():
+        gap_ax.plot(steps, 100 * np.asarray(gap), color=colors.get(name, "0.3"), linewidth=1.4, label=name)
     for threshold in GAP_THRESHOLDS:
         gap_ax.axhline(100 * threshold, color="0.5", linestyle=":", linewidth=0.8)
     gap_ax.set(title=f"relative loss gap to {payload['baseline']} (smoothed)", xlabel="iteration",
