@@ -4,7 +4,7 @@
 # (4 layers, hidden 256), sequence 256, 150 iterations of 2,048 tokens on a real text corpus
 # (built from the Python standard library unless DATA_PATH is given), linear layers quantized.
 #   bash examples/study_cpu.sh [OUTPUT_DIR=./study_cpu] [extra training flags]
-# 36 runs of 2 to 6 minutes each (on one core), SWEEP_PARALLEL (default: the number of cores) at a time.
+# 36 runs of 2 to 8 minutes each (on one core), SWEEP_PARALLEL (default: the number of cores) at a time.
 # TRAIN_ITERS, SWEEP_SEEDS, RECIPES, SWEEP_ABLATE, DATA_PATH/SPLIT: see examples/study_common.sh.
 set -euo pipefail
 source "$(dirname "$0")/study_common.sh"
