@@ -23,16 +23,6 @@ WIDTH = 8  # floats per program row (counts per program stay far below 2**24: ex
 
 
 @triton.jit
-def stored_zero(y, pointers):
-    """True where float32 y is zero once stored through ``pointers`` (``elementwise.store``'s rounding)."""
-    if pointers.dtype.element_ty == tl.bfloat16:
-        bits = y.to(tl.int32, bitcast=True)
-        rounded = (bits + ((bits >> 16) & 1) + 0x7FFF) >> 16
-        return (y == y) & ((rounded & 0x7FFF) == 0)
-    return y.to(pointers.dtype.element_ty) == 0.0
-
-
-@triton.jit
 def write_counts(counts_ptr, x, zero, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
     """This program's row: x the float32 values quantized, ``zero`` where their quantized values are
     stored as zero, ``scale`` what x was divided by (broadcast against x; NaN for a block the format

@@ -19,7 +19,7 @@ from torch import Tensor
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
-from .counts import counts_rows, stored_zero, write_counts
+from .counts import counts_rows, write_counts
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 
@@ -125,11 +125,25 @@ def store(pointers, y, mask):
     """Store float32 y in the pointers' dtype rounded to nearest even, as torch's ``.to`` does;
     bf16 as its bits (ties to even at bit 16, NaN kept NaN)."""
     if pointers.dtype.element_ty == tl.bfloat16:
-        bits = y.to(tl.int32, bitcast=True)
-        rounded = tl.where(y != y, 0x7FC0, (bits + ((bits >> 16) & 1) + 0x7FFF) >> 16)
+        rounded = tl.where(y != y, 0x7FC0, bf16_bits(y))
         tl.store(pointers.to(tl.pointer_type(tl.int16)), rounded.to(tl.int16), mask=mask)
     else:
         tl.store(pointers, y.to(pointers.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def bf16_bits(y):
+    """The bfloat16 bits of float32 y rounded to nearest even (in the low 16 bits of an int32)."""
+    bits = y.to(tl.int32, bitcast=True)
+    return (bits + ((bits >> 16) & 1) + 0x7FFF) >> 16
+
+
+@triton.jit
+def stored_zero(y, pointers):
+    """True where float32 y is zero once stored through ``pointers`` (``store``'s rounding)."""
+    if pointers.dtype.element_ty == tl.bfloat16:
+        return (y == y) & ((bf16_bits(y) & 0x7FFF) == 0)
+    return y.to(pointers.dtype.element_ty) == 0.0
 
 
 def grid_constants(grid, overflow: str) -> dict:

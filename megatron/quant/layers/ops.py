@@ -551,18 +551,18 @@ class QuantBmmFunction(torch.autograd.Function):
             dc_b, dc_a = quantize_both_axes(grad_c, q.grad_b_dc, q.grad_a_dc, given.group, given.noise,
                                             groups=given.groups) or (None, None)
         if ctx.needs_input_grad[0]:
-            dc_a = dc_a or _quantize_bmm(grad_c, q.grad_a_dc, given)
+            if dc_a is None:
+                dc_a = _quantize_bmm(grad_c, q.grad_a_dc, given)
             b_q = replace(ctx.b_quantized, values=b) if ctx.b_quantized else \
                 _quantize_bmm(b, q.grad_a_b, given, ctx.amaxes[1])
             grad_a = _scaled(scaled_product(lambda x, y: x.bmm(y.transpose(1, 2)), dc_a, b_q), ctx.alpha)
         if ctx.needs_input_grad[1]:
             a_q = replace(ctx.a_quantized, values=a) if ctx.a_quantized else \
                 _quantize_bmm(a, q.grad_b_a, given, ctx.amaxes[0])
-            if dc_b is None and dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc):
-                dc_b = dc_a
-            elif dc_b is None:
-                dc_b = _quantize_bmm(grad_c, q.grad_b_dc, given,
-                                     None if dc_a is None else reusable_amax(dc_a, q.grad_a_dc, q.grad_b_dc))
+            if dc_b is None:
+                dc_b = dc_a if dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc) else \
+                    _quantize_bmm(grad_c, q.grad_b_dc, given,
+                                  None if dc_a is None else reusable_amax(dc_a, q.grad_a_dc, q.grad_b_dc))
             grad_b = _scaled(scaled_product(lambda x, y: x.transpose(1, 2).bmm(y), a_q, dc_b), ctx.alpha)
         return grad_a, grad_b, None, None, None
 
