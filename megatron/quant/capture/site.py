@@ -34,4 +34,4 @@ class Operand:
     scale: Optional[Tensor] = None  # fmt.quantize_with_scale's scale; with `quantized`, the
     # statistics need not quantize again (the costliest part of stats mode)
     counts: Optional[Tensor] = None  # the exact counts the quantizing kernel took in its pass
-    # (kernels.counts.FIELDS): the counts level and the exact fields then need no pass of their own
+    # (kernels.stats.FIELDS): the counts level and the exact fields then need no pass of their own

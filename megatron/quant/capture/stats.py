@@ -405,7 +405,7 @@ def _exact_fields(numel: int, lo: float, hi: float, nonzero: int, nans: int, inf
 
 def exact_fields_from_counts(packed: Sequence[float], numel: int) -> dict:
     """The exact fields (``_EXACT_KEYS`` but shape and dtype) from the counts a quantization kernel
-    took in its pass (``kernels.counts.FIELDS``, read to the host)."""
+    took in its pass (``kernels.stats.FIELDS``, read to the host)."""
     nans, infs, nonzero, underflow, overflow, lo, hi = packed
     return _exact_fields(numel, lo, hi, int(nonzero), int(nans), int(infs), (int(overflow), int(underflow)))
 
@@ -423,7 +423,7 @@ def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = 
 
     ``stats_level`` says which; ``stats_sampled`` how many elements the non-exact fields saw.
     The result has the same keys at every level. ``counts``: the exact fields as the kernel that
-    quantized x took them in its pass (``kernels.counts``), used instead of counting again.
+    quantized x took them in its pass (``kernels.stats``), used instead of counting again.
     """
     if level not in STATS_LEVELS:
         raise ValueError(f"statistics level {level!r} is invalid; allowed: {', '.join(STATS_LEVELS)}")
@@ -463,7 +463,7 @@ def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
 
 def counts_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype) -> dict:
     """``capture_stats`` at level ``counts`` of a quantized operand, from the counts its
-    quantization kernel took (``kernels.counts.FIELDS``, read to the host)."""
+    quantization kernel took (``kernels.stats.FIELDS``, read to the host)."""
     return {**_counts_level_keys(dtype, True), **exact_fields_from_counts(packed, math.prod(shape)),
             "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "stats_level": "counts",
             "stats_sampled": 0}

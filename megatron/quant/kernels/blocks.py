@@ -25,7 +25,7 @@ from megatron.quant.formats.grid import FP8_E4M3
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
-from .counts import bound_constants, counts_rows, write_counts
+from .stats import bound_constants, counts_rows, write_counts
 from .elementwise import load, round_grid, store, stored_zero
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements

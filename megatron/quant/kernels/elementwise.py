@@ -19,7 +19,7 @@ from torch import Tensor
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
-from .counts import counts_rows, write_counts
+from .stats import counts_rows, write_counts
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 

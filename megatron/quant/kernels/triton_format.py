@@ -18,7 +18,7 @@ from megatron.quant.formats.random_bits import RandomBits
 
 from . import blocks, elementwise
 from .amax import abs_max as one_read_abs_max
-from .counts import bound_constants, reduce_counts
+from .stats import bound_constants, reduce_counts
 from .noise import noise_args
 from .select import interpreting, supported
 

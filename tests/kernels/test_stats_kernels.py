@@ -1,4 +1,4 @@
-"""The exact statistics the quantization kernels take in the same pass (``kernels.counts``) against
+"""The exact statistics the quantization kernels take in the same pass (``kernels.stats``) against
 capture's torch path: ``quantize_with_counts`` gives the torch path's values and scales bit for bit,
 and the counts give ``capture_stats``' exact fields (NaN, Inf, zeros, min, max, absmax, overflow,
 underflow) exactly, for every kind of kernel, block axis, dtype and rounding."""
