@@ -39,7 +39,7 @@ __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
     "configure", "is_active", "capture", "set_iteration", "set_microbatch",
     "capture_complete", "iteration_summary", "paused", "flush", "close", "writer_stats", "position",
-    "recomputing",
+    "recomputing", "stats_level",
 ]
 
 _session: Optional[CaptureSession] = None
@@ -64,6 +64,11 @@ def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[
 def is_active() -> bool:
     """Cheap: capture is on and the current iteration, micro-batch and rank are selected."""
     return _session is not None and _session.active
+
+
+def stats_level() -> Optional[str]:
+    """The statistics level (``TENSOR_SAVE_STATS``) of the capture session; None without one."""
+    return None if _session is None else _session.config.stats
 
 
 def capture(site: CaptureSite, operation: str, phase: str,

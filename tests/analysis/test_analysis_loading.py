@@ -14,7 +14,8 @@ from megatron.quant.analysis.loading import (CaptureLoadError, SummaryOptions, l
                                              pooled_absmax, sample_indices, summarize)
 from megatron.quant.analysis.summary import pooled_moments
 from megatron.quant.formats import get_format
-from megatron.quant.capture.stats import quant_stats, tensor_stats_float64
+from megatron.quant.capture import stats as stats_module
+from megatron.quant.capture.stats import quant_stats, tensor_stats
 
 
 def test_file_name_is_parsed_field_by_field():
@@ -39,12 +40,13 @@ def test_catalog_lists_what_the_manifests_list(tiny_logs):
     assert all(r.stats and "log2_hist" in r.stats for r in catalog.records)
 
 
-def test_float64_stats_match_numpy_across_chunks():
+def test_file_stats_match_numpy_across_tiles(monkeypatch):
     x = (np.random.default_rng(3).standard_normal(10_007) * 3 + 1e3).astype(np.float32)
     x[[5, 17]] = np.nan
     x[[40]] = np.inf
     x[100:130] = 0
-    stats = tensor_stats_float64(torch.from_numpy(x), chunk=1000)  # many chunks
+    monkeypatch.setitem(stats_module._TILE_ELEMENTS, "cpu", 1024)  # many tiles
+    stats = tensor_stats(torch.from_numpy(x))
     log2_counts = stats["log2_hist"]["counts"]
     finite = x[np.isfinite(x)].astype(np.float64)
     assert stats["numel"] == x.size and (stats["nans"], stats["infs"], stats["zeros"]) == (2, 1, 30)

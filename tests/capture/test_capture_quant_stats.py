@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from megatron.quant import formats
-from megatron.quant.capture.stats import pack_quant_stats, quant_stats, unpack_quant_stats
+from megatron.quant.capture import stats as stats_module
+from megatron.quant.capture.stats import pack_stats, quant_stats
 
 
 _NON_SATURATING = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "hifp8": en_dtypes.hifloat8,
@@ -119,14 +120,25 @@ def test_quant_stats_leave_the_formats_random_stream_alone():
 
 
 @pytest.mark.parametrize("make", [operand_with_extremes, operand_with_non_finite])
-def test_packed_route_equals_quant_stats(make):
-    x, fmt = make(), formats.get_format("mxfp8")
-    unpacked = unpack_quant_stats(pack_quant_stats(x, fmt).tolist(), x.numel())
-    direct = quant_stats(x, fmt)
-    # Nested values (the block-scale histogram) are compared exactly: pytest >= 9.2's approx
-    # refuses nested mappings.
-    assert unpacked == {key: value if isinstance(value, dict) else pytest.approx(value, rel=1e-5)
-                        for key, value in direct.items()}
+@pytest.mark.parametrize("name,options,axis", [("mxfp8", {}, 0), ("nvfp4", {"block_shape": (16, 16)}, -1),
+                                               ("fp8_e4m3", {}, -1)])
+def test_packed_statistics_do_not_depend_on_the_tile_size(make, name, options, axis, monkeypatch):
+    """Tiles are aligned subtrees of one summation tree: the torch path's tile size (like a kernel's
+    program size) changes no bit of the sums, and no count."""
+    x, fmt = make(), formats.get_format(name, **options)
+    whole = pack_stats(x, fmt, axis)
+    monkeypatch.setitem(stats_module._TILE_ELEMENTS, "cpu", 32)
+    assert torch.equal(pack_stats(x, fmt, axis), whole)
+
+
+def test_tiled_formats_block_statistics_see_whole_tiles():
+    """A 16x16 tile is one block: its scale counts once in the histogram, its range spans the tile."""
+    x = torch.ones(32, 32)
+    x[0, 0] = 2.0 ** -6  # the tile's smallest value sits in another row than its largest
+    x[5, 7] = 4.0
+    stats = quant_stats(x, formats.get_format("nvfp4", block_shape=(16, 16)))
+    assert sum(stats["block_scale_hist"]["counts"]) == 4
+    assert stats["block_dynamic_range_log2_max"] == 8.0
 
 
 def test_given_quantized_value_and_scale_are_used_without_quantizing_again(monkeypatch):

@@ -1,10 +1,14 @@
 """tensor_stats against numpy."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from megatron.quant.capture.stats import LOG2_EDGES, pack_tensor_stats, tensor_stats, unpack_tensor_stats
+from megatron.quant.capture import packing
+from megatron.quant.capture import stats as stats_module
+from megatron.quant.capture.stats import LOG2_EDGES, tensor_stats
 
 
 def numpy_log2_histogram(values: np.ndarray) -> list[int]:
@@ -68,11 +72,35 @@ def test_tensor_stats_are_plain_python_numbers():
     assert all(type(c) is int for c in stats["log2_hist"]["counts"])
 
 
-@pytest.mark.parametrize("make", [awkward_tensor, lambda: torch.randn(5, 7)])
-def test_packed_route_equals_tensor_stats(make):
-    x = make()
-    unpacked = unpack_tensor_stats(pack_tensor_stats(x).tolist(), x.shape, x.dtype)
-    direct = tensor_stats(x)
-    assert unpacked.keys() == direct.keys()
-    for key, value in direct.items():
-        assert unpacked[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value)
+def tree_sum(values: list) -> float:
+    """The definition of the sums' order, written out: adjacent pairs, zero-padded to a power of two."""
+    size = 1
+    while size < len(values):
+        size *= 2
+    values = values + [0.0] * (size - len(values))
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def test_sums_are_float64_in_the_defined_order(monkeypatch):
+    """mean and std come from float64 sums of x and x^2 in the order ``packing`` defines (so the
+    kernels can give the same bits), whatever the tile size; exact for a constant tensor."""
+    x = awkward_tensor()
+    finite = [v for v in x.double().flatten().tolist() if math.isfinite(v)]
+    flat = [v if math.isfinite(v) else 0.0 for v in x.double().flatten().tolist()]
+    n = len(finite)
+    mean = tree_sum(flat) / n
+    expected_std = math.sqrt(tree_sum([v * v for v in flat]) / n - mean * mean)
+    monkeypatch.setitem(stats_module._TILE_ELEMENTS, "cpu", 16)
+    stats = tensor_stats(x)
+    assert stats["mean"] == mean and stats["std"] == expected_std
+    assert stats["std"] == pytest.approx(np.std(finite), rel=1e-12)
+    constant = tensor_stats(torch.full((1000,), 3.0))
+    assert constant["mean"] == 3.0 and constant["std"] == 0.0
+
+
+def test_pairwise_sum_is_the_tree_of_adjacent_pairs():
+    values = torch.tensor([1e16, 1.0, -1e16, 1.0, 3.0])  # order-sensitive in float64
+    assert packing.pairwise_sum(values.double()).item() == tree_sum(values.double().tolist()) == 3.0  # not 4
+    assert packing.pairwise_sum(torch.zeros(0, dtype=torch.float64)).item() == 0.0

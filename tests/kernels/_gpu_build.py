@@ -32,7 +32,7 @@ FORMATS = [("bf16", {}), ("fp16", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scaling"
            ("nvfp4", {"block_shape": (16, 16)}), ("nvfp4", {"hadamard": 16, "nonfinite": "te"}),
            ("fp8_e4m3", {"scaling": "block"}), ("fp8_e4m3", {"scaling": "block", "power_of_two_scales": False}),
            ("fp8_e4m3", {"scaling": "block", "block_shape": (128, 128)})]
-POINTERS = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+POINTERS = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64"}
 
 
 class Recorder:
@@ -57,7 +57,8 @@ def record_launches() -> list:
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(64, 256).to(dtype)
             for call in (lambda: twin.quantize(x, -1), lambda: twin.quantize(x, 0),
-                         lambda: twin.quantize_with_counts(x, -1), lambda: twin.quantize_for_gemm_both(x),
+                         lambda: twin.quantize_with_stats(x, -1), lambda: twin.quantize_with_stats(x, 0, full=True),
+                         lambda: twin.quantize_for_gemm_both(x),
                          lambda: twin.quantize_for_gemm(x, -1)):
                 try:
                     call()

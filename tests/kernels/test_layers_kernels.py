@@ -85,25 +85,27 @@ def _captured_stats(preset: str, level: str, directory, device) -> dict:
     return records
 
 
-@pytest.mark.parametrize("level", ["counts", "sample"])
+@pytest.mark.parametrize("level", ["counts", "sample", "full"])
 @pytest.mark.parametrize("preset", ["te-nvfp4", "te-mxfp8", "te-fp8-current"])
 def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, level, parallel, kernel_device,
                                                                       monkeypatch, tmp_path):
-    """The captured operands are quantized by the kernels, which take the exact counts in the same pass
-    (TE's 2-D weights and RHT operands included), and every recorded statistic is the torch path's."""
+    """The captured operands are quantized by the kernels, which take the statistics in the same pass
+    (the exact fields; at the full level all of them), TE's 2-D weights and RHT operands included, and
+    every recorded statistic is the torch path's, to the bit."""
     from megatron.quant.capture import stats
 
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")
     expected = _captured_stats(preset, level, tmp_path / "torch", kernel_device)
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")
-    counted = []
-    exact_counts = stats._exact_counts
-    monkeypatch.setattr(stats, "_exact_counts", lambda *a, **kw: counted.append(a[1]) or exact_counts(*a, **kw))
+    computed, spied = [], "pack_stats" if level == "full" else "_exact_counts"
+    original = getattr(stats, spied)
+    monkeypatch.setattr(stats, spied, lambda *a, **kw: computed.append(a[1] if len(a) > 1 else kw.get("fmt"))
+                        or original(*a, **kw))
     ours = _captured_stats(preset, level, tmp_path / "triton", kernel_device)
     assert ours.keys() == expected.keys() and len(ours) >= 4
     assert ours == expected
-    # Only operands without a format, or with a Hadamard transform, are counted in torch.
-    assert all(fmt is None or fmt.transforms_operand for fmt in counted)
+    # Only operands without a format, or with a Hadamard transform, have their statistics taken in torch.
+    assert computed and all(fmt is None or fmt.transforms_operand for fmt in computed)
 
 
 @pytest.mark.parametrize("name,options", [("mxfp8_e4m3", {"rounding": "stochastic"}), ("nvfp4", {}),

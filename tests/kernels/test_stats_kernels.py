@@ -1,13 +1,15 @@
-"""The exact statistics the quantization kernels take in the same pass (``kernels.stats``) against
-capture's torch path: ``quantize_with_counts`` gives the torch path's values and scales bit for bit,
-and the counts give ``capture_stats``' exact fields (NaN, Inf, zeros, min, max, absmax, overflow,
-underflow) exactly, for every kind of kernel, block axis, dtype and rounding."""
+"""The statistics the quantization kernels take in the same pass (``kernels.stats``) against
+capture's torch path: ``quantize_with_stats`` gives the torch path's values and scales bit for bit,
+its exact fields equal ``capture_stats``' (NaN, Inf, zeros, min, max, absmax, overflow, underflow), and
+its full statistics (sums, histograms, block statistics) equal ``pack_stats``' bit for bit, for every
+kind of kernel, block axis, dtype and rounding, in one program or many."""
 import math
 
 import pytest
 import torch
 
-from megatron.quant.capture.stats import capture_stats, exact_fields_from_counts
+from megatron.quant.capture.stats import capture_stats, exact_fields_from_counts, pack_stats
+from megatron.quant.capture import packing
 from megatron.quant.formats import get_format
 from megatron.quant.formats.random_bits import RandomBits
 from tests.kernels._compare import assert_same_result, triton_twin, wide_values
@@ -55,13 +57,13 @@ def programs(request, monkeypatch, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name,options,axes", CASES, ids=lambda v: str(v) if not isinstance(v, tuple) else "")
-def test_counts_in_the_pass_equal_the_torch_statistics(name, options, axes, dtype, programs, kernel_device):
+def test_statistics_in_the_pass_equal_the_torch_statistics(name, options, axes, dtype, programs, kernel_device):
     fmt = get_format(name, **options)
     twin = triton_twin(fmt)
     noise = RandomBits.derive("counts", name)
     x = _input((48, 160), dtype, kernel_device)
     for axis in axes:
-        q, scale, counts = twin.quantize_with_counts(x, axis, noise=noise)
+        q, scale, counts = twin.quantize_with_stats(x, axis, noise=noise)
         assert_same_result((q, scale), fmt.quantize_with_scale(x, axis, noise=noise), f"axis {axis}")
         if not twin.serves(x):  # a cast to x's own dtype: nothing to quantize, the torch path counts
             assert counts is None
@@ -69,25 +71,34 @@ def test_counts_in_the_pass_equal_the_torch_statistics(name, options, axes, dtyp
         expected = capture_stats(x, fmt, axis, q=q, scale=scale, level="counts")
         ours = exact_fields_from_counts(counts.tolist(), x.numel())
         assert {key: ours[key] for key in EXACT} == {key: expected[key] for key in EXACT}, f"axis {axis}"
+        q, scale, packed = twin.quantize_with_stats(x, axis, noise=noise, full=True)
+        reference = pack_stats(x, fmt, axis, q=q, scale=scale)
+        differ = [name for name, a, b in zip(packing.SCALARS, packed.tolist(), reference.tolist()) if a != b]
+        assert not differ and torch.equal(packed, reference), f"axis {axis}: {differ}"
+        full = capture_stats(x, fmt, axis, q=q, scale=scale, level="full")
+        assert capture_stats(x, fmt, axis, q=q, scale=scale, level="full", kernel_stats=packed) == full
+        assert full["stats_sampled"] == x.numel()
 
 
-def test_counts_see_an_all_special_tensor_and_a_given_amax(programs, kernel_device):
+def test_statistics_see_an_all_special_tensor_and_a_given_amax(programs, kernel_device):
     fmt = get_format("fp8_e4m3", scaling="tensor")
     x = torch.full((4, 64), math.nan, device=kernel_device)
     x[0, 0] = math.inf
-    q, scale, counts = triton_twin(fmt).quantize_with_counts(x, -1)
-    fields = exact_fields_from_counts(counts.tolist(), x.numel())
-    assert (fields["nans"], fields["infs"], fields["min"], fields["absmax"]) == (255, 1, None, None)
+    q, scale, packed = triton_twin(fmt).quantize_with_stats(x, -1, full=True)
+    fields = capture_stats(x, fmt, -1, q=q, scale=scale, kernel_stats=packed)
+    assert (fields["nans"], fields["infs"], fields["min"], fields["absmax"], fields["mean"]) == (255, 1, None, None,
+                                                                                              None)
+    assert torch.equal(packed, pack_stats(x, fmt, -1, q=q, scale=scale))
     y = _input((8, 64), torch.bfloat16, kernel_device)
     amax = torch.tensor(1e-3, device=kernel_device)  # a TP-reduced amax far below the shard's: overflow
-    q, scale, counts = triton_twin(fmt).quantize_with_counts(y, -1, amax)
+    q, scale, counts = triton_twin(fmt).quantize_with_stats(y, -1, amax)
     expected = capture_stats(y, fmt, -1, amax, q=q, scale=scale, level="counts")
     assert exact_fields_from_counts(counts.tolist(), y.numel())["overflow"] == expected["overflow"] > 0
 
 
-def test_hadamard_formats_quantize_in_the_kernel_and_leave_the_counts_to_torch(kernel_device):
+def test_hadamard_formats_quantize_in_the_kernel_and_leave_the_statistics_to_torch(kernel_device):
     fmt = get_format("nvfp4", hadamard=16)
     x = _input((32, 64), torch.bfloat16, kernel_device)
-    q, scale, counts = triton_twin(fmt).quantize_with_counts(x, -1)
+    q, scale, counts = triton_twin(fmt).quantize_with_stats(x, -1, full=True)
     assert counts is None
     assert_same_result((q, scale), fmt.quantize_with_scale(x, -1))

@@ -24,7 +24,7 @@ from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.analysis.summary import (LOG2_BINS, QUANT_METRICS,
                                              FormatView, TensorSummary, finite)
 from megatron.quant.formats import NumericFormat, get_format
-from megatron.quant.capture.stats import LOG2_EDGES, quant_stats, tensor_stats_float64
+from megatron.quant.capture.stats import LOG2_EDGES, quant_stats, tensor_stats
 
 TENSOR_STAT_KEYS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs")
 
@@ -106,7 +106,7 @@ def summarize(record: CaptureRecord, options: SummaryOptions) -> TensorSummary:
     flat = tensor.reshape(-1)
     stats, log2_counts = _saved_tensor_stats(record, flat.numel())
     if stats is None:
-        stats, log2_counts = _split_stats(tensor_stats_float64(flat))
+        stats, log2_counts = _split_stats(tensor_stats(flat))  # tile by tile: bounded memory
     sample = flat[torch.from_numpy(sample_indices(flat.numel(), options.sample_size))]
     sample = sample.to(torch.float32).numpy()
     stats = {**stats, **sample_shape_moments(sample)}

@@ -33,5 +33,5 @@ class Operand:
     amax: Optional[Tensor] = None  # TP-reduced amax that was used, if any
     scale: Optional[Tensor] = None  # fmt.quantize_with_scale's scale; with `quantized`, the
     # statistics need not quantize again (the costliest part of stats mode)
-    counts: Optional[Tensor] = None  # the exact counts the quantizing kernel took in its pass
-    # (kernels.stats.FIELDS): the counts level and the exact fields then need no pass of their own
+    kernel_stats: Optional[Tensor] = None  # the packed statistics the quantizing kernel took in its
+    # pass (capture.packing: the exact fields, or all): the statistics then need no pass of their own

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.capture.stats import (capture_stats, counts_stats, pack_quant_stats, pack_tensor_stats,
-                                          unpack_quant_stats, unpack_tensor_stats)
+from megatron.quant.capture import packing
+from megatron.quant.capture.stats import capture_stats, pack_stats, stats_from_kernel, unpack_stats
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
 
@@ -68,30 +68,26 @@ def _recorded_event() -> Any:
 
 def operand_stats(operand: Operand, level: str = "full") -> StatsResult:
     """``capture_stats`` at ``level``: tensor_stats, plus quant_stats when the operand has a
-    format. Full statistics of CUDA tensors are packed without a host sync, and so are the
-    counts a quantization kernel took in its pass; otherwise the cheaper levels read their counts
-    once per capture (they exist for runs where the statistics, not the transfer, are the cost)."""
-    x, fmt = operand.tensor.detach(), operand.fmt
-    if x.is_cuda and level == "counts" and operand.counts is not None and fmt is not None:
-        host_counts = _pinned_copy(operand.counts)
-        return (lambda: counts_stats(host_counts.tolist(), x.shape, x.dtype)), (_recorded_event(),)
+    format. On CUDA, the statistics a quantization kernel took in its pass, and the full statistics
+    packed on the device, reach the host without a sync; otherwise the cheaper levels read their
+    counts once per capture (they exist for runs where the statistics, not the transfer, are the
+    cost)."""
+    x, fmt, taken = operand.tensor.detach(), operand.fmt, operand.kernel_stats
+    if x.is_cuda and fmt is not None and taken is not None and (
+            level == "counts" or (level == "full" and taken.numel() == packing.WIDTH)):
+        host = _pinned_copy(taken)
+        return (lambda: stats_from_kernel(host.tolist(), x.shape, x.dtype, fmt, level)), (_recorded_event(),)
     if x.is_cuda and level == "full":
-        packed = [pack_tensor_stats(x)]
-        if fmt is not None:
-            packed.append(pack_quant_stats(x, fmt, operand.axis, operand.amax, operand.quantized,
-                                           operand.scale))
-        host = [_pinned_copy(p) for p in packed]
+        host = _pinned_copy(pack_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale))
         event = _recorded_event()
 
         def finish_stats() -> dict:
-            stats = unpack_tensor_stats(host[0].tolist(), x.shape, x.dtype)
-            if fmt is not None:
-                stats.update(unpack_quant_stats(host[1].tolist(), x.numel()))
-            return {**stats, "stats_level": level, "stats_sampled": x.numel()}
+            return {**unpack_stats(host.tolist(), x.shape, x.dtype, fmt), "stats_level": level,
+                    "stats_sampled": x.numel()}
 
         return finish_stats, (event,)
     stats = capture_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale, level,
-                          operand.counts)
+                          operand.kernel_stats)
     return (lambda: stats), ()
 
 

@@ -64,6 +64,24 @@ def merge_tiles(tiles: Tensor, side: int, rows: int, cols: int) -> Tensor:
     return x[..., :rows, :cols].contiguous()
 
 
+def blocks_in_order(x: Tensor, fmt: Any, axis: int) -> Tensor:
+    """x's elements as a (blocks, elements) matrix, one row a quantization block of ``fmt`` (blocks
+    along ``axis``, or tiles), its elements in order; rows in the order the block kernels number
+    blocks (along-axis blocks: before the axis, block index, after the axis, the last fastest;
+    tiles: matrix, tile row, tile column); each row zero-padded to a power of two. Formats without
+    blocks (and ``fmt`` None): one element a row, in x's own order."""
+    block_size = getattr(fmt, "block_size", None)
+    if block_size is None:
+        return x.reshape(-1, 1)
+    if fmt.tiled:
+        rows = split_tiles(x, block_size).reshape(-1, block_size * block_size)
+    else:
+        axis = normalize_axis(fmt.name, axis, x.dim())
+        rows = split_blocks(x, axis, block_size).movedim(axis + 1, -1).reshape(-1, block_size)
+    pad = (1 << (rows.shape[1] - 1).bit_length()) - rows.shape[1]
+    return torch.nn.functional.pad(rows, (0, pad)) if pad else rows
+
+
 class BlockFormat(NumericFormat):
     """Splits x into blocks along ``axis`` (``block_shape`` (1, n)) or into n x n tiles of its last
     two dimensions, whatever the axis (``block_shape`` (n, n): W and W^T quantize alike);

@@ -25,8 +25,8 @@ from megatron.quant.formats.grid import FP8_E4M3
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
-from .stats import bound_constants, counts_rows, write_counts
-from .elementwise import load, round_grid, store, stored_zero
+from .elementwise import load, round_grid, store, stored
+from .stats import NONE, bound_constants, stats_rows, write_stats
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 
@@ -143,10 +143,11 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
                   SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
                   MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
                   SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
-                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr, scales_ptr, counts_ptr,
-                  CAPTURE: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
-    """Blocks ``c`` of a program, quantized into out; with ``CAPTURE`` also their scales (one per
-    block, in block order) and the program's row of exact counts (``counts.write_counts``)."""
+                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr, scales_ptr, rows_ptr,
+                  STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
+                  LOG2: tl.constexpr):
+    """Blocks ``c`` of a program, quantized into out; with ``STATS`` also their scales (one per
+    block, in block order) and the program's row of statistics (``stats.write_stats``)."""
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
@@ -159,9 +160,10 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
                             MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
                             STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
     store(out_ptr + offsets, y, valid)
-    if CAPTURE:
+    if STATS:
         tl.store(scales_ptr + c, scale, mask=c < n_blocks_total)
-        write_counts(counts_ptr, x, stored_zero(y, out_ptr), scale, valid, BOUND, INCLUSIVE)
+        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), scale, valid, BOUND,
+                    INCLUSIVE, STATS, True, LOG2)
 
 
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
@@ -203,11 +205,11 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
 
 
 def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False,
-                  capture: bool = False) -> Optional[tuple[Tensor, Tensor]]:
+                  stats: int = NONE) -> Optional[tuple[Tensor, Tensor]]:
     """Quantize contiguous x with an MX, FP8 block or NVFP4 format (blocks along non-negative
     ``axis``, or ``fmt``'s tiles) into out. NVFP4: ``tensor`` holds (global encode / 6, global
-    decode) and ``split`` leaves the global decode out of the values. ``capture``: also return
-    (the blocks' scales in block order, the programs' rows of exact counts)."""
+    decode) and ``split`` leaves the global decode out of the values. ``stats`` (``stats.COUNTS`` or
+    ``FULL``): also return (the blocks' scales in block order, the programs' rows of statistics)."""
     element, size = fmt.element, fmt.block_size
     if fmt.tiled:
         if x.dim() < 2:
@@ -225,13 +227,14 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
     programs = triton.cdiv(total, columns)
-    scales, counts = ((torch.empty(total, dtype=torch.float32, device=x.device), counts_rows(programs, x.device))
-                      if capture else (x, x))
+    scales, stats_out = ((torch.empty(total, dtype=torch.float32, device=x.device),
+                          stats_rows(programs, stats, x.device)) if stats else (x, x))
     _block_kernel[(programs,)](
         x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
         BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, **_format_constants(fmt, x.dtype, split),
-        scales_ptr=scales, counts_ptr=counts, CAPTURE=capture, **bound_constants(fmt), **EXACT_ARITHMETIC)
-    return (scales, counts) if capture else None
+        scales_ptr=scales, rows_ptr=stats_out, STATS=stats, **bound_constants(fmt),
+        WIDTH=stats_out.shape[-1] if stats else 0, LOG2=(padded * columns).bit_length() - 1, **EXACT_ARITHMETIC)
+    return (scales, stats_out) if stats else None
 
 
 def scale_layout(fmt, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from torch import Tensor
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
-from .stats import counts_rows, write_counts
+from .stats import NONE, stats_rows, write_stats
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 
@@ -88,9 +88,10 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         row_stride, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
                         MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
                         HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr,
-                        SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, counts_ptr,
-                        COUNTS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
-    """x quantized into out; with ``COUNTS`` also the program's row of exact counts."""
+                        SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
+                        STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
+                        LOG2: tl.constexpr):
+    """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     x = load(x_ptr + offsets, mask)
@@ -105,9 +106,10 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
     if DECODE:
         y = y * tl.load(decode_ptr)
     store(out_ptr + offsets, y, mask)
-    if COUNTS:
+    if STATS:
         scale = tl.load(decode_ptr) if SCALED else 1.0
-        write_counts(counts_ptr, x, stored_zero(y, out_ptr), scale, mask, BOUND, INCLUSIVE)
+        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), scale, mask, BOUND,
+                    INCLUSIVE, STATS, False, LOG2)
 
 
 @triton.jit
@@ -139,11 +141,11 @@ def bf16_bits(y):
 
 
 @triton.jit
-def stored_zero(y, pointers):
-    """True where float32 y is zero once stored through ``pointers`` (``store``'s rounding)."""
+def stored(y, pointers):
+    """float32 y as ``store`` stores it through ``pointers``, read back as float32."""
     if pointers.dtype.element_ty == tl.bfloat16:
-        return (y == y) & ((bf16_bits(y) & 0x7FFF) == 0)
-    return y.to(pointers.dtype.element_ty) == 0.0
+        return tl.where(y != y, y, (bf16_bits(y) << 16).to(tl.float32, bitcast=True))
+    return y.to(pointers.dtype.element_ty).to(tl.float32)
 
 
 def grid_constants(grid, overflow: str) -> dict:
@@ -162,18 +164,20 @@ def grid_constants(grid, overflow: str) -> dict:
                 OVERFLOW_INF=overflow == "inf", HAS_INF=grid.has_inf, SIGNED_ZERO=grid.signed_zero)
 
 
-def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool,
-           counts: Optional[dict] = None) -> Optional[Tensor]:
+def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool, stats: int = NONE,
+           bounds: Optional[dict] = None) -> Optional[Tensor]:
     """Run the elementwise kernel over contiguous x into out; ``encode``/``decode``: 0-d float32
-    device tensors or None (unscaled; decode None also for the split GEMM operand). ``counts``:
-    the format's ``counts.bound_constants``, to return the programs' rows of exact counts too."""
+    device tensors or None (unscaled; decode None also for the split GEMM operand). ``stats``
+    (``stats.COUNTS`` or ``FULL``, with the format's ``stats.bound_constants`` as ``bounds``): also
+    return the programs' rows of statistics."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
     block = program_elements(BLOCK)
     programs = triton.cdiv(n, block)
-    rows = x if counts is None else counts_rows(programs, x.device)
+    rows = stats_rows(programs, stats, x.device) if stats else x
     _elementwise_kernel[(programs,)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
-        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, counts_ptr=rows, COUNTS=counts is not None,
-        **(counts or dict(BOUND=0.0, INCLUSIVE=False)), **EXACT_ARITHMETIC)
-    return None if counts is None else rows
+        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows, STATS=stats,
+        **(bounds or dict(BOUND=0.0, INCLUSIVE=False)), WIDTH=rows.shape[-1] if stats else 0,
+        LOG2=block.bit_length() - 1, **EXACT_ARITHMETIC)
+    return rows if stats else None

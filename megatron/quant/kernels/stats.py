@@ -1,11 +1,13 @@
-"""The exact statistics of a quantization, taken by the kernel that quantizes (capture's ``counts``
-level, and the exact fields of ``sample``): no second pass over the tensor.
+"""The statistics of a quantization, taken by the kernel that quantizes: no second pass over the
+tensor. Each program writes one float64 row of ``capture.packing``'s layout for its tile: the exact
+fields only (``COUNTS``: capture's ``counts`` level, and the exact fields of ``sample``) or all of them
+(``FULL``: the ``full`` level); ``capture.packing.combine`` folds the rows on the device.
 
-Each program writes one row of ``WIDTH`` float32 partials, ``FIELDS`` in order; ``reduce_counts``
-folds the rows on the device. Counts, minima and maxima do not depend on the order in which they are
-reduced, so they equal the torch path's (``capture.stats``) exactly, whatever the tiling. The sums
-behind MSE and SQNR do depend on it (torch's float32 reduction order is not a kernel's), so the
-``full`` level keeps computing them in torch.
+Counts, minima and maxima do not depend on the order of reduction. The sums are taken in
+``packing``'s order: the tile's elements block by block (a 2-D tile is [position in block, block]),
+as a tree of adjacent pairs, in float64 without contraction. A program's tile is an aligned subtree
+of the whole tensor's tree, so the results equal the torch path's (``capture.stats``) to the bit,
+whatever the tiling.
 """
 from __future__ import annotations
 
@@ -14,49 +16,143 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from megatron.quant.capture import packing
 from megatron.quant.formats.saturation import overflow_bound
 
-# nans, infs and nonzero of x; underflow: x != 0 stored as 0; overflow: Inf, or |x / scale| beyond the
-# format's saturation bound where the scale is not 0; min and max over the finite elements.
-FIELDS = ("nans", "infs", "nonzero", "underflow", "overflow", "min", "max")
-WIDTH = 8  # floats per program row (counts per program stay far below 2**24: exact in float32)
+NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for
+
+# The layout's fields as Triton constants (kernels may read only constexpr globals).
+_F = {name: tl.constexpr(index) for name, index in packing.FIELD.items()}
+NANS, INFS, NONZERO, UNDERFLOW, OVERFLOW, MIN, MAX = (_F[name] for name in packing.EXACT)
+BOTH_FINITE, SUM, SUM_SQUARES, SIGNAL, NOISE, DOT, Q_POWER = (_F[name] for name in packing.SUMS)
+MIN_NONZERO, BLOCK_SCALE_MIN, BLOCK_SCALE_POSITIVE_MIN = (_F[name] for name in packing.MINIMA)
+BLOCK_RANGE_MAX, BLOCK_SCALE_MAX = (_F[name] for name in packing.MAXIMA)
+LOG2_HIST = tl.constexpr(packing.LOG2_HIST.start)
+SCALE_HIST = tl.constexpr(packing.SCALE_HIST.start)
+N_BINS = tl.constexpr(packing.N_BINS)
+FIRST_FIELD = tl.constexpr(127 + packing.LOG2_LOW)  # float32 exponent field of histogram bin 1
 
 
 @triton.jit
-def write_counts(counts_ptr, x, zero, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
-    """This program's row: x the float32 values quantized, ``zero`` where their quantized values are
-    stored as zero, ``scale`` what x was divided by (broadcast against x; NaN for a block the format
-    turned NaN), ``valid`` the elements that exist."""
+def in_block_order(t, BLOCKED: tl.constexpr):
+    """A tile as a 1-D run in ``packing``'s order: a [position, block] tile block by block."""
+    if BLOCKED:  # one return: the GPU compiler types every return of a function alike
+        t = tl.reshape(tl.trans(t), (t.shape[0] * t.shape[1],))
+    return t
+
+
+@triton.jit
+def tree_sum(t, LOG2: tl.constexpr):
+    """The sum of a 1-D run of 2**LOG2 (>= 2) values as a tree of adjacent pairs."""
+    for _ in tl.static_range(LOG2 - 1):
+        a, b = tl.split(tl.reshape(t, (t.shape[0] // 2, 2)))
+        t = a + b
+    a, b = tl.split(t)
+    return a + b
+
+
+@triton.jit
+def count(mask):
+    return tl.sum(mask.to(tl.int32), axis=None).to(tl.float64)
+
+
+@triton.jit
+def finite(x):
+    return (x == x) & (tl.abs(x) != float("inf"))
+
+
+@triton.jit
+def log2_bins(x, where, BLOCKED: tl.constexpr):
+    """``packing``'s log2 histogram of float32 x where ``where`` (nonzero finite values), N_BINS counts
+    (padded to a power of two)."""
+    field = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    bins = tl.minimum(tl.maximum(field - FIRST_FIELD + 1, 0), N_BINS - 1)
+    return tl.histogram(in_block_order(bins, BLOCKED), 64, mask=in_block_order(where, BLOCKED))
+
+
+@triton.jit
+def write_stats(row, x, q, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, STATS: tl.constexpr,
+                BLOCKED: tl.constexpr, LOG2: tl.constexpr):
+    """This program's row at ``row``: x the float32 values quantized (a 1-D tile, or with ``BLOCKED``
+    a [position, block] tile of 2**LOG2 elements), q their quantized values as stored, ``scale``
+    what x was divided by (broadcast against x: in a block tile, [1, block]; NaN for a block the
+    format turned NaN), ``valid`` the elements that exist."""
     magnitude = tl.abs(x)
-    nan = x != x
-    inf = magnitude == float("inf")
+    is_finite = valid & finite(x)
+    block_scale = scale
     scale = scale + tl.zeros_like(x)
     ratio = tl.math.div_rn(magnitude, scale)  # IEEE division, as the torch path's
     beyond = (ratio >= BOUND) if INCLUSIVE else (ratio > BOUND)
-    overflow = (beyond & (scale != 0.0)) | inf
-    finite = valid & (x == x) & (magnitude != float("inf"))
-    row = counts_ptr + tl.program_id(0).to(tl.int64) * 8
-    tl.store(row, tl.sum((valid & nan).to(tl.int32), axis=None).to(tl.float32))
-    tl.store(row + 1, tl.sum((valid & inf).to(tl.int32), axis=None).to(tl.float32))
-    tl.store(row + 2, tl.sum((valid & (x != 0.0)).to(tl.int32), axis=None).to(tl.float32))
-    tl.store(row + 3, tl.sum((valid & zero & (x != 0.0)).to(tl.int32), axis=None).to(tl.float32))
-    tl.store(row + 4, tl.sum((valid & overflow).to(tl.int32), axis=None).to(tl.float32))
-    tl.store(row + 5, tl.min(tl.where(finite, x, float("inf")), axis=None))
-    tl.store(row + 6, tl.max(tl.where(finite, x, float("-inf")), axis=None))
+    overflow = (beyond & (scale != 0.0)) | (magnitude == float("inf"))
+    tl.store(row + NANS, count(valid & (x != x)))
+    tl.store(row + INFS, count(valid & (magnitude == float("inf"))))
+    tl.store(row + NONZERO, count(valid & (x != 0.0)))
+    tl.store(row + UNDERFLOW, count(valid & (q == 0.0) & (x != 0.0)))
+    tl.store(row + OVERFLOW, count(valid & overflow))
+    tl.store(row + MIN, tl.min(tl.where(is_finite, x, float("inf")), axis=None).to(tl.float64))
+    tl.store(row + MAX, tl.max(tl.where(is_finite, x, float("-inf")), axis=None).to(tl.float64))
+    if STATS == 2:
+        write_sums(row, x, q, is_finite, BLOCKED, LOG2)
+        if BLOCKED:
+            write_block_stats(row, magnitude, block_scale, is_finite)
+        else:
+            tl.store(row + BLOCK_SCALE_MIN, float("inf"))
+            tl.store(row + BLOCK_SCALE_POSITIVE_MIN, float("inf"))
+            tl.store(row + BLOCK_RANGE_MAX, 0.0)
+            tl.store(row + BLOCK_SCALE_MAX, float("-inf"))
+            bins = tl.arange(0, 64)
+            tl.store(row + SCALE_HIST + bins, tl.zeros_like(bins).to(tl.float64), mask=bins < N_BINS)
 
 
-def counts_rows(programs: int, device: torch.device) -> Tensor:
-    """The kernel's output rows for ``programs`` programs."""
-    return torch.empty((programs, WIDTH), dtype=torch.float32, device=device)
+@triton.jit
+def write_sums(row, x, q, is_finite, BLOCKED: tl.constexpr, LOG2: tl.constexpr):
+    """The sums, the smallest nonzero magnitude and the log2 histogram of ``write_stats``."""
+    both = is_finite & finite(q)
+    x64 = in_block_order(tl.where(is_finite, x, 0.0).to(tl.float64), BLOCKED)
+    xb = in_block_order(tl.where(both, x, 0.0).to(tl.float64), BLOCKED)
+    qb = in_block_order(tl.where(both, q, 0.0).to(tl.float64), BLOCKED)
+    error = qb - xb
+    tl.store(row + BOTH_FINITE, count(both))
+    tl.store(row + SUM, tree_sum(x64, LOG2))
+    tl.store(row + SUM_SQUARES, tree_sum(x64 * x64, LOG2))
+    tl.store(row + SIGNAL, tree_sum(xb * xb, LOG2))
+    tl.store(row + NOISE, tree_sum(error * error, LOG2))
+    tl.store(row + DOT, tree_sum(xb * qb, LOG2))
+    tl.store(row + Q_POWER, tree_sum(qb * qb, LOG2))
+    nonzero = is_finite & (x != 0.0)
+    tl.store(row + MIN_NONZERO, tl.min(tl.where(nonzero, tl.abs(x), float("inf")), axis=None).to(tl.float64))
+    bins = tl.arange(0, 64)
+    tl.store(row + LOG2_HIST + bins, log2_bins(x, nonzero, BLOCKED).to(tl.float64), mask=bins < N_BINS)
 
 
-def reduce_counts(rows: Tensor) -> Tensor:
-    """``FIELDS`` over every program, as float64 on the rows' device (no host sync)."""
-    rows = rows.double()
-    return torch.cat([rows[:, :5].sum(0), rows[:, 5].amin(0, keepdim=True), rows[:, 6].amax(0, keepdim=True)])
+@triton.jit
+def write_block_stats(row, magnitude, scale, is_finite):
+    """The block fields of ``write_stats`` from a [position, block] tile and its [1, block] scales:
+    over the blocks holding a nonzero finite value, the largest absmax / min nonzero magnitude, the
+    scales' extremes and log2 histogram."""
+    magnitude = tl.where(is_finite, magnitude, 0.0)
+    block_max = tl.max(magnitude, axis=0)
+    block_min = tl.min(tl.where(magnitude == 0.0, float("inf"), magnitude), axis=0)
+    block_scale = tl.reshape(scale, (scale.shape[1],))
+    used = (block_max > 0.0) & finite(block_scale)
+    positive = used & (block_scale > 0.0)
+    ratio = tl.where(used, block_max.to(tl.float64) / block_min.to(tl.float64), 0.0)
+    tl.store(row + BLOCK_RANGE_MAX, tl.max(ratio, axis=None))
+    tl.store(row + BLOCK_SCALE_MIN, tl.min(tl.where(used, block_scale, float("inf")), axis=None).to(tl.float64))
+    tl.store(row + BLOCK_SCALE_MAX, tl.max(tl.where(used, block_scale, float("-inf")), axis=None).to(tl.float64))
+    tl.store(row + BLOCK_SCALE_POSITIVE_MIN,
+             tl.min(tl.where(positive, block_scale, float("inf")), axis=None).to(tl.float64))
+    bins = tl.arange(0, 64)
+    tl.store(row + SCALE_HIST + bins, log2_bins(block_scale, positive, False).to(tl.float64), mask=bins < N_BINS)
+
+
+def stats_rows(programs: int, stats: int, device: torch.device) -> Tensor:
+    """The kernel's output rows for ``programs`` programs asked for ``stats`` (COUNTS or FULL)."""
+    return torch.empty((programs, packing.WIDTH if stats == FULL else packing.COUNTS_WIDTH), dtype=torch.float64,
+                       device=device)
 
 
 def bound_constants(fmt) -> dict:
-    """The constexpr arguments of ``write_counts`` for ``fmt``."""
+    """The overflow constexpr arguments of ``write_stats`` for ``fmt``."""
     bound, inclusive = overflow_bound(fmt)
     return dict(BOUND=float(bound), INCLUSIVE=bool(inclusive))

@@ -16,9 +16,11 @@ from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
+from megatron.quant.capture import packing
+
 from . import blocks, elementwise
 from .amax import abs_max as one_read_abs_max
-from .stats import bound_constants, reduce_counts
+from .stats import COUNTS, FULL, NONE, bound_constants
 from .noise import noise_args
 from .select import interpreting, supported
 
@@ -62,24 +64,26 @@ class TritonFormat:
                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
                             ) -> tuple[Tensor, Tensor]:
         """As ``NumericFormat.quantize_with_scale``."""
-        q, scale, _ = self.quantize_with_counts(x, axis, amax, noise=noise, generator=generator)
+        q, scale, _ = self.quantize_with_stats(x, axis, amax, noise=noise, generator=generator)
         return q, scale
 
-    def quantize_with_counts(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                             ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        """``quantize_with_scale``, and the exact counts the kernel took in the same pass
-        (``counts.FIELDS``, float64 on x's device, no host sync); None where it took none (x not
-        served, or a Hadamard transform: counts of the transformed values are not x's)."""
+    def quantize_with_stats(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
+                            full: bool = False) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """``quantize_with_scale``, and the packed statistics the kernel took in the same pass
+        (``capture.packing``'s layout, float64 on x's device, no host sync): the exact fields, or
+        with ``full`` all of them. None where it took none (x not served, or a Hadamard transform:
+        statistics of the transformed values are not x's)."""
         fmt = self.fmt
         if not self.serves(x, generator):
             return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
         _check_input(self.name, x)
         xt = fmt.transform(x, axis)
         q, _, (scale, rows) = self._kernel(xt, axis, amax, noise, split=False,
-                                           out_dtype=x.dtype if xt is x else torch.float32, capture=True)
-        counts = None if fmt.transforms_operand else reduce_counts(rows)
-        return fmt._inverse_transform(q, axis).to(x.dtype), fmt._scale_like_input(scale, x, axis), counts
+                                           out_dtype=x.dtype if xt is x else torch.float32,
+                                           stats=FULL if full else COUNTS)
+        packed = None if fmt.transforms_operand else packing.combine(rows)
+        return fmt._inverse_transform(q, axis).to(x.dtype), fmt._scale_like_input(scale, x, axis), packed
 
     def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                           noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
@@ -142,11 +146,12 @@ class TritonFormat:
         return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
-                out_dtype: torch.dtype, capture: bool = False
+                out_dtype: torch.dtype, stats: int = NONE
                 ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
-        """(quantized x in ``out_dtype``, the per-tensor decode factor or None, with ``capture``:
-        (the scale in the format's own layout, the programs' rows of exact counts)); x in the
-        format's quantization domain. ``split``: leave the decode factor out of the values."""
+        """(quantized x in ``out_dtype``, the per-tensor decode factor or None, with ``stats``
+        (``COUNTS`` or ``FULL``): (the scale in the format's own layout, the programs' rows of
+        statistics)); x in the format's quantization domain. ``split``: leave the decode factor out
+        of the values."""
         fmt = self.fmt
         stochastic = fmt.rounding == "stochastic"
         bits = (noise or fmt._default_bits) if stochastic else None
@@ -156,7 +161,7 @@ class TritonFormat:
             tensor, decode = self._nvfp4_tensor_scale(x, amax)
             axis = normalize_axis(fmt.name, axis, x.dim())
             captured = blocks.launch_blocks(x, out, fmt, axis, noise_args(bits, tuple(x.shape)), tensor, split,
-                                            capture)
+                                            stats)
             if captured is not None:
                 captured = (captured[0].view(blocks.scale_layout(fmt, x.shape, axis)), captured[1])
             return out, decode, captured
@@ -170,9 +175,9 @@ class TritonFormat:
         else:
             grid, overflow = fmt.element, fmt.options["overflow"]
         rows = elementwise.launch(x, out, encode, None if split else decode, noise_args(bits, tuple(x.shape)),
-                                  elementwise.grid_constants(grid, overflow), stochastic,
-                                  bound_constants(fmt) if capture else None)
-        if not capture:
+                                  elementwise.grid_constants(grid, overflow), stochastic, stats,
+                                  bound_constants(fmt))
+        if not stats:
             return out, decode, None
         scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode
         return out, decode, (scale, rows)

@@ -115,21 +115,23 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     bits = None if noise is None else noise.bits(spec, groups, per_sample)
     seen = None
     if capture:
-        q, scale, counts = _quantize_with_counts(spec.fmt, x, spec.axis, amax, bits)
-        seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale, counts=counts)
+        q, scale, packed = _quantize_with_stats(spec.fmt, x, spec.axis, amax, bits)
+        seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale,
+                       kernel_stats=packed)
         if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
             return Quantized(q, None, amax, seen)
     values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
     return Quantized(values, tensor_scale, amax, seen)
 
 
-def _quantize_with_counts(fmt, x: Tensor, axis: int, amax: Optional[Tensor], bits: Optional[RandomBits]
-                          ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``fmt.quantize_with_scale`` and the exact counts its kernel took in the same pass (None where
-    the format runs no such kernel: the saver then counts in torch)."""
-    with_counts = getattr(fmt, "quantize_with_counts", None)  # kernels.TritonFormat
-    if with_counts is not None:
-        return with_counts(x, axis=axis, amax=amax, noise=bits)
+def _quantize_with_stats(fmt, x: Tensor, axis: int, amax: Optional[Tensor], bits: Optional[RandomBits]
+                         ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``fmt.quantize_with_scale`` and the statistics its kernel took in the same pass, all of them at
+    the session's ``full`` level, else the exact fields (None where the format runs no such kernel:
+    the saver then computes them in torch)."""
+    with_stats = getattr(fmt, "quantize_with_stats", None)  # kernels.TritonFormat
+    if with_stats is not None:
+        return with_stats(x, axis=axis, amax=amax, noise=bits, full=tensor_saver.stats_level() == "full")
     return (*fmt.quantize_with_scale(x, axis=axis, amax=amax, noise=bits), None)
 
 
