@@ -16,9 +16,9 @@ Triton kernels (issue 21, ``--kernels triton``, CUDA only: on CPU its rows are s
 the copy's bandwidth (ratio <= 1 / 0.85). ``--dual-axis`` adds rows quantizing a 2-D tensor along
 both axes (the weight for fprop and dgrad): Triton's one-read kernel (``quantize_for_gemm_both``)
 where the format has one, else two single-axis passes; the goal is <= 1.3x the single-axis time.
-``--counts`` adds rows quantizing with capture's exact statistics (level ``counts``): Triton's kernel
-takes them in its pass (``quantize_with_counts``), the other paths quantize and then count; the goal
-is <= 1.1x the single-axis time.
+``--stats`` adds rows quantizing with capture's statistics, at level ``counts`` (the exact fields) and
+``full`` (all of them): Triton's kernel takes them in its pass (``quantize_with_stats``), the other
+paths quantize and then compute them; the goal is <= 1.1x the single-axis time.
 Writes bench/results/bench_formats.json (bench_formats_cuda.json on a GPU).
 """
 from __future__ import annotations
@@ -84,26 +84,29 @@ def quantizers(fmt, modes: list[str]) -> dict[str, Callable[..., torch.Tensor]]:
 
 
 # the goal of each row kind, as a multiple of the single-axis goal
-AXES_FACTORS = {"single-axis": 1.0, "dual-axis": 1.3, "with-counts": 1.1}
+AXES_FACTORS = {"single-axis": 1.0, "dual-axis": 1.3, "with-counts": 1.1, "with-full-stats": 1.1}
 
 
-def with_counts(quantize: Callable[..., torch.Tensor], fmt, mode: str) -> Callable[[torch.Tensor], object]:
-    """Quantization with capture's exact statistics, as the layers take them on that path."""
-    from megatron.quant.capture.stats import capture_stats
+def with_stats(quantize: Callable[..., torch.Tensor], fmt, mode: str, level: str) -> Callable[[torch.Tensor], object]:
+    """Quantization with capture's statistics at ``level``, as the layers take them on that path (on the
+    device: the transfer to the host is the capture writer's, off the training thread)."""
+    from megatron.quant.capture.stats import capture_stats, pack_stats
 
     owner = getattr(quantize, "__self__", fmt)
     if mode == "triton":
-        return lambda x: owner.quantize_with_counts(x, -1)
+        return lambda x: owner.quantize_with_stats(x, -1, full=level == "full")
 
-    def quantize_then_count(x: torch.Tensor) -> dict:
+    def quantize_then_compute(x: torch.Tensor) -> object:
         q, scale = owner.quantize_with_scale(x, -1)
-        return capture_stats(x, fmt, -1, q=q, scale=scale, level="counts")
+        if level == "full":
+            return pack_stats(x, fmt, -1, q=q, scale=scale)
+        return capture_stats(x, fmt, -1, q=q, scale=scale, level=level)
 
-    return quantize_then_count
+    return quantize_then_compute
 
 
 def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, modes: list[str],
-                device: str, dual_axis: bool, counts: bool = False) -> list[dict]:
+                device: str, dual_axis: bool, stats: bool = False) -> list[dict]:
     side = int(numel**0.5)
     x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     moved = 2 * x.numel() * x.element_size()  # bytes read + written by a copy and by a quantization
@@ -119,8 +122,9 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
                 both = getattr(getattr(quantize, "__self__", None), "quantize_for_gemm_both", None)
                 cases["dual-axis"] = (lambda: both(x)) if mode == "triton" and both else \
                     (lambda: (quantize(x, -1), quantize(x, 0)))
-            if counts:
-                cases["with-counts"] = functools.partial(with_counts(quantize, fmt, mode), x)
+            if stats:
+                cases["with-counts"] = functools.partial(with_stats(quantize, fmt, mode, "counts"), x)
+                cases["with-full-stats"] = functools.partial(with_stats(quantize, fmt, mode, "full"), x)
             for axes, fn in cases.items():
                 seconds = median_seconds(fn, repeats)
                 ratio = seconds / clone
@@ -129,7 +133,7 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
                              "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
                              "GBps": moved / seconds, "copy_GBps": moved / clone,
                              "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
-                print(f"  {name:<20} {mode:<9} {axes:<11} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s"
+                print(f"  {name:<20} {mode:<9} {axes:<15} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s"
                       f"  {ratio:6.2f}x clone  (goal {goal:.2f}x{'' if ratio <= goal else ', missed'})", flush=True)
     return rows
 
@@ -172,7 +176,7 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="+", choices=tuple(MODES), default=None,
                         help="backends to time (default: torch compile, plus triton on cuda)")
     parser.add_argument("--dual-axis", action="store_true", help="also quantize along both axes of the tensor")
-    parser.add_argument("--counts", action="store_true", help="also quantize with capture's exact statistics")
+    parser.add_argument("--stats", action="store_true", help="also quantize with capture's statistics (counts, full)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--output", type=Path, default=None,
@@ -195,7 +199,7 @@ def main() -> None:
     started = time.time()
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        rows += bench_dtype(dtype, names, numel, args.repeats, modes, args.device, args.dual_axis, args.counts)
+        rows += bench_dtype(dtype, names, numel, args.repeats, modes, args.device, args.dual_axis, args.stats)
         rows += bench_stochastic(dtype, numel, args.repeats, args.device)
     report = {
         "benchmark": "bench_formats",

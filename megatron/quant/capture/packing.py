@@ -46,14 +46,14 @@ _RUNS = ((0, FIELD["min"], "sum"), (FIELD["min"], FIELD["max"], "min"), (FIELD["
 
 
 def pairwise_sum(t: Tensor) -> Tensor:
-    """The sum over dim 0 as a tree of adjacent pairs, dim 0 padded with zeros to a power of two.
-    Two terms add alike in any order, so the result is defined to the bit."""
-    size = 1 << max(t.shape[0] - 1, 0).bit_length()
-    if size != t.shape[0]:
-        t = torch.cat([t, t.new_zeros((size - t.shape[0], *t.shape[1:]))])
-    while t.shape[0] > 1:
-        t = t[0::2] + t[1::2]
-    return t[0]
+    """The sums over the last dimension as trees of adjacent pairs, the dimension padded with zeros to
+    a power of two. Two terms add alike in any order, so the result is defined to the bit."""
+    size = 1 << max(t.shape[-1] - 1, 0).bit_length()
+    t = torch.nn.functional.pad(t, (0, size - t.shape[-1])) if size != t.shape[-1] else t.contiguous()
+    while t.shape[-1] > 1:
+        pairs = t.view(*t.shape[:-1], -1, 2)
+        t = pairs[..., 0] + pairs[..., 1]
+    return t[..., 0]
 
 
 def combine(rows: Tensor) -> Tensor:
@@ -67,14 +67,6 @@ def combine(rows: Tensor) -> Tensor:
         if start >= width:
             break
         run = rows[:, start:stop]
-        parts.append(pairwise_sum(run) if how == "sum" else run.amin(0) if how == "min" else run.amax(0))
+        parts.append(pairwise_sum(run.t()) if how == "sum" else run.amin(0) if how == "min" else run.amax(0))
     return torch.cat(parts) + 0.0
 
-
-def identity(device: torch.device) -> Tensor:
-    """The packed statistics of nothing: what ``combine`` leaves unchanged."""
-    row = torch.zeros(WIDTH, dtype=torch.float64, device=device)
-    row[FIELD["min"]] = row[FIELD["block_scale_min"]] = row[FIELD["block_scale_positive_min"]] = torch.inf
-    row[FIELD["min_nonzero"]] = torch.inf
-    row[FIELD["max"]] = row[FIELD["block_scale_max"]] = -torch.inf
-    return row

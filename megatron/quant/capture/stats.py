@@ -54,7 +54,8 @@ def _log2_bins(v: Tensor, where: Tensor) -> Tensor:
     sums of fields (subnormals are far below 2**LOG2_LOW too)."""
     int_dtype, mantissa_bits, mask, bias = _LAYOUTS[v.dtype]
     field = (v.contiguous().view(int_dtype) >> mantissa_bits) & mask
-    counts = torch.bincount(field.flatten(), where.flatten().double(), minlength=mask + 1).double()
+    field = torch.where(where, field, mask + 1)  # a bin of its own for the elements left out
+    counts = torch.bincount(field.flatten(), minlength=mask + 2)[:mask + 1].double()
     first, last = bias + packing.LOG2_LOW, bias + packing.LOG2_HIGH
     return torch.cat([counts[:first].sum(0, keepdim=True), counts[first:last], counts[last:].sum(0, keepdim=True)])
 
@@ -115,17 +116,17 @@ def _tile_row(x: Tensor, valid: Tensor, fmt: Optional["NumericFormat"] = None, q
     f.update(nans=torch.count_nonzero(valid & torch.isnan(x)), infs=torch.count_nonzero(valid & torch.isinf(x)),
              nonzero=torch.count_nonzero(valid & (x != 0)), min=torch.where(finite, x, math.inf).amin(),
              max=torch.where(finite, x, -math.inf).amax(), min_nonzero=torch.where(nonzero, x.abs(), math.inf).amin(),
-             sum=packing.pairwise_sum(x64), sum_squares=packing.pairwise_sum(x64 * x64),
              block_scale_min=math.inf, block_scale_positive_min=math.inf, block_scale_max=-math.inf)
+    terms = {"sum": x64, "sum_squares": x64 * x64}
     scale_hist = x.new_zeros(packing.N_BINS, dtype=torch.float64)
     if fmt is not None:
         both = finite & torch.isfinite(q)
         xb, qb = torch.where(both, x, 0.0).double().flatten(), torch.where(both, q, 0.0).double().flatten()
         error = qb - xb
         f.update(underflow=torch.count_nonzero(valid & (q == 0) & (x != 0)),
-                 overflow=torch.count_nonzero(valid & _overflows(xt, scale, fmt)), both_finite=torch.count_nonzero(both),
-                 signal=packing.pairwise_sum(xb * xb), noise=packing.pairwise_sum(error * error),
-                 dot=packing.pairwise_sum(xb * qb), q_power=packing.pairwise_sum(qb * qb))
+                 overflow=torch.count_nonzero(valid & _overflows(xt, scale, fmt)), both_finite=torch.count_nonzero(both))
+        terms.update(signal=xb * xb, noise=error * error, dot=xb * qb, q_power=qb * qb)
+    f.update({name: packing.pairwise_sum(term) for name, term in terms.items()})
     if getattr(fmt, "block_size", None) is not None:
         magnitude = torch.where(finite, x.abs(), 0.0)
         block_max, block_min = magnitude.amax(1), torch.where(magnitude == 0, math.inf, magnitude).amin(1)
