@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant.capture import packing
+from megatron.quant.kernels import packing
 from megatron.quant.capture import stats as stats_module
 from megatron.quant.capture.stats import LOG2_EDGES, tensor_stats
 

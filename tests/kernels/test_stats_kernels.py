@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megatron.quant.capture.stats import capture_stats, exact_fields_from_counts, pack_stats
-from megatron.quant.capture import packing
+from megatron.quant.kernels import packing
 from megatron.quant.formats import get_format
 from megatron.quant.formats.random_bits import RandomBits
 from tests.kernels._compare import assert_same_result, triton_twin, wide_values
@@ -96,8 +96,32 @@ def test_statistics_see_an_all_special_tensor_and_a_given_amax(programs, kernel_
     assert exact_fields_from_counts(counts.tolist(), y.numel())["overflow"] == expected["overflow"] > 0
 
 
-def test_hadamard_formats_quantize_in_the_kernel_and_leave_the_statistics_to_torch(kernel_device):
-    fmt = get_format("nvfp4", hadamard=16)
+@pytest.mark.parametrize("name,options,axis", [("nvfp4", {"hadamard": 16, "rounding": "stochastic"}, 0),
+                                               ("mxfp4_e2m1", {"hadamard": 32}, 1), ("nvfp4", {"hadamard": 16}, -1)])
+def test_hadamard_transforms_run_inside_the_kernel_statistics_included(name, options, axis, kernel_device,
+                                                                        monkeypatch):
+    """A transform whose groups are the format's blocks (te-nvfp4's wgrad operands along the token
+    axis) is applied by the kernel, never by torch: values, GEMM operand, amax and statistics are the
+    torch path's bits."""
+    from megatron.quant.formats.hadamard import Hadamard
+
+    fmt, noise = get_format(name, **options), RandomBits.derive("rht")
+    x = _input((64, 96, 32), torch.bfloat16, kernel_device)
+    expected = {"quantize": fmt.quantize(x, axis, noise=noise), "gemm": fmt.quantize_for_gemm(x, axis, noise=noise),
+                "amax": fmt.amax_of(x, axis), "scale": fmt.quantize_with_scale(x, axis, noise=noise)}
+    monkeypatch.setattr(Hadamard, "_apply", lambda *a, **k: pytest.fail("transformed in torch"))
+    twin = triton_twin(fmt)
+    assert_same_result(twin.quantize(x, axis, noise=noise), expected["quantize"])
+    assert_same_result(twin.quantize_for_gemm(x, axis, noise=noise), expected["gemm"])
+    assert_same_result(twin.amax_of(x, axis), expected["amax"])
+    q, scale, packed = twin.quantize_with_stats(x, axis, noise=noise, full=True)
+    assert_same_result((q, scale), expected["scale"])
+    monkeypatch.undo()
+    assert torch.equal(packed, pack_stats(x, fmt, axis, q=q, scale=scale))
+
+
+def test_a_transform_the_kernel_does_not_apply_leaves_the_statistics_to_torch(kernel_device):
+    fmt = get_format("fp8_e4m3", scaling="block", block_shape=(1, 32), hadamard=16)  # groups of 16 in 32-blocks
     x = _input((32, 64), torch.bfloat16, kernel_device)
     q, scale, counts = triton_twin(fmt).quantize_with_stats(x, -1, full=True)
     assert counts is None

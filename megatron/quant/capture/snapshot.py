@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.capture import packing
+from megatron.quant.kernels import packing
 from megatron.quant.capture.stats import capture_stats, pack_stats, stats_from_kernel, unpack_stats
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import Tensor
 
-from megatron.quant.capture import packing
-from megatron.quant.capture.packing import LOG2_EDGES
+from megatron.quant.kernels import packing
+from megatron.quant.kernels.packing import LOG2_EDGES
 from megatron.quant.formats.base import abs_max, normalize_axis
 from megatron.quant.formats.blocks import blocks_in_order, split_blocks
 from megatron.quant.formats.saturation import overflow_bound

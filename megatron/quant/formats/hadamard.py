@@ -89,11 +89,14 @@ class Hadamard:
         """y with every group replaced by g @ R^T = (g @ H_n / sqrt(n)) * s."""
         return self._apply(y, axis, name, inverse=True)
 
-    def _apply(self, x: Tensor, axis: int, name: str, inverse: bool) -> Tensor:
-        length = x.shape[axis]
+    def check(self, length: int, axis: int, name: str) -> None:
+        """ValueError unless ``length`` (x's along ``axis``) is a whole number of groups."""
         if length % self.size:
             raise ValueError(f"{name}: hadamard={self.size} needs the length along axis {axis} ({length}) "
                              f"to be a multiple of {self.size}")
+
+    def _apply(self, x: Tensor, axis: int, name: str, inverse: bool) -> Tensor:
+        self.check(x.shape[axis], axis, name)
         groups = x.float().movedim(axis, -1).unflatten(-1, (-1, self.size))
         signs = self.signs.to(x.device)
         if inverse:

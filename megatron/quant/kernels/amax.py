@@ -36,7 +36,10 @@ def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     programs = math.ceil(x.numel() / block)
     rows = torch.empty((programs, 2), dtype=torch.float32, device=x.device)
     _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, **EXACT_ARITHMETIC)
+    return fold_abs_max(rows, skip_nan).to(x.dtype)
+
+
+def fold_abs_max(rows: Tensor, skip_nan: bool) -> Tensor:
+    """The amax from the programs' rows of (max |x| over non-NaN, NaN count)."""
     amax = rows[:, 0].amax()
-    if not skip_nan:
-        amax = torch.where(rows[:, 1].sum() > 0, math.nan, amax)
-    return amax.to(x.dtype)
+    return amax if skip_nan else torch.where(rows[:, 1].sum() > 0, math.nan, amax)

@@ -23,8 +23,10 @@ from torch import Tensor
 from megatron.quant.formats import bits
 from megatron.quant.formats.grid import FP8_E4M3
 from megatron.quant.formats.nvfp4 import NVFP4Format
+from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
+from .amax import fold_abs_max
 from .elementwise import load, round_grid, store, stored
 from .stats import NONE, bound_constants, stats_rows, write_stats
 from .noise import global_index, uniform
@@ -135,6 +137,19 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, KIND: tl.constexpr, POWER_OF
     return y, scale
 
 
+@triton.jit
+def walsh_hadamard(t, LOG2N: tl.constexpr):
+    """t @ H_N along axis 0 of an (N, columns) tile by the butterfly, stage by stage as
+    ``formats.hadamard.walsh_hadamard`` adds and subtracts (unnormalised)."""
+    N: tl.constexpr = t.shape[0]
+    C: tl.constexpr = t.shape[1]
+    for stage in tl.static_range(LOG2N):
+        pairs = tl.permute(tl.reshape(t, (N // (2 << stage), 2, 1 << stage, C)), (0, 2, 3, 1))
+        a, b = tl.split(pairs)
+        t = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2)), (N, C))
+    return t
+
+
 @triton.jit(do_not_specialize=["key_low", "key_high"])
 def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
                   g_after, g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
@@ -145,25 +160,43 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
                   SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
                   NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr, scales_ptr, rows_ptr,
                   STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
-                  LOG2: tl.constexpr):
+                  LOG2: tl.constexpr, signs_ptr, HADAMARD: tl.constexpr, NORM: tl.constexpr, INVERSE: tl.constexpr,
+                  AMAX_ONLY: tl.constexpr):
     """Blocks ``c`` of a program, quantized into out; with ``STATS`` also their scales (one per
-    block, in block order) and the program's row of statistics (``stats.write_stats``)."""
+    block, in block order) and the program's row of statistics (``stats.write_stats``).
+    ``HADAMARD`` (log2 of the group size, which is the block size): each block is replaced by its
+    random Hadamard transform (``formats.hadamard``: signs, butterfly, norm) before quantization,
+    and with ``INVERSE`` the quantized block is transformed back before it is stored.
+    ``AMAX_ONLY``: quantize nothing; write the program's (max |x| over non-NaN, NaN count) to rows_ptr
+    (the per-tensor amax of the transformed tensor, ``amax.abs_max``'s rows)."""
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
     x = load(x_ptr + offsets, valid)
-    amax, nonfinite = block_amax(x, 0, NONFINITE_TE)
-    u = x
-    if STOCHASTIC:
-        u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-    y, scale = block_values(x, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
-                            MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
-                            STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
-    store(out_ptr + offsets, y, valid)
-    if STATS:
-        tl.store(scales_ptr + c, scale, mask=c < n_blocks_total)
-        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), scale, valid, BOUND,
-                    INCLUSIVE, STATS, True, LOG2)
+    xt = x
+    if HADAMARD:
+        signs = tl.load(signs_ptr + k)[:, None]
+        xt = walsh_hadamard(x * signs, HADAMARD) * NORM
+    if AMAX_ONLY:
+        nan = xt != xt
+        row = rows_ptr + tl.program_id(0).to(tl.int64) * 2
+        tl.store(row, tl.max(tl.where(nan, 0.0, tl.abs(xt)), axis=None))
+        tl.store(row + 1, tl.sum((nan & valid).to(tl.int32), axis=None).to(tl.float32))
+    else:
+        amax, nonfinite = block_amax(xt, 0, NONFINITE_TE)
+        u = xt
+        if STOCHASTIC:
+            u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
+        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
+                                MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
+                                STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
+        if INVERSE:
+            y = walsh_hadamard(y, HADAMARD) * NORM * signs
+        store(out_ptr + offsets, y, valid)
+        if STATS:
+            tl.store(scales_ptr + c, scale, mask=c < n_blocks_total)
+            write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), xt, scale, valid,
+                        BOUND, INCLUSIVE, STATS, True, LOG2)
 
 
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
@@ -205,12 +238,58 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
 
 
 def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False,
-                  stats: int = NONE) -> Optional[tuple[Tensor, Tensor]]:
+                  stats: int = NONE, transform: Optional[str] = None) -> Optional[tuple[Tensor, Tensor]]:
     """Quantize contiguous x with an MX, FP8 block or NVFP4 format (blocks along non-negative
     ``axis``, or ``fmt``'s tiles) into out. NVFP4: ``tensor`` holds (global encode / 6, global
     decode) and ``split`` leaves the global decode out of the values. ``stats`` (``stats.COUNTS`` or
-    ``FULL``): also return (the blocks' scales in block order, the programs' rows of statistics)."""
-    element, size = fmt.element, fmt.block_size
+    ``FULL``): also return (the blocks' scales in block order, the programs' rows of statistics).
+    ``transform``: the format's Hadamard transform applied by the kernel (``fuses_transform``), out
+    holding the quantized values in the transformed domain ("forward") or transformed back ("inverse");
+    None: x is quantized as it is."""
+    layout = _layout(x, fmt, axis)
+    programs = triton.cdiv(layout["n_blocks_total"], layout["COLS"])
+    scales, stats_out = ((torch.empty(layout["n_blocks_total"], dtype=torch.float32, device=x.device),
+                          stats_rows(programs, stats, x.device)) if stats else (x, x))
+    _block_kernel[(programs,)](
+        x, out, x if tensor is None else tensor, *_layout_args(layout), *noise, **_layout_constants(layout),
+        **_format_constants(fmt, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
+        **bound_constants(fmt), WIDTH=stats_out.shape[-1] if stats else 0,
+        LOG2=(layout["BP"] * layout["COLS"]).bit_length() - 1, **_transform_args(fmt, x, transform),
+        AMAX_ONLY=False, **EXACT_ARITHMETIC)
+    return (scales, stats_out) if stats else None
+
+
+def transformed_abs_max(x, fmt, axis: int, skip_nan: bool) -> Tensor:
+    """``amax.abs_max`` of the format's Hadamard transform of contiguous x, in one read of x (the
+    transform is applied in the kernel, never stored): the float32 0-d amax ``fmt.amax_of`` gives."""
+    layout = _layout(x, fmt, axis)
+    programs = triton.cdiv(layout["n_blocks_total"], layout["COLS"])
+    rows = torch.empty((programs, 2), dtype=torch.float32, device=x.device)
+    _block_kernel[(programs,)](
+        x, x, x, *_layout_args(layout), 0, 0, 1, 1, 0, 0, **_layout_constants(layout),
+        **_format_constants(fmt, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE, **bound_constants(fmt),
+        WIDTH=0, LOG2=0, **_transform_args(fmt, x, "forward"), AMAX_ONLY=True, **EXACT_ARITHMETIC)
+    return fold_abs_max(rows, skip_nan).to(torch.float32)
+
+
+def fuses_transform(fmt) -> bool:
+    """True when the block kernel applies ``fmt``'s Hadamard transform itself: its groups are its
+    blocks along an axis (te-nvfp4's 16, MX's 32)."""
+    return (isinstance(fmt, (MXFormat, NVFP4Format, FP8BlockFormat)) and fmt.transforms_operand and not fmt.tiled
+            and fmt.hadamard.size == fmt.block_size)
+
+
+def _transform_args(fmt, x, transform: Optional[str]) -> dict:
+    if transform is None:
+        return dict(signs_ptr=x, HADAMARD=0, NORM=1.0, INVERSE=False)
+    hadamard = fmt.hadamard
+    return dict(signs_ptr=hadamard.signs.to(x.device), HADAMARD=hadamard.size.bit_length() - 1, NORM=hadamard.norm,
+                INVERSE=transform == "inverse")
+
+
+def _layout(x, fmt, axis: int) -> dict:
+    """How ``_block_kernel`` walks x's blocks: its shape arguments and tile constants."""
+    size = fmt.block_size
     if fmt.tiled:
         if x.dim() < 2:
             raise ValueError(f"{fmt.name}: block_shape={fmt.block_shape} needs a tensor with at least two dimensions")
@@ -225,16 +304,16 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
         rows = cols = 1
         block = size
     padded = triton.next_power_of_2(block)
-    columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
-    programs = triton.cdiv(total, columns)
-    scales, stats_out = ((torch.empty(total, dtype=torch.float32, device=x.device),
-                          stats_rows(programs, stats, x.device)) if stats else (x, x))
-    _block_kernel[(programs,)](
-        x, out, x if tensor is None else tensor, total, length, after, n_blocks, rows, cols, *noise, B=block,
-        BP=padded, SIDE=size, TILED=fmt.tiled, COLS=columns, **_format_constants(fmt, x.dtype, split),
-        scales_ptr=scales, rows_ptr=stats_out, STATS=stats, **bound_constants(fmt),
-        WIDTH=stats_out.shape[-1] if stats else 0, LOG2=(padded * columns).bit_length() - 1, **EXACT_ARITHMETIC)
-    return (scales, stats_out) if stats else None
+    return dict(n_blocks_total=total, length=length, after=after, n_blocks=n_blocks, rows=rows, cols=cols, B=block,
+                BP=padded, SIDE=size, TILED=fmt.tiled, COLS=max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded))
+
+
+def _layout_args(layout: dict) -> tuple:
+    return tuple(layout[key] for key in ("n_blocks_total", "length", "after", "n_blocks", "rows", "cols"))
+
+
+def _layout_constants(layout: dict) -> dict:
+    return {key: layout[key] for key in ("B", "BP", "SIDE", "TILED", "COLS")}
 
 
 def scale_layout(fmt, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:

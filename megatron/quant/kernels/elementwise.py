@@ -108,7 +108,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
     store(out_ptr + offsets, y, mask)
     if STATS:
         scale = tl.load(decode_ptr) if SCALED else 1.0
-        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), scale, mask, BOUND,
+        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), x, scale, mask, BOUND,
                     INCLUSIVE, STATS, False, LOG2)
 
 

@@ -1,7 +1,7 @@
 """The statistics of a quantization, taken by the kernel that quantizes: no second pass over the
-tensor. Each program writes one float64 row of ``capture.packing``'s layout for its tile: the exact
+tensor. Each program writes one float64 row of ``kernels.packing``'s layout for its tile: the exact
 fields only (``COUNTS``: capture's ``counts`` level, and the exact fields of ``sample``) or all of them
-(``FULL``: the ``full`` level); ``capture.packing.combine`` folds the rows on the device.
+(``FULL``: the ``full`` level); ``kernels.packing.combine`` folds the rows on the device.
 
 Counts, minima and maxima do not depend on the order of reduction. The sums are taken in
 ``packing``'s order: the tile's elements block by block (a 2-D tile is [position in block, block]),
@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from megatron.quant.capture import packing
 from megatron.quant.formats.saturation import overflow_bound
+
+from . import packing
 
 NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for
 
@@ -71,19 +72,19 @@ def log2_bins(x, where, BLOCKED: tl.constexpr):
 
 
 @triton.jit
-def write_stats(row, x, q, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, STATS: tl.constexpr,
+def write_stats(row, x, q, xt, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, STATS: tl.constexpr,
                 BLOCKED: tl.constexpr, LOG2: tl.constexpr):
     """This program's row at ``row``: x the float32 values quantized (a 1-D tile, or with ``BLOCKED``
-    a [position, block] tile of 2**LOG2 elements), q their quantized values as stored, ``scale``
-    what x was divided by (broadcast against x: in a block tile, [1, block]; NaN for a block the
-    format turned NaN), ``valid`` the elements that exist."""
+    a [position, block] tile of 2**LOG2 elements), q their quantized values as stored, xt the values
+    the format divided by ``scale`` (x, or its Hadamard transform; broadcast against x: in a block
+    tile, [1, block]; NaN for a block the format turned NaN), ``valid`` the elements that exist."""
     magnitude = tl.abs(x)
     is_finite = valid & finite(x)
     block_scale = scale
     scale = scale + tl.zeros_like(x)
-    ratio = tl.math.div_rn(magnitude, scale)  # IEEE division, as the torch path's
+    ratio = tl.math.div_rn(tl.abs(xt), scale)  # IEEE division, as the torch path's
     beyond = (ratio >= BOUND) if INCLUSIVE else (ratio > BOUND)
-    overflow = (beyond & (scale != 0.0)) | (magnitude == float("inf"))
+    overflow = (beyond & (scale != 0.0)) | (tl.abs(xt) == float("inf"))
     tl.store(row + NANS, count(valid & (x != x)))
     tl.store(row + INFS, count(valid & (magnitude == float("inf"))))
     tl.store(row + NONZERO, count(valid & (x != 0.0)))

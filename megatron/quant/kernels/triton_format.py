@@ -16,7 +16,7 @@ from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
-from megatron.quant.capture import packing
+from . import packing
 
 from . import blocks, elementwise
 from .amax import abs_max as one_read_abs_max
@@ -55,10 +55,7 @@ class TritonFormat:
         if not self.serves(x, generator):
             return self.fallback.quantize(x, axis, amax, noise=noise, generator=generator)
         _check_input(self.name, x)
-        xt = self.fmt.transform(x, axis)
-        out_dtype = x.dtype if xt is x else torch.float32
-        q, _, _ = self._kernel(xt, axis, amax, noise, split=False, out_dtype=out_dtype)
-        return self.fmt._inverse_transform(q, axis).to(x.dtype)
+        return self._kernel(x, axis, amax, noise, split=False, back=True)[0]
 
     def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
@@ -71,19 +68,17 @@ class TritonFormat:
                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
                             full: bool = False) -> tuple[Tensor, Tensor, Optional[Tensor]]:
         """``quantize_with_scale``, and the packed statistics the kernel took in the same pass
-        (``capture.packing``'s layout, float64 on x's device, no host sync): the exact fields, or
-        with ``full`` all of them. None where it took none (x not served, or a Hadamard transform:
-        statistics of the transformed values are not x's)."""
+        (``kernels.packing``'s layout, float64 on x's device, no host sync): the exact fields, or
+        with ``full`` all of them. None where it took none (x not served, or a Hadamard transform the
+        kernel does not apply itself: it sees only the transformed values)."""
         fmt = self.fmt
         if not self.serves(x, generator):
             return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
         _check_input(self.name, x)
-        xt = fmt.transform(x, axis)
-        q, _, (scale, rows) = self._kernel(xt, axis, amax, noise, split=False,
-                                           out_dtype=x.dtype if xt is x else torch.float32,
+        q, _, (scale, rows) = self._kernel(x, axis, amax, noise, split=False, back=True,
                                            stats=FULL if full else COUNTS)
-        packed = None if fmt.transforms_operand else packing.combine(rows)
-        return fmt._inverse_transform(q, axis).to(x.dtype), fmt._scale_like_input(scale, x, axis), packed
+        packed = packing.combine(rows) if self._sees_operand else None
+        return q, fmt._scale_like_input(scale, x, axis), packed
 
     def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                           noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
@@ -95,19 +90,41 @@ class TritonFormat:
         if not (fmt.needs_tensor_amax or fmt.transforms_operand):
             return self.quantize(x, axis, amax, noise=noise), None
         _check_input(self.name, x)
-        xt = fmt.transform(x, axis)
-        q, tensor_scale, _ = self._kernel(xt, axis, amax, noise, split=fmt.needs_tensor_amax, out_dtype=x.dtype)
+        q, tensor_scale, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
-        """As ``NumericFormat.amax_of``: one read of x (of its transform, for Hadamard formats)."""
+        """As ``NumericFormat.amax_of``: one read of x (of its transform, for Hadamard formats; the
+        kernel transforms on the fly where it can)."""
         if not self.serves(x):
             return self.fallback.amax_of(x, axis)
+        if self._fused_transform:
+            return self._transformed_abs_max(x, axis)
         return self._abs_max(self.fmt.transform(x, axis))
 
     def _abs_max(self, x: Tensor) -> Tensor:
         """The format's ``_abs_max`` of a tensor the kernels serve (NaN skipped under nonfinite='te')."""
-        return one_read_abs_max(x, skip_nan=self.fmt.options.get("nonfinite") == "te")
+        return one_read_abs_max(x, skip_nan=self._skips_nan)
+
+    def _transformed_abs_max(self, x: Tensor, axis: int) -> Tensor:
+        fmt = self.fmt
+        axis = normalize_axis(fmt.name, axis, x.dim())
+        fmt.hadamard.check(x.shape[axis], axis, fmt.name)
+        return blocks.transformed_abs_max(x.contiguous(), fmt, axis, self._skips_nan)
+
+    @property
+    def _skips_nan(self) -> bool:
+        return self.fmt.options.get("nonfinite") == "te"
+
+    @property
+    def _fused_transform(self) -> bool:
+        """True when the kernel applies the format's Hadamard transform itself (``blocks.fuses_transform``)."""
+        return self.fmt.transforms_operand and blocks.fuses_transform(self.fmt)
+
+    @property
+    def _sees_operand(self) -> bool:
+        """True when the kernel sees x itself (no transform, or one it applies): it can take x's statistics."""
+        return not self.fmt.transforms_operand or self._fused_transform
 
     @property
     def dual_axis(self) -> bool:
@@ -135,8 +152,9 @@ class TritonFormat:
         return (out0, decode), (out1, decode)
 
     def _nvfp4_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
-        """NVFP4's FP32 tensor scale as ``NVFP4Format`` computes it: (global encode / 6 and global
-        decode for the kernel, global decode); (None, None) for other formats."""
+        """NVFP4's FP32 tensor scale as ``NVFP4Format`` computes it (x in the quantization domain, or
+        ``amax`` of it): (global encode / 6 and global decode for the kernel, global decode); (None,
+        None) for other formats."""
         fmt = self.fmt
         if not isinstance(fmt, NVFP4Format):
             return None, None
@@ -146,37 +164,43 @@ class TritonFormat:
         return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
-                out_dtype: torch.dtype, stats: int = NONE
-                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
-        """(quantized x in ``out_dtype``, the per-tensor decode factor or None, with ``stats``
-        (``COUNTS`` or ``FULL``): (the scale in the format's own layout, the programs' rows of
-        statistics)); x in the format's quantization domain. ``split``: leave the decode factor out
-        of the values."""
+                back: bool, stats: int = NONE) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+        """(x quantized, the per-tensor decode factor or None, with ``stats`` (``COUNTS`` or ``FULL``):
+        (the scale in the format's own layout, the programs' rows of statistics)). With a Hadamard
+        transform the values are in the transformed domain, or with ``back`` transformed back to x's;
+        in x's dtype either way. ``split``: leave the decode factor out of the values."""
         fmt = self.fmt
         stochastic = fmt.rounding == "stochastic"
-        bits = (noise or fmt._default_bits) if stochastic else None
-        x = x.contiguous()
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        noise = noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
+        fused = self._fused_transform
+        xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis)
+        inverse = back and fmt.transforms_operand and not fused  # in torch, after the kernel
+        out = torch.empty(xt.shape, dtype=torch.float32 if inverse else x.dtype, device=x.device)
         if isinstance(fmt, BLOCK_FORMATS):
-            tensor, decode = self._nvfp4_tensor_scale(x, amax)
             axis = normalize_axis(fmt.name, axis, x.dim())
-            captured = blocks.launch_blocks(x, out, fmt, axis, noise_args(bits, tuple(x.shape)), tensor, split,
-                                            stats)
+            if fused:
+                fmt.hadamard.check(x.shape[axis], axis, fmt.name)
+            if amax is None and fused and isinstance(fmt, NVFP4Format):
+                amax = self._transformed_abs_max(x, axis)
+            tensor, decode = self._nvfp4_tensor_scale(xt, amax)
+            captured = blocks.launch_blocks(xt, out, fmt, axis, noise, tensor, split, stats,
+                                            ("inverse" if back else "forward") if fused else None)
             if captured is not None:
                 captured = (captured[0].view(blocks.scale_layout(fmt, x.shape, axis)), captured[1])
-            return out, decode, captured
+            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured
         encode = decode = None
         if getattr(fmt, "needs_tensor_amax", False):
-            amax = self._abs_max(x) if amax is None else amax
+            amax = self._abs_max(xt) if amax is None else amax
             encode = encode_scale(amax, fmt.scale_target, bool(fmt.options.get("power_of_two_scales")))
             decode = 1 / encode
         if isinstance(fmt, CastFormat):
             grid, overflow = (None, "saturate") if fmt.dtype == torch.bfloat16 else (FP16, "inf")
         else:
             grid, overflow = fmt.element, fmt.options["overflow"]
-        rows = elementwise.launch(x, out, encode, None if split else decode, noise_args(bits, tuple(x.shape)),
+        rows = elementwise.launch(xt, out, encode, None if split else decode, noise,
                                   elementwise.grid_constants(grid, overflow), stochastic, stats,
                                   bound_constants(fmt))
+        out = fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out
         if not stats:
             return out, decode, None
         scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode
