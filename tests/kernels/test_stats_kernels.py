@@ -22,6 +22,8 @@ CASES = [  # (format name, options, axes)
     ("fp8_e4m3", {}, (-1,)),
     ("fp8_e5m2", {"rounding": "stochastic"}, (-1,)),
     ("hifp8", {}, (-1,)),
+    ("hifp8", {"scaling": "tensor", "overflow": "inf"}, (-1,)),
+    ("mxfp6_e3m2", {"scale_mode": "ceil"}, (1,)),
     ("fp8_e4m3", {"scaling": "tensor", "power_of_two_scales": True}, (-1,)),
     ("mxfp8_e4m3", {}, (0, 1, -1)),
     ("mxfp4_e2m1", {"rounding": "stochastic", "scale_mode": "rceil"}, (0, -1)),

@@ -104,29 +104,36 @@ def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat", axis:
     return int(torch.count_nonzero(_beyond(picked.abs() / block_scale[candidate].unsqueeze(-1), fmt)))
 
 
-def _tile_row(x: Tensor, valid: Tensor, fmt: Optional["NumericFormat"] = None, q: Optional[Tensor] = None,
+def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["NumericFormat"] = None, q: Optional[Tensor] = None,
               xt: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> Tensor:
     """One tile's row of packed statistics (``packing``'s layout): x, its quantized q and transformed
     xt (the values the scale divides) and the scale as (blocks, elements) in block order
-    (``blocks_in_order``; a per-tensor scale 0-d), ``valid`` the elements that exist."""
-    finite = valid & torch.isfinite(x)
+    (``blocks_in_order``; a per-tensor scale 0-d), ``valid`` the elements that exist (None: all)."""
+    finite = torch.isfinite(x) if valid is None else valid & torch.isfinite(x)
     nonzero = finite & (x != 0)
-    x64 = torch.where(finite, x, 0.0).double().flatten()
+    real = (lambda mask: mask) if valid is None else (lambda mask: valid & mask)
     f = dict.fromkeys(packing.SCALARS, x.new_zeros((), dtype=torch.float64))
-    f.update(nans=torch.count_nonzero(valid & torch.isnan(x)), infs=torch.count_nonzero(valid & torch.isinf(x)),
-             nonzero=torch.count_nonzero(valid & (x != 0)), min=torch.where(finite, x, math.inf).amin(),
+    f.update(nans=torch.count_nonzero(real(torch.isnan(x))), infs=torch.count_nonzero(real(torch.isinf(x))),
+             nonzero=torch.count_nonzero(real(x != 0)), min=torch.where(finite, x, math.inf).amin(),
              max=torch.where(finite, x, -math.inf).amax(), min_nonzero=torch.where(nonzero, x.abs(), math.inf).amin(),
-             block_scale_min=math.inf, block_scale_positive_min=math.inf, block_scale_max=-math.inf)
-    terms = {"sum": x64, "sum_squares": x64 * x64}
-    scale_hist = x.new_zeros(packing.N_BINS, dtype=torch.float64)
+             **{name: x.new_full((), value, dtype=torch.float64) for name, value in  # fills: no host-to-device copy
+                (("block_scale_min", math.inf), ("block_scale_positive_min", math.inf), ("block_scale_max", -math.inf))})
+    names = ("sum", "sum_squares") + (("signal", "noise", "dot", "q_power") if fmt is not None else ())
+    terms = x.new_empty((len(names), x.numel()), dtype=torch.float64)  # one tree sums them all
+    terms[0] = torch.where(finite, x, 0.0).flatten()
+    torch.mul(terms[0], terms[0], out=terms[1])
     if fmt is not None:
         both = finite & torch.isfinite(q)
-        xb, qb = torch.where(both, x, 0.0).double().flatten(), torch.where(both, q, 0.0).double().flatten()
-        error = qb - xb
-        f.update(underflow=torch.count_nonzero(valid & (q == 0) & (x != 0)),
-                 overflow=torch.count_nonzero(valid & _overflows(xt, scale, fmt)), both_finite=torch.count_nonzero(both))
-        terms.update(signal=xb * xb, noise=error * error, dot=xb * qb, q_power=qb * qb)
-    f.update({name: packing.pairwise_sum(term) for name, term in terms.items()})
+        xb = terms[0] if both is finite else torch.where(both, x, 0.0).flatten().double()
+        qb = torch.where(both, q, 0.0).flatten().double()
+        f.update(underflow=torch.count_nonzero(real((q == 0) & (x != 0))),
+                 overflow=torch.count_nonzero(real(_overflows(xt, scale, fmt))), both_finite=torch.count_nonzero(both))
+        torch.mul(xb, xb, out=terms[2])
+        torch.sub(qb, xb, out=terms[3])
+        terms[3].square_()
+        torch.mul(xb, qb, out=terms[4])
+        torch.mul(qb, qb, out=terms[5])
+    f.update(zip(names, packing.pairwise_sum(terms)))
     if getattr(fmt, "block_size", None) is not None:
         magnitude = torch.where(finite, x.abs(), 0.0)
         block_max, block_min = magnitude.amax(1), torch.where(magnitude == 0, math.inf, magnitude).amin(1)
@@ -137,9 +144,12 @@ def _tile_row(x: Tensor, valid: Tensor, fmt: Optional["NumericFormat"] = None, q
                  block_scale_min=torch.where(used, block_scale, math.inf).amin(),
                  block_scale_max=torch.where(used, block_scale, -math.inf).amax(),
                  block_scale_positive_min=torch.where(positive, block_scale, math.inf).amin())
-        scale_hist = _log2_bins(block_scale, positive)
-    scalars = torch.stack([torch.as_tensor(f[name], device=x.device).double() for name in packing.SCALARS])
-    return torch.cat([scalars, _log2_bins(x, nonzero), scale_hist])
+        return torch.cat([_stack_scalars(f), _log2_bins(x, nonzero), _log2_bins(block_scale, positive)])
+    return torch.cat([_stack_scalars(f), _log2_bins(x, nonzero), x.new_zeros(packing.N_BINS, dtype=torch.float64)])
+
+
+def _stack_scalars(fields: dict) -> Tensor:
+    return torch.stack([fields[name].double() for name in packing.SCALARS])
 
 
 def _quantized_operands(x: Tensor, fmt: "NumericFormat", axis: int, amax: Optional[Tensor],
@@ -163,17 +173,21 @@ def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1,
     if x.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=x.device)
     v = _as_ieee(x)
-    parts = [v, torch.ones_like(v, dtype=torch.bool)]
+    parts = [v, None]
     if fmt is not None:
         v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
         # A transformed format's scale belongs to the transformed values (its quantization domain).
-        xt = _as_ieee(fmt.transform(x.detach(), axis)) if fmt.transforms_operand else v
+        xt = _as_ieee(fmt.transform(x.detach(), axis)) if fmt.transforms_operand else None
         per_element = scale.dim() or getattr(fmt, "block_size", None) is not None
-        parts = [v, torch.ones_like(v, dtype=torch.bool), qv, xt, scale.expand(v.shape) if per_element else scale]
-    ordered = [blocks_in_order(p, fmt, axis) if p.dim() else p for p in parts]
+        parts += [qv, xt, scale.expand(v.shape) if per_element else scale]
+    ordered = [p if p is None or p.dim() == 0 or p is parts[1] else blocks_in_order(p, fmt, axis) for p in parts]
+    if ordered[0].numel() != v.numel():  # padding in block order (a ragged last block, a block not 2**k long)
+        ordered[1] = blocks_in_order(torch.ones_like(v, dtype=torch.bool), fmt, axis)
+    if fmt is not None and ordered[3] is None:
+        ordered[3] = ordered[0]  # x is what the scale divides
     per_tile = 1 << (max(1, _TILE_ELEMENTS.get(x.device.type, 1 << 18) // ordered[0].shape[1]).bit_length() - 1)
-    rows = [_tile_row(*(p[start:start + per_tile] if p.dim() else p for p in ordered[:2]), fmt,
-                      *(p[start:start + per_tile] if p.dim() else p for p in ordered[2:]))
+    rows = [_tile_row(*(p if p is None or p.dim() == 0 else p[start:start + per_tile] for p in ordered[:2]), fmt,
+                      *(p if p.dim() == 0 else p[start:start + per_tile] for p in ordered[2:]))
             for start in range(0, ordered[0].shape[0], per_tile)]
     return packing.combine(torch.stack(rows))
 
