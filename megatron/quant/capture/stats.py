@@ -105,47 +105,62 @@ def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat", axis:
 
 
 def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["NumericFormat"] = None, q: Optional[Tensor] = None,
-              xt: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> Tensor:
+              xt: Optional[Tensor] = None, scale: Optional[Tensor] = None, all_finite: bool = False) -> Tensor:
     """One tile's row of packed statistics (``packing``'s layout): x, its quantized q and transformed
     xt (the values the scale divides) and the scale as (blocks, elements) in block order
-    (``blocks_in_order``; a per-tensor scale 0-d), ``valid`` the elements that exist (None: all)."""
-    finite = torch.isfinite(x) if valid is None else valid & torch.isfinite(x)
-    nonzero = finite & (x != 0)
-    real = (lambda mask: mask) if valid is None else (lambda mask: valid & mask)
-    f = dict.fromkeys(packing.SCALARS, x.new_zeros((), dtype=torch.float64))
-    f.update(nans=torch.count_nonzero(real(torch.isnan(x))), infs=torch.count_nonzero(real(torch.isinf(x))),
-             nonzero=torch.count_nonzero(real(x != 0)), min=torch.where(finite, x, math.inf).amin(),
-             max=torch.where(finite, x, -math.inf).amax(), min_nonzero=torch.where(nonzero, x.abs(), math.inf).amin(),
-             **{name: x.new_full((), value, dtype=torch.float64) for name, value in  # fills: no host-to-device copy
-                (("block_scale_min", math.inf), ("block_scale_positive_min", math.inf), ("block_scale_max", -math.inf))})
+    (``blocks_in_order``; a per-tensor scale 0-d), ``valid`` the elements that exist (None: all).
+    ``all_finite``: x, q and xt are known to hold only finite values, and nothing is padded, so
+    nothing needs masking (the same row, far fewer passes)."""
+    zero = x.new_zeros((), dtype=torch.float64)
+    f = dict.fromkeys(packing.SCALARS, zero)
+    f.update({name: x.new_full((), value, dtype=torch.float64) for name, value in  # fills: no host-to-device copy
+              (("block_scale_min", math.inf), ("block_scale_positive_min", math.inf), ("block_scale_max", -math.inf))})
+    if all_finite:
+        finite = None
+        nonzero = x != 0
+        f.update(nonzero=torch.count_nonzero(x), min=x.amin(), max=x.amax())
+    else:
+        finite = torch.isfinite(x) if valid is None else valid & torch.isfinite(x)
+        nonzero = finite & (x != 0)
+        real = (lambda mask: mask) if valid is None else (lambda mask: valid & mask)
+        f.update(nans=torch.count_nonzero(real(torch.isnan(x))), infs=torch.count_nonzero(real(torch.isinf(x))),
+                 nonzero=torch.count_nonzero(real(x != 0)), min=torch.where(finite, x, math.inf).amin(),
+                 max=torch.where(finite, x, -math.inf).amax())
+    f["min_nonzero"] = torch.where(nonzero, x.abs(), math.inf).amin()
     names = ("sum", "sum_squares") + (("signal", "noise", "dot", "q_power") if fmt is not None else ())
     terms = x.new_empty((len(names), x.numel()), dtype=torch.float64)  # one tree sums them all
-    terms[0] = torch.where(finite, x, 0.0).flatten()
+    terms[0] = (x if finite is None else torch.where(finite, x, 0.0)).flatten()
     torch.mul(terms[0], terms[0], out=terms[1])
     if fmt is not None:
-        both = finite & torch.isfinite(q)
-        xb = terms[0] if both is finite else torch.where(both, x, 0.0).flatten().double()
-        qb = torch.where(both, q, 0.0).flatten().double()
-        f.update(underflow=torch.count_nonzero(real((q == 0) & (x != 0))),
-                 overflow=torch.count_nonzero(real(_overflows(xt, scale, fmt))), both_finite=torch.count_nonzero(both))
+        if finite is None:
+            xb, qb = terms[0], q.flatten().double()
+            f.update(underflow=f["nonzero"] - torch.count_nonzero(q),  # a zero never quantizes to nonzero
+                     both_finite=x.new_tensor(x.numel()))
+        else:
+            both = finite & torch.isfinite(q)
+            xb, qb = torch.where(both, x, 0.0).flatten().double(), torch.where(both, q, 0.0).flatten().double()
+            f.update(underflow=torch.count_nonzero(real((q == 0) & (x != 0))), both_finite=torch.count_nonzero(both))
+        overflows = _overflows(xt, scale, fmt)
+        f["overflow"] = torch.count_nonzero(overflows if valid is None else valid & overflows)
         torch.mul(xb, xb, out=terms[2])
         torch.sub(qb, xb, out=terms[3])
         terms[3].square_()
         torch.mul(xb, qb, out=terms[4])
         torch.mul(qb, qb, out=terms[5])
     f.update(zip(names, packing.pairwise_sum(terms)))
-    if getattr(fmt, "block_size", None) is not None:
-        magnitude = torch.where(finite, x.abs(), 0.0)
-        block_max, block_min = magnitude.amax(1), torch.where(magnitude == 0, math.inf, magnitude).amin(1)
-        block_scale = scale[:, 0].float()
-        used = (block_max > 0) & torch.isfinite(block_scale)
-        positive = used & (block_scale > 0)
-        f.update(block_range_max=torch.where(used, block_max.double() / block_min.double(), 0.0).amax(),
-                 block_scale_min=torch.where(used, block_scale, math.inf).amin(),
-                 block_scale_max=torch.where(used, block_scale, -math.inf).amax(),
-                 block_scale_positive_min=torch.where(positive, block_scale, math.inf).amin())
-        return torch.cat([_stack_scalars(f), _log2_bins(x, nonzero), _log2_bins(block_scale, positive)])
-    return torch.cat([_stack_scalars(f), _log2_bins(x, nonzero), x.new_zeros(packing.N_BINS, dtype=torch.float64)])
+    log2_hist = _log2_bins(x, nonzero)
+    if getattr(fmt, "block_size", None) is None:
+        return torch.cat([_stack_scalars(f), log2_hist, x.new_zeros(packing.N_BINS, dtype=torch.float64)])
+    magnitude = x.abs() if finite is None else torch.where(finite, x.abs(), 0.0)
+    block_max, block_min = magnitude.amax(1), torch.where(magnitude == 0, math.inf, magnitude).amin(1)
+    block_scale = scale[:, 0].float()
+    used = (block_max > 0) & torch.isfinite(block_scale)
+    positive = used & (block_scale > 0)
+    f.update(block_range_max=torch.where(used, block_max.double() / block_min.double(), 0.0).amax(),
+             block_scale_min=torch.where(used, block_scale, math.inf).amin(),
+             block_scale_max=torch.where(used, block_scale, -math.inf).amax(),
+             block_scale_positive_min=torch.where(positive, block_scale, math.inf).amin())
+    return torch.cat([_stack_scalars(f), log2_hist, _log2_bins(block_scale, positive)])
 
 
 def _stack_scalars(fields: dict) -> Tensor:
@@ -162,6 +177,12 @@ def _quantized_operands(x: Tensor, fmt: "NumericFormat", axis: int, amax: Option
         scale = fmt_scale if scale is None else scale
     v = _as_ieee(x)
     return v, q.detach().to(v.dtype), scale.detach().to(v.dtype)
+
+
+def _known_finite(*tensors: Tensor) -> bool:
+    """True when every element of the tensors is finite, asked on the CPU only: a host read costs
+    nothing there, and on a GPU it would stall the stream (the masked route is taken instead)."""
+    return all(t.device.type == "cpu" and all(math.isfinite(float(m)) for m in torch.aminmax(t)) for t in tensors)
 
 
 def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
@@ -186,8 +207,9 @@ def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1,
     if fmt is not None and ordered[3] is None:
         ordered[3] = ordered[0]  # x is what the scale divides
     per_tile = 1 << (max(1, _TILE_ELEMENTS.get(x.device.type, 1 << 18) // ordered[0].shape[1]).bit_length() - 1)
+    all_finite = ordered[1] is None and _known_finite(*(p for p in (v, *parts[2:4]) if p is not None))
     rows = [_tile_row(*(p if p is None or p.dim() == 0 else p[start:start + per_tile] for p in ordered[:2]), fmt,
-                      *(p if p.dim() == 0 else p[start:start + per_tile] for p in ordered[2:]))
+                      *(p if p.dim() == 0 else p[start:start + per_tile] for p in ordered[2:]), all_finite=all_finite)
             for start in range(0, ordered[0].shape[0], per_tile)]
     return packing.combine(torch.stack(rows))
 
