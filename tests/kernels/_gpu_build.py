@@ -25,6 +25,7 @@ from megatron.quant.kernels import amax, blocks, elementwise, select, triton_for
 KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_kernel"),
            (elementwise, "_elementwise_kernel"))
 FORMATS = [("bf16", {}), ("fp16", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scaling": "none"}),
+           ("fp8_e4m3", {"scaling": "delayed"}),
            ("fp8_e5m2", {"rounding": "stochastic"}), ("hifp8", {}),
            *[("mxfp8_e4m3", {"scale_mode": mode}) for mode in ("floor", "ceil", "even", "rceil")],
            ("mxfp4_e2m1", {"rounding": "stochastic"}), ("mxfp6_e3m2", {"nonfinite": "te"}),
@@ -59,6 +60,7 @@ def record_launches() -> list:
             for call in (lambda: twin.quantize(x, -1), lambda: twin.quantize(x, 0),
                          lambda: twin.quantize_with_stats(x, -1), lambda: twin.quantize_with_stats(x, 0, full=True),
                          lambda: twin.quantize_for_gemm_both(x),
+                         lambda: twin.quantize_for_gemm_with_amax(x, -1, torch.ones(())),
                          lambda: twin.quantize_for_gemm(x, -1)):
                 try:
                     call()

@@ -81,3 +81,24 @@ def test_the_one_read_amax_is_the_torch_paths(nonfinite, dtype, kernel_device, m
     hadamard = get_format("nvfp4", hadamard=16, nonfinite=nonfinite)
     finite = cases["finite"]
     assert_same_result(triton_twin(hadamard).amax_of(finite, -1), hadamard.amax_of(finite, -1), "hadamard")
+
+
+@pytest.mark.parametrize("options", [{"scaling": "delayed"}, {"scaling": "delayed", "nonfinite": "te"},
+                                     {"scaling": "delayed", "rounding": "stochastic"}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_delayed_scaling_takes_the_amax_it_records_in_the_quantizing_read(options, dtype, kernel_device,
+                                                                          monkeypatch):
+    """Delayed scaling quantizes with the history's amax and records x's own: the kernel returns both
+    the GEMM operand and x's amax from one read (no amax kernel), the torch path's bits, NaN included."""
+    from megatron.quant.kernels import elementwise, triton_format
+
+    fmt = get_format("fp8_e4m3", **options)
+    twin = triton_twin(fmt)
+    history_amax = torch.tensor(100.0, device=kernel_device)
+    monkeypatch.setattr(elementwise, "program_elements", lambda on_device: 256)  # amax rows from many programs
+    monkeypatch.setattr(triton_format, "one_read_abs_max", lambda *a, **k: pytest.fail("read again for the amax"))
+    for specials in (False, True):
+        x = wide_values((24, 64), seed=13, dtype=dtype, device=kernel_device, specials=specials)
+        values, scale, own = twin.quantize_for_gemm_with_amax(x, -1, history_amax)
+        assert_same_result((values, scale), fmt.quantize_for_gemm(x, -1, history_amax), f"specials={specials}")
+        assert_same_result(own, fmt.amax_of(x, -1), f"amax, specials={specials}")

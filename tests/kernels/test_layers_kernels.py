@@ -38,7 +38,7 @@ def _run(preset: str, device, dtype, capture: bool = False) -> list[torch.Tensor
         tensor_saver.set_microbatch(0, 0)
     y, _ = layer(x)
     y.backward(torch.randn(y.shape, generator=g).to(device, dtype))
-    return [y.detach(), x.grad, layer.weight.grad], formats
+    return [y.detach(), x.grad, layer.weight.grad, *layer.buffers()], formats  # buffers: delayed histories
 
 
 @pytest.mark.parametrize("preset", ["te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed"])
@@ -54,6 +54,7 @@ def test_linear_layer_on_triton_kernels_gives_the_torch_path_bits(preset, parall
     monkeypatch.setattr(blocks, "launch_dual", lambda *args, **kw: dual_calls.append(1) or launch_dual(*args, **kw))
     ours, formats = _run(preset, kernel_device, dtype)
     assert {type(f).__name__ for f in formats.values() if f is not None} == {"TritonFormat"}
+    assert len(ours) == len(expected) and (len(ours) > 3) == (preset == "te-fp8-delayed")  # histories compared too
     for a, b in zip(ours, expected):
         assert torch.equal(a, b)
     # The weight's fprop and dgrad copies and the gradient's dgrad and wgrad copies come from one

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .elementwise import load
 from .select import EXACT_ARITHMETIC, program_elements
+from .stats import abs_max_rows, fold_abs_max, write_abs_max
 
 BLOCK = 4096
 
@@ -21,11 +22,7 @@ BLOCK = 4096
 def _amax_kernel(x_ptr, rows_ptr, n, BLOCK_SIZE: tl.constexpr):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
-    x = load(x_ptr + offsets, mask)  # 0 where masked: no effect on a max of magnitudes
-    nan = x != x
-    row = rows_ptr + tl.program_id(0).to(tl.int64) * 2
-    tl.store(row, tl.max(tl.where(nan, 0.0, tl.abs(x)), axis=0))
-    tl.store(row + 1, tl.sum((nan & mask).to(tl.int32), axis=0).to(tl.float32))
+    write_abs_max(rows_ptr, load(x_ptr + offsets, mask), mask)
 
 
 def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
@@ -34,12 +31,6 @@ def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     x = x.contiguous()
     block = program_elements(BLOCK)
     programs = math.ceil(x.numel() / block)
-    rows = torch.empty((programs, 2), dtype=torch.float32, device=x.device)
+    rows = abs_max_rows(programs, x.device)
     _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, **EXACT_ARITHMETIC)
     return fold_abs_max(rows, skip_nan).to(x.dtype)
-
-
-def fold_abs_max(rows: Tensor, skip_nan: bool) -> Tensor:
-    """The amax from the programs' rows of (max |x| over non-NaN, NaN count)."""
-    amax = rows[:, 0].amax()
-    return amax if skip_nan else torch.where(rows[:, 1].sum() > 0, math.nan, amax)

@@ -26,9 +26,8 @@ from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
-from .amax import fold_abs_max
 from .elementwise import load, round_grid, store, stored
-from .stats import NONE, bound_constants, stats_rows, write_stats
+from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 
@@ -178,10 +177,7 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
         signs = tl.load(signs_ptr + k)[:, None]
         xt = walsh_hadamard(x * signs, HADAMARD) * NORM
     if AMAX_ONLY:
-        nan = xt != xt
-        row = rows_ptr + tl.program_id(0).to(tl.int64) * 2
-        tl.store(row, tl.max(tl.where(nan, 0.0, tl.abs(xt)), axis=None))
-        tl.store(row + 1, tl.sum((nan & valid).to(tl.int32), axis=None).to(tl.float32))
+        write_abs_max(rows_ptr, xt, valid)
     else:
         amax, nonfinite = block_amax(xt, 0, NONFINITE_TE)
         u = xt
@@ -264,7 +260,7 @@ def transformed_abs_max(x, fmt, axis: int, skip_nan: bool) -> Tensor:
     transform is applied in the kernel, never stored): the float32 0-d amax ``fmt.amax_of`` gives."""
     layout = _layout(x, fmt, axis)
     programs = triton.cdiv(layout["n_blocks_total"], layout["COLS"])
-    rows = torch.empty((programs, 2), dtype=torch.float32, device=x.device)
+    rows = abs_max_rows(programs, x.device)
     _block_kernel[(programs,)](
         x, x, x, *_layout_args(layout), 0, 0, 1, 1, 0, 0, **_layout_constants(layout),
         **_format_constants(fmt, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE, **bound_constants(fmt),

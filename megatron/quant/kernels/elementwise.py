@@ -19,7 +19,7 @@ from torch import Tensor
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
-from .stats import NONE, stats_rows, write_stats
+from .stats import NONE, stats_rows, write_abs_max, write_stats
 from .noise import global_index, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 
@@ -90,8 +90,10 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr,
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
                         STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
-                        LOG2: tl.constexpr):
-    """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``)."""
+                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr):
+    """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``),
+    with ``AMAX_OUT`` its row of x's amax (``amax.write_abs_max``: delayed scaling's history records
+    the tensor it quantizes without reading it again)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     x = load(x_ptr + offsets, mask)
@@ -106,6 +108,8 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
     if DECODE:
         y = y * tl.load(decode_ptr)
     store(out_ptr + offsets, y, mask)
+    if AMAX_OUT:
+        write_abs_max(amax_ptr, x, mask)
     if STATS:
         scale = tl.load(decode_ptr) if SCALED else 1.0
         write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), x, scale, mask, BOUND,
@@ -165,19 +169,25 @@ def grid_constants(grid, overflow: str) -> dict:
 
 
 def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool, stats: int = NONE,
-           bounds: Optional[dict] = None) -> Optional[Tensor]:
+           bounds: Optional[dict] = None, amax_rows: Optional[Tensor] = None) -> Optional[Tensor]:
     """Run the elementwise kernel over contiguous x into out; ``encode``/``decode``: 0-d float32
     device tensors or None (unscaled; decode None also for the split GEMM operand). ``stats``
     (``stats.COUNTS`` or ``FULL``, with the format's ``stats.bound_constants`` as ``bounds``): also
-    return the programs' rows of statistics."""
+    return the programs' rows of statistics. ``amax_rows`` (``amax.abs_max_rows`` of ``programs(x)``):
+    filled with x's amax rows too."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
     block = program_elements(BLOCK)
-    programs = triton.cdiv(n, block)
-    rows = stats_rows(programs, stats, x.device) if stats else x
-    _elementwise_kernel[(programs,)](
+    rows = stats_rows(programs(x), stats, x.device) if stats else x
+    _elementwise_kernel[(programs(x),)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
         SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows, STATS=stats,
         **(bounds or dict(BOUND=0.0, INCLUSIVE=False)), WIDTH=rows.shape[-1] if stats else 0,
-        LOG2=block.bit_length() - 1, **EXACT_ARITHMETIC)
+        LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
+        AMAX_OUT=amax_rows is not None, **EXACT_ARITHMETIC)
     return rows if stats else None
+
+
+def programs(x: Tensor) -> int:
+    """The elementwise kernel's programs over x."""
+    return triton.cdiv(x.numel(), program_elements(BLOCK))

@@ -11,6 +11,8 @@ whatever the tiling.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -157,3 +159,24 @@ def bound_constants(fmt) -> dict:
     """The overflow constexpr arguments of ``write_stats`` for ``fmt``."""
     bound, inclusive = overflow_bound(fmt)
     return dict(BOUND=float(bound), INCLUSIVE=bool(inclusive))
+
+
+@triton.jit
+def write_abs_max(rows_ptr, x, valid):
+    """This program's row of (max |x| over the non-NaN elements, NaN count); x is 0 where not valid
+    (no effect on a max of magnitudes)."""
+    nan = x != x
+    row = rows_ptr + tl.program_id(0).to(tl.int64) * 2
+    tl.store(row, tl.max(tl.where(nan, 0.0, tl.abs(x)), axis=None))
+    tl.store(row + 1, tl.sum((nan & valid).to(tl.int32), axis=None).to(tl.float32))
+
+
+def abs_max_rows(programs: int, device: torch.device) -> Tensor:
+    """The rows ``write_abs_max`` fills for ``programs`` programs."""
+    return torch.empty((programs, 2), dtype=torch.float32, device=device)
+
+
+def fold_abs_max(rows: Tensor, skip_nan: bool) -> Tensor:
+    """The amax from the programs' rows of (max |x| over non-NaN, NaN count)."""
+    amax = rows[:, 0].amax()
+    return amax if skip_nan else torch.where(rows[:, 1].sum() > 0, math.nan, amax)

@@ -20,7 +20,7 @@ from . import packing
 
 from . import blocks, elementwise
 from .amax import abs_max as one_read_abs_max
-from .stats import COUNTS, FULL, NONE, bound_constants
+from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
 from .noise import noise_args
 from .select import interpreting, supported
 
@@ -93,6 +93,21 @@ class TritonFormat:
         q, tensor_scale, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
+    def quantize_for_gemm_with_amax(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                                    noise: Optional[RandomBits] = None
+                                    ) -> tuple[Tensor, Optional[Tensor], Tensor]:
+        """``quantize_for_gemm`` with ``amax`` (delayed scaling's, from the history), and x's own
+        ``amax_of``, which the history records: for per-tensor formats taken by the quantizing kernel
+        in the same read."""
+        fmt = self.fmt
+        if not (self.serves(x) and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
+                and not isinstance(fmt, BLOCK_FORMATS)):
+            return (*self.quantize_for_gemm(x, axis, amax, noise=noise), self.amax_of(x, axis))
+        _check_input(self.name, x)
+        rows = abs_max_rows(elementwise.programs(x), x.device)
+        q, decode, _ = self._kernel(x, axis, amax, noise, split=True, back=False, amax_rows=rows)
+        return q, decode, fold_abs_max(rows, self._skips_nan).to(x.dtype)
+
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         """As ``NumericFormat.amax_of``: one read of x (of its transform, for Hadamard formats; the
         kernel transforms on the fly where it can)."""
@@ -164,11 +179,13 @@ class TritonFormat:
         return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
-                back: bool, stats: int = NONE) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+                back: bool, stats: int = NONE, amax_rows: Optional[Tensor] = None
+                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
         """(x quantized, the per-tensor decode factor or None, with ``stats`` (``COUNTS`` or ``FULL``):
         (the scale in the format's own layout, the programs' rows of statistics)). With a Hadamard
         transform the values are in the transformed domain, or with ``back`` transformed back to x's;
-        in x's dtype either way. ``split``: leave the decode factor out of the values."""
+        in x's dtype either way. ``split``: leave the decode factor out of the values. ``amax_rows``
+        (elementwise formats): filled with x's amax rows in the same pass."""
         fmt = self.fmt
         stochastic = fmt.rounding == "stochastic"
         noise = noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
@@ -199,7 +216,7 @@ class TritonFormat:
             grid, overflow = fmt.element, fmt.options["overflow"]
         rows = elementwise.launch(xt, out, encode, None if split else decode, noise,
                                   elementwise.grid_constants(grid, overflow), stochastic, stats,
-                                  bound_constants(fmt))
+                                  bound_constants(fmt), amax_rows)
         out = fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out
         if not stats:
             return out, decode, None

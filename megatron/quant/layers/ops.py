@@ -108,8 +108,9 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     record is exactly what the GEMM used."""
     if spec.fmt is None:
         return Quantized(x, seen=Operand(tensor=x, axis=spec.axis) if capture else None)
+    record = None  # delayed scaling: records x's own amax in the history once quantized
     if amax is None and spec.history is not None:
-        amax = recompute.delayed_scale_amax(spec.history, lambda: spec.fmt.amax_of(x.detach(), spec.axis), x.device)
+        amax, record = recompute.delayed_scale_amax(spec.history, x.device)
     elif amax is None:
         amax = tensor_amax(x, spec, group)
     bits = None if noise is None else noise.bits(spec, groups, per_sample)
@@ -120,8 +121,21 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
                        kernel_stats=packed)
         if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
             return Quantized(q, None, amax, seen)
-    values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
+    if record is None:
+        values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
+    else:
+        values, tensor_scale, own_amax = _quantize_for_gemm_with_amax(spec.fmt, x, spec.axis, amax, bits)
+        record(own_amax)
     return Quantized(values, tensor_scale, amax, seen)
+
+
+def _quantize_for_gemm_with_amax(fmt, x: Tensor, axis: int, amax: Tensor, bits: Optional[RandomBits]
+                                 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """``fmt.quantize_for_gemm`` and x's own ``amax_of``: from the same read where a kernel takes both."""
+    with_amax = getattr(fmt, "quantize_for_gemm_with_amax", None)  # kernels.TritonFormat
+    if with_amax is not None:
+        return with_amax(x, axis=axis, amax=amax, noise=bits)
+    return (*fmt.quantize_for_gemm(x, axis=axis, amax=amax, noise=bits), fmt.amax_of(x.detach(), axis))
 
 
 def _quantize_with_stats(fmt, x: Tensor, axis: int, amax: Optional[Tensor], bits: Optional[RandomBits]

@@ -60,24 +60,23 @@ class _Region:
 _region: Optional[_Region] = None  # the checkpointed region whose forward is running
 
 
-def delayed_scale_amax(history: AmaxHistory, amax_of: Callable[[], Tensor], device: Any) -> Tensor:
-    """The amax a delayed-scaled operand is quantized with; records ``amax_of()`` in ``history``,
-    except in a recompute, which takes the scale its first forward used and records nothing."""
-    return _scale_amax(_region, history, amax_of, device)
+def delayed_scale_amax(history: AmaxHistory, device: Any) -> tuple[Tensor, Optional[Callable[[Tensor], None]]]:
+    """(the amax a delayed-scaled operand is quantized with, what records the operand's own amax in
+    ``history`` once it is known: None in a recompute, which takes the scale its first forward used
+    and records nothing)."""
+    return _scale_amax(_region, history, device)
 
 
-def _scale_amax(region: Optional[_Region], history: AmaxHistory, amax_of: Callable[[], Tensor], device: Any
-                ) -> Tensor:
+def _scale_amax(region: Optional[_Region], history: AmaxHistory, device: Any
+                ) -> tuple[Tensor, Optional[Callable[[Tensor], None]]]:
     if region is None:
-        amax = history.scale_amax(device)
-        history.record(amax_of())
-        return amax
+        return history.scale_amax(device), history.record
     if region.replaying:
-        return region.scale_amaxes.popleft()
+        return region.scale_amaxes.popleft(), None
     # A first forward; inside an enclosing recompute (nested checkpoints) that one's kept scale.
-    amax = _scale_amax(region.outer, history, amax_of, device)
+    amax, record = _scale_amax(region.outer, history, device)
     region.scale_amaxes.append(amax)
-    return amax
+    return amax, record
 
 
 def checkpoint(function: Callable[..., Any], distribute_saved_activations: bool, *args: Any) -> Any:
