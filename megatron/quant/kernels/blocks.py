@@ -167,7 +167,7 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
     random Hadamard transform (``formats.hadamard``: signs, butterfly, norm) before quantization,
     and with ``INVERSE`` the quantized block is transformed back before it is stored.
     ``AMAX_ONLY``: quantize nothing; write the program's (max |x| over non-NaN, NaN count) to rows_ptr
-    (the per-tensor amax of the transformed tensor, ``amax.abs_max``'s rows)."""
+    (``stats.write_abs_max``: the per-tensor amax of the transformed tensor)."""
     c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
     k = tl.arange(0, BP)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)

@@ -16,9 +16,7 @@ from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
-from . import packing
-
-from . import blocks, elementwise
+from . import blocks, elementwise, packing
 from .amax import abs_max as one_read_abs_max
 from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
 from .noise import noise_args
