@@ -135,7 +135,7 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["NumericFormat"]
         if finite is None:
             xb, qb = terms[0], q.flatten().double()
             f.update(underflow=f["nonzero"] - torch.count_nonzero(q),  # a zero never quantizes to nonzero
-                     both_finite=x.new_tensor(x.numel()))
+                     both_finite=x.new_full((), x.numel(), dtype=torch.float64))
         else:
             both = finite & torch.isfinite(q)
             xb, qb = torch.where(both, x, 0.0).flatten().double(), torch.where(both, q, 0.0).flatten().double()
