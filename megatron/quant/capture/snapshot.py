@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.kernels import packing
-from megatron.quant.capture.stats import capture_stats, pack_stats, stats_from_kernel, unpack_stats
+from megatron.quant.capture.stats import capture_stats, kernel_stats_serve, pack_stats, stats_from_packed
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
 
@@ -72,23 +71,17 @@ def operand_stats(operand: Operand, level: str = "full") -> StatsResult:
     packed on the device, reach the host without a sync; otherwise the cheaper levels read their
     counts once per capture (they exist for runs where the statistics, not the transfer, are the
     cost)."""
-    x, fmt, taken = operand.tensor.detach(), operand.fmt, operand.kernel_stats
-    if x.is_cuda and fmt is not None and taken is not None and (
-            level == "counts" or (level == "full" and taken.numel() == packing.WIDTH)):
-        host = _pinned_copy(taken)
-        return (lambda: stats_from_kernel(host.tolist(), x.shape, x.dtype, fmt, level)), (_recorded_event(),)
-    if x.is_cuda and level == "full":
-        host = _pinned_copy(pack_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale))
-        event = _recorded_event()
-
-        def finish_stats() -> dict:
-            return {**unpack_stats(host.tolist(), x.shape, x.dtype, fmt), "stats_level": level,
-                    "stats_sampled": x.numel()}
-
-        return finish_stats, (event,)
-    stats = capture_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale, level,
-                          operand.kernel_stats)
-    return (lambda: stats), ()
+    x, fmt = operand.tensor.detach(), operand.fmt
+    if x.is_cuda and kernel_stats_serve(operand.kernel_stats, fmt, level):
+        packed = operand.kernel_stats
+    elif x.is_cuda and level == "full":
+        packed = pack_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale)
+    else:
+        stats = capture_stats(x, fmt, operand.axis, operand.amax, operand.quantized, operand.scale, level,
+                              operand.kernel_stats)
+        return (lambda: stats), ()
+    host = _pinned_copy(packed)
+    return (lambda: stats_from_packed(host.tolist(), x.shape, x.dtype, fmt, level)), (_recorded_event(),)
 
 
 def _host_copy(x: Tensor) -> tuple[Tensor, tuple[Any, ...]]:

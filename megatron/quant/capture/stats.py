@@ -201,7 +201,7 @@ def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1,
         xt = _as_ieee(fmt.transform(x.detach(), axis)) if fmt.transforms_operand else None
         per_element = scale.dim() or getattr(fmt, "block_size", None) is not None
         parts += [qv, xt, scale.expand(v.shape) if per_element else scale]
-    ordered = [p if p is None or p.dim() == 0 or p is parts[1] else blocks_in_order(p, fmt, axis) for p in parts]
+    ordered = [p if p is None or p.dim() == 0 else blocks_in_order(p, fmt, axis) for p in parts]
     if ordered[0].numel() != v.numel():  # padding in block order (a ragged last block, a block not 2**k long)
         ordered[1] = blocks_in_order(torch.ones_like(v, dtype=torch.bool), fmt, axis)
     if fmt is not None and ordered[3] is None:
@@ -249,14 +249,14 @@ def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dty
         sqnr_db=(10 * math.log10(signal / noise) if noise > 0 else math.inf) if signal > 0 else None,
         cosine=f["dot"] / math.sqrt(signal * q_power) if signal > 0 and q_power > 0 else None,
         mse=noise / f["both_finite"] if f["both_finite"] > 0 else None, **dict.fromkeys(_BLOCK_KEYS))
-    used = math.isfinite(f["block_scale_min"])
-    if getattr(fmt, "block_size", None) is not None and used:
+    if getattr(fmt, "block_size", None) is None:
+        return result
+    result["block_scale_hist"] = {"edges": LOG2_EDGES, "counts": [int(c) for c in packed[packing.SCALE_HIST]]}
+    if math.isfinite(f["block_scale_min"]):  # some block holds a nonzero finite value
         ratio = f["block_range_max"]
         result.update(block_dynamic_range_log2_max=math.log2(ratio) if ratio >= 1 else None,
                       block_scale_min=f["block_scale_min"], block_scale_max=f["block_scale_max"],
                       block_scale_spread_log2=_log2_ratio(f["block_scale_max"], f["block_scale_positive_min"]))
-    if getattr(fmt, "block_size", None) is not None:
-        result["block_scale_hist"] = {"edges": LOG2_EDGES, "counts": [int(c) for c in packed[packing.SCALE_HIST]]}
     return result
 
 
@@ -387,9 +387,8 @@ def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = 
     if level not in STATS_LEVELS:
         raise ValueError(f"statistics level {level!r} is invalid; allowed: {', '.join(STATS_LEVELS)}")
     x = x.detach()
-    if kernel_stats is not None and fmt is not None and x.numel() and (
-            level == "counts" or (level == "full" and kernel_stats.numel() == packing.WIDTH)):
-        return stats_from_kernel(kernel_stats.tolist(), x.shape, x.dtype, fmt, level)
+    if x.numel() and kernel_stats_serve(kernel_stats, fmt, level):
+        return stats_from_packed(kernel_stats.tolist(), x.shape, x.dtype, fmt, level)
     qv = v_scale = None
     if fmt is not None and x.numel():
         v, qv, v_scale = _quantized_operands(x, fmt, axis, amax, q, scale)
@@ -420,11 +419,18 @@ def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
     return dict.fromkeys((*unpack_stats([], [0], dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if quantized else ())))
 
 
-def stats_from_kernel(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype, fmt: "NumericFormat",
-                      level: str) -> dict:
-    """``capture_stats`` at ``level`` (``counts``, or ``full`` from all the fields) of a quantized
-    operand, from the packed statistics its quantization kernel took (``kernels.stats``, read to the
-    host)."""
+def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["NumericFormat"], level: str) -> bool:
+    """True when the packed statistics a quantization kernel took (``kernel_stats``) make up
+    ``capture_stats`` at ``level``: the exact fields at ``counts``, all the fields at ``full``."""
+    return kernel_stats is not None and fmt is not None and (
+        level == "counts" or (level == "full" and kernel_stats.numel() == packing.WIDTH))
+
+
+def stats_from_packed(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype,
+                      fmt: Optional["NumericFormat"], level: str) -> dict:
+    """``capture_stats`` at ``level`` from packed statistics read to the host: all the fields
+    (``full``, from ``pack_stats`` or a kernel), or a quantized operand's exact fields (``counts``,
+    from its quantization kernel)."""
     numel = math.prod(shape)
     if level == "full":
         return {**unpack_stats(packed, shape, dtype, fmt), "stats_level": level, "stats_sampled": numel}

@@ -28,7 +28,7 @@ from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 
 from .elementwise import load, round_grid, store, stored
 from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
-from .noise import global_index, uniform
+from .noise import global_index, noise_args, uniform
 from .select import EXACT_ARITHMETIC, program_elements
 
 ELEMENTS_PER_PROGRAM = 1024
@@ -256,13 +256,14 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
 
 
 def transformed_abs_max(x, fmt, axis: int, skip_nan: bool) -> Tensor:
-    """``amax.abs_max`` of the format's Hadamard transform of contiguous x, in one read of x (the
-    transform is applied in the kernel, never stored): the float32 0-d amax ``fmt.amax_of`` gives."""
+    """``amax.abs_max`` (the same rows: ``stats.write_abs_max``) of the format's Hadamard transform of
+    contiguous x, in one read of x (the transform is applied in the kernel, never stored): the
+    float32 0-d amax ``fmt.amax_of`` gives."""
     layout = _layout(x, fmt, axis)
     programs = triton.cdiv(layout["n_blocks_total"], layout["COLS"])
     rows = abs_max_rows(programs, x.device)
     _block_kernel[(programs,)](
-        x, x, x, *_layout_args(layout), 0, 0, 1, 1, 0, 0, **_layout_constants(layout),
+        x, x, x, *_layout_args(layout), *noise_args(None, tuple(x.shape)), **_layout_constants(layout),
         **_format_constants(fmt, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE, **bound_constants(fmt),
         WIDTH=0, LOG2=0, **_transform_args(fmt, x, "forward"), AMAX_ONLY=True, **EXACT_ARITHMETIC)
     return fold_abs_max(rows, skip_nan).to(torch.float32)

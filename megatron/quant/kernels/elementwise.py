@@ -92,7 +92,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
                         LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr):
     """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``),
-    with ``AMAX_OUT`` its row of x's amax (``amax.write_abs_max``: delayed scaling's history records
+    with ``AMAX_OUT`` its row of x's amax (``stats.write_abs_max``: delayed scaling's history records
     the tensor it quantizes without reading it again)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
@@ -173,7 +173,7 @@ def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bo
     """Run the elementwise kernel over contiguous x into out; ``encode``/``decode``: 0-d float32
     device tensors or None (unscaled; decode None also for the split GEMM operand). ``stats``
     (``stats.COUNTS`` or ``FULL``, with the format's ``stats.bound_constants`` as ``bounds``): also
-    return the programs' rows of statistics. ``amax_rows`` (``amax.abs_max_rows`` of ``programs(x)``):
+    return the programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``):
     filled with x's amax rows too."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
