@@ -1,6 +1,6 @@
 """A tiny model whose GEMMs call the saver exactly as the quantized layers do (interfaces.md §2).
 
-Stands in for megatron.quant.layers.ops in the capture tests: linear layers capture input/weight/output
+Stands in for megatron.quant.layers (linear_function, bmm_function) in the capture tests: linear layers capture input/weight/output
 forward and grad_output/weight/grad_input/grad_weight backward; an attention core captures
 query/key/value/output forward and grad_output/grad_query/grad_key/grad_value backward.
 """

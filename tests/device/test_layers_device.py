@@ -6,7 +6,7 @@ import torch
 
 from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear
-from megatron.quant.layers.ops import LinearQuant
+from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import attention_formats, gemm, linear_formats, operand, transformer_config
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron.quant.layers.linear import QuantRowParallelLinear
-from megatron.quant.layers.ops import LinearQuant
+from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import transformer_config
@@ -118,7 +118,8 @@ def test_attention_products_take_both_axes_of_their_gradient_from_one_read(name,
     from megatron.quant import kernels
     from megatron.quant.formats import get_format
     from megatron.quant.kernels import blocks
-    from megatron.quant.layers.ops import BmmOperands, BmmQuant, NoiseScope, QuantBmmFunction, module_noise_root
+    from megatron.quant.layers.bmm_function import BmmOperands, BmmQuant, QuantBmmFunction
+    from megatron.quant.layers.operand import NoiseScope, module_noise_root
     from megatron.quant.recipes.operands import BMM_AXES, OperandSpec
 
     def grads(fmt):

@@ -90,7 +90,7 @@ def test_histories_stay_float32_in_a_16_bit_model():
 
 def _linear(recipe_formats, parallel_config=None):
     from megatron.quant.layers.linear import QuantColumnParallelLinear
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
 
     config = transformer_config(**(parallel_config or {}))
     layer = QuantColumnParallelLinear(64, 32, config=config, init_method=torch.nn.init.normal_, bias=False,
@@ -167,7 +167,7 @@ def test_an_unchanged_weight_is_quantized_once_with_its_first_scale(parallel):
 
 
 def test_histories_are_in_the_state_dict_and_reconfiguring_resets_them(parallel):
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
 
     layer = _linear(_delayed_formats(4, "max"))
     out, _ = layer(torch.randn(8, 1, 64))

@@ -5,7 +5,7 @@ import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear, invalidate_quantized_weights
-from megatron.quant.layers.ops import LinearQuant
+from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, gemm, linear_formats,
                                    operand, q, transformer_config)
@@ -229,14 +229,14 @@ def test_bf16_operands_are_on_the_grid_and_scales_go_to_the_fp32_product(paralle
     rounded to bf16: ~89 % of fp8_e4m3 and ~88 % of nvfp4 values off the grid."""
     import ml_dtypes
 
-    from megatron.quant.layers import ops
+    from megatron.quant.layers import linear_function
 
     layer = _build("column", torch.bfloat16, bias=False)
     fmts = linear_formats(fmt_name)
     layer.configure_quant(LinearQuant.from_formats(fmts), SITE)
     seen = []
-    original = ops.scaled_product
-    monkeypatch.setattr(ops, "scaled_product", lambda p, a, b: seen.append((a, b)) or original(p, a, b))
+    original = linear_function.scaled_product
+    monkeypatch.setattr(linear_function, "scaled_product", lambda p, a, b: seen.append((a, b)) or original(p, a, b))
     x, grad = _data(torch.bfloat16, seed=9)
     y, grads = _run(layer, x, grad)
     operands = [t for pair in seen for t in pair]
@@ -291,7 +291,9 @@ def test_square_tiles_quantize_a_weight_once_for_both_gemms(options, shared):
     """2-D tiles (TE's NVFP4 weights) scale the same elements whatever the GEMM's axis: fprop and
     dgrad share one quantization of the weight (round to nearest), which equals each axis's own."""
     from megatron.quant.formats import get_format
-    from megatron.quant.layers.ops import OperandSpec, QuantizedWeightCache, same_quantization
+    from megatron.quant.recipes.operands import OperandSpec
+    from megatron.quant.layers.weight_cache import QuantizedWeightCache
+    from megatron.quant.layers.operand import same_quantization
 
     fmt = get_format("nvfp4", **options)
     fprop, dgrad = OperandSpec(fmt, -1, "fprop_weight"), OperandSpec(fmt, 0, "dgrad_weight")

@@ -89,7 +89,7 @@ def test_sweep_takes_preset_names():
 @pytest.mark.parametrize("name", EMULATED)
 def test_a_linear_layer_steps_under_each_preset(parallel, name):
     from megatron.quant.layers.linear import QuantColumnParallelLinear
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
     from megatron.quant.tensor_saver import CaptureSite
     from tests.layers._helpers import transformer_config
 

@@ -72,7 +72,7 @@ def test_position_and_seed_key_the_noise(build):
 def test_a_formats_own_seed_changes_its_operands_noise():
     from megatron.quant.formats import get_format
     from megatron.quant.formats.random_bits import RandomBits
-    from megatron.quant.layers.ops import NoiseScope
+    from megatron.quant.layers.operand import NoiseScope
     from megatron.quant.recipes.operands import OperandSpec
 
     scope = NoiseScope(RandomBits.derive("module"), iteration=0, sample=0, rank=0, world=1)

@@ -67,7 +67,7 @@ def _layer_results(rank: int, world_size: int) -> dict:
     """Each case's output and gradients on this rank, as full (un-sharded) tensors where sharded."""
     from megatron.quant import cpu, tensor_saver
     from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=world_size, seed=1)
@@ -113,7 +113,7 @@ def _delayed_histories_at_dp2(rank: int) -> dict:
     data, with Megatron-LM's amax group (tensor x data parallel) and with ``tp_only_amax_red``."""
     from megatron.quant import cpu
     from megatron.quant.layers.linear import QuantColumnParallelLinear
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(tensor_model_parallel_size=1, seed=1)
@@ -252,7 +252,7 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
     from megatron.core.tensor_parallel import ColumnParallelLinear
 
     from megatron.quant.layers.linear import QuantColumnParallelLinear
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
     from tests.layers._helpers import linear_formats, transformer_config
 
     x, weight, grad = _full_data(128)
@@ -286,7 +286,7 @@ def _sequence_parallel(rank: int, world_size: int) -> dict[str, bool]:
 def _build_refusals(world_size: int) -> dict[str, str]:
     """Messages of the configurations refused at build time at TP>1."""
     from megatron.quant.layers.linear import QuantRowParallelLinear
-    from megatron.quant.layers.ops import LinearQuant
+    from megatron.quant.layers.linear_function import LinearQuant
     from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.layers.spec import build_llama_model
     from megatron.quant.tensor_saver import CaptureSite

@@ -35,8 +35,10 @@ from megatron.quant import tensor_saver
 from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.recipes.operands import PV_OPERANDS, QK_OPERANDS
-from megatron.quant.layers.ops import (BmmOperands, BmmQuant, CaptureGradients, NoiseScope, QuantBmmFunction, Quantized,
-                                capturing, module_noise_root, noise_scope, quantize_operand, recompute_backward)
+from megatron.quant.layers.bmm_function import (BmmOperands, BmmQuant, CaptureGradients, QuantBmmFunction,
+                                                recompute_backward)
+from megatron.quant.layers.operand import (NoiseScope, Quantized, capturing, module_noise_root, noise_scope,
+                                           quantize_operand)
 from megatron.quant.tensor_saver import CaptureSite
 
 _HEADS = 2  # the heads dimension of megatron's [s, b, heads, hn]: what tensor parallelism splits

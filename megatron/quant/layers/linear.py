@@ -14,8 +14,9 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 
 from megatron.quant.recipes.delayed import amax_reduction_group, attach_histories
 from megatron.quant.formats.random_bits import RandomBits
-from megatron.quant.layers.ops import (LinearGemmConfig, LinearQuant, QuantizedWeightCache, QuantLinearFunction,
-                                module_noise_root)
+from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
+from megatron.quant.layers.weight_cache import QuantizedWeightCache
+from megatron.quant.layers.operand import module_noise_root
 from megatron.quant.tensor_saver import CaptureSite
 
 

@@ -22,7 +22,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer
 from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
 from megatron.quant.layers import recompute
-from megatron.quant.layers.ops import LinearQuant
+from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
 

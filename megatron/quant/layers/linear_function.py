@@ -1,0 +1,233 @@
+"""The autograd function of a fake-quantized linear layer, forward and backward, and its capture calls.
+
+Its operations are exactly megatron-core's stock linear function's (same calls, same order)
+when no operand has a format, so passthrough is bit-identical to it. Saved for backward: the
+operands megatron-core saves, high precision, since each backward GEMM quantizes along its own
+reduction axis; where a backward GEMM's format gives the same result whatever the axis and
+equals the forward's, the forward's quantized copy is saved instead and reused, and a gradient
+feeding both backward GEMMs is quantized once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, List, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from megatron.quant import tensor_saver
+from megatron.quant.recipes.operands import LINEAR_AXES, OperandSpec
+from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.tensor_saver import CaptureSite
+from megatron.quant.layers.operand import (Quantized, capturing, check_gemm_transforms, noise_scope,
+                                           quantize_both_axes, quantize_operand, reusable_amax, same_quantization,
+                                           scaled_product)
+from megatron.quant.layers.weight_cache import QuantizedWeightCache
+
+
+# Which dimension of each operand is split across TP ranks ([tokens, features]; W [out, in]).
+_SHARD_DIMS = {"column": {"fprop_weight": 0, "dgrad_grad_output": -1, "dgrad_weight": 0, "wgrad_grad_output": -1},
+               "row": {"fprop_input": -1, "fprop_weight": 1, "dgrad_weight": 1, "wgrad_input": -1}}
+
+
+@dataclass(frozen=True)
+class LinearQuant:
+    """Operand specs of a linear layer's three GEMMs on 2-D views ([tokens, features]; W [out, in])."""
+
+    fprop_input: OperandSpec = OperandSpec(axis=LINEAR_AXES["fprop.input"])
+    fprop_weight: OperandSpec = OperandSpec(axis=LINEAR_AXES["fprop.weight"])
+    dgrad_grad_output: OperandSpec = OperandSpec(axis=LINEAR_AXES["dgrad.grad_output"])
+    dgrad_weight: OperandSpec = OperandSpec(axis=LINEAR_AXES["dgrad.weight"])
+    wgrad_grad_output: OperandSpec = OperandSpec(axis=LINEAR_AXES["wgrad.grad_output"])
+    wgrad_input: OperandSpec = OperandSpec(axis=LINEAR_AXES["wgrad.input"])
+
+    @classmethod
+    def from_formats(cls, formats: Mapping[str, Any]) -> "LinearQuant":
+        """From recipe keys ("fprop.input", ...) to formats; axes are fixed by the GEMMs."""
+        return cls(**{f.name: OperandSpec(formats[_key(f.name)], f.default.axis, _key(f.name)) for f in fields(cls)})
+
+    def sharded(self, parallel: str, groups: int = 1) -> "LinearQuant":
+        """The same specs with the TP shard dimensions of a ``parallel`` ("column"/"row") layer;
+        ``groups``: separately sharded runs along them (2 for a fused SwiGLU fc1)."""
+        return replace(self, **{name: replace(getattr(self, name), shard_dim=dim, shard_groups=groups)
+                                for name, dim in _SHARD_DIMS[parallel].items()})
+
+    def specs(self) -> dict[str, OperandSpec]:
+        return {_key(f.name): getattr(self, f.name) for f in fields(self)}
+
+    def __post_init__(self) -> None:
+        check_gemm_transforms({"fprop": (self.fprop_input, self.fprop_weight),
+                               "dgrad": (self.dgrad_grad_output, self.dgrad_weight),
+                               "wgrad": (self.wgrad_grad_output, self.wgrad_input)})
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", ".", 1)
+
+
+@dataclass
+class LinearGemmConfig:
+    """Everything megatron-core passes to its linear autograd function, plus quantization."""
+
+    quant: LinearQuant
+    weight_cache: QuantizedWeightCache
+    quant_group: Optional[dist.ProcessGroup]  # the layer's TP group, for per-tensor amax
+    site: Optional[CaptureSite]
+    gradient_accumulation_fusion: bool
+    allreduce_dgrad: bool
+    sequence_parallel: bool
+    tp_group: dist.ProcessGroup
+    grad_output_buffer: Optional[List[Tensor]] = None
+    wgrad_deferral_limit: Optional[int] = 0
+    noise_root: Optional[RandomBits] = None  # the module's stochastic-rounding stream, if any
+
+
+def _gather_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
+    out = torch.empty((x.shape[0] * dist.get_world_size(group),) + tuple(x.shape[1:]),
+                      dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quantized, total_input: Quantized,
+                          dtype: torch.dtype) -> Optional[Tensor]:
+    """megatron-core's gradient-accumulation fusion: dW += dY^T X into main_grad (same kernels when present)."""
+    from megatron.core.tensor_parallel import layers as mlayers
+
+    weight.main_grad = main_grad
+    scaled = grad_output.tensor_scale is not None or total_input.tensor_scale is not None
+    if hasattr(weight, "__fsdp_param__"):
+        weight.main_grad = weight.get_main_grad()
+        weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input))
+    elif mlayers._grad_accum_fusion_available and not scaled:
+        kernel = (mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32
+                  if main_grad.dtype == torch.float32 else
+                  mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16)
+        kernel(total_input.values, grad_output.values, main_grad)
+    else:  # no apex kernel (CPU), or per-tensor scales to apply: same sum, unfused
+        main_grad.add_(scaled_product(_wgrad, grad_output, total_input).to(main_grad.dtype))
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    # As megatron-core: hand autograd a dummy so DDP hooks run on the main thread.
+    weight.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    if mlayers.HAVE_TE:
+        return mlayers.get_dummy_wgrad(list(main_grad.shape), dtype, zero=make is torch.zeros)
+    return make(main_grad.shape, dtype=dtype, device=main_grad.device, requires_grad=False)
+
+
+def _fprop(x: Tensor, w: Tensor) -> Tensor:
+    return torch.matmul(x, w.t())
+
+
+def _dgrad(dy: Tensor, w: Tensor) -> Tensor:
+    return dy.matmul(w)
+
+
+def _wgrad(dy: Tensor, x: Tensor) -> Tensor:
+    return dy.t().matmul(x)
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """megatron-core's LinearWithGradAccumulationAndAsyncCommunication (and its frozen-weight
+    twin) with each GEMM operand fake-quantized per ``LinearQuant``."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Optional[Tensor], cfg: LinearGemmConfig) -> Tensor:
+        ctx.cfg = cfg
+        ctx.use_bias = bias is not None
+        ctx.main_grad = weight.main_grad if cfg.gradient_accumulation_fusion and hasattr(weight, "main_grad") else None
+        total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
+        q, group = cfg.quant, cfg.quant_group
+        capture = capturing(cfg.site)
+        # The backward draws its noise from the position of this forward (pipeline schedules run
+        # other micro-batches' forwards in between).
+        ctx.noise = noise = noise_scope(cfg.noise_root, group)
+        x = quantize_operand(total_input, q.fprop_input, group, noise, capture=capture)
+        w = cfg.weight_cache.get(weight, q.fprop_weight, group, noise, partner=q.dgrad_weight)
+        # The input is only needed for wgrad (a frozen weight has none); under sequence
+        # parallelism the local shard is kept and gathered again, as megatron-core does.
+        ctx.input_quantized = x if same_quantization(q.fprop_input, q.wgrad_input) and not cfg.sequence_parallel \
+            else None
+        ctx.input_amax = reusable_amax(x, q.fprop_input, q.wgrad_input)
+        saved_input = x.values if ctx.input_quantized is not None else input
+        ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
+        if ctx.input_quantized is not None:
+            ctx.input_quantized = replace(x, values=None, seen=None)  # the values travel in saved_tensors
+        output = scaled_product(_fprop, x, w)
+        if bias is not None:
+            output = output + bias
+        if capture:
+            tensor_saver.capture(cfg.site, "forward", "pre", {
+                "input": x.seen, "weight": cfg.weight_cache.seen(weight, q.fprop_weight, group, noise)})
+            tensor_saver.capture(cfg.site, "forward", "post", {"output": output})
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        from megatron.core.tensor_parallel.layers import prepare_input_tensors_for_wgrad_compute
+
+        input, weight = ctx.saved_tensors
+        cfg: LinearGemmConfig = ctx.cfg
+        q, group, noise = cfg.quant, cfg.quant_group, ctx.noise
+        wgrad_compute = weight.requires_grad
+        if wgrad_compute and cfg.grad_output_buffer is not None:
+            if cfg.wgrad_deferral_limit == 0 or len(cfg.grad_output_buffer) < cfg.wgrad_deferral_limit:
+                cfg.grad_output_buffer.append(grad_output)
+                wgrad_compute = False
+        total_input = None
+        if wgrad_compute:
+            total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
+
+        capture = capturing(cfg.site)
+        # dY along tokens (wgrad) and features (dgrad) from one read where a kernel does both.
+        both = None if capture or not wgrad_compute else quantize_both_axes(
+            grad_output.reshape(-1, grad_output.shape[-1]), q.wgrad_grad_output, q.dgrad_grad_output, group, noise)
+        dy = both[1].reshape(grad_output.shape) if both else \
+            quantize_operand(grad_output, q.dgrad_grad_output, group, noise, capture=capture)
+        w = cfg.weight_cache.get(weight, q.dgrad_weight, group, noise)
+        grad_input = scaled_product(_dgrad, dy, w)
+        if capture:
+            tensor_saver.capture(cfg.site, "backward", "pre", {
+                "grad_output": dy.seen, "weight": cfg.weight_cache.seen(weight, q.dgrad_weight, group, noise)})
+
+        handle = None
+        if cfg.sequence_parallel:
+            shard = (grad_input.shape[0] // dist.get_world_size(cfg.tp_group),) + tuple(grad_input.shape[1:])
+            sub_grad_input = torch.empty(shard, dtype=grad_input.dtype, device=grad_input.device)
+            handle = dist.reduce_scatter_tensor(sub_grad_input, grad_input.contiguous(),
+                                                group=cfg.tp_group, async_op=True)
+        elif cfg.allreduce_dgrad:
+            handle = dist.all_reduce(grad_input, group=cfg.tp_group, async_op=True)
+
+        grad_weight = grad_bias = None
+        if wgrad_compute:
+            grad_output, total_input = prepare_input_tensors_for_wgrad_compute(grad_output, total_input)
+            if both:
+                dy_w = both[0].reshape(grad_output.shape)
+            elif same_quantization(q.dgrad_grad_output, q.wgrad_grad_output):
+                dy_w = dy.reshape(grad_output.shape)
+            else:
+                dy_w = quantize_operand(grad_output, q.wgrad_grad_output, group, noise,
+                                        amax=reusable_amax(dy, q.dgrad_grad_output, q.wgrad_grad_output))
+            if ctx.input_quantized is not None:
+                x_w = replace(ctx.input_quantized, values=total_input)
+            else:
+                x_w = quantize_operand(total_input, q.wgrad_input, group, noise, amax=ctx.input_amax)
+            if cfg.gradient_accumulation_fusion:
+                grad_weight = _accumulate_main_grad(weight, ctx.main_grad, dy_w, x_w, input.dtype)
+            else:
+                grad_weight = scaled_product(_wgrad, dy_w, x_w)
+        if ctx.use_bias:
+            grad_bias = grad_output.sum(dim=0)
+        if handle is not None:
+            handle.wait()
+        if cfg.sequence_parallel:
+            grad_input = sub_grad_input
+        if capture:
+            post = {"grad_input": grad_input}
+            if grad_weight is not None and not cfg.gradient_accumulation_fusion:
+                post["grad_weight"] = grad_weight
+            tensor_saver.capture(cfg.site, "backward", "post", post)
+        return grad_input, grad_weight, grad_bias, None

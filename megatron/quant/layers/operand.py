@@ -1,0 +1,216 @@
+"""Quantizing one GEMM operand, shared by the linear and the attention autograd functions.
+
+Every GEMM operand is quantized with its own ``OperandSpec`` (format, block axis along that
+GEMM's reduction dimension); a spec without a format leaves the operand untouched. Here: the
+quantized operand (``Quantized``), its TP-reduced per-tensor amax, the stochastic-rounding noise
+scope of a module's forward, quantizing one operand along both axes in one read, and the rules
+for reusing a forward's quantized copy or amax in the backward (``same_quantization``,
+``reusable_amax``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Mapping, Optional
+
+import torch.distributed as dist
+from torch import Tensor
+
+from megatron.quant import tensor_saver
+from megatron.quant.layers import recompute
+from megatron.quant.recipes.delayed import is_delayed
+from megatron.quant.recipes.operands import OperandSpec
+from megatron.quant.formats.random_bits import RandomBits, Shard
+from megatron.quant.tensor_saver import CaptureSite, Operand
+
+
+@dataclass(frozen=True)
+class NoiseScope:
+    """Where a module's stochastic rounding draws during one forward (and its backward): the
+    module's stream, the run position it ran at, and its TP rank. Every operand's noise is then
+    keyed by (seed, module, operand, its format's seed, iteration, micro-batch, global element index)."""
+
+    root: RandomBits
+    iteration: int
+    sample: int
+    rank: int
+    world: int
+
+    def bits(self, spec: OperandSpec, groups: int = 1, per_sample: bool = True) -> Optional[RandomBits]:
+        """Noise for ``spec``'s operand; ``per_sample`` False for weights (one draw per iteration),
+        ``groups`` as in ``Shard`` (attention's [batch * heads] dimension)."""
+        if not spec.stochastic:
+            return None
+        bits = self.root.child(spec.name, spec.fmt.options.get("seed", 0), self.iteration,
+                               self.sample if per_sample else -1)
+        if spec.shard_dim is None or self.world == 1:
+            return bits
+        return bits.sharded(Shard(spec.shard_dim, self.rank, self.world, groups * spec.shard_groups))
+
+
+def noise_scope(root: Optional[RandomBits], group: Optional[dist.ProcessGroup]) -> Optional[NoiseScope]:
+    """The scope of a forward starting now (None when the module rounds nothing stochastically)."""
+    if root is None:
+        return None
+    iteration, sample = tensor_saver.position()
+    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if _distributed(group) else (0, 1)
+    return NoiseScope(root, iteration, sample, rank, world)
+
+
+def module_noise_root(seed: int, module: str, specs: Iterable[OperandSpec]) -> Optional[RandomBits]:
+    """A module's stream, or None when none of its operands is rounded stochastically."""
+    return RandomBits.derive("module", seed, module) if any(s.stochastic for s in specs) else None
+
+
+def _distributed(group: Optional[dist.ProcessGroup]) -> bool:
+    return group is not None and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A quantized GEMM operand: what the kernel decodes, the per-tensor factor it applies to its
+    FP32 accumulator (None: none), the TP-reduced amax used, and what the saver records."""
+
+    values: Tensor
+    tensor_scale: Optional[Tensor] = None
+    amax: Optional[Tensor] = None
+    seen: Optional[Operand] = None
+
+    def reshape(self, shape) -> "Quantized":
+        return replace(self, values=self.values.reshape(shape))
+
+
+def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]) -> Optional[Tensor]:
+    """The amax a per-tensor-scaled format must use so results do not depend on the TP size: reduced
+    over the TP group for a sharded operand. None where the format's own amax is already that value
+    (no per-tensor amax, an operand identical on every rank, or no group): no collective."""
+    if not spec.fmt.needs_tensor_amax or spec.shard_dim is None or not _distributed(group):
+        return None
+    amax = spec.fmt.amax_of(x.detach(), spec.axis).float()  # after a Hadamard transform, if any
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    return amax
+
+
+def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup],
+                     noise: Optional[NoiseScope], *, amax: Optional[Tensor] = None, groups: int = 1,
+                     per_sample: bool = True, capture: bool = False) -> Quantized:
+    """``x`` quantized as ``spec`` says (x itself without a format). ``amax``: a TP-reduced amax
+    this tensor already had (reused: no second collective), or for delayed scaling the history's
+    amax it was quantized with before (a re-quantization: the history is left alone). Without
+    it a delayed-scaled operand takes its scale from ``spec.history`` and records its own amax
+    there. ``capture``: also describe it for the saver, with the same noise and amax, so the
+    record is exactly what the GEMM used."""
+    if spec.fmt is None:
+        return Quantized(x, seen=Operand(tensor=x, axis=spec.axis) if capture else None)
+    record = None  # delayed scaling: records x's own amax in the history once quantized
+    if amax is None and spec.history is not None:
+        amax, record = recompute.delayed_scale_amax(spec.history, x.device)
+    elif amax is None:
+        amax = tensor_amax(x, spec, group)
+    bits = None if noise is None else noise.bits(spec, groups, per_sample)
+    seen = None
+    if capture:
+        q, scale, packed = _quantize_with_stats(spec.fmt, x, spec.axis, amax, bits)
+        seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale,
+                       kernel_stats=packed)
+        if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
+            return Quantized(q, None, amax, seen)
+    if record is None:
+        values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
+    else:
+        values, tensor_scale, own_amax = _quantize_for_gemm_with_amax(spec.fmt, x, spec.axis, amax, bits)
+        record(own_amax)
+    return Quantized(values, tensor_scale, amax, seen)
+
+
+def _quantize_for_gemm_with_amax(fmt, x: Tensor, axis: int, amax: Tensor, bits: Optional[RandomBits]
+                                 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """``fmt.quantize_for_gemm`` and x's own ``amax_of``: from the same read where a kernel takes both."""
+    with_amax = getattr(fmt, "quantize_for_gemm_with_amax", None)  # kernels.TritonFormat
+    if with_amax is not None:
+        return with_amax(x, axis=axis, amax=amax, noise=bits)
+    return (*fmt.quantize_for_gemm(x, axis=axis, amax=amax, noise=bits), fmt.amax_of(x.detach(), axis))
+
+
+def _quantize_with_stats(fmt, x: Tensor, axis: int, amax: Optional[Tensor], bits: Optional[RandomBits]
+                         ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``fmt.quantize_with_scale`` and the statistics its kernel took in the same pass, all of them at
+    the session's ``full`` level, else the exact fields (None where the format runs no such kernel:
+    the saver then computes them in torch)."""
+    with_stats = getattr(fmt, "quantize_with_stats", None)  # kernels.TritonFormat
+    if with_stats is not None:
+        return with_stats(x, axis=axis, amax=amax, noise=bits, full=tensor_saver.stats_level() == "full")
+    return (*fmt.quantize_with_scale(x, axis=axis, amax=amax, noise=bits), None)
+
+
+def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSpec,
+                       group: Optional[dist.ProcessGroup], noise: Optional[NoiseScope], per_sample: bool = True,
+                       groups: int = 1) -> Optional[tuple[Quantized, Quantized]]:
+    """x quantized for ``along_rows`` (axis -2) and ``along_cols`` (axis -1) from one read, where
+    both use one format object whose kernel does both axes (``kernels``' ``dual_axis``: block
+    formats on CUDA); None otherwise. Same values, scales and noise as two ``quantize_operand``
+    (``groups``, ``per_sample``: as there)."""
+    fmt = along_rows.fmt
+    if (fmt is None or fmt is not along_cols.fmt or not getattr(fmt, "dual_axis", False) or not fmt.serves(x)
+            or along_rows.history is not None or along_cols.history is not None
+            or along_rows.shard_dim != along_cols.shard_dim):
+        return None
+    amax = tensor_amax(x, along_rows, group)
+    noises = tuple(None if noise is None else noise.bits(spec, groups, per_sample)
+                   for spec in (along_rows, along_cols))
+    (rows, rows_scale), (cols, cols_scale) = fmt.quantize_for_gemm_both(x, amax, noises=noises)
+    return Quantized(rows, rows_scale, amax), Quantized(cols, cols_scale, amax)
+
+
+def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) -> Optional[Tensor]:
+    """The amax ``done`` used, when ``spec`` quantizes the same tensor with an amax taken the same
+    way (per-tensor amaxes do not depend on the block axis); None otherwise, and always for delayed
+    scaling (each operand's scale comes from its own history)."""
+    if done.amax is None or spec.fmt is None or not spec.fmt.needs_tensor_amax:
+        return None
+    if is_delayed(spec.fmt) or is_delayed(done_spec.fmt):
+        return None
+    return done.amax if done_spec.fmt.options.get("hadamard") == spec.fmt.options.get("hadamard") else None
+
+
+def scaled_product(product: Callable[[Tensor, Tensor], Tensor], a: Quantized, b: Quantized) -> Tensor:
+    """``product(a, b)`` with the operands' per-tensor scales applied to the FP32 result, then
+    rounded once to the operands' dtype, as a scaled low-precision GEMM does. Without scales it
+    is exactly ``product`` (stock megatron-core arithmetic)."""
+    scales = [s for s in (a.tensor_scale, b.tensor_scale) if s is not None]
+    if not scales:
+        return product(a.values, b.values)
+    scale = scales[0] if len(scales) == 1 else scales[0] * scales[1]
+    return product(a.values.float(), b.values.float()).mul_(scale).to(a.values.dtype)
+
+
+def _transform(spec: OperandSpec) -> Optional[tuple]:
+    """The transform a spec leaves its GEMM operand in (Hadamard size and signs), or None."""
+    fmt = spec.fmt
+    if fmt is None or not fmt.transforms_operand:
+        return None
+    return fmt.options.get("hadamard"), tuple(fmt.options.get("hadamard_signs") or ())
+
+
+def check_gemm_transforms(gemms: Mapping[str, tuple[OperandSpec, OperandSpec]]) -> None:
+    """A transform along the reduction axis cancels in a GEMM only when both operands have it:
+    ValueError naming the GEMM's operands otherwise."""
+    for gemm, (a, b) in gemms.items():
+        if _transform(a) != _transform(b):
+            show = lambda s: f"hadamard={_transform(s)[0]}" if _transform(s) else "no transform"  # noqa: E731
+            raise ValueError(f"{gemm}: {a.name or 'A'} has {show(a)} but {b.name or 'B'} has {show(b)}; a "
+                             f"GEMM's two operands need the same transform (it cancels only then)")
+
+
+def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
+    """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
+    same round-to-nearest format whose scales follow no axis (elementwise, one scale per tensor, or
+    square tiles of the last two dimensions, such as TE's 2-D NVFP4 weights) and no transform along
+    one."""
+    a, b = first.fmt, second.fmt
+    return (a is not None and b is not None and (a.block_size is None or getattr(a, "tiled", False))
+            and not a.transforms_operand and a.name == b.name and a.options == b.options
+            and a.rounding != "stochastic")
+
+
+def capturing(site: Optional[CaptureSite]) -> bool:
+    return site is not None and tensor_saver.is_active()
