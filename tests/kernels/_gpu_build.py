@@ -20,7 +20,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 
 from megatron.quant.formats import get_format  # noqa: E402
-from megatron.quant.kernels import amax, blocks, elementwise, select, triton_format  # noqa: E402
+from megatron.quant.kernels import amax, blocks, elementwise, launch, triton_format  # noqa: E402
 
 KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_kernel"),
            (elementwise, "_elementwise_kernel"))
@@ -51,7 +51,7 @@ def record_launches() -> list:
     launches: list = []
     for module, name in KERNELS:
         setattr(module, name, Recorder(getattr(module, name), launches))
-    select.interpreting = triton_format.interpreting = lambda: True  # serve CPU tensors
+    launch.interpreting = triton_format.interpreting = lambda: True  # serve CPU tensors
     for name, options in FORMATS:
         fmt = get_format(name, **options)
         twin = triton_format.TritonFormat(fmt, fmt)
@@ -97,7 +97,7 @@ def main() -> int:
         if key in built:
             continue
         built.add(key)
-        options = backend.parse_options({key: kwargs[key] for key in select.EXACT_ARITHMETIC})
+        options = backend.parse_options({key: kwargs[key] for key in launch.EXACT_ARITHMETIC})
         context = ir.context()
         ir.load_dialects(context)
         backend.load_dialects(context)

@@ -24,7 +24,7 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _interpreter_on_cpu(request, monkeypatch):
-    """select.interpreting() reads the variable at call time: keep it set for every kernel test."""
+    """launch.interpreting() reads the variable at call time: keep it set for every kernel test."""
     if request.config.getoption("--device") == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 

@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .elementwise import load
-from .select import EXACT_ARITHMETIC, program_elements
+from .launch import EXACT_ARITHMETIC, program_elements
 from .stats import abs_max_rows, fold_abs_max, write_abs_max
 
 BLOCK = 4096

@@ -29,7 +29,7 @@ from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 from .elementwise import load, round_grid, store, stored
 from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
 from .noise import global_index, noise_args, uniform
-from .select import EXACT_ARITHMETIC, program_elements
+from .launch import EXACT_ARITHMETIC, program_elements
 
 ELEMENTS_PER_PROGRAM = 1024
 

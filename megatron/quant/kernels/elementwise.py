@@ -21,7 +21,7 @@ from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
 from .stats import NONE, stats_rows, write_abs_max, write_stats
 from .noise import global_index, uniform
-from .select import EXACT_ARITHMETIC, program_elements
+from .launch import EXACT_ARITHMETIC, program_elements
 
 BLOCK = 1024
 

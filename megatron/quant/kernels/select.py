@@ -11,6 +11,8 @@
 
 The formats (``megatron.quant.formats``) stay the reference and the CPU path: a kernel must
 give their bits exactly.
+
+``select`` only decides; ``dispatch.wrap`` builds what was decided (``TritonFormat`` above it).
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from megatron.quant.formats.compiled import CompiledFormat
 from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
+
+from .launch import interpreting
+
 
 ENV = "CUSTOM_QUANT_KERNELS"
 BACKENDS = ("auto", "torch", "compile", "triton")
@@ -50,22 +54,6 @@ def triton_available() -> bool:
     return True
 
 
-def interpreting() -> bool:
-    """True when Triton kernels run in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-# Launch options of every kernel: no multiply-add contraction into FMAs (Triton's default), which
-# would round once where the torch path rounds twice.
-EXACT_ARITHMETIC = {"enable_fp_fusion": False}
-
-
-def program_elements(on_device: int) -> int:
-    """Elements per kernel program: ``on_device`` on a GPU; many more in the interpreter, which runs
-    programs one after another in Python (the results do not depend on it: blocks never straddle)."""
-    return 1 << 15 if interpreting() else on_device
-
-
 def supported(fmt: Any) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
     kernels = (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)
@@ -81,20 +69,6 @@ def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:
     if (chosen == "compile" or (chosen == "auto" and compile)) and fmt.rounding != "stochastic":
         return "compiled"
     return "eager"
-
-
-def wrap(fmt: Any, compile: bool, chosen: Optional[str] = None, cuda: Optional[bool] = None) -> Any:
-    """``fmt`` as the layers should call it: a ``TritonFormat`` (kernels for the tensors they
-    serve, ``fmt`` or its compiled twin for the others), a ``CompiledFormat``, or ``fmt`` itself.
-    ``chosen``: the backend (default: the environment's); ``cuda``: whether CUDA is there."""
-    chosen = backend() if chosen is None else chosen
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    fallback = CompiledFormat(fmt) if plan(fmt, compile, chosen, False) == "compiled" else fmt
-    if supported(fmt) and (chosen == "triton" or (chosen == "auto" and cuda and triton_available())):
-        from .triton_format import TritonFormat
-
-        return TritonFormat(fmt, fallback)
-    return fallback
 
 
 def describe(formats: list[Any], compile: bool, chosen: str, cuda: bool) -> str:

@@ -20,7 +20,8 @@ from . import blocks, elementwise, packing
 from .amax import abs_max as one_read_abs_max
 from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
 from .noise import noise_args
-from .select import interpreting, supported
+from .launch import interpreting
+from .select import supported
 
 BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFP4Format)
 
