@@ -90,7 +90,7 @@ AXES_FACTORS = {"single-axis": 1.0, "dual-axis": 1.3, "with-counts": 1.1, "with-
 def with_stats(quantize: Callable[..., torch.Tensor], fmt, mode: str, level: str) -> Callable[[torch.Tensor], object]:
     """Quantization with capture's statistics at ``level``, as the layers take them on that path (on the
     device: the transfer to the host is the capture writer's, off the training thread)."""
-    from megatron.quant.capture.stats import capture_stats, pack_stats
+    from megatron.quant.stats import capture_stats, pack_stats
 
     owner = getattr(quantize, "__self__", fmt)
     if mode == "triton":

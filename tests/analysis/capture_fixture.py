@@ -1,6 +1,6 @@
 """Writes capture directories exactly as docs/interfaces.md section 2 specifies (test data).
 
-Statistics are computed here with numpy, independently of megatron.quant.capture.stats; the
+Statistics are computed here with numpy, independently of megatron.quant.stats; the
 quantization statistics use a per-tensor-scaled float8_e4m3fn cast from ml_dtypes as the
 quantizer, so they are real measurements of a real (if simple) format.
 """

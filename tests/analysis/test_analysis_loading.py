@@ -14,8 +14,8 @@ from megatron.quant.analysis.loading import (CaptureLoadError, SummaryOptions, l
                                              pooled_absmax, sample_indices, summarize)
 from megatron.quant.analysis.summary import pooled_moments
 from megatron.quant.formats import get_format
-from megatron.quant.capture import stats as stats_module
-from megatron.quant.capture.stats import quant_stats, tensor_stats
+from megatron.quant.stats import quant_stats, tensor_stats
+from megatron.quant.stats import reference as stats_module
 
 
 def test_file_name_is_parsed_field_by_field():

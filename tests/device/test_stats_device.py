@@ -1,11 +1,11 @@
 """Capture statistics computed on the test device equal the CPU's to the bit, sums included: their
-order is defined (``kernels.packing``), not left to each device's reductions."""
+order is defined (``stats.packing``), not left to each device's reductions."""
 import math
 
 import pytest
 import torch
 
-from megatron.quant.capture import stats
+from megatron.quant import stats
 from megatron.quant.formats import get_format
 
 pytestmark = pytest.mark.device

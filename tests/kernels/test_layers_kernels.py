@@ -93,14 +93,14 @@ def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, lev
     """The captured operands are quantized by the kernels, which take the statistics in the same pass
     (the exact fields; at the full level all of them), TE's 2-D weights and RHT operands included, and
     every recorded statistic is the torch path's, to the bit."""
-    from megatron.quant.capture import stats
+    from megatron.quant.stats import levels
 
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")
     expected = _captured_stats(preset, level, tmp_path / "torch", kernel_device)
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")
     computed, spied = [], "pack_stats" if level == "full" else "_exact_counts"
-    original = getattr(stats, spied)
-    monkeypatch.setattr(stats, spied, lambda *a, **kw: computed.append(a[1] if len(a) > 1 else kw.get("fmt"))
+    original = getattr(levels, spied)
+    monkeypatch.setattr(levels, spied, lambda *a, **kw: computed.append(a[1] if len(a) > 1 else kw.get("fmt"))
                         or original(*a, **kw))
     ours = _captured_stats(preset, level, tmp_path / "triton", kernel_device)
     assert ours.keys() == expected.keys() and len(ours) >= 4

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from megatron.quant import formats
-from megatron.quant.capture import stats as stats_module
-from megatron.quant.capture.stats import pack_stats, quant_stats
+from megatron.quant.stats import pack_stats, quant_stats
+from megatron.quant.stats import reference as stats_module
 
 
 _NON_SATURATING = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "hifp8": en_dtypes.hifloat8,
@@ -193,7 +193,7 @@ def test_hadamard_overflow_is_counted_in_the_transformed_domain():
     """The scale of a transformed format belongs to the transformed values: data inside the
     range never overflows, and the statistics match those of quantizing the transformed x."""
     from megatron.quant.formats import get_format
-    from megatron.quant.capture.stats import quant_stats
+    from megatron.quant.stats import quant_stats
 
     fmt, plain = get_format("nvfp4", hadamard=16), get_format("nvfp4")
     x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * 0.01

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant.kernels import packing
-from megatron.quant.capture import stats as stats_module
-from megatron.quant.capture.stats import LOG2_EDGES, tensor_stats
+from megatron.quant.stats import LOG2_EDGES, packing, tensor_stats
+from megatron.quant.stats import reference as stats_module
 
 
 def numpy_log2_histogram(values: np.ndarray) -> list[int]:

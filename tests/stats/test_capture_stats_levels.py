@@ -7,7 +7,7 @@ import torch
 
 from megatron.quant import formats
 from megatron.quant.capture.config import SaverConfig
-from megatron.quant.capture.stats import LOG2_EDGES, SAMPLE_ELEMENTS, capture_stats, quant_stats, tensor_stats
+from megatron.quant.stats import LOG2_EDGES, SAMPLE_ELEMENTS, capture_stats, quant_stats, tensor_stats
 from test_capture_quant_stats import brute_force_overflow
 
 

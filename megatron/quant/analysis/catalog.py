@@ -152,7 +152,7 @@ def _integer(value: Any, key: str) -> int:
     raise ValueError(f"{key} is {_excerpt(value)}, not an integer")
 
 
-# Statistics that are text (capture/stats.py); every other leaf is a number, None or a flag.
+# Statistics that are text (megatron.quant.stats); every other leaf is a number, None or a flag.
 _TEXT_STATS = ("dtype", "stats_level")
 _MAX_STATS_DEPTH = 4  # stats hold histograms ({"edges": [...], "counts": [...]}) at most one level down
 

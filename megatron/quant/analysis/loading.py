@@ -24,7 +24,7 @@ from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.analysis.summary import (LOG2_BINS, QUANT_METRICS,
                                              FormatView, TensorSummary, finite)
 from megatron.quant.formats import NumericFormat, get_format
-from megatron.quant.capture.stats import LOG2_EDGES, quant_stats, tensor_stats
+from megatron.quant.stats import LOG2_EDGES, quant_stats, tensor_stats
 
 TENSOR_STAT_KEYS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs")
 

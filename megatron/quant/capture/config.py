@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional
 from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.operands import ROLES
 from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
-from megatron.quant.capture.stats import STATS_LEVELS
+from megatron.quant.stats.levels import STATS_LEVELS
 
 MODES = ("full", "stats")
 # Tensor names the layers emit (docs/interfaces.md section 2; roles are operands.ROLES); filters reject others
@@ -201,7 +201,7 @@ class SaverConfig:
     save_quantized: bool = False
     exit_after_capture: bool = False
     queue_mb: int = 1024  # bound on tensor bytes waiting for the background writer
-    stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.capture.stats.capture_stats)
+    stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.stats.levels.capture_stats)
 
     def __post_init__(self) -> None:
         for name, (_, parse) in _ENV.items():

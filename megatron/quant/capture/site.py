@@ -34,4 +34,4 @@ class Operand:
     scale: Optional[Tensor] = None  # fmt.quantize_with_scale's scale; with `quantized`, the
     # statistics need not quantize again (the costliest part of stats mode)
     kernel_stats: Optional[Tensor] = None  # the packed statistics the quantizing kernel took in its
-    # pass (kernels.packing: the exact fields, or all): the statistics then need no pass of their own
+    # pass (stats.packing: the exact fields, or all): the statistics then need no pass of their own

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.capture.stats import capture_stats, kernel_stats_serve, pack_stats, stats_from_packed
+from megatron.quant.stats.levels import capture_stats, kernel_stats_serve, stats_from_packed
+from megatron.quant.stats.reference import pack_stats
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
 

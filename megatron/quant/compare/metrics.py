@@ -11,7 +11,7 @@ FIRST_N = 10
 def describe(x: np.ndarray) -> dict:
     """The original tool's per-tensor fields (shape, first 10 values, mean, std, min, max over the
     finite elements) plus NaN and Inf counts. In float64: modes are compared through these numbers,
-    so they must not carry float32 accumulation error (megatron.quant.capture.stats sums in float32)."""
+    so they must not carry float32 accumulation error (megatron.quant.stats sums in float32)."""
     values = np.asarray(x, dtype=np.float64)
     finite = values[np.isfinite(values)]
     moments = ((finite.mean(), finite.std(), finite.min(), finite.max()) if finite.size else (None,) * 4)

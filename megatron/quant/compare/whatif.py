@@ -143,7 +143,7 @@ def evaluate(tensor: torch.Tensor, record: CaptureRecord, candidates: Sequence[C
     and ``axis`` those of the view quantized), the candidate's name as ``format``, the
     ``operand`` key, and quant_stats (in float32, per-tensor amax from the tensor itself) plus
     relative_error = sqrt(rel_mse); and the uses a preset leaves unquantized."""
-    from megatron.quant.capture.stats import quant_stats
+    from megatron.quant.stats import quant_stats
 
     x = tensor.float()
     axis = normalize_axis("capture", record.axis, x.dim())

@@ -1,12 +1,12 @@
 """The statistics of a quantization, taken by the kernel that quantizes: no second pass over the
-tensor. Each program writes one float64 row of ``kernels.packing``'s layout for its tile: the exact
+tensor. Each program writes one float64 row of ``stats.packing``'s layout for its tile: the exact
 fields only (``COUNTS``: capture's ``counts`` level, and the exact fields of ``sample``) or all of them
-(``FULL``: the ``full`` level); ``kernels.packing.combine`` folds the rows on the device.
+(``FULL``: the ``full`` level); ``stats.packing.combine`` folds the rows on the device.
 
 Counts, minima and maxima do not depend on the order of reduction. The sums are taken in
 ``packing``'s order: the tile's elements block by block (a 2-D tile is [position in block, block]),
 as a tree of adjacent pairs, in float64 without contraction. A program's tile is an aligned subtree
-of the whole tensor's tree, so the results equal the torch path's (``capture.stats``) to the bit,
+of the whole tensor's tree, so the results equal the torch path's (``stats.reference``) to the bit,
 whatever the tiling.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from megatron.quant.formats.saturation import overflow_bound
 
-from . import packing
+from megatron.quant.stats import packing
 
 NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for
 

@@ -16,7 +16,9 @@ from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 
-from . import blocks, elementwise, packing
+from megatron.quant.stats import packing
+
+from . import blocks, elementwise
 from .amax import abs_max as one_read_abs_max
 from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
 from .noise import noise_args
@@ -67,7 +69,7 @@ class TritonFormat:
                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
                             full: bool = False) -> tuple[Tensor, Tensor, Optional[Tensor]]:
         """``quantize_with_scale``, and the packed statistics the kernel took in the same pass
-        (``kernels.packing``'s layout, float64 on x's device, no host sync): the exact fields, or
+        (``stats.packing``'s layout, float64 on x's device, no host sync): the exact fields, or
         with ``full`` all of them. None where it took none (x not served, or a Hadamard transform the
         kernel does not apply itself: it sees only the transformed values)."""
         fmt = self.fmt

@@ -1,5 +1,5 @@
 """The packed statistics of a tensor: one float64 vector of counts, extremes, sums and histograms
-in a fixed layout, which the torch path (``capture.stats``) and the quantization kernels
+in a fixed layout, which the torch path (``stats.reference``) and the quantization kernels
 (``kernels.stats``) both produce, bit for bit.
 
 Both work tile by tile: a tile is a run of whole quantization blocks (a power of two of them), its

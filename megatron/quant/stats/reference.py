@@ -1,4 +1,5 @@
-"""Tensor statistics and format-aware quantization statistics (docs/interfaces.md section 3).
+"""Tensor statistics and format-aware quantization statistics in torch: the reference path
+(docs/interfaces.md section 3).
 
 Statistics are computed on the tensor's device into one packed float64 vector (``packing``'s
 layout, which the quantization kernels produce bit for bit in their pass) and turned into a dict
@@ -14,21 +15,21 @@ x^2, so its relative error is about 1e-16 (mean / std)^2: negligible unless x is
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from megatron.quant.kernels import packing
-from megatron.quant.kernels.packing import LOG2_EDGES
 from megatron.quant.formats.base import abs_max, normalize_axis
 from megatron.quant.formats.blocks import blocks_in_order, split_blocks
 from megatron.quant.formats.saturation import overflow_bound
+from megatron.quant.stats import packing
+from megatron.quant.stats.packing import LOG2_EDGES
 
 if TYPE_CHECKING:
     from megatron.quant.formats import NumericFormat
+
 
 # IEEE layouts read directly: (same-width int dtype, mantissa bits, exponent mask, bias).
 # The exponent field of a normal value is floor(log2|x|) + bias: exact, and far cheaper than
@@ -288,152 +289,3 @@ def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[
     """
     stats = unpack_stats(pack_stats(x, fmt, axis, amax, q, scale).tolist(), x.shape, x.dtype, fmt)
     return {key: stats[key] for key in (*_QUANT_KEYS, *_BLOCK_KEYS)}
-
-
-# -- statistics levels (TENSOR_SAVE_STATS) ------------------------------------------------------
-STATS_LEVELS = ("counts", "sample", "full")
-SAMPLE_ELEMENTS = 1 << 14  # elements (whole blocks) the sampled statistics of one tensor look at
-_EXACT_KEYS = ("numel", "shape", "dtype", "min", "max", "absmax", "zeros", "nans", "infs",
-               "overflow", "overflow_ratio", "underflow", "underflow_ratio")
-
-
-@functools.lru_cache(maxsize=256)
-def _sample_positions(length: int, count: int) -> Tensor:
-    """``count`` sorted positions out of ``length``, fixed by both (random, so strided layouts
-    such as heads or channels do not alias)."""
-    generator = torch.Generator().manual_seed(length)
-    return torch.randperm(length, generator=generator)[:count].sort().values
-
-
-def _sample(t: Tensor, axis: int, like: Tensor) -> Tensor:
-    """A deterministic subset of about SAMPLE_ELEMENTS elements of ``t`` (shaped like ``like``;
-    a 0-d scale is kept whole), as (before, axis, after) with the block axis in the middle:
-    slices across ``axis`` are taken whole, so every block stays whole."""
-    if t.dim() == 0:
-        return t
-    axis = axis % like.dim()
-    view = t.expand(like.shape).reshape(math.prod(like.shape[:axis]), like.shape[axis], -1)
-    dim = 0 if view.shape[0] > 1 else 2
-    count = max(1, SAMPLE_ELEMENTS * view.shape[dim] // view.numel())
-    if count >= view.shape[dim]:
-        return view
-    return view.index_select(dim, _sample_positions(view.shape[dim], count).to(t.device))
-
-
-def _exact_counts(v: Tensor, fmt: Optional["NumericFormat"], axis: int, qv: Optional[Tensor],
-                  scale: Optional[Tensor]) -> dict:
-    """The fields every level gives exactly, with as few passes as the data allows: when x is
-    all finite (seen from its min and max), nothing is masked, underflow is
-    nonzero(x) - nonzero(q) (a zero never quantizes to nonzero), and overflow is looked for
-    only where an absmax overflows (``_finite_overflow_count``)."""
-    numel = v.numel()
-    lo, hi = (float(bound) for bound in torch.aminmax(v))
-    nonzero = int(torch.count_nonzero(v))
-    finite = math.isfinite(lo) and math.isfinite(hi)
-    nans = infs = 0
-    if not finite:
-        is_finite = torch.isfinite(v)
-        nans, infs = int(torch.count_nonzero(torch.isnan(v))), int(torch.count_nonzero(torch.isinf(v)))
-        lo = float(torch.where(is_finite, v, math.inf).min())
-        hi = float(torch.where(is_finite, v, -math.inf).max())
-    if fmt is None:
-        return _exact_fields(numel, lo, hi, nonzero, nans, infs)
-    if finite:
-        underflow = nonzero - int(torch.count_nonzero(qv))
-        overflow = _finite_overflow_count(v, scale, fmt, axis, max(abs(lo), abs(hi)))
-    else:
-        underflow = int(torch.count_nonzero((qv == 0) & (v != 0)))
-        overflow = int(_overflow_count(v, scale, fmt))
-    return _exact_fields(numel, lo, hi, nonzero, nans, infs, (overflow, underflow))
-
-
-def _exact_fields(numel: int, lo: float, hi: float, nonzero: int, nans: int, infs: int,
-                  flows: Optional[tuple[int, int]] = None) -> dict:
-    """The exact fields from their counts and finite extremes (``flows``: overflow and underflow)."""
-    has_finite = numel - nans - infs > 0
-    result = {"numel": numel, "min": lo if has_finite else None, "max": hi if has_finite else None,
-              "absmax": max(abs(lo), abs(hi)) if has_finite else None, "zeros": numel - nonzero,
-              "nans": nans, "infs": infs}
-    if flows is None:
-        return result
-    overflow, underflow = flows
-    return {**result, "overflow": overflow, "overflow_ratio": overflow / numel,
-            "underflow": underflow, "underflow_ratio": underflow / numel}
-
-
-def exact_fields_from_counts(packed: Sequence[float], numel: int) -> dict:
-    """The exact fields (``_EXACT_KEYS`` but shape and dtype) from the packed statistics a
-    quantization kernel took in its pass (``kernels.stats``, read to the host)."""
-    nans, infs, nonzero, underflow, overflow, lo, hi = packed[:packing.COUNTS_WIDTH]
-    return _exact_fields(numel, lo, hi, int(nonzero), int(nans), int(infs), (int(overflow), int(underflow)))
-
-
-def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
-                  q: Optional[Tensor] = None, scale: Optional[Tensor] = None, level: str = "full",
-                  kernel_stats: Optional[Tensor] = None) -> dict:
-    """``tensor_stats`` (plus ``quant_stats`` with a format) at a cost set by ``level``:
-
-    - ``full``: every field over every element;
-    - ``sample``: the exact fields (``_EXACT_KEYS``: extremes, zeros/NaN/Inf, overflow and
-      underflow) over every element; moments, histograms, errors and block statistics over a
-      deterministic sample of about SAMPLE_ELEMENTS elements in whole blocks;
-    - ``counts``: the exact fields only, the others None.
-
-    ``stats_level`` says which; ``stats_sampled`` how many elements the non-exact fields saw.
-    The result has the same keys at every level. ``kernel_stats``: the packed statistics the kernel
-    that quantized x took in its pass (``kernels.stats``: the exact fields, or all of them), used
-    instead of computing them again.
-    """
-    if level not in STATS_LEVELS:
-        raise ValueError(f"statistics level {level!r} is invalid; allowed: {', '.join(STATS_LEVELS)}")
-    x = x.detach()
-    if x.numel() and kernel_stats_serve(kernel_stats, fmt, level):
-        return stats_from_packed(kernel_stats.tolist(), x.shape, x.dtype, fmt, level)
-    qv = v_scale = None
-    if fmt is not None and x.numel():
-        v, qv, v_scale = _quantized_operands(x, fmt, axis, amax, q, scale)
-    else:
-        v = _as_ieee(x)
-    if level == "full" or x.numel() == 0:
-        result = unpack_stats(pack_stats(x, fmt, axis, amax, qv, v_scale).tolist(), x.shape, x.dtype, fmt)
-        return {**result, "stats_level": level, "stats_sampled": x.numel()}
-    if kernel_stats is not None and fmt is not None:
-        exact = exact_fields_from_counts(kernel_stats.tolist(), x.numel())
-    else:
-        exact = _exact_counts(v, fmt, axis, qv, v_scale)
-    if level == "counts":
-        result, sampled = _counts_level_keys(x.dtype, fmt is not None), 0
-    else:
-        sampled = _sample(v, axis, v)
-        # the block axis of a sample is 1
-        q_sampled, scale_sampled = (None, None) if fmt is None else (_sample(qv, axis, v), _sample(v_scale, axis, v))
-        result = unpack_stats(pack_stats(sampled, fmt, 1, q=q_sampled, scale=scale_sampled).tolist(),
-                              sampled.shape, x.dtype, fmt)
-        sampled = sampled.numel()
-    return {**result, **exact, "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."),
-            "stats_level": level, "stats_sampled": sampled}
-
-
-def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
-    """Every key of ``capture_stats``' result, None (the counts level fills in the exact ones)."""
-    return dict.fromkeys((*unpack_stats([], [0], dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if quantized else ())))
-
-
-def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["NumericFormat"], level: str) -> bool:
-    """True when the packed statistics a quantization kernel took (``kernel_stats``) make up
-    ``capture_stats`` at ``level``: the exact fields at ``counts``, all the fields at ``full``."""
-    return kernel_stats is not None and fmt is not None and (
-        level == "counts" or (level == "full" and kernel_stats.numel() == packing.WIDTH))
-
-
-def stats_from_packed(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype,
-                      fmt: Optional["NumericFormat"], level: str) -> dict:
-    """``capture_stats`` at ``level`` from packed statistics read to the host: all the fields
-    (``full``, from ``pack_stats`` or a kernel), or a quantized operand's exact fields (``counts``,
-    from its quantization kernel)."""
-    numel = math.prod(shape)
-    if level == "full":
-        return {**unpack_stats(packed, shape, dtype, fmt), "stats_level": level, "stats_sampled": numel}
-    return {**_counts_level_keys(dtype, True), **exact_fields_from_counts(packed, numel),
-            "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "stats_level": level,
-            "stats_sampled": 0}
