@@ -32,7 +32,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from megatron.quant import tensor_saver
-from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group, attach_histories
+from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group
+from megatron.quant.layers.histories import attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.recipes.operands import PV_OPERANDS, QK_OPERANDS
 from megatron.quant.layers.bmm_function import (BmmOperands, BmmQuant, CaptureGradients, QuantBmmFunction,

@@ -12,7 +12,8 @@ from typing import Optional
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-from megatron.quant.recipes.delayed import amax_reduction_group, attach_histories
+from megatron.quant.recipes.delayed import amax_reduction_group
+from megatron.quant.layers.histories import attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
 from megatron.quant.layers.weight_cache import QuantizedWeightCache

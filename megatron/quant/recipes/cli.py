@@ -16,7 +16,8 @@ from typing import Any, Optional, Sequence
 from megatron.quant import formats
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.operands import LINEAR_ROLES, OPERAND_AXES
-from megatron.quant.recipes.recipe import FormatChoice, QuantRecipe, RecipeError
+from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
+from megatron.quant.recipes.rules import FormatChoice
 from megatron.quant.recipes.selectors import format_indices
 
 COLUMNS = ("operand", "format", "block", "axis", "transform", "scaling", "rounding")

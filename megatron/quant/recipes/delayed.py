@@ -23,7 +23,8 @@ keeps the amax a scale derives from rather than the scale: the format computes
 ``target / amax`` with TE's arithmetic either way, so the scales are TE's bit for bit, and a
 kept scale is kept exactly.
 
-The state lives in ``AmaxHistory`` modules registered on the layer (``amax_histories``), so it
+The state lives in ``AmaxHistory`` modules registered on the layer (``amax_histories``, by
+``layers.histories.attach_histories``), so it
 is in the model's state dict and in checkpoints, and moves with the model between devices.
 Weights are quantized once per optimizer step (the quantized-weight cache), so their history
 gains one entry per step, as with TE's first-micro-batch weight caching. Where a quantized
@@ -32,15 +33,12 @@ operand's history is not consulted: TE casts such a tensor once, too.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-from megatron.quant.recipes.operands import OperandSpec
 
 DELAYED = "delayed"
 HISTORIES = "amax_histories"  # the attribute holding a module's histories, and its state-dict prefix
@@ -100,32 +98,6 @@ class AmaxHistory(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"length={self.amax_history.numel()}, algo={self.algo!r}"
-
-
-def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> Any:
-    """``quant`` (a dataclass of ``OperandSpec``s, possibly nested) with a fresh ``AmaxHistory`` on
-    every delayed-scaled operand, registered under ``owner.amax_histories`` by operand key (none
-    registered, and any earlier ones dropped, when no operand is delayed)."""
-    histories = torch.nn.ModuleDict()
-    attached = _attach(quant, histories, group)
-    if HISTORIES in owner._modules:
-        del owner._modules[HISTORIES]
-    if len(histories):
-        setattr(owner, HISTORIES, histories)
-    return attached
-
-
-def _attach(value: Any, histories: torch.nn.ModuleDict, group: Optional[dist.ProcessGroup]) -> Any:
-    if not dataclasses.is_dataclass(value):
-        return value
-    if isinstance(value, OperandSpec):
-        if not is_delayed(value.fmt):
-            return value
-        history = AmaxHistory(value.fmt.options["amax_history_len"], value.fmt.options["amax_compute_algo"], group)
-        histories[value.name.replace(".", "_")] = history
-        return dataclasses.replace(value, history=history)
-    return dataclasses.replace(value, **{f.name: _attach(getattr(value, f.name), histories, group)
-                                         for f in dataclasses.fields(value)})
 
 
 def amax_reduction_group(tp_group: Optional[dist.ProcessGroup], tp_only: bool) -> Optional[dist.ProcessGroup]:

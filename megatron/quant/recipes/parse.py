@@ -1,0 +1,251 @@
+"""Reading a recipe: YAML/JSON loading (bounded against alias bombs), the schema's keys, and the
+checks that turn each value into a ``FormatChoice`` or ``Rule`` or refuse it with a ``RecipeError``
+naming where it came from.
+"""
+from __future__ import annotations
+
+import reprlib
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from megatron.quant import formats, kernels
+from megatron.quant.recipes import ablations, presets
+from megatron.quant.recipes.flags import switch_value, unknown_variables
+from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
+# Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
+from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
+from megatron.quant.recipes.rules import DEFAULT_SCOPE, FormatChoice, Rule
+
+
+_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
+_RULE_KEYS = ("match", "format", "options", "operands")
+_MATCH_KEYS = ("roles", "layers")
+_OVERRIDE_KEYS = ("format", "options")
+
+
+class RecipeError(ValueError):
+    """A recipe value that cannot be used; the message names where it came from."""
+
+
+ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", kernels.ENV)
+# A recipe is a few hundred values; more through YAML aliases is an alias bomb ("billion laughs").
+MAX_YAML_VALUES = 100_000
+_SHOWN = reprlib.Repr()  # errors show a bounded excerpt of a value, however large or nested it is
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel, _SHOWN.maxlist = 80, 80, 3, 8
+
+
+def check_env_names(environ: Mapping[str, str]) -> None:
+    """RecipeError for a CUSTOM_QUANT_* variable that is none of ENV_VARS (e.g. CUSTOM_QUANT_TPYE)."""
+    unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")
+    if unknown:
+        raise RecipeError(unknown)
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _yaml_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """The values ``node`` expands to with its aliases followed (shared nodes counted per use),
+    without expanding them; above MAX_YAML_VALUES (or a cycle) counts as too many."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    sizes[key] = MAX_YAML_VALUES + 1  # while counting: a node that contains itself is too large
+    children = ([part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode)
+                else node.value if isinstance(node, yaml.SequenceNode) else [])
+    total = 1
+    for child in children:
+        total += _yaml_size(child, sizes)
+        if total > MAX_YAML_VALUES:
+            break
+    sizes[key] = min(total, MAX_YAML_VALUES + 1)
+    return sizes[key]
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _yaml_size(node, {}) > MAX_YAML_VALUES:
+            raise RecipeError(f"{source}: expands to more than {MAX_YAML_VALUES} values through YAML aliases; "
+                              f"refused (a recipe needs a few hundred)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+# ---- parsing helpers ------------------------------------------------------------------------
+def _where(path: str) -> str:
+    return path or "<top level>"
+
+
+def _freeze(value: Any) -> Any:
+    """Lists (YAML/JSON ``block_shape: [16, 16]``) as tuples: FormatChoice keys the shared formats."""
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def _options(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, _freeze(v)) for k, v in options.items())
+
+
+def _check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise RecipeError(f"{source}: {_where(path + '.' + str(key) if path else str(key))}: "
+                              f"unknown key {key!r}; allowed: {', '.join(allowed)}")
+
+
+def _mapping(value: Any, path: str, source: str) -> dict:
+    if not isinstance(value, Mapping):
+        raise RecipeError(f"{source}: {path}: expected a mapping, got {_show(value)}")
+    return dict(value)
+
+
+def _valid_format_names() -> list[str]:
+    return sorted(set(formats.list_formats()) | set(formats.ALIASES))
+
+
+def _is_format_name(name: str) -> bool:
+    try:
+        formats.canonical_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_top_format(name: Any, options: Mapping, source: str) -> str:
+    """The top-level format, where an unknown name's message also lists the presets."""
+    if isinstance(name, str) and not _is_format_name(name):
+        raise RecipeError(f"{source}: format: unknown format or preset {_show(name)}; valid: "
+                          f"{', '.join(_valid_format_names() + presets.preset_names())}, or a variant "
+                          f"(PRESET-no-COMPONENT, FORMAT+COMPONENT; components: {', '.join(ablations.COMPONENTS)})")
+    return _check_format(name, options, "format", source)
+
+
+def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data`` with a preset ``format`` replaced by the preset's recipe, ``data``'s other keys merged
+    over it; named after the preset (plus ``-<scopes>`` when ``scope`` changes the preset's)."""
+    name = data.get("format")
+    if not (presets.is_preset(name) or ablations.is_variant(name)):
+        return data
+    key = name.strip().lower()
+    try:
+        preset = ablations.lookup(key)
+    except (presets.PresetError, ablations.AblationError) as exc:
+        raise RecipeError(f"{source}: format: {exc}") from None
+    rest = {k: v for k, v in data.items() if k != "format"}
+    merged = presets.merge_preset(preset, rest)
+    if not merged.get("name"):
+        scopes = _parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
+        changed = scopes != frozenset(preset.get("scope", DEFAULT_SCOPE))
+        merged["name"] = key + ("-" + "+".join(sorted(scopes)) if changed else "")
+    return merged
+
+
+def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
+    """Build the format once to validate name and options; return the name as given."""
+    if not isinstance(name, str):
+        raise RecipeError(f"{source}: {path}: format must be a string, got {_show(name)}; "
+                          f"valid: {', '.join(_valid_format_names())}")
+    name = name.strip().lower()
+    if formats.is_passthrough(name):
+        if options:
+            raise RecipeError(f"{source}: {path}: passthrough format {_show(name)} takes no options, "
+                              f"got {_show(dict(options))}")
+        return name
+    try:
+        formats.get_format(name, **dict(options))
+    except (ValueError, TypeError) as exc:  # the formats' message lists the valid names/values
+        raise RecipeError(f"{source}: {path}: format {_show(name)} with options {_show(dict(options))} "
+                          f"is refused: {exc}") from exc
+    return name
+
+
+def _parse_bool(value: Any, path: str, source: str) -> bool:
+    switch = value if isinstance(value, bool) else switch_value(str(value))
+    if switch is not None:
+        return switch
+    raise RecipeError(f"{source}: {path}: {_show(value)} is not a boolean; use true/false, 1/0, yes/no or on/off")
+
+
+def _parse_seed(value: Any, source: str) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise RecipeError(f"{source}: seed: {_show(value)} must be a non-negative integer")
+    return value
+
+
+def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(isinstance(s, str) and s in SCOPES for s in items):
+        raise RecipeError(f"{source}: {path}: invalid scope {_show(value)}; allowed (comma list): {', '.join(SCOPES)}")
+    return frozenset(items)
+
+
+def _parse_choice(value: Any, path: str, source: str, base: FormatChoice) -> FormatChoice:
+    """``{format:, options:}`` or a bare format name; validated against the inherited format."""
+    if isinstance(value, str):
+        value = {"format": value}
+    data = _mapping(value, path, source)
+    _check_keys(data, _OVERRIDE_KEYS, path, source)
+    options = _mapping(data.get("options", {}), path + ".options", source)
+    choice = FormatChoice(data.get("format"), _options(options))
+    effective = choice.over(base)
+    _check_format(effective.name, dict(effective.options), path, source)
+    return FormatChoice(None if choice.name is None else str(choice.name).strip().lower(), choice.options)
+
+
+def _parse_overrides(value: Any, allowed: tuple[str, ...], path: str, source: str,
+                     base: FormatChoice) -> tuple[tuple[str, FormatChoice], ...]:
+    data = _mapping(value, path, source)
+    _check_keys(data, allowed, path, source)
+    return tuple((k, _parse_choice(v, f"{path}.{k}", source, base)) for k, v in data.items())
+
+
+def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ...]:
+    selectors: list[LayerSelector] = []
+    for i, item in enumerate(value if isinstance(value, list) else [value]):
+        try:
+            selectors.extend(parse_selectors(item, signed=True))
+        except ValueError as exc:
+            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {_show(item)} ({exc}); "
+                              f"use {SIGNED_GRAMMAR}") from None
+    return tuple(selectors)
+
+
+def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Rule:
+    data = _mapping(value, path, source)
+    _check_keys(data, _RULE_KEYS, path, source)
+    match = _mapping(data.get("match", {}), path + ".match", source)
+    _check_keys(match, _MATCH_KEYS, path + ".match", source)
+    roles = None
+    if "roles" in match:
+        roles_value = match["roles"] if isinstance(match["roles"], list) else [match["roles"]]
+        bad = [r for r in roles_value if r not in ROLES]
+        if bad or not roles_value:
+            raise RecipeError(f"{source}: {path}.match.roles: invalid role(s) {_show(bad or roles_value)}; "
+                              f"allowed: {', '.join(ROLES)}")
+        roles = frozenset(roles_value)
+    layers = _parse_layers(match["layers"], path + ".match.layers", source) if "layers" in match else None
+    fmt = None
+    if "format" in data or "options" in data:
+        options = _mapping(data.get("options", {}), path + ".options", source)
+        fmt = FormatChoice(_check_format(data.get("format", default.name), options, path + ".format", source),
+                           _options(options))
+    operands = _parse_overrides(data.get("operands", {}), ALL_OPERANDS, path + ".operands", source,
+                                fmt or default)
+    if fmt is None and not operands:
+        raise RecipeError(f"{source}: {path}: a rule needs 'format'/'options' or 'operands'")
+    return Rule(roles=roles, layers=layers, format=fmt, operands=operands)
+
+
+def _default_name(fmt_name: str, scopes: frozenset[str]) -> str:
+    if scopes == frozenset(DEFAULT_SCOPE):
+        return fmt_name
+    return fmt_name + "-" + "+".join(sorted(scopes))
