@@ -10,14 +10,14 @@ import sys
 import pytest
 from test_sweep import _calls
 
-from megatron.quant.training import sweep
+from megatron.quant.training import sweep, sweep_plan
 from megatron.quant.training.slots import SlotError, slot_environments, visible_gpus
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
 
 FAKE_TRAIN = r'''
 import json, os, sys, time
-argv = sys.argv[3:]  # after "-m megatron.quant.train"
+argv = sys.argv[3:]  # after "-m megatron.quant.training"
 flag = lambda name, default=None: argv[argv.index(name) + 1] if name in argv else default
 save, iters = flag("--save"), int(flag("--train-iters"))
 run_dir = os.path.dirname(save)
@@ -51,20 +51,20 @@ def parallel_launcher(tmp_path) -> str:
 
 
 def test_seeds_apply_to_every_recipe_unless_a_baseline_is_named():
-    names = [run.name for run in sweep.plan_runs("bf16 mxfp4", seeds=(1, 2))]
+    names = [run.name for run in sweep_plan.plan_runs("bf16 mxfp4", seeds=(1, 2))]
     assert names == ["bf16", "mxfp4", "bf16-seed1", "mxfp4-seed1", "bf16-seed2", "mxfp4-seed2"]
-    runs = sweep.plan_runs("bf16 mxfp4", seeds=(1, 2), baseline="mxfp4")
+    runs = sweep_plan.plan_runs("bf16 mxfp4", seeds=(1, 2), baseline="mxfp4")
     assert [(run.name, run.extra_flags) for run in runs][2:] == [("mxfp4-seed1", ("--seed", "1")),
                                                                  ("mxfp4-seed2", ("--seed", "2"))]
     assert all(run.env == (("CUSTOM_QUANT_TYPE", "mxfp4"),) for run in runs[1:])
 
 
 def test_ablate_adds_the_preset_and_its_variants_once():
-    names = [run.name for run in sweep.plan_runs("bf16 te-nvfp4", ablate=["te-nvfp4", "mxfp4"])]
+    names = [run.name for run in sweep_plan.plan_runs("bf16 te-nvfp4", ablate=["te-nvfp4", "mxfp4"])]
     assert names == ["bf16", "te-nvfp4", "te-nvfp4-no-sr", "te-nvfp4-no-rht", "te-nvfp4-no-2d",
                      "te-nvfp4+bf16-layers", "mxfp4", "mxfp4+sr", "mxfp4+rht", "mxfp4+sr+rht"]
-    with pytest.raises(sweep.SweepError, match="--ablate 'fp5'"):
-        sweep.plan_runs("bf16", ablate=["fp5"])
+    with pytest.raises(sweep_plan.SweepError, match="--ablate 'fp5'"):
+        sweep_plan.plan_runs("bf16", ablate=["fp5"])
 
 
 def test_print_keeps_ablate_in_each_runs_command(tmp_path, capsys):

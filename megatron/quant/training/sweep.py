@@ -18,256 +18,36 @@ prints one command per run (a job array) instead of running them; ``--only NAME`
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shlex
-import signal
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
-from megatron.quant.recipes.sets import RECIPE_SUFFIXES, SETS, expand_sets
 from megatron.quant.training import checkpoint
-from megatron.quant.training.arguments import ArgumentError, parse_args
+from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.slots import SlotError, run_in_slots, slot_environments, visible_gpus
+from megatron.quant.training.machine import _now, git_commit, machine
+from megatron.quant.training.signals import FORWARDER, SweepInterrupted
+from megatron.quant.training.sweep_plan import (CHECKPOINTS, SweepError, SweepRun, check_flags, plan_runs,
+                                                print_command, train_command)
+
 
 RUN_JSON = "run.json"
-CHECKPOINTS = "checkpoints"
-TENSORBOARD = "tensorboard"
+
+
 FINISHED, DIVERGED_STATUS, CRASHED, INCOMPLETE, RUNNING, INTERRUPTED = (
     "finished", "diverged", "crashed", "incomplete", "running", "interrupted")
 DONE = (FINISHED, DIVERGED_STATUS)  # statuses a re-run skips
-SEED_SUFFIX = "-seed"  # run NAME-seedN: recipe NAME with --seed N (the report's seed bands)
+
+
 TRAIN_LOG = "train.log"  # a parallel run's output
 DATA_CACHE = "data_cache"  # a parallel run's dataset index cache, unless --data-cache-path is given
 _RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_RECIPE")
-# The sweep sets these per run.
-_OWN_FLAGS = ("save", "load", "tensorboard_dir")
-
-
-class SweepError(ValueError):
-    """Bad sweep input; the message names the value and what is allowed."""
-
-
-class SweepInterrupted(Exception):
-    """The sweep received SIGTERM or SIGINT; the runs' processes got it too and have ended."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-KILL_AFTER_S = 60.0  # a run still alive this long after the forwarded signal is killed
-
-
-class SignalForwarder:
-    """While entered (main thread), SIGTERM (what a scheduler sends) and SIGINT to the sweep go
-    to the whole process group of every run started by ``run`` (torchrun and its workers), from
-    any slot thread; ``run`` then waits for its run to end (SIGKILL after ``kill_after`` s) and
-    raises SweepInterrupted, so run.json records "interrupted"."""
-
-    def __init__(self, kill_after: float = KILL_AFTER_S) -> None:
-        self.kill_after, self.signum = kill_after, None
-        self._children: set[subprocess.Popen] = set()
-        self._previous: dict = {}
-
-    def __enter__(self) -> "SignalForwarder":
-        self.signum = None
-        self._previous = {signum: signal.signal(signum, self._forward) for signum in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _forward(self, signum: int, _frame=None) -> None:
-        self.signum = self.signum or signum
-        for child in list(self._children):  # list(): one C call, safe against slot threads
-            _signal_group(child, signum)
-
-    def run(self, command: Sequence[str], **popen: object) -> int:
-        """``command``'s exit status, in its own process group."""
-        child = subprocess.Popen(command, start_new_session=True, **popen)
-        self._children.add(child)
-        try:
-            if self.signum is not None:  # arrived while it started
-                _signal_group(child, self.signum)
-            deadline = None
-            while True:
-                try:
-                    returncode = child.wait(timeout=1.0)
-                    break
-                except subprocess.TimeoutExpired:
-                    if self.signum is not None:
-                        deadline = deadline or time.monotonic() + self.kill_after
-                        if time.monotonic() > deadline:
-                            _signal_group(child, signal.SIGKILL)
-        finally:
-            self._children.discard(child)
-        if self.signum is not None:
-            raise SweepInterrupted(self.signum)
-        return returncode
-
-
-def _signal_group(child: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(child.pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-FORWARDER = SignalForwarder()
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    name: str                    # directory under OUTPUT_DIR
-    recipe: str                  # the recipe token as given (format name or recipe file)
-    env: tuple[tuple[str, str], ...]  # the recipe's environment variables
-    extra_flags: tuple[str, ...] = ()  # e.g. a seed run's --seed N
-
-
-def _recipe_tokens(text: str) -> list[str]:
-    """Recipe tokens with the comparison presets (essential, quant_only, all) expanded."""
-    tokens: list[str] = []
-    for token in text.replace(",", " ").split():
-        if token in SETS:  # expand_sets puts its fp32 reference first: keep it only if the set has it
-            expanded = expand_sets([token])
-            tokens += expanded if token != "quant_only" else expanded[1:]
-        else:
-            tokens.append(token)
-    return tokens
-
-
-def resolve_recipe(token: str) -> tuple[str, dict[str, str]]:
-    """(run name, recipe environment) for a format name, a recipe preset (te-nvfp4, ...) or a recipe file."""
-    from megatron.quant import formats
-    from megatron.quant.recipes import ablations, presets
-    from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
-
-    if token.lower().endswith(RECIPE_SUFFIXES) or Path(token).is_file():
-        if not Path(token).is_file():
-            raise SweepError(f"recipe file {token!r} does not exist")
-        try:
-            name = QuantRecipe.from_file(token).name
-        except RecipeError as error:
-            raise SweepError(str(error)) from error
-        return name, {"CUSTOM_QUANT_RECIPE": str(Path(token).resolve())}
-    valid = sorted(set(formats.list_formats()) | set(formats.ALIASES)) + presets.preset_names()
-    try:
-        variant = ablations.is_variant(token) and ablations.get_variant(token)
-    except ablations.AblationError as error:
-        raise SweepError(str(error)) from error
-    if token.lower() not in valid and not variant:
-        raise SweepError(f"unknown recipe {token!r}; give format names or recipe presets ({', '.join(valid)}), "
-                         f"their variants (te-nvfp4-no-sr, mxfp4+sr, ...; see --ablate), "
-                         f"comparison presets ({', '.join(SETS)}) or recipe files ({'/'.join(RECIPE_SUFFIXES)})")
-    return token, {"CUSTOM_QUANT_TYPE": token.lower()}
-
-
-def ablation_tokens(bases: Sequence[str], given: Sequence[str]) -> list[str]:
-    """The recipes ``--ablate`` adds: each base and its variants, those not ``given`` already."""
-    from megatron.quant.recipes import ablations
-
-    tokens: list[str] = []
-    for base in bases:
-        try:
-            expanded = ablations.ablation(base)
-        except ablations.AblationError as error:
-            raise SweepError(str(error)) from error
-        tokens += [token for token in expanded if token not in given and token not in tokens]
-    return tokens
-
-
-def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = None,
-              ablate: Sequence[str] = ()) -> list[SweepRun]:
-    """The runs of a sweep, in order: one per recipe (``--ablate``'s after the given ones), then
-    per extra seed one run of every recipe (of ``baseline`` only, when given)."""
-    runs = []
-    tokens = _recipe_tokens(recipes)
-    for token in tokens + ablation_tokens(ablate, [t.lower() for t in tokens]):
-        name, env = resolve_recipe(token)
-        runs.append(SweepRun(name, token, tuple(sorted(env.items()))))
-    if not runs:
-        raise SweepError(f"no recipes in {recipes!r}; give e.g. \"bf16 mxfp8 mxfp4 nvfp4 hifp8\"")
-    names = [run.name for run in runs]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise SweepError(f"recipes {duplicates} are given twice (a recipe file's name equals another recipe)")
-    if baseline is not None and baseline not in names:
-        raise SweepError(f"baseline {baseline!r} is not one of the sweep's recipes: {', '.join(names)}")
-    seeded = [run for run in runs if baseline is None or run.name == baseline]
-    runs += [SweepRun(f"{run.name}{SEED_SUFFIX}{seed}", run.recipe, run.env, ("--seed", str(seed)))
-             for seed in seeds for run in seeded]
-    return runs
-
-
-def check_flags(flags: Sequence[str]) -> argparse.Namespace:
-    """Parse the training flags once (an error before any run starts) and refuse the per-run ones."""
-    try:
-        args = parse_args(list(flags))
-    except SystemExit as exit_:
-        raise SweepError(f"the training flags {shlex.join(flags)!r} are refused (see above)") from exit_
-    given = [f"--{key.replace('_', '-')}" for key in _OWN_FLAGS if getattr(args, key) is not None]
-    if given:
-        raise SweepError(f"the sweep sets {', '.join(given)} per run (OUTPUT_DIR/<recipe>/); drop them")
-    return args
-
-
-def train_command(run: SweepRun, run_dir: Path, launcher: Sequence[str], flags: Sequence[str],
-                  wandb: bool) -> list[str]:
-    """The launcher running ``megatron.quant.train`` for ``run`` into ``run_dir``."""
-    checkpoints = str(run_dir / CHECKPOINTS)
-    own = ["--save", checkpoints, "--load", checkpoints, "--tensorboard-dir", str(run_dir / TENSORBOARD)]
-    if wandb and "--wandb-exp-name" not in flags:
-        own += ["--wandb-exp-name", run.name]
-    return [*launcher, "-m", "megatron.quant.train", *flags, *run.extra_flags, *own]
-
-
-def print_command(output_dir: Path, recipes: str, run: SweepRun, options: argparse.Namespace,
-                  flags: Sequence[str]) -> str:
-    """The sweep itself restricted to ``run`` (``--only``): a job-array line that keeps run.json,
-    skip/resume and divergence handling."""
-    argv = [sys.executable, "-m", "megatron.quant.training.sweep", "--only", run.name,
-            "--launcher", options.launcher]
-    if options.seeds:
-        argv += ["--seeds", " ".join(map(str, options.seeds))]
-    if options.baseline:
-        argv += ["--baseline", options.baseline]
-    for base in options.ablate:
-        argv += ["--ablate", base]
-    return shlex.join([*argv, str(output_dir), recipes, "--", *flags])
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def git_commit() -> str | None:
-    """HEAD of the checkout this package runs from (``+dirty`` with local changes); None outside git."""
-    root = Path(__file__).resolve().parents[3]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def machine() -> dict:
-    import torch
-
-    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "cpus": os.cpu_count(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
 
 
 def read_run(run_dir: Path) -> dict | None:
@@ -376,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "space- or comma-separated, e.g. \"bf16 mxfp8 mxfp4 nvfp4 hifp8\"")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="megatron-quant-train flags, after --")
     p.add_argument("--launcher", default="torchrun --nproc-per-node 1",
-                   help="command that runs '-m megatron.quant.train' (default: %(default)s)")
+                   help="command that runs '-m megatron.quant.training' (default: %(default)s)")
     p.add_argument("--seeds", default="", help="extra seeds of every recipe, e.g. \"1 2\" (runs NAME-seed1, "
                                                "NAME-seed2 beside NAME, which has the flags' --seed)")
     p.add_argument("--baseline", default=None, help="give the extra seeds to this recipe only (a cheaper noise band)")

@@ -1,0 +1,32 @@
+"""Where a run ran: the git commit of this checkout, the machine, and the time (run.json's records)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this package runs from (``+dirty`` with local changes); None outside git."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict:
+    import torch
+
+    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpus": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
