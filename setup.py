@@ -38,5 +38,5 @@ setup(
         # Transformer Engine needs CUDA to build; it is only used for DTYPE=fp8 on GPUs.
         "gpu": ["transformer_engine[pytorch]>=2.0"],
     },
-    entry_points={"console_scripts": ["megatron-quant-train=megatron.quant.train:main"]},
+    entry_points={"console_scripts": ["megatron-quant-train=megatron.quant.training.main:main"]},
 )

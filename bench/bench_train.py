@@ -58,7 +58,7 @@ def default_variants(format_names: list[str]) -> list[str]:
 
 def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]:
     """Per timed iteration: step time, MFU (when known) and the saver's wait."""
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
     from megatron.quant.training.env import scoped_environ
 
     env = dict(env, TENSOR_SAVE_DIR=save_dir)

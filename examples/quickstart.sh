@@ -15,7 +15,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 rm -rf "$out"
 
 echo "== training llama-tiny on CPU with CUSTOM_QUANT_TYPE=$CUSTOM_QUANT_TYPE, capturing iteration $TENSOR_SAVER_ITERATION"
-python -m megatron.quant.train --model llama-tiny --mock-data \
+python -m megatron.quant.training --model llama-tiny --mock-data \
     --train-iters 24 --micro-batch-size 4 --global-batch-size 4 \
     --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 3 --log-interval 5 --eval-interval 12 --eval-iters 2 \
     --save "$out/checkpoints" --tensorboard-dir "$out/tensorboard"

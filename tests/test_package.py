@@ -16,7 +16,7 @@ def test_namespace_keeps_megatron_core_importable():
 # The package's layers, bottom first: a module imports only from its own room or from a room
 # below it (the package map in README.md). ``cpu`` patches megatron-core and imports nothing of ours.
 LAYERS = (("cpu",), ("formats",), ("stats",), ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",),
-          ("training",), ("compare", "train"))
+          ("training",), ("compare",))
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "megatron" / "quant"
 

@@ -35,7 +35,7 @@ require_positional() {
 check_train_args() {
     local world_size=$1
     shift
-    WORLD_SIZE=$world_size PYTHONWARNINGS=ignore "${PYTHON:-python}" -m megatron.quant.train --check-args "$@" >/dev/null
+    WORLD_SIZE=$world_size PYTHONWARNINGS=ignore "${PYTHON:-python}" -m megatron.quant.training --check-args "$@" >/dev/null
 }
 
 # Flags a launch script always adds, after the user's (set by the script before run_llama).
@@ -89,5 +89,5 @@ run_llama() {
     set -x
     exec torchrun --nproc-per-node "$gpus" --nnodes "${NNODES:-1}" --node-rank "${NODE_RANK:-0}" \
         --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-6000}" \
-        -m megatron.quant.train "${flags[@]}"
+        -m megatron.quant.training "${flags[@]}"
 }

@@ -23,7 +23,7 @@ if [ "$tokenizer" != "MOCK" ]; then args+=(--tokenizer-type HuggingFaceTokenizer
 [ "$model" = "llama-tiny" ] || args+=(--bf16)
 
 echo "collecting $CUSTOM_QUANT_TYPE tensors of iteration $TENSOR_SAVER_ITERATION into $TENSOR_SAVE_DIR"
-torchrun --nproc-per-node "${NPROC:-1}" --master-port "${MASTER_PORT:-29512}" -m megatron.quant.train "${args[@]}" \
+torchrun --nproc-per-node "${NPROC:-1}" --master-port "${MASTER_PORT:-29512}" -m megatron.quant.training "${args[@]}" \
     > "$TENSOR_SAVE_DIR.train.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' INT TERM

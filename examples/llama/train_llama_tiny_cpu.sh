@@ -18,4 +18,4 @@ flags=(--model llama-tiny --tensor-model-parallel-size "${TP:-1}"
        --save "$out/checkpoints" --save-interval 25 --load "$out/checkpoints" --tensorboard-dir "$out/tensorboard"
        "${data_args[@]}" "$@")
 check_train_args "${NPROC:-1}" "${flags[@]}" || exit $?
-exec torchrun --nproc-per-node "${NPROC:-1}" --master-port "${MASTER_PORT:-29511}" -m megatron.quant.train "${flags[@]}"
+exec torchrun --nproc-per-node "${NPROC:-1}" --master-port "${MASTER_PORT:-29511}" -m megatron.quant.training "${flags[@]}"

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from megatron.quant import train
+from megatron.quant.training import main as training_main
 
 pytestmark = pytest.mark.device
 
@@ -16,7 +16,7 @@ def test_tiny_run_with_capture_on_device(device, tmp_path, monkeypatch):
     monkeypatch.setenv("TENSOR_SAVE_ENABLED", "1")
     monkeypatch.setenv("TENSOR_SAVE_DIR", str(tmp_path / "logs"))
     monkeypatch.setenv("TENSOR_SAVER_ITERATION", "1")
-    history = train.main(["--model", "llama-tiny", "--mock-data", "--micro-batch-size", "2",
+    history = training_main.main(["--model", "llama-tiny", "--mock-data", "--micro-batch-size", "2",
                           "--global-batch-size", "4", "--train-iters", "3", "--lr", "3e-3",
                           "--lr-warmup-iters", "0", "--eval-iters", "0", "--log-interval", "1", "--seed", "3"])
     losses = [h["lm loss"] for h in history]

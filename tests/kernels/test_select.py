@@ -6,7 +6,7 @@ from megatron.quant import kernels
 from megatron.quant.formats import get_format
 from megatron.quant.formats.compiled import CompiledFormat
 from megatron.quant.recipes.recipe import QuantRecipe
-from megatron.quant.train import main
+from megatron.quant.training.main import main
 
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton does not import here")
 

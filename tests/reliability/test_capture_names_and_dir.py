@@ -25,7 +25,7 @@ def _close_saver_session():
      "TENSOR_SAVE_TENSORS=grad_weight can never match: roles core_attention capture query, key, value"),
 ], ids=["unquantized_output_layer", "fc1_query", "attention_grad_weight"])
 def test_role_and_tensor_filters_that_can_never_match_stop_at_start(tmp_path, monkeypatch, capsys, env, expected):
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     monkeypatch.setenv("TENSOR_SAVE_ENABLED", "1")
     monkeypatch.setenv("TENSOR_SAVE_DIR", str(tmp_path / "captures"))
@@ -39,7 +39,7 @@ def test_role_and_tensor_filters_that_can_never_match_stop_at_start(tmp_path, mo
 
 
 def test_output_layer_filter_is_accepted_when_the_recipe_quantizes_it(tmp_path, monkeypatch, capsys):
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     recipe = tmp_path / "head.yaml"
     recipe.write_text("format: mxfp8\nrules:\n  - match: {roles: [output_layer]}\n    format: mxfp8\n")

@@ -74,7 +74,7 @@ def test_a_filter_partly_out_of_range_warns_once(recwarn):
     ({"TENSOR_SAVE_DIR": "{file}"}, "is unusable: it is a file"),
 ])
 def test_training_stops_at_start_with_one_line(tmp_path, monkeypatch, capsys, env, expected):
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("TENSOR_SAVE_ENABLED", "1")

@@ -13,7 +13,7 @@ TINY = ["--model", "llama-tiny", "--num-layers", "1", "--seq-length", "16", "--m
 
 
 def _train(*extra: str):
-    return python_module("megatron.quant.train", *TINY, *extra)
+    return python_module("megatron.quant.training", *TINY, *extra)
 
 
 @pytest.fixture(scope="module")

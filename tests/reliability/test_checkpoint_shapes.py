@@ -11,7 +11,7 @@ TINY = ["--model", "llama-tiny", "--num-layers", "1", "--seq-length", "16", "--m
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     root = tmp_path_factory.mktemp("ckpt") / "checkpoints"
     main([*TINY, "--fp8-amax-history-len", "4", "--train-iters", "1", "--save", str(root), "--save-interval", "1"])
@@ -27,7 +27,7 @@ def saved(tmp_path_factory):
      r"differs: saved 4, now 8"),
 ], ids=["ffn_hidden_size", "amax_history_len"])
 def test_resuming_with_another_shape_is_one_line(saved, capsys, flags, expected):
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     with pytest.raises(SystemExit) as exc:
         main([*TINY, *flags, "--train-iters", "2", "--load", str(saved)])

@@ -59,7 +59,7 @@ def test_error_messages_show_a_bounded_excerpt_of_a_value(tmp_path):
 
 
 def _check_args(monkeypatch, capsys, *extra: str, **env: str) -> str:
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)

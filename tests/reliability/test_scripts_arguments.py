@@ -57,6 +57,6 @@ def test_big_scripts_report_an_unknown_flag_once_before_torchrun(tmp_path, scrip
 
 
 def test_check_args_accepts_good_arguments():
-    result = python_module("megatron.quant.train", "--check-args", "--model", "llama-tiny", "--mock-data",
+    result = python_module("megatron.quant.training", "--check-args", "--model", "llama-tiny", "--mock-data",
                            "--train-iters", "2")
     assert result.returncode == 0 and "arguments OK" in result.stdout, result.stderr[-3000:]

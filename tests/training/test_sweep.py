@@ -15,11 +15,11 @@ from megatron.quant.training.arguments import ArgumentError, parse_args, validat
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
 
-# Stand-in for `-m megatron.quant.train`: resumes from --load's tracker, then crashes at
+# Stand-in for `-m megatron.quant.training`: resumes from --load's tracker, then crashes at
 # iteration 2 if its recipe is $FAKE_CRASH, diverges if it is $FAKE_DIVERGE, else finishes.
 FAKE_TRAIN = r'''
 import json, os, sys
-argv = sys.argv[3:]  # after "-m megatron.quant.train"
+argv = sys.argv[3:]  # after "-m megatron.quant.training"
 flag = lambda name, default=None: argv[argv.index(name) + 1] if name in argv else default
 save, iters = flag("--save"), int(flag("--train-iters"))
 tracker = os.path.join(save, "latest_checkpointed_iteration.txt")

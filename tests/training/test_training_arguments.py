@@ -3,7 +3,7 @@ import subprocess
 
 import pytest
 
-from megatron.quant.train import main
+from megatron.quant.training.main import main
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 from megatron.quant.training.presets import PRESETS
 

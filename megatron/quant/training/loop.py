@@ -26,7 +26,7 @@ from megatron.quant.training.metrics import DIVERGED, MetricsLogger, capture_dig
 
 @dataclass
 class Run:
-    """Everything the loop needs, built by ``megatron.quant.train.setup``."""
+    """Everything the loop needs, built by ``megatron.quant.training.main.setup``."""
 
     args: Any
     model_chunks: list          # DDP-wrapped model(s): what forward/backward runs on

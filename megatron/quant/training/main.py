@@ -1,4 +1,4 @@
-"""``python -m megatron.quant.train`` / ``megatron-quant-train``: pretrain Llama on megatron-core.
+"""``python -m megatron.quant.training`` / ``megatron-quant-train``: pretrain Llama on megatron-core.
 
 Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the format comes from
 ``CUSTOM_QUANT_TYPE`` / ``CUSTOM_QUANT_RECIPE``, capture from ``TENSOR_SAVE_*``.
