@@ -42,7 +42,8 @@ def check_env_names(environ: Mapping[str, str]) -> None:
         raise RecipeError(unknown)
 
 
-def _show(value: Any, limit: int = 120) -> str:
+def show_value(value: Any, limit: int = 120) -> str:
+    """A bounded excerpt of ``value`` for an error message, however large or nested it is."""
     text = _SHOWN.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -102,7 +103,7 @@ def _check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str)
 
 def _mapping(value: Any, path: str, source: str) -> dict:
     if not isinstance(value, Mapping):
-        raise RecipeError(f"{source}: {path}: expected a mapping, got {_show(value)}")
+        raise RecipeError(f"{source}: {path}: expected a mapping, got {show_value(value)}")
     return dict(value)
 
 
@@ -121,7 +122,7 @@ def _is_format_name(name: str) -> bool:
 def _check_top_format(name: Any, options: Mapping, source: str) -> str:
     """The top-level format, where an unknown name's message also lists the presets."""
     if isinstance(name, str) and not _is_format_name(name):
-        raise RecipeError(f"{source}: format: unknown format or preset {_show(name)}; valid: "
+        raise RecipeError(f"{source}: format: unknown format or preset {show_value(name)}; valid: "
                           f"{', '.join(_valid_format_names() + presets.preset_names())}, or a variant "
                           f"(PRESET-no-COMPONENT, FORMAT+COMPONENT; components: {', '.join(ablations.COMPONENTS)})")
     return _check_format(name, options, "format", source)
@@ -150,18 +151,18 @@ def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
 def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     """Build the format once to validate name and options; return the name as given."""
     if not isinstance(name, str):
-        raise RecipeError(f"{source}: {path}: format must be a string, got {_show(name)}; "
+        raise RecipeError(f"{source}: {path}: format must be a string, got {show_value(name)}; "
                           f"valid: {', '.join(_valid_format_names())}")
     name = name.strip().lower()
     if formats.is_passthrough(name):
         if options:
-            raise RecipeError(f"{source}: {path}: passthrough format {_show(name)} takes no options, "
-                              f"got {_show(dict(options))}")
+            raise RecipeError(f"{source}: {path}: passthrough format {show_value(name)} takes no options, "
+                              f"got {show_value(dict(options))}")
         return name
     try:
         formats.get_format(name, **dict(options))
     except (ValueError, TypeError) as exc:  # the formats' message lists the valid names/values
-        raise RecipeError(f"{source}: {path}: format {_show(name)} with options {_show(dict(options))} "
+        raise RecipeError(f"{source}: {path}: format {show_value(name)} with options {show_value(dict(options))} "
                           f"is refused: {exc}") from exc
     return name
 
@@ -170,21 +171,21 @@ def _parse_bool(value: Any, path: str, source: str) -> bool:
     switch = value if isinstance(value, bool) else switch_value(str(value))
     if switch is not None:
         return switch
-    raise RecipeError(f"{source}: {path}: {_show(value)} is not a boolean; use true/false, 1/0, yes/no or on/off")
+    raise RecipeError(f"{source}: {path}: {show_value(value)} is not a boolean; use true/false, 1/0, yes/no or on/off")
 
 
 def _parse_seed(value: Any, source: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise RecipeError(f"{source}: seed: {_show(value)} must be a non-negative integer")
+        raise RecipeError(f"{source}: seed: {show_value(value)} must be a non-negative integer")
     return value
 
 
 def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
     items = value if isinstance(value, (list, tuple)) else [value]
     if not items or not all(isinstance(s, str) and s in SCOPES for s in items):
-        raise RecipeError(f"{source}: {path}: invalid scope {_show(value)}; allowed (comma list): {', '.join(SCOPES)}")
+        raise RecipeError(f"{source}: {path}: invalid scope {show_value(value)}; allowed (comma list): {', '.join(SCOPES)}")
     return frozenset(items)
 
 
@@ -214,7 +215,7 @@ def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ..
         try:
             selectors.extend(parse_selectors(item, signed=True))
         except ValueError as exc:
-            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {_show(item)} ({exc}); "
+            raise RecipeError(f"{source}: {path}[{i}]: invalid layer selector {show_value(item)} ({exc}); "
                               f"use {SIGNED_GRAMMAR}") from None
     return tuple(selectors)
 
@@ -229,7 +230,7 @@ def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Ru
         roles_value = match["roles"] if isinstance(match["roles"], list) else [match["roles"]]
         bad = [r for r in roles_value if r not in ROLES]
         if bad or not roles_value:
-            raise RecipeError(f"{source}: {path}.match.roles: invalid role(s) {_show(bad or roles_value)}; "
+            raise RecipeError(f"{source}: {path}.match.roles: invalid role(s) {show_value(bad or roles_value)}; "
                               f"allowed: {', '.join(ROLES)}")
         roles = frozenset(roles_value)
     layers = _parse_layers(match["layers"], path + ".match.layers", source) if "layers" in match else None

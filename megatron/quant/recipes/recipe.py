@@ -29,7 +29,7 @@ from megatron.quant.recipes.operands import ALL_OPERANDS, LINEAR_ROLES, ROLES, S
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 from megatron.quant.recipes.parse import (RecipeError, _TOP_KEYS, _check_format, _check_keys, _check_top_format,
                                           _default_name, _expand_preset, _load_yaml, _mapping, _options, _parse_bool,
-                                          _parse_overrides, _parse_rule, _parse_scope, _parse_seed, _show,
+                                          _parse_overrides, _parse_rule, _parse_scope, _parse_seed, show_value,
                                           check_env_names)
 
 
@@ -70,12 +70,12 @@ class QuantRecipe:
         overrides = _parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
         rules = merged.get("rules", [])
         if not isinstance(rules, list):
-            raise RecipeError(f"{source}: rules: expected a list of rules, got {_show(rules)}")
+            raise RecipeError(f"{source}: rules: expected a list of rules, got {show_value(rules)}")
         parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
         name = merged.get("name") or _default_name(fmt_name, scopes)
         problem = name_problem(name)
         if problem is not None:
-            raise RecipeError(f"{source}: name: {_show(name)} is invalid ({problem}); allowed: {NAME_RULE}")
+            raise RecipeError(f"{source}: name: {show_value(name)} is invalid ({problem}); allowed: {NAME_RULE}")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                    compile=_parse_bool(merged.get("compile", False), "compile", source),
                    seed=_parse_seed(merged.get("seed"), source))

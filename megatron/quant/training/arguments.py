@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 from typing import NoReturn, Sequence
 
 from megatron.quant.recipes.presets import FP8_RECIPES, emulates_precision
+from megatron.quant.training.data import parse_blend
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
@@ -18,6 +20,8 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 TOKENIZER_TYPES = ("ByteTokenizer", "HuggingFaceTokenizer", "NullTokenizer")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
+# megatron-core's datasets shuffle with numpy's RandomState, which takes seeds 0 .. 2**32 - 1.
+MAX_SEED = 2**32 - 1
 
 # Defaults for shape flags when neither a preset nor the command line sets them
 # (Megatron-LM's defaults where it has one).
@@ -205,6 +209,50 @@ def _require(condition: bool, message: str) -> None:
         raise ArgumentError(message)
 
 
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    """Sizes and divisors are positive before anything divides by them (a 0 would be a ZeroDivisionError)."""
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "make_vocab_size_divisible_by"):
+        _require(getattr(args, key) > 0, f"{_flag(key)} must be positive, got {getattr(args, key)}")
+    for key in ("num_query_groups", "vocab_size", "max_position_embeddings"):
+        value = getattr(args, key, None)
+        _require(value is None or value > 0, f"{_flag(key)} must be positive, got {value}")
+    _require(0 <= args.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED} (numpy's generator range), "
+                                         f"got {args.seed}")
+
+
+# Float flags and what each allows: (low, high, low included, high included); None: unbounded.
+_FLOAT_RANGES = {
+    "lr": (0, None, True, False), "min_lr": (0, None, True, False), "weight_decay": (0, None, True, False),
+    "clip_grad": (0, None, True, False), "adam_eps": (0, None, True, False),
+    "adam_beta1": (0, 1, True, False), "adam_beta2": (0, 1, True, False),
+    "attention_dropout": (0, 1, True, True), "hidden_dropout": (0, 1, True, True),
+    "init_method_std": (0, None, False, False), "norm_epsilon": (0, None, False, False),
+    "rotary_base": (0, None, False, False), "rope_scaling_factor": (0, None, False, False),
+    "peak_tflops": (0, None, False, False), "divergence_threshold": (0, None, False, False),
+}
+
+
+def _allowed(low: float, high: float | None, closed_low: bool, closed_high: bool) -> str:
+    if high is None:
+        return "a finite number " + (">= 0" if closed_low else "> 0")
+    return f"a number in {'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
+
+
+def _check_floats(args: argparse.Namespace) -> None:
+    """Finite, in range: a NaN learning rate or a dropout of 1.5 is refused here, not found as a NaN loss."""
+    for key, (low, high, closed_low, closed_high) in _FLOAT_RANGES.items():
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        inside = (math.isfinite(value) and (value >= low if closed_low else value > low)
+                  and (high is None or (value <= high if closed_high else value < high)))
+        _require(inside, f"{_flag(key)} must be {_allowed(low, high, closed_low, closed_high)}, got {value}")
+
+
 def _check_shape(args: argparse.Namespace) -> None:
     for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length"):
         _require(hasattr(args, key), f"--{key.replace('_', '-')} is required (or pick a --model preset: "
@@ -320,6 +368,10 @@ def _check_logging(args: argparse.Namespace) -> None:
 def _check_data(args: argparse.Namespace) -> None:
     _require((args.data_path is None) == args.mock_data,
              "give exactly one of --data-path PREFIX... and --mock-data")
+    try:
+        parse_blend(args.data_path)
+    except ValueError as error:
+        raise ArgumentError(str(error)) from None
     if args.tokenizer_type is None:
         args.tokenizer_type = "NullTokenizer" if args.mock_data and args.vocab_size else "ByteTokenizer"
     if args.tokenizer_type == "HuggingFaceTokenizer":
@@ -331,6 +383,8 @@ def _check_data(args: argparse.Namespace) -> None:
 
 def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argparse.Namespace:
     """Complete derived values (data-parallel size, micro-batches, ...) and refuse bad combinations."""
+    _check_sizes(args)
+    _check_floats(args)
     _check_shape(args)
     _check_recompute(args)
     _check_devices(args, cuda)

@@ -115,6 +115,39 @@ def read_run_config(path: str) -> dict:
         return json.load(f)
 
 
+def _precision(args: dict) -> str:
+    return "bf16" if args.get("bf16") else "fp16" if args.get("fp16") else "fp32"
+
+
+def _layout(args: dict) -> tuple:
+    return tuple(args.get(key) for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                           "data_parallel_size"))
+
+
+def check_resume(directory: str, args) -> None:
+    """Refuse at start, from ``directory``'s run config, a resume that loading would refuse deep
+    inside megatron-core or that would train nothing: ``--train-iters`` below the checkpoint's
+    iteration, another parallel layout with its RNG states restored, another precision with its
+    optimizer state loaded. CheckpointError naming both values and the flag that makes it work."""
+    match = _ITER_DIR.fullmatch(os.path.basename(os.path.normpath(directory)))
+    if match and int(match.group(1)) > args.train_iters:
+        raise CheckpointError(f"--train-iters {args.train_iters} is below the iteration of checkpoint {directory} "
+                              f"({int(match.group(1))}); give --train-iters {int(match.group(1))} or more, or load "
+                              f"an earlier one with --ckpt-step N")
+    with open(os.path.join(directory, RUN_CONFIG), encoding="utf-8") as f:
+        saved = json.load(f).get("args") or {}
+    now = vars(args)
+    if not args.no_load_rng and None not in _layout(saved) and _layout(saved) != _layout(now):
+        raise CheckpointError(
+            "checkpoint {} was saved at TP {} x PP {} x DP {}, this run is TP {} x PP {} x DP {}: RNG states resume "
+            "only at the saved layout; add --no-load-rng (weights and optimizer state reshard)".format(
+                directory, *_layout(saved), *_layout(now)))
+    if not args.no_load_optim and _precision(saved) != _precision(now):
+        raise CheckpointError(f"checkpoint {directory} was saved with precision {_precision(saved)}, this run uses "
+                              f"{_precision(now)}: the optimizer state differs; resume with the saved precision, or "
+                              f"add --no-load-optim to take the weights only")
+
+
 def _rng_state() -> dict:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 

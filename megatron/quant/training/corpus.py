@@ -19,12 +19,14 @@ import hashlib
 import json
 import os
 import random
+import stat
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.training import preprocess
 from megatron.quant.training.arguments import TOKENIZER_TYPES
 
@@ -32,6 +34,7 @@ SUFFIXES = (".py", ".txt", ".rst", ".md")
 SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})  # installed packages, bytecode
 NAME = "corpus"
 MANIFEST = "corpus.json"
+MAX_FILE_BYTES = 16 * 2**20  # one document; a larger file is skipped after reading at most this much
 
 
 class CorpusError(ValueError):
@@ -64,12 +67,21 @@ def text_files(root: Path, suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
 
 
 def read_text(path: Path) -> str | None:
-    """The file's text; None for non-UTF-8, binary (NUL bytes), blank or unreadable files."""
+    """The file's text; None for anything but a regular file (a FIFO or a link to /dev/zero named
+    ``*.txt`` is never read), files over MAX_FILE_BYTES, non-UTF-8, binary (NUL bytes), blank or
+    unreadable files."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in since the stat: no wait for a writer
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = handle.read(MAX_FILE_BYTES + 1)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    return text if text.strip() and "\0" not in text else None
+    return text if len(data) <= MAX_FILE_BYTES and text.strip() and "\0" not in text else None
 
 
 def collect(roots: Sequence[Path], suffixes: Sequence[str] = SUFFIXES) -> list[tuple[str, str]]:
@@ -111,6 +123,10 @@ def build_corpus(output_dir: Path, roots: Sequence[Path] = (), valid_fraction: f
     """Collect, split and preprocess (see the module docstring); ``tokenizer``: preprocess's tokenizer flags."""
     if not 0 < valid_fraction < 1:
         raise CorpusError(f"--valid-fraction must be between 0 and 1, got {valid_fraction}")
+    try:  # refused before the sources are read, not after
+        check_output_dir(Path(output_dir), "OUTPUT_DIR")
+    except OutputDirError as error:
+        raise CorpusError(str(error)) from None
     roots = [Path(root) for root in roots] or [default_source()]
     missing = [str(root) for root in roots if not root.is_dir()]
     if missing:
@@ -157,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         corpus = build_corpus(args.output_dir, args.source, args.valid_fraction, args.seed, args.suffixes, tokenizer)
     except CorpusError as error:
         print(f"corpus: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # e.g. a full disk while writing
+        print(f"corpus: error: cannot write {error.filename or args.output_dir}: {error.strerror or error}",
+              file=sys.stderr)
         return 2
     print(f"corpus: {corpus.train_documents} training and {corpus.valid_documents} validation documents, "
           f"{corpus.bytes / 1e6:.1f} MB of text from {', '.join(corpus.source)}")

@@ -6,12 +6,13 @@ uninterrupted run would have.
 """
 from __future__ import annotations
 
-import os
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from megatron.quant.training.dataset_files import check_indexed_dataset
 from megatron.quant.training.tokenizers import Tokenizer
 
 
@@ -27,20 +28,40 @@ class BatchLayout:
         return iteration * self.global_batch_size + microbatch * per_step + dp_rank * self.micro_batch_size
 
 
+def _weight(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def parse_blend(data_path: Sequence[str] | None) -> tuple[list[str], list[float] | None] | None:
-    """``[W1] P1 [W2 P2 ...]`` -> (prefixes, weights); ValueError on a bad weight."""
+    """``[W1] P1 [W2 P2 ...]`` -> (prefixes, weights); ValueError on a bad weight or an unpaired list."""
     from megatron.core.datasets.utils import get_blend_from_list
 
     if data_path is None:
         return None
+    usage = "give PREFIX, PREFIX1 PREFIX2 ... or W1 PREFIX1 W2 PREFIX2 ... with positive weights"
     if len(data_path) % 2 == 0:
-        for weight in data_path[::2]:
-            try:
-                float(weight)
-            except ValueError:
-                raise ValueError(f"--data-path: {weight!r} is not a weight; give PREFIX or "
-                                 "W1 PREFIX1 W2 PREFIX2 ...") from None
+        for text in data_path[::2]:
+            weight = _weight(text)
+            if weight is None:
+                raise ValueError(f"--data-path: {text!r} is not a weight; {usage}")
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"--data-path: weight {text} is not a positive finite number; {usage}")
+    elif len(data_path) > 1 and any(_weight(text) is not None for text in data_path):
+        raise ValueError(f"--data-path: {len(data_path)} values with weights among them: weights and prefixes "
+                         f"come in pairs; {usage}")
     return get_blend_from_list(list(data_path))
+
+
+def check_data(data_path: Sequence[str] | None) -> tuple[list[str], list[float] | None] | None:
+    """``parse_blend``, then every prefix checked as an intact, non-empty indexed dataset
+    (DatasetError, a ValueError, naming the file): what a run or a study checks before it starts."""
+    blend = parse_blend(data_path)
+    for prefix in blend[0] if blend is not None else ():
+        check_indexed_dataset(prefix)
+    return blend
 
 
 def build_datasets(tokenizer: Tokenizer, *, seq_length: int, seed: int, data_path: Sequence[str] | None,
@@ -53,11 +74,7 @@ def build_datasets(tokenizer: Tokenizer, *, seq_length: int, seed: int, data_pat
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-    blend = parse_blend(data_path)
-    if blend is not None:
-        missing = [p for p in blend[0] if not (os.path.isfile(p + ".bin") and os.path.isfile(p + ".idx"))]
-        if missing:
-            raise FileNotFoundError(f"--data-path: no indexed dataset (.bin + .idx) at {missing}")
+    blend = check_data(data_path)
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, blend=blend,
         split=split if blend is not None else "1,0,0", tokenizer=tokenizer,

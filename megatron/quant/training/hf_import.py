@@ -11,22 +11,51 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
+
+from megatron.quant.recipes.parse import show_value
+from megatron.quant.training.checkpoint_files import first_line
 
 
 # megatron-core's RotaryEmbedding applies Llama 3.1 scaling with these fixed values.
 _MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
+class HFCheckpointError(ValueError):
+    """A Hugging Face directory that cannot be imported; the message names the file and the value."""
+
+
 def _read_config(path: str) -> dict:
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{path!r} is not a Hugging Face model directory: no config.json")
-    with open(config_file) as f:
-        return json.load(f)
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise HFCheckpointError(f"{config_file} is not readable JSON ({first_line(error)})") from None
+    if not isinstance(config, dict):
+        raise HFCheckpointError(f"{config_file} holds {show_value(config)}, not a JSON object")
+    return config
+
+
+def _number(cfg: dict, key: str, path: str, kind: type = int, default: Any = None) -> Any:
+    """``cfg[key]``: a positive int (``kind`` int) or a positive finite number (float); HFCheckpointError
+    naming config.json, the key and the value otherwise."""
+    value = cfg.get(key)
+    if value is None:
+        value = default
+    if value is None:
+        raise HFCheckpointError(f"{os.path.join(path, 'config.json')} has no {key!r}; a Llama config.json needs it")
+    valid = not isinstance(value, bool) and (isinstance(value, int) if kind is int else isinstance(value, (int, float)))
+    if not (valid and math.isfinite(value) and value > 0):
+        allowed = "a positive integer" if kind is int else "a positive number"
+        raise HFCheckpointError(f"{os.path.join(path, 'config.json')}: {key} is {show_value(value)}; allowed: {allowed}")
+    return kind(value)
 
 
 def is_hf_directory(path: str) -> bool:
@@ -34,52 +63,108 @@ def is_hf_directory(path: str) -> bool:
 
 
 def hf_shape(path: str) -> dict:
-    """Preset-style shape of the Llama in ``path``; ValueError for other architectures."""
+    """Preset-style shape of the Llama in ``path``; HFCheckpointError for other architectures or a
+    config.json that lacks a value or holds a wrong one."""
     cfg = _read_config(path)
     if cfg.get("model_type") != "llama":
-        raise ValueError(f"{path!r} holds model_type {cfg.get('model_type')!r}; only 'llama' is supported")
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    if head_dim * heads != cfg["hidden_size"]:
-        raise ValueError(f"head_dim {head_dim} x heads {heads} != hidden_size {cfg['hidden_size']}: "
-                         "megatron's Llama layout needs them equal")
+        raise HFCheckpointError(f"{path!r} holds model_type {show_value(cfg.get('model_type'))}; only 'llama' is "
+                                "supported")
+    hidden, heads = _number(cfg, "hidden_size", path), _number(cfg, "num_attention_heads", path)
+    head_dim = _number(cfg, "head_dim", path, default=hidden // heads or 1)
+    if head_dim * heads != hidden:
+        raise HFCheckpointError(f"head_dim {head_dim} x heads {heads} != hidden_size {hidden}: "
+                                "megatron's Llama layout needs them equal")
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise HFCheckpointError(f"{os.path.join(path, 'config.json')}: rope_scaling is {show_value(rope)}, not an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
-        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported (only default and llama3)")
+        raise HFCheckpointError(f"RoPE scaling type {show_value(rope_type)} is not supported (only default and llama3)")
     if rope_type == "llama3":
         fixed = {key: rope.get(key, value) for key, value in _MEGATRON_LLAMA3_ROPE.items()}
         if fixed != _MEGATRON_LLAMA3_ROPE:
-            raise ValueError(f"llama3 RoPE scaling {fixed} differs from megatron-core's fixed "
-                             f"{_MEGATRON_LLAMA3_ROPE} (only the factor is configurable)")
+            raise HFCheckpointError(f"llama3 RoPE scaling {show_value(fixed)} differs from megatron-core's fixed "
+                                    f"{_MEGATRON_LLAMA3_ROPE} (only the factor is configurable)")
+    max_positions = _number(cfg, "max_position_embeddings", path)
     return dict(
-        num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
-        ffn_hidden_size=cfg["intermediate_size"], num_attention_heads=heads,
-        num_query_groups=cfg.get("num_key_value_heads") or heads, vocab_size=cfg["vocab_size"],
-        seq_length=min(cfg["max_position_embeddings"], 8192),
-        max_position_embeddings=cfg["max_position_embeddings"],
-        rotary_base=float(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)),
-        rope_scaling_factor=float(rope["factor"]) if rope_type == "llama3" else None,
+        num_layers=_number(cfg, "num_hidden_layers", path), hidden_size=hidden,
+        ffn_hidden_size=_number(cfg, "intermediate_size", path), num_attention_heads=heads,
+        num_query_groups=_number(cfg, "num_key_value_heads", path, default=heads),
+        vocab_size=_number(cfg, "vocab_size", path), seq_length=min(max_positions, 8192),
+        max_position_embeddings=max_positions,
+        rotary_base=_number(cfg, "rope_theta", path, float, default=rope.get("rope_theta", 10000.0)),
+        rope_scaling_factor=_number(rope, "factor", path, float) if rope_type == "llama3" else None,
         untie_embeddings_and_output_weights=not cfg.get("tie_word_embeddings", False),
-        norm_epsilon=cfg.get("rms_norm_eps", 1e-5))
+        norm_epsilon=_number(cfg, "rms_norm_eps", path, float, default=1e-5))
+
+
+def _safetensors_files(path: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path!r}")
+    return files
+
+
+def _tensor_index(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name -> (file, shape) from every shard's header, without reading a tensor;
+    HFCheckpointError naming a shard that is truncated, random bytes or otherwise no safetensors file."""
+    from safetensors import SafetensorError, safe_open
+
+    index = {}
+    for file in _safetensors_files(path):
+        try:
+            with safe_open(file, framework="pt") as f:
+                index.update({key: (file, tuple(f.get_slice(key).get_shape())) for key in f.keys()})
+        except (SafetensorError, OSError) as error:
+            raise HFCheckpointError(f"{file} is not a readable safetensors file ({first_line(error)})") from None
+    return index
+
+
+def _hf_shapes(shape: Mapping, vocab: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor name a Llama of ``shape`` needs in its HF checkpoint, with its shape (``vocab``: the
+    checkpoint's own vocabulary, padded only when imported)."""
+    hidden, ffn = shape["hidden_size"], shape["ffn_hidden_size"]
+    head_dim = hidden // shape["num_attention_heads"]
+    kv = shape["num_query_groups"] * head_dim
+    needed = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    if shape["untie_embeddings_and_output_weights"]:
+        needed["lm_head.weight"] = (vocab, hidden)
+    for i in range(shape["num_layers"]):
+        layer = f"model.layers.{i}."
+        needed.update({
+            layer + "self_attn.q_proj.weight": (hidden, hidden), layer + "self_attn.k_proj.weight": (kv, hidden),
+            layer + "self_attn.v_proj.weight": (kv, hidden), layer + "self_attn.o_proj.weight": (hidden, hidden),
+            layer + "mlp.gate_proj.weight": (ffn, hidden), layer + "mlp.up_proj.weight": (ffn, hidden),
+            layer + "mlp.down_proj.weight": (hidden, ffn), layer + "input_layernorm.weight": (hidden,),
+            layer + "post_attention_layernorm.weight": (hidden,)})
+    return needed
+
+
+def check_hf_checkpoint(path: str, shape: Mapping) -> None:
+    """Every tensor the import reads is present with the shape the model has (``shape``: ``hf_shape``'s
+    under any explicit flags; the vocabulary config.json's), read from the safetensors headers only:
+    HFCheckpointError naming the first missing or misshapen tensor, or the damaged shard, before any
+    process group exists."""
+    index = _tensor_index(path)
+    for name, expected in _hf_shapes(shape, _number(_read_config(path), "vocab_size", path)).items():
+        if name not in index:
+            raise HFCheckpointError(f"{name!r} is missing from the safetensors files in {path!r}")
+        file, found = index[name]
+        if found != expected:
+            raise HFCheckpointError(f"{name} in {file} has shape {list(found)}, but config.json (and the shape "
+                                    f"flags) give {list(expected)}")
 
 
 def _tensor_reader(path: str) -> Callable[[str], torch.Tensor]:
     """Reads one named tensor at a time across all safetensors shards (keeps memory flat)."""
     from safetensors import safe_open
 
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {path!r}")
-    where = {}
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            where.update({key: file for key in f.keys()})
+    index = _tensor_index(path)
 
     def read(name: str) -> torch.Tensor:
-        if name not in where:
-            raise KeyError(f"{name!r} is missing from the safetensors files in {path!r}")
-        with safe_open(where[name], framework="pt") as f:
+        if name not in index:
+            raise HFCheckpointError(f"{name!r} is missing from the safetensors files in {path!r}")
+        with safe_open(index[name][0], framework="pt") as f:
             return f.get_tensor(name)
 
     return read

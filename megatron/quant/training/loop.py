@@ -236,7 +236,7 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         if tensor_saver.capture_complete():
             logger.print(f"capture window complete at iteration {iteration}: exiting (TENSOR_SAVE_EXIT_AFTER)")
             break
-    if args.save and not (args.save_interval and iteration % args.save_interval == 0):
+    if args.save and iteration > run.start_iteration and not (args.save_interval and iteration % args.save_interval == 0):
         _save(run, iteration, logger)
     tensor_saver.flush()
     return run.history

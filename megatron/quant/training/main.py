@@ -9,19 +9,22 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from megatron.quant import kernels, tensor_saver
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
 from megatron.quant.capture.directory import check_writable
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
-from megatron.quant.training.data import BatchLayout, build_datasets
+from megatron.quant.training.data import BatchLayout, build_datasets, check_data
+from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights
 from megatron.quant.training.loop import Run, train
 from megatron.quant.training.model import build_gpt, transformer_config
 from megatron.quant.training.presets import SHAPE_KEYS
@@ -154,8 +157,14 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
                                  roles=recipe.capture_roles(shape["num_layers"]))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
+    for option in ("save", "tensorboard_dir"):  # refused now, not at the first save an hour in
+        if getattr(args, option):
+            check_output_dir(Path(getattr(args, option)), f"--{option.replace('_', '-')}")
+    check_data(args.data_path)
+    if args.hf_checkpoint:
+        check_hf_checkpoint(args.hf_checkpoint, shape)
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
-        checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step)
+        checkpoint.check_resume(checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step), args)
     return Inputs(args, recipe, saver_config, tokenizer, shape)
 
 
@@ -177,8 +186,6 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         recompute_num_layers=args.recompute_num_layers)
     gpt = build_gpt(config, shape, recipe)
     if args.hf_checkpoint:
-        from megatron.quant.training.hf_import import load_hf_weights
-
         load_hf_weights(gpt, args.hf_checkpoint, shape)
     chunks = _wrap(args, config, gpt, cuda)
     opt = optimizer.build_optimizer(args, chunks, cuda)
@@ -203,7 +210,8 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         logger.print(f"resumed from {args.load} at iteration {start}")
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
-    tensor_saver.configure(inputs.saver_config, run_iterations=range(start, args.train_iters))
+    # a resume at --train-iters trains (and captures) nothing: no window to intersect
+    tensor_saver.configure(inputs.saver_config, run_iterations=range(start, args.train_iters) or None)
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
@@ -242,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             print("megatron-quant-train: arguments OK")
             return []
         run, logger = setup(inputs)
-    except (ArgumentError, ValueError, FileNotFoundError) as err:
+    except (ArgumentError, ValueError, FileNotFoundError, OutputDirError) as err:
         print(f"megatron-quant-train: error: {err}", file=sys.stderr)
         _teardown(owns_process_group)
         raise SystemExit(2) from err
