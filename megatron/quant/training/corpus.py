@@ -2,15 +2,23 @@
 
 Collects the text files under ``--source`` (default: the Python standard library's sources,
 ``sysconfig.get_paths()["stdlib"]`` without site-packages: code with English docstrings and
-comments, present wherever the project installs), one document per file, in path order; skips
-files that are not UTF-8 text and duplicates (same text). Documents are shuffled with ``--seed``
-and split by document: the first ones train, the last ``--valid-fraction`` validate. Writes
+comments, present wherever the project installs; ``--site-packages`` adds the installed packages'
+text, ``installation_sources()``), one document per file, in path order; skips files that are not
+UTF-8 text and duplicates (same text). Documents are shuffled with ``--seed``, cut to the first
+``--max-bytes`` of text, and split by document: the first ones train, the last ``--valid-fraction``
+validate. The same files give the same corpus, byte for byte. ``--tokenizer-vocab N`` trains a
+byte-level BPE tokenizer of N tokens on the training documents (``bpe``; the first
+``--tokenizer-train-bytes`` of them), saves it beside the corpus (``tokenizer.json``) and
+tokenizes with it; otherwise ``--tokenizer-type`` (default bytes). Writes
 
 - ``OUTPUT_DIR/corpus.jsonl``: one ``{"text", "source"}`` object per document, training ones first;
+- ``OUTPUT_DIR/tokenizer.json`` (and ``tokenizer_config.json``), with ``--tokenizer-vocab``;
 - ``OUTPUT_DIR/corpus_text_document.bin/.idx``: the indexed dataset (``preprocess`` with ``--append-eod``);
-- ``OUTPUT_DIR/corpus.json``: the source, counts, and the training flags to use:
-  ``--data-path OUTPUT_DIR/corpus_text_document --split N_TRAIN,N_VALID,0`` (megatron-core splits
-  by document count, so those are exactly the held-out documents).
+- ``OUTPUT_DIR/corpus.json``: the source, counts (documents, bytes, tokens), the content hash
+  (``corpus_hash``: runs on corpora of different hashes are different experiments) and the
+  training flags to use: ``--data-path OUTPUT_DIR/corpus_text_document --split N_TRAIN,N_VALID,0``
+  (megatron-core splits by document count, so those are exactly the held-out documents) and the
+  tokenizer's flags.
 """
 from __future__ import annotations
 
@@ -19,15 +27,18 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import stat
 import sys
 import sysconfig
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
-from megatron.quant.training import preprocess
+from megatron.quant.training import bpe, preprocess
 from megatron.quant.training.arguments import TOKENIZER_TYPES
 
 SUFFIXES = (".py", ".txt", ".rst", ".md")
@@ -35,6 +46,7 @@ SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})  # i
 NAME = "corpus"
 MANIFEST = "corpus.json"
 MAX_FILE_BYTES = 16 * 2**20  # one document; a larger file is skipped after reading at most this much
+HASH_CHUNK = 1 << 22
 
 
 class CorpusError(ValueError):
@@ -50,11 +62,23 @@ class Corpus:
     bytes: int
     source: list[str]
     seed: int
+    tokens: int = 0                 # training and validation tokens, end-of-document tokens included
+    train_tokens: int = 0
+    sha256: str = ""                # corpus_hash
+    tokenizer: list[str] = field(default_factory=list)  # the training flags that choose its tokenizer
+    max_bytes: int | None = None
 
 
 def default_source() -> Path:
     """The Python standard library's source directory."""
     return Path(sysconfig.get_paths()["stdlib"])
+
+
+def installation_sources() -> list[Path]:
+    """This Python installation's text: the standard library and the site-packages directories."""
+    paths = sysconfig.get_paths()
+    roots = [Path(paths[key]) for key in ("stdlib", "purelib", "platlib")]
+    return [root for i, root in enumerate(roots) if root.is_dir() and root not in roots[:i]]
 
 
 def text_files(root: Path, suffixes: Sequence[str] = SUFFIXES) -> list[Path]:
@@ -99,13 +123,16 @@ def collect(roots: Sequence[Path], suffixes: Sequence[str] = SUFFIXES) -> list[t
     return documents
 
 
-def split_documents(documents: Sequence[tuple[str, str]], valid_fraction: float,
-                    seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(train, valid): the documents shuffled with ``seed``; at least one of each."""
-    if len(documents) < 2:
-        raise CorpusError(f"{len(documents)} document(s): a train/validation split needs at least 2")
+def split_documents(documents: Sequence[tuple[str, str]], valid_fraction: float, seed: int,
+                    max_bytes: int | None = None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train, valid): the documents shuffled with ``seed``, the first ``max_bytes`` of text kept;
+    at least one of each."""
     order = list(documents)
     random.Random(seed).shuffle(order)
+    kept = [text for text in bpe.bytes_capped((text for _, text in order), max_bytes)]
+    order = order[:len(kept)]
+    if len(order) < 2:
+        raise CorpusError(f"{len(order)} document(s): a train/validation split needs at least 2")
     valid = min(len(order) - 1, max(1, round(valid_fraction * len(order))))
     return order[:-valid], order[-valid:]
 
@@ -118,15 +145,44 @@ def _write_jsonl(path: Path, documents: Iterable[tuple[str, str]]) -> None:
     os.replace(tmp, path)
 
 
+def corpus_hash(output_dir: Path, split: str) -> str:
+    """sha256 of the corpus: its text (JSONL), tokenizer (when trained), indexed dataset and split,
+    in that order; equal hashes, equal training data."""
+    digest = hashlib.sha256()
+    for name in (f"{NAME}.jsonl", bpe.TOKENIZER_FILE, f"{NAME}_text_document.bin", f"{NAME}_text_document.idx"):
+        path = output_dir / name
+        if not path.is_file():
+            continue
+        digest.update(name.encode() + b"\0")
+        with open(path, "rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+    digest.update(f"split {split}".encode())
+    return digest.hexdigest()
+
+
+def _token_counts(prefix: str, train_documents: int) -> tuple[int, int]:
+    """(all tokens, training tokens) of the indexed dataset at ``prefix``."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    dataset = IndexedDataset(prefix)  # held: its lengths are a view of its memory map
+    lengths = np.array(dataset.sequence_lengths, dtype=np.int64)
+    return int(lengths.sum()), int(lengths[:train_documents].sum())
+
+
 def build_corpus(output_dir: Path, roots: Sequence[Path] = (), valid_fraction: float = 0.05, seed: int = 1234,
-                 suffixes: Sequence[str] = SUFFIXES, tokenizer: Sequence[str] = ()) -> Corpus:
-    """Collect, split and preprocess (see the module docstring); ``tokenizer``: preprocess's tokenizer flags."""
+                 suffixes: Sequence[str] = SUFFIXES, tokenizer: Sequence[str] = (), max_bytes: int | None = None,
+                 tokenizer_vocab: int | None = None, tokenizer_train_bytes: int | None = None) -> Corpus:
+    """Collect, split, train a tokenizer when ``tokenizer_vocab`` is given, preprocess (see the
+    module docstring); ``tokenizer``: preprocess's tokenizer flags otherwise."""
     if not 0 < valid_fraction < 1:
         raise CorpusError(f"--valid-fraction must be between 0 and 1, got {valid_fraction}")
     try:  # refused before the sources are read, not after
         check_output_dir(Path(output_dir), "OUTPUT_DIR")
     except OutputDirError as error:
         raise CorpusError(str(error)) from None
+    if max_bytes is not None and max_bytes <= 0:
+        raise CorpusError(f"--max-bytes must be positive, got {max_bytes}")
     roots = [Path(root) for root in roots] or [default_source()]
     missing = [str(root) for root in roots if not root.is_dir()]
     if missing:
@@ -134,17 +190,38 @@ def build_corpus(output_dir: Path, roots: Sequence[Path] = (), valid_fraction: f
     documents = collect(roots, suffixes)
     if not documents:
         raise CorpusError(f"no UTF-8 text files ({', '.join(suffixes)}) under {', '.join(map(str, roots))}")
-    train, valid = split_documents(documents, valid_fraction, seed)
+    train, valid = split_documents(documents, valid_fraction, seed, max_bytes)
     output_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_vocab is not None:
+        try:
+            bpe.train_bpe(bpe.bytes_capped((text for _, text in train), tokenizer_train_bytes), tokenizer_vocab,
+                          output_dir)
+        except bpe.TokenizerTrainingError as error:
+            raise CorpusError(str(error)) from error
+        tokenizer = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(output_dir)]
     jsonl = output_dir / f"{NAME}.jsonl"
     _write_jsonl(jsonl, train + valid)
     [prefix] = preprocess.main(["--input", str(jsonl), "--output-prefix", str(output_dir / NAME), "--append-eod",
                                 "--log-interval", "0", *tokenizer])
-    corpus = Corpus(data_path=prefix, split=f"{len(train)},{len(valid)},0", train_documents=len(train),
-                    valid_documents=len(valid), bytes=sum(len(text.encode()) for _, text in documents),
-                    source=[str(root) for root in roots], seed=seed)
+    split = f"{len(train)},{len(valid)},0"
+    tokens, train_tokens = _token_counts(prefix, len(train))
+    corpus = Corpus(data_path=prefix, split=split, train_documents=len(train), valid_documents=len(valid),
+                    bytes=sum(len(text.encode()) for _, text in train + valid), source=[str(root) for root in roots],
+                    seed=seed, tokens=tokens, train_tokens=train_tokens, sha256=corpus_hash(output_dir, split),
+                    tokenizer=list(tokenizer), max_bytes=max_bytes)
     (output_dir / MANIFEST).write_text(json.dumps(asdict(corpus), indent=1) + "\n")
     return corpus
+
+
+def read_manifest(output_dir: Path) -> Corpus | None:
+    """The corpus built in ``output_dir``; None when none was."""
+    path = output_dir / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return Corpus(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as error:
+        raise CorpusError(f"{path} is not a corpus manifest ({error}); remove {output_dir} to rebuild it") from error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,11 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", type=Path, action="append", default=[],
                    help="directory of text files, repeatable (default: the Python standard library, "
                         f"{default_source()})")
+    p.add_argument("--site-packages", action="store_true",
+                   help="the Python installation's text: the standard library and site-packages "
+                        f"({', '.join(map(str, installation_sources()))}); with --source, added to it")
+    p.add_argument("--max-bytes", type=int, default=None, help="keep the first N bytes of the shuffled documents")
     p.add_argument("--suffixes", nargs="+", default=list(SUFFIXES), help="file name endings (default: %(default)s)")
     p.add_argument("--valid-fraction", type=float, default=0.05, help="validation share of the documents")
     p.add_argument("--seed", type=int, default=1234, help="shuffles the documents before the split")
     p.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default="ByteTokenizer")
     p.add_argument("--tokenizer-model", default=None, help="local Hugging Face tokenizer directory")
+    p.add_argument("--tokenizer-vocab", type=int, default=None, metavar="N",
+                   help="train a byte-level BPE tokenizer of N tokens on the training documents, save it beside "
+                        "the corpus and tokenize with it (instead of --tokenizer-type)")
+    p.add_argument("--tokenizer-train-bytes", type=int, default=None, metavar="N",
+                   help="train the tokenizer on the first N bytes of the training documents (default: all)")
     return p
 
 
@@ -169,8 +255,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokenizer = ["--tokenizer-type", args.tokenizer_type]
     if args.tokenizer_model:
         tokenizer += ["--tokenizer-model", args.tokenizer_model]
+    roots = [*args.source, *(installation_sources() if args.site_packages else [])]
+    if args.tokenizer_vocab is not None and (args.tokenizer_model or args.tokenizer_type != "ByteTokenizer"):
+        print("corpus: error: --tokenizer-vocab trains the corpus's own tokenizer; drop --tokenizer-type and "
+              "--tokenizer-model", file=sys.stderr)
+        return 2
     try:
-        corpus = build_corpus(args.output_dir, args.source, args.valid_fraction, args.seed, args.suffixes, tokenizer)
+        corpus = build_corpus(args.output_dir, roots, args.valid_fraction, args.seed, args.suffixes, tokenizer,
+                              args.max_bytes, args.tokenizer_vocab, args.tokenizer_train_bytes)
     except CorpusError as error:
         print(f"corpus: error: {error}", file=sys.stderr)
         return 2
@@ -179,8 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     print(f"corpus: {corpus.train_documents} training and {corpus.valid_documents} validation documents, "
-          f"{corpus.bytes / 1e6:.1f} MB of text from {', '.join(corpus.source)}")
-    print(f"train with: --data-path {corpus.data_path} --split {corpus.split}")
+          f"{corpus.bytes / 1e6:.1f} MB of text, {corpus.tokens:,} tokens ({corpus.train_tokens:,} training) "
+          f"from {', '.join(corpus.source)}; sha256 {corpus.sha256}")
+    print(f"train with: --data-path {corpus.data_path} --split {corpus.split} {shlex.join(corpus.tokenizer)}".rstrip())
     return 0
 
 

@@ -8,6 +8,7 @@ under temporary names and renamed when complete.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -45,8 +46,7 @@ def write_indexed_dataset(documents: Iterable[list[int]], prefix: str, vocab_siz
     return count
 
 
-def tokenized_documents(lines: Iterable[str], key: str, tokenizer: Tokenizer, append_eod: bool,
-                        source: str) -> Iterable[list[int]]:
+def _records(lines: Iterable[str], key: str, source: str) -> Iterable[str]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -56,8 +56,18 @@ def tokenized_documents(lines: Iterable[str], key: str, tokenizer: Tokenizer, ap
             raise ValueError(f"{source}:{number}: not a JSON object: {err}") from None
         if key not in record:
             raise ValueError(f"{source}:{number}: no {key!r} field (fields: {sorted(record)}); set --json-keys")
-        ids = tokenizer.tokenize(record[key])
-        yield ids + [tokenizer.eod] if append_eod else ids
+        yield record[key]
+
+
+BATCH = 256  # documents tokenized at once (a Hugging Face tokenizer spreads a batch over the cores)
+
+
+def tokenized_documents(lines: Iterable[str], key: str, tokenizer: Tokenizer, append_eod: bool,
+                        source: str) -> Iterable[list[int]]:
+    texts = iter(_records(lines, key, source))
+    while batch := list(itertools.islice(texts, BATCH)):
+        for ids in tokenizer.tokenize_batch(batch):
+            yield ids + [tokenizer.eod] if append_eod else ids
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """Tokenizers the datasets and preprocessing use: byte-level (no files), Hugging Face (local), null.
 
 Each exposes what megatron-core's GPTDataset reads (``vocab_size``, ``eod``, ``pad``,
-``unique_identifiers``) plus ``tokenize`` / ``detokenize``.
+``unique_identifiers``) plus ``tokenize`` / ``detokenize`` and ``tokenize_batch`` (preprocessing:
+a Hugging Face tokenizer encodes a batch on all cores).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class Tokenizer(Protocol):
     unique_identifiers: dict
 
     def tokenize(self, text: str) -> list[int]: ...
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
     def detokenize(self, ids: Sequence[int]) -> str: ...
 
 
@@ -29,6 +31,9 @@ class ByteTokenizer:
 
     def tokenize(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tokenize(text) for text in texts]
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
@@ -56,6 +61,9 @@ class HuggingFaceTokenizer:
     def tokenize(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
 
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self._tok(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
 
@@ -70,6 +78,9 @@ class NullTokenizer:
 
     def tokenize(self, text: str) -> list[int]:
         return [int(t) for t in text.split()]
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tokenize(text) for text in texts]
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return " ".join(str(int(i)) for i in ids)
