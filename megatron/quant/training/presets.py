@@ -33,6 +33,15 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
         num_query_groups=2, vocab_size=512, seq_length=128, max_position_embeddings=128,
         rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=False,
     )),
+    # The GPU study's model (docs/study/plan.yaml): Quartet-II's 30M Llama (6 layers, hidden 640)
+    # at half the width, 7.6M parameters outside the embeddings, so that a run of 20 tokens per
+    # parameter fits about 2 minutes of one H100 (the plan's estimate). Every GEMM dimension is a
+    # multiple of 64: 32-element MX blocks and 16x16 NVFP4 tiles never straddle a boundary.
+    "llama-study-8m": MappingProxyType(dict(
+        _LLAMA3, num_layers=6, hidden_size=320, ffn_hidden_size=896, num_attention_heads=5,
+        num_query_groups=5, vocab_size=8192, seq_length=512, max_position_embeddings=512,
+        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+    )),
 })
 
 SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",

@@ -1,0 +1,336 @@
+"""A study plan (``docs/study/plan.yaml``): the model, data, recipes, seeds, the order their runs
+go in, and how long each run takes, read and checked before anything runs.
+
+A run is (recipe, seed), named as the sweep names it: the plan's first seed's run after the recipe
+(``te-nvfp4``), the others ``<recipe>-seed<N>`` (the runs report's seed runs). ``order`` is a list
+of stages ``{recipes: [...] | all, seeds: [...]}``, each run seed by seed, and must name every run
+of the plan exactly once. A run's time is estimated from the FLOPs of an iteration, an assumed
+throughput and a per-recipe overhead, or taken from ``step_time.measured.step_s`` once a GPU has
+measured the recipe. Bad plans raise ``StudyPlanError``, one line naming the key and the value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from megatron.quant.training import metrics
+from megatron.quant.training.presets import get_preset
+
+VERSION = 1
+ALL = "all"
+SEED_SUFFIX = "-seed"  # the sweep's and the runs report's seed-run names
+_KEYS = ("version", "name", "model", "micro_batch_size", "global_batch_size", "train_iters", "log_interval",
+         "eval_interval", "eval_iters", "training_flags", "environment", "data", "recipes", "seeds", "order",
+         "step_time")
+_DATA_KEYS = ("site_packages", "max_bytes", "valid_fraction", "seed", "tokenizer_vocab", "tokenizer_train_bytes")
+# Flags the plan sets from its own keys (or the runner per run): refused in training_flags.
+_OWN_FLAGS = ("--model", "--seq-length", "--max-position-embeddings", "--micro-batch-size", "--global-batch-size",
+              "--train-iters", "--log-interval", "--eval-interval", "--eval-iters", "--seed", "--data-path",
+              "--split", "--tokenizer-type", "--tokenizer-model", "--save-interval")
+
+
+class StudyPlanError(ValueError):
+    """A plan that cannot run; the message names the file, the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    recipe: str
+    seed: int
+    name: str
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    site_packages: bool
+    max_bytes: int | None
+    valid_fraction: float
+    seed: int
+    tokenizer_vocab: int
+    tokenizer_train_bytes: int | None
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    tflops: float
+    startup_s: float
+    default_overhead: float
+    overhead: Mapping[str, float]
+    measured_device: str | None
+    measured_step_s: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    path: Path
+    name: str
+    preset: str
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    train_iters: int
+    log_interval: int
+    eval_interval: int
+    eval_iters: int
+    training_flags: tuple[str, ...]
+    environment: Mapping[str, str]
+    data: DataSpec
+    recipes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    order: tuple[PlannedRun, ...]
+    step_time: StepEstimate
+
+    @property
+    def shape(self) -> dict:
+        return get_preset(self.preset)
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+    @property
+    def tokens_per_run(self) -> int:
+        return self.train_iters * self.tokens_per_iteration
+
+    @property
+    def non_embedding_parameters(self) -> int:
+        shape = self.shape
+        embeddings = shape["vocab_size"] * shape["hidden_size"] * (
+            2 if shape["untie_embeddings_and_output_weights"] else 1)
+        return metrics.num_parameters(shape) - embeddings
+
+    @property
+    def tokens_per_parameter(self) -> float:
+        return self.tokens_per_run / self.non_embedding_parameters
+
+    @property
+    def flops_per_iteration(self) -> float:
+        return metrics.flops_per_iteration(self.shape, global_batch_size=self.global_batch_size,
+                                           seq_length=self.seq_length, vocab_size=self.shape["vocab_size"])
+
+    def step_seconds(self, recipe: str) -> float:
+        """Seconds per iteration of ``recipe``: measured on a GPU when the plan has it, else estimated."""
+        measured = self.step_time.measured_step_s.get(recipe)
+        if measured is not None:
+            return measured
+        overhead = self.step_time.overhead.get(recipe, self.step_time.default_overhead)
+        return self.flops_per_iteration / (self.step_time.tflops * 1e12) * overhead
+
+    def run_seconds(self, recipe: str) -> float:
+        """A whole run of ``recipe``: start-up, training and validation (a validation iteration costs
+        about a third of a training one: forward only)."""
+        evaluations = self.train_iters // self.eval_interval * self.eval_iters
+        return self.step_time.startup_s + (self.train_iters + evaluations / 3) * self.step_seconds(recipe)
+
+    def model_flags(self) -> list[str]:
+        return ["--model", self.preset, "--seq-length", str(self.seq_length), "--max-position-embeddings",
+                str(self.seq_length), "--micro-batch-size", str(self.micro_batch_size), "--global-batch-size",
+                str(self.global_batch_size), "--train-iters", str(self.train_iters), "--log-interval",
+                str(self.log_interval), "--eval-interval", str(self.eval_interval), "--eval-iters",
+                str(self.eval_iters), "--save-interval", str(self.train_iters)]
+
+
+def run_name(recipe: str, seed: int, seeds: Sequence[int]) -> str:
+    return recipe if seed == seeds[0] else f"{recipe}{SEED_SUFFIX}{seed}"
+
+
+class _Reader:
+    """Typed access to the plan's mapping; every failure names the file and the key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, message: str) -> StudyPlanError:
+        return StudyPlanError(f"{self.path}: {key}: {message}")
+
+    def mapping(self, value: Any, key: str, allowed: Sequence[str] | None = None) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a mapping, got {value!r}")
+        unknown = sorted(set(map(str, value)) - set(allowed)) if allowed is not None else []
+        if unknown:
+            raise self.fail(key, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        return value
+
+    def integer(self, value: Any, key: str, minimum: int = 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(key, f"expected an integer >= {minimum}, got {value!r}")
+        return value
+
+    def number(self, value: Any, key: str, low: float = 0.0, high: float = float("inf")) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
+            raise self.fail(key, f"expected a number in ({low:g}, {high:g}), got {value!r}")
+        return float(value)
+
+    def names(self, value: Any, key: str) -> list[str]:
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise self.fail(key, f"expected a non-empty list of names, got {value!r}")
+        duplicates = sorted({v for v in value if value.count(v) > 1})
+        if duplicates:
+            raise self.fail(key, f"{', '.join(duplicates)} given twice")
+        return value
+
+
+def _check_recipe(read: _Reader, name: str) -> None:
+    """The recipe resolves as ``python -m megatron.quant.recipes show NAME`` resolves it."""
+    from megatron.quant.recipes.cli import load
+    from megatron.quant.recipes.recipe import RecipeError
+
+    try:
+        load(name)
+    except (RecipeError, ValueError) as error:
+        raise read.fail("recipes", str(error).splitlines()[0]) from error
+
+
+def _seeds(read: _Reader, value: Any, key: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise read.fail(key, f"expected a non-empty list of integer seeds, got {value!r}")
+    seeds = [read.integer(seed, key, minimum=0) for seed in value]
+    duplicates = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    if duplicates:
+        raise read.fail(key, f"seed(s) {', '.join(map(str, duplicates))} given twice")
+    return seeds
+
+
+def _order(read: _Reader, value: Any, recipes: list[str], seeds: list[int]) -> list[PlannedRun]:
+    if not isinstance(value, list) or not value:
+        raise read.fail("order", f"expected a non-empty list of stages {{recipes, seeds}}, got {value!r}")
+    runs: list[PlannedRun] = []
+    for i, stage in enumerate(value):
+        key = f"order[{i}]"
+        stage = read.mapping(stage, key, ("recipes", "seeds"))
+        names = recipes if stage.get("recipes") == ALL else read.names(stage.get("recipes"), f"{key}.recipes")
+        unknown = [name for name in names if name not in recipes]
+        if unknown:
+            raise read.fail(f"{key}.recipes", f"{', '.join(unknown)} not among the plan's recipes "
+                                              f"({', '.join(recipes)})")
+        stage_seeds = _seeds(read, stage.get("seeds"), f"{key}.seeds")
+        strange = [seed for seed in stage_seeds if seed not in seeds]
+        if strange:
+            raise read.fail(f"{key}.seeds", f"seed(s) {', '.join(map(str, strange))} not among the plan's seeds "
+                                            f"({', '.join(map(str, seeds))})")
+        for seed in stage_seeds:
+            for recipe in names:
+                run = PlannedRun(recipe, seed, run_name(recipe, seed, seeds))
+                if run in runs:
+                    raise read.fail(key, f"run {run.name} (recipe {recipe}, seed {seed}) is already in an earlier stage")
+                runs.append(run)
+    missing = [run_name(r, s, seeds) for s in seeds for r in recipes if PlannedRun(r, s, run_name(r, s, seeds)) not in runs]
+    if missing:
+        raise read.fail("order", f"leaves out run(s) {', '.join(missing)}; every recipe x seed must be ordered")
+    return runs
+
+
+def _flags(read: _Reader, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(flag, str) for flag in value):
+        raise read.fail("training_flags", f"expected a list of strings, got {value!r}")
+    own = [flag for flag in value if flag.split("=", 1)[0] in _OWN_FLAGS]
+    if own:
+        raise read.fail("training_flags", f"{', '.join(own)} set by the plan's own keys or per run; drop them")
+    return tuple(value)
+
+
+def _step_time(read: _Reader, value: Any) -> StepEstimate:
+    value = read.mapping(value, "step_time", ("estimate", "measured"))
+    estimate = read.mapping(value.get("estimate"), "step_time.estimate",
+                            ("tflops", "startup_s", "default_overhead", "overhead"))
+    measured = read.mapping(value.get("measured") or {}, "step_time.measured", ("device", "step_s"))
+    overhead = read.mapping(estimate.get("overhead") or {}, "step_time.estimate.overhead")
+    step_s = read.mapping(measured.get("step_s") or {}, "step_time.measured.step_s")
+    device = measured.get("device")
+    if device is not None and not isinstance(device, str):
+        raise read.fail("step_time.measured.device", f"expected a device name or null, got {device!r}")
+    if step_s and device is None:
+        raise read.fail("step_time.measured.device", "measured step times need the device they were measured on")
+    return StepEstimate(
+        tflops=read.number(estimate.get("tflops"), "step_time.estimate.tflops"),
+        startup_s=read.number(estimate.get("startup_s"), "step_time.estimate.startup_s", low=-1e-9),
+        default_overhead=read.number(estimate.get("default_overhead"), "step_time.estimate.default_overhead"),
+        overhead={str(k): read.number(v, f"step_time.estimate.overhead.{k}") for k, v in overhead.items()},
+        measured_device=device,
+        measured_step_s={str(k): read.number(v, f"step_time.measured.step_s.{k}") for k, v in step_s.items()})
+
+
+def _data(read: _Reader, value: Any) -> DataSpec:
+    data = read.mapping(value, "data", _DATA_KEYS)
+    optional = {key: read.integer(data[key], f"data.{key}") if data.get(key) is not None else None
+                for key in ("max_bytes", "tokenizer_train_bytes")}
+    if not isinstance(data.get("site_packages", False), bool):
+        raise read.fail("data.site_packages", f"expected true or false, got {data['site_packages']!r}")
+    return DataSpec(site_packages=data.get("site_packages", False),
+                    valid_fraction=read.number(data.get("valid_fraction"), "data.valid_fraction", high=1.0),
+                    seed=read.integer(data.get("seed"), "data.seed", minimum=0),
+                    tokenizer_vocab=read.integer(data.get("tokenizer_vocab"), "data.tokenizer_vocab", minimum=257),
+                    **optional)
+
+
+def parse_plan(raw: Any, path: Path) -> StudyPlan:
+    """The checked plan from its parsed YAML."""
+    read = _Reader(path)
+    raw = read.mapping(raw, "plan", _KEYS)
+    if raw.get("version") != VERSION:
+        raise read.fail("version", f"this code reads plan version {VERSION}, got {raw.get('version')!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or "/" in name:
+        raise read.fail("name", f"expected a name (no '/'), got {name!r}")
+    model = read.mapping(raw.get("model"), "model", ("preset", "seq_length"))
+    try:
+        shape = get_preset(str(model.get("preset")))
+    except ValueError as error:
+        raise read.fail("model.preset", str(error)) from error
+    seq_length = read.integer(model.get("seq_length"), "model.seq_length")
+    if seq_length > shape["max_position_embeddings"]:
+        raise read.fail("model.seq_length", f"{seq_length} exceeds the preset's {shape['max_position_embeddings']} "
+                                            f"positions")
+    micro = read.integer(raw.get("micro_batch_size"), "micro_batch_size")
+    batch = read.integer(raw.get("global_batch_size"), "global_batch_size")
+    if batch % micro:
+        raise read.fail("global_batch_size", f"{batch} is not a multiple of micro_batch_size {micro}")
+    train_iters = read.integer(raw.get("train_iters"), "train_iters")
+    eval_interval = read.integer(raw.get("eval_interval"), "eval_interval")
+    if eval_interval > train_iters:
+        raise read.fail("eval_interval", f"{eval_interval} exceeds train_iters {train_iters}: no validation would run")
+    recipes = read.names(raw.get("recipes"), "recipes")
+    for recipe in recipes:
+        _check_recipe(read, recipe)
+    seeds = _seeds(read, raw.get("seeds"), "seeds")
+    environment = read.mapping(raw.get("environment") or {}, "environment")
+    return StudyPlan(
+        path=path, name=name, preset=str(model["preset"]), seq_length=seq_length, micro_batch_size=micro,
+        global_batch_size=batch, train_iters=train_iters,
+        log_interval=read.integer(raw.get("log_interval"), "log_interval"), eval_interval=eval_interval,
+        eval_iters=read.integer(raw.get("eval_iters"), "eval_iters"),
+        training_flags=_flags(read, raw.get("training_flags") or []),
+        environment={str(k): str(v) for k, v in environment.items()}, data=_data(read, raw.get("data")),
+        recipes=tuple(recipes), seeds=tuple(seeds), order=tuple(_order(read, raw.get("order"), recipes, seeds)),
+        step_time=_step_time(read, raw.get("step_time")))
+
+
+def load_plan(path: Path) -> StudyPlan:
+    """Read and check the plan at ``path``."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise StudyPlanError(f"{path}: cannot read the plan ({error.strerror or error})") from error
+    except yaml.YAMLError as error:
+        raise StudyPlanError(f"{path}: not YAML ({str(error).splitlines()[0]})") from error
+    return parse_plan(raw, path)
+
+
+def describe(plan: StudyPlan) -> str:
+    """The plan's sizes and per-run estimates, one line each."""
+    lines = [f"study {plan.name}: {plan.preset}, {plan.non_embedding_parameters / 1e6:.2f}M non-embedding "
+             f"parameters, {plan.train_iters} iterations x {plan.tokens_per_iteration:,} tokens = "
+             f"{plan.tokens_per_run / 1e6:.0f}M tokens ({plan.tokens_per_parameter:.1f} per parameter), "
+             f"{plan.flops_per_iteration / 1e12:.2f} TFLOP per iteration",
+             f"{len(plan.order)} runs: {len(plan.recipes)} recipes x {len(plan.seeds)} seeds; per run "
+             + ("(measured on " + plan.step_time.measured_device + " where given, else estimated):"
+                if plan.step_time.measured_device else "(estimated: no GPU measurement yet):")]
+    lines += [f"  {recipe:<16} {plan.step_seconds(recipe):.3f} s/iteration, {plan.run_seconds(recipe):.0f} s a run"
+              + (" (measured)" if recipe in plan.step_time.measured_step_s else "") for recipe in plan.recipes]
+    total = sum(plan.run_seconds(run.recipe) for run in plan.order)
+    lines.append(f"all runs: {total / 60:.0f} minutes")
+    return "\n".join(lines)

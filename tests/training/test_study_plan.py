@@ -1,0 +1,105 @@
+"""The study plan (docs/study/plan.yaml): the committed plan loads, its recipes are the ones
+`python -m megatron.quant.recipes show` knows, its order is the brief's, and bad plans are one line."""
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron.quant.recipes import cli as recipes_cli
+from megatron.quant.training.presets import get_preset
+from megatron.quant.training.study_plan import StudyPlanError, describe, load_plan, parse_plan
+
+PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
+HEADLINE = ["bf16", "te-nvfp4", "mxfp4", "te-mxfp8"]
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return yaml.safe_load(PLAN.read_text())
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return load_plan(PLAN)
+
+
+def test_the_committed_plan_runs_the_headline_first_then_the_ablations_then_the_third_seed(plan):
+    names = [run.name for run in plan.order]
+    assert names[:8] == HEADLINE + [f"{r}-seed2" for r in HEADLINE]
+    assert {run.recipe for run in plan.order[8:18]} == set(plan.recipes) - set(HEADLINE)
+    assert [run.seed for run in plan.order[18:]] == [3] * len(plan.recipes)
+    assert len(set(names)) == len(names) == len(plan.recipes) * len(plan.seeds) == 27
+
+
+def test_the_committed_plan_has_the_brief_sizes(plan):
+    assert 7e6 < plan.non_embedding_parameters < 30e6 and 19 < plan.tokens_per_parameter < 26
+    assert plan.tokens_per_run == plan.train_iters * plan.global_batch_size * plan.seq_length
+    shape = get_preset(plan.preset)
+    h, ffn, kv = shape["hidden_size"], shape["ffn_hidden_size"], shape["hidden_size"]  # no GQA: kv = hidden
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h  # q, proj, k and v, fc1 (gate, up) and fc2, two norms
+    assert plan.non_embedding_parameters == shape["num_layers"] * per_layer + h  # + the final norm
+
+
+def test_run_times_are_the_estimate_until_a_gpu_measured_them(raw):
+    plan = parse_plan(raw, PLAN)
+    estimate = plan.flops_per_iteration / 130e12
+    assert plan.step_seconds("bf16") == pytest.approx(estimate)
+    assert plan.step_seconds("te-nvfp4") == pytest.approx(1.75 * estimate)  # the default overhead
+    evaluations = plan.train_iters // plan.eval_interval * plan.eval_iters
+    assert plan.run_seconds("bf16") == pytest.approx(45 + (plan.train_iters + evaluations / 3) * estimate)
+    measured = copy.deepcopy(raw)
+    measured["step_time"]["measured"] = {"device": "NVIDIA H100 80GB HBM3", "step_s": {"te-nvfp4": 0.05}}
+    plan = parse_plan(measured, PLAN)
+    assert plan.step_seconds("te-nvfp4") == 0.05 and plan.step_seconds("bf16") == pytest.approx(estimate)
+    assert "te-nvfp4         0.050 s/iteration" in describe(plan) and "(measured)" in describe(plan)
+
+
+def test_every_recipe_is_one_recipes_show_knows(plan, capsys):
+    for recipe in plan.recipes:
+        assert recipes_cli.main(["show", recipe]) == 0, recipe
+    assert capsys.readouterr().out.count("recipe ") >= len(plan.recipes)
+
+
+def _edit(raw, path, value):
+    plan = copy.deepcopy(raw)
+    node = plan
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return plan
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (["recipes"], ["bf16", "mxfp5"], "recipes: mxfp5: format: unknown format or preset 'mxfp5'"),
+    (["recipes"], ["bf16", "te-nvfp4-no-foo"], "unknown component 'foo'"),
+    (["recipes"], ["bf16", "bf16"], "recipes: bf16 given twice"),
+    (["seeds"], [1, 1], "seeds: seed(s) 1 given twice"),
+    (["seeds"], [1, "two"], "seeds: expected an integer >= 0, got 'two'"),
+    (["order", 0, "recipes"], ["bf16", "nvfp4"], "order[0].recipes: nvfp4 not among the plan's recipes"),
+    (["order", 0, "seeds"], [1, 4], "order[0].seeds: seed(s) 4 not among the plan's seeds (1, 2, 3)"),
+    (["order", 2, "seeds"], [2], "order[2]: run bf16-seed2 (recipe bf16, seed 2) is already in an earlier stage"),
+    (["order", 2, "recipes"], ["bf16"], "order: leaves out run(s) te-nvfp4-seed3"),
+    (["global_batch_size"], 100, "global_batch_size: 100 is not a multiple of micro_batch_size 64"),
+    (["train_iters"], 0, "train_iters: expected an integer >= 1, got 0"),
+    (["model", "seq_length"], 4096, "model.seq_length: 4096 exceeds the preset's 512 positions"),
+    (["model", "preset"], "llama-huge", "model.preset: unknown model preset 'llama-huge'"),
+    (["training_flags"], ["--lr", "1e-3", "--seed", "5"], "training_flags: --seed set by the plan's own keys"),
+    (["data", "tokenizer_vocab"], 100, "data.tokenizer_vocab: expected an integer >= 257, got 100"),
+    (["data", "colour"], "blue", "data: unknown key(s) colour"),
+    (["version"], 2, "version: this code reads plan version 1, got 2"),
+    (["step_time", "measured"], {"device": None, "step_s": {"bf16": 0.1}}, "measured step times need the device"),
+])
+def test_bad_plans_are_one_line_naming_the_key(raw, path, value, message):
+    with pytest.raises(StudyPlanError) as error:
+        parse_plan(_edit(raw, path, value), PLAN)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"{PLAN}: ")
+
+
+def test_unreadable_plans_are_one_line(tmp_path):
+    with pytest.raises(StudyPlanError, match="cannot read the plan"):
+        load_plan(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("recipes: [bf16\n")
+    with pytest.raises(StudyPlanError, match="not YAML"):
+        load_plan(tmp_path / "bad.yaml")
