@@ -31,7 +31,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -106,13 +106,14 @@ def with_stats(quantize: Callable[..., torch.Tensor], fmt, mode: str, level: str
 
 
 def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, modes: list[str],
-                device: str, dual_axis: bool, stats: bool = False) -> list[dict]:
+                device: str, dual_axis: bool, stats: bool = False) -> Iterator[dict]:
+    """One row per format, mode and case, as each is measured (bench/gpu's kernels stage keeps them as
+    they come)."""
     side = int(numel**0.5)
     x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     moved = 2 * x.numel() * x.element_size()  # bytes read + written by a copy and by a quantization
     clone = median_seconds(x.clone, repeats)
     print(f"\n{str(dtype):<15} clone: {clone * 1e3:8.2f} ms  ({moved / clone / 1e9:.1f} GB/s moved)", flush=True)
-    rows = []
     for name in names:
         format_name, options = VARIANTS.get(name, (name, {}))
         fmt = get_format(format_name, **options)
@@ -129,13 +130,12 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
                 seconds = median_seconds(fn, repeats)
                 ratio = seconds / clone
                 goal = GOALS[device][(mode, fmt.block_size is not None)] * AXES_FACTORS[axes]
-                rows.append({"format": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode, "axes": axes,
-                             "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
-                             "GBps": moved / seconds, "copy_GBps": moved / clone,
-                             "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal})
                 print(f"  {name:<20} {mode:<9} {axes:<15} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s"
                       f"  {ratio:6.2f}x clone  (goal {goal:.2f}x{'' if ratio <= goal else ', missed'})", flush=True)
-    return rows
+                yield {"format": name, "dtype": str(dtype).removeprefix("torch."), "mode": mode, "axes": axes,
+                       "ms": seconds * 1e3, "elements_per_s": x.numel() / seconds,
+                       "GBps": moved / seconds, "copy_GBps": moved / clone,
+                       "ratio_to_clone": ratio, "goal": goal, "meets_goal": ratio <= goal}
 
 
 STOCHASTIC_FORMATS = ("bf16", "hifp8", "mxfp8_e4m3", "nvfp4")

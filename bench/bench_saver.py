@@ -6,14 +6,17 @@ in each mode, interleaved so machine noise hits all modes alike:
   stats-counts  TENSOR_SAVE_MODE=stats, TENSOR_SAVE_STATS=counts, every iteration
   stats-sample  ... TENSOR_SAVE_STATS=sample
   stats         ... TENSOR_SAVE_STATS=full (the default)
+  stats-every10 ... full statistics of every 10th iteration: 10 steps, the time per step
   full          TENSOR_SAVE_MODE=full, every iteration: files written by the background writer
 Reported (medians over rounds): each stats level's overhead vs off (goal <= 10%), the training
 thread's wait for the writer in full mode as a fraction of an off step (goal <= 25%), the
-full-mode added training-thread time, and how long the background writing took.
+full-mode added training-thread time, how long the background writing took, and the disk write
+speed (a lower bound: the bytes of one full iteration over its step and the drain after it).
 
-    python bench/bench_saver.py [--model llama-tiny|wide] [--format mxfp8] [--rounds 7] [--microbatches 2]
-Models: llama-tiny (hidden 256), wide (llama-tiny at hidden 1024, FFN 3072, 8 heads).
-Writes bench/results/bench_saver_<model>.json.
+    python bench/bench_saver.py [--model llama-tiny|wide|1b-2layers] [--format mxfp8] [--rounds 7] [--device cuda]
+Models: llama-tiny (hidden 256), wide (llama-tiny at hidden 1024, FFN 3072, 8 heads), 1b-2layers
+(Llama 3.2 1B's widths and vocabulary, 2 layers, seq 2048: for a GPU).
+Writes bench/results/bench_saver_<model>.json (..._cuda.json on a GPU).
 """
 from __future__ import annotations
 
@@ -31,14 +34,19 @@ import torch
 
 from megatron.quant import tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
+from megatron.quant.training.presets import PRESETS
 
-MODES = ("off", "stats-counts", "stats-sample", "stats", "full")
+MODES = ("off", "stats-counts", "stats-sample", "stats", "stats-every10", "full")
 STATS_LEVEL = {"stats-counts": "counts", "stats-sample": "sample"}  # others: full statistics
+STEPS = {"stats-every10": 10}  # steps per measurement (capture on the first); others: 1
+_1B = {key: value for key, value in PRESETS["llama3.2-1b"].items()
+       if key in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "vocab_size")}
 MODELS = {"llama-tiny": {}, "wide": {"hidden_size": 1024, "ffn_hidden_size": 3072, "num_attention_heads": 8,
-                                     "num_query_groups": 4}}
+                                     "num_query_groups": 4},
+          "1b-2layers": {**_1B, "num_layers": 2, "seq_length": 2048, "max_position_embeddings": 2048}}
 
 
-def build_model(fmt: str, model: str):
+def build_model(fmt: str, model: str, device: str = "cpu"):
     from megatron.quant.cpu import init_parallel
     from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.layers.spec import build_llama_model
@@ -48,10 +56,16 @@ def build_model(fmt: str, model: str):
     init_parallel()
     shape = {**get_preset("llama-tiny"), **MODELS[model]}
     recipe = QuantRecipe.uniform(fmt)
-    model = build_llama_model(transformer_config(shape), recipe, vocab_size=shape["vocab_size"],
+    precision = "bf16" if device == "cuda" else "fp32"
+    model = build_llama_model(transformer_config(shape, precision=precision), recipe, vocab_size=shape["vocab_size"],
                               max_sequence_length=shape["max_position_embeddings"],
                               rotary_base=shape["rotary_base"])
-    return model, shape
+    return model.to(device), shape
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def training_step(model, optimizer, batches, iteration: int) -> None:
@@ -64,14 +78,19 @@ def training_step(model, optimizer, batches, iteration: int) -> None:
 
 
 def timed_step(mode: str, model, optimizer, batches, iteration: int, save_dir: str, queue_mb: int) -> dict:
+    """``STEPS[mode]`` training steps from ``iteration`` (a multiple of them: captured first); per step."""
+    steps = STEPS.get(mode, 1)
     tensor_saver.configure(SaverConfig(enabled=mode != "off", mode="full" if mode == "full" else "stats",
-                                       stats=STATS_LEVEL.get(mode, "full"), iterations="every:1",
+                                       stats=STATS_LEVEL.get(mode, "full"), iterations=f"every:{steps}",
                                        save_dir=save_dir, queue_mb=queue_mb))
+    synchronize()
     start, cpu_start = time.perf_counter(), time.process_time()
-    training_step(model, optimizer, batches, iteration)
-    tensor_saver.iteration_summary()  # what the loop logs each step; waits for pending statistics
-    step_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    wait_s = tensor_saver.writer_stats()["wait_s"]
+    for step in range(steps):
+        training_step(model, optimizer, batches, iteration + step)
+        tensor_saver.iteration_summary()  # what the loop logs each step; waits for pending statistics
+    synchronize()
+    step_s, cpu_s = (time.perf_counter() - start) / steps, (time.process_time() - cpu_start) / steps
+    wait_s = tensor_saver.writer_stats()["wait_s"] / steps
     start = time.perf_counter()
     tensor_saver.close()  # the writer finishes in the background; measured apart
     return {"step_s": step_s, "cpu_s": cpu_s, "wait_s": wait_s, "drain_s": time.perf_counter() - start}
@@ -89,26 +108,30 @@ def main() -> None:
                         help="step time for the stats overheads: wall clock, or this process's CPU time "
                              "(steadier on a machine shared with other jobs)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", default=None, help="default bench/results/bench_saver_<model>.json")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", default=None, help="default bench/results/bench_saver_<model>[_cuda].json")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model, shape = build_model(args.format, args.model)
-    out = args.out or f"bench/results/bench_saver_{args.model}.json"
+    model, shape = build_model(args.format, args.model, args.device)
+    out = args.out or f"bench/results/bench_saver_{args.model}{'_cuda' if args.device == 'cuda' else ''}.json"
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     seq = shape["seq_length"]
-    batches = [(torch.randint(0, shape["vocab_size"], (args.batch, seq)),
-                torch.arange(seq).expand(args.batch, seq)) for _ in range(args.microbatches)]
+    batches = [(torch.randint(0, shape["vocab_size"], (args.batch, seq), device=args.device),
+                torch.arange(seq, device=args.device).expand(args.batch, seq)) for _ in range(args.microbatches)]
     samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="bench_saver_") as root:
         training_step(model, optimizer, batches, 0)  # warm-up, capture off
         for round_idx in range(args.rounds):
             for mode in MODES:
                 save_dir = os.path.join(root, f"{mode}{round_idx}")
-                samples[mode].append(timed_step(mode, model, optimizer, batches, round_idx + 1, save_dir,
-                                                args.queue_mb))
+                # every mode's first iteration is captured: a multiple of its step count
+                samples[mode].append(timed_step(mode, model, optimizer, batches, (round_idx + 1) * STEPS.get(mode, 1),
+                                                save_dir, args.queue_mb))
             bytes_full = sum(p.stat().st_size for p in Path(root, f"full{round_idx}").rglob("*") if p.is_file())
             print(f"round {round_idx + 1}/{args.rounds}: " + ", ".join(
                 f"{m} {samples[m][-1]['step_s']:.3f}s" for m in MODES) + f", full wrote {bytes_full / 2**20:.1f} MiB",
@@ -121,26 +144,31 @@ def main() -> None:
     off = median("off", clock)
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                   f"torch threads {torch.get_num_threads()}, device cpu",
+                   f"torch threads {torch.get_num_threads()}, device "
+                   f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}",
         "format": args.format, "model": args.model, "hidden_size": shape["hidden_size"], "microbatches": args.microbatches, "batch": args.batch,
         "seq_length": seq, "rounds": args.rounds, "queue_mb": args.queue_mb, "bytes_per_full_iteration": bytes_full,
         "step_s": {mode: median(mode, "step_s") for mode in MODES},
         "clock": args.clock, "step_s_by_clock": {mode: median(mode, clock) for mode in MODES},
         "stats_overhead": median("stats", clock) / off - 1,
         "stats_overhead_by_level": {STATS_LEVEL.get(m, "full"): median(m, clock) / off - 1
-                                    for m in MODES if m.startswith("stats")},
+                                    for m in MODES if m in ("stats-counts", "stats-sample", "stats")},
+        "stats_every10_overhead": median("stats-every10", clock) / off - 1,
         "full_wait_fraction": median("full", "wait_s") / median("off", "step_s"),
         "full_added_fraction": median("full", "step_s") / median("off", "step_s") - 1,
         "full_background_drain_s": median("full", "drain_s"),
+        "full_write_gbps_at_least": bytes_full / (median("full", "step_s") + median("full", "drain_s")) / 1e9,
         "goals": {"stats_overhead": 0.10, "full_wait_fraction": 0.25},
     }
     print(f"{'measure':<40}{'value':>10}{'goal':>8}")
     print(f"{f'off step ({args.clock} s, median)':<40}{off:>10.3f}")
     for level, overhead in results["stats_overhead_by_level"].items():
         print(f"{f'stats mode ({level}): added step time':<40}{overhead:>10.1%}{'<=10%':>8}")
+    print(f"{'stats mode, every 10th: added step time':<40}{results['stats_every10_overhead']:>10.1%}")
     print(f"{'full mode: training-thread wait / step':<40}{results['full_wait_fraction']:>10.1%}{'<=25%':>8}")
     print(f"{'full mode: added step time (all)':<40}{results['full_added_fraction']:>10.1%}")
     print(f"{'full mode: background drain after (s)':<40}{results['full_background_drain_s']:>10.3f}")
+    print(f"{'full mode: disk write GB/s, at least':<40}{results['full_write_gbps_at_least']:>10.2f}")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

@@ -56,17 +56,22 @@ def default_variants(format_names: list[str]) -> list[str]:
     return [BASELINE, *format_names, "hifp8+stats", "hifp8+full"]
 
 
+def train_argv(model: str, iters: int, micro_batch_size: int, seq_length: int | None, bf16: bool) -> list[str]:
+    """The training run's arguments: mock data, no evaluation, two micro-batches per step."""
+    argv = ["--model", model, "--mock-data", "--train-iters", str(iters), "--eval-iters", "0",
+            "--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(2 * micro_batch_size),
+            "--log-interval", str(iters)]
+    argv += ["--seq-length", str(seq_length)] if seq_length else []
+    return argv + (["--bf16"] if bf16 else [])
+
+
 def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]:
     """Per timed iteration: step time, MFU (when known) and the saver's wait."""
     from megatron.quant.training.main import main
     from megatron.quant.training.env import scoped_environ
 
     env = dict(env, TENSOR_SAVE_DIR=save_dir)
-    argv = ["--model", args.model, "--mock-data", "--train-iters", str(args.iters), "--eval-iters", "0",
-            "--micro-batch-size", str(args.micro_batch_size), "--global-batch-size", str(2 * args.micro_batch_size),
-            "--log-interval", str(args.iters)]
-    argv += ["--seq-length", str(args.seq_length)] if args.seq_length else []
-    argv += ["--bf16"] if args.bf16 else []
+    argv = train_argv(args.model, args.iters, args.micro_batch_size, args.seq_length, args.bf16)
     try:
         with scoped_environ(env):
             history = main(argv)

@@ -1,0 +1,42 @@
+"""A pytest plugin (``-p bench.gpu.pytest_rows``): one JSON line per test outcome, appended to the file
+named by ``GPU_CHECK_TEST_ROWS`` as each test ends, so that a run killed at its deadline still says
+what finished. Under pytest-xdist the controller writes (it receives every worker's reports)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+ROWS_ENV = "GPU_CHECK_TEST_ROWS"
+REASON_CHARS = 300
+
+
+def outcome(report: pytest.TestReport) -> str | None:
+    """The test's outcome as this report decides it, or None when it decides nothing (a passed setup
+    or teardown)."""
+    if report.when == "call":
+        return report.outcome
+    if report.skipped:
+        return "skipped"
+    return "error" if report.failed else None
+
+
+def reason(report: pytest.TestReport) -> str:
+    """Why it did not pass, in one line: the skip reason, else the first ``E`` line of the traceback."""
+    if report.passed:
+        return ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2])[:REASON_CHARS]
+    lines = [line for line in report.longreprtext.splitlines() if line.strip()]
+    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    return (errors or lines[-1:] or [""])[0][:REASON_CHARS]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = os.environ.get(ROWS_ENV)
+    decided = outcome(report)
+    if not path or decided is None or "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    with open(path, "a") as rows:
+        rows.write(json.dumps({"id": report.nodeid, "outcome": decided, "reason": reason(report)}) + "\n")
