@@ -1,0 +1,36 @@
+"""What must travel to the device machine as wheels, and the line that installs them there.
+
+The device machine (CPython 3.12, x86-64, no network) has torch, Triton, numpy, ml_dtypes, pytest-xdist
+and the rest of our dependencies in its image; it lacks megatron-core and en_dtypes, so those travel
+as wheels in ``.whl/`` (ignored by git, carried by the device call). Their own requirements (numpy,
+torch, packaging) are in the image. ml_dtypes does not travel: the image has it (0.5 or newer).
+"""
+from __future__ import annotations
+
+import sys
+
+WHEEL_DIR = ".whl"
+PINNED = ("megatron-core==0.19.2", "en_dtypes==0.0.4")
+PYTHON_VERSION = "3.12"
+# pip matches a manylinux tag exactly: megatron-core 0.19.2 is manylinux_2_28, en_dtypes manylinux2014
+PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_24_x86_64", "manylinux_2_28_x86_64")
+SITE = "/tmp/site"
+# the project goes into a target of its own: pip --target skips (or, with --upgrade, replaces) a top-level
+# folder that is already there, and megatron/ holds megatron-core's part of the namespace
+PROJECT_SITE = "/tmp/quant"
+
+
+def download_argv(python: str = sys.executable) -> list[str]:
+    """``pip download`` of the pinned wheels for the device's Python, into WHEEL_DIR."""
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    return [python, "-m", "pip", "download", "--only-binary=:all:", "--no-deps", "--python-version", PYTHON_VERSION,
+            "--implementation", "cp", *platforms, "-d", WHEEL_DIR, *PINNED]
+
+
+def install_line(site: str = SITE, project_site: str = PROJECT_SITE) -> str:
+    """The device command's first line, from the repository root: the wheels, then this working tree
+    (no index, no dependencies; the image's setuptools builds it), then PYTHONPATH (the repository root
+    last: bench.gpu imports from it)."""
+    pip = "python3 -m pip install -q --no-index --no-deps --no-compile"
+    return (f"{pip} --target {site} {WHEEL_DIR}/*.whl && {pip} --no-build-isolation --target {project_site} . "
+            f"&& export PYTHONPATH={site}:{project_site}:$PWD || exit")
