@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
+# megatron.quant.kernels' Triton kernels, named exactly (torch's own kernels contain "elementwise_kernel")
+OUR_KERNELS = frozenset({"_block_kernel", "_dual_kernel", "_elementwise_kernel", "_amax_kernel"})
 # bucket -> lower-case name fragments, tried in this order
 RULES = (
-    ("quantization", ("_block_kernel", "_dual_kernel", "_elementwise_kernel", "_amax_kernel", "quant")),
+    ("quantization", ("quant",)),
     ("optimizer", ("adam", "multi_tensor", "foreach", "optimizer")),
     ("norms", ("norm", "rms")),
     ("attention", ("softmax", "flash", "fmha", "attention", "sdpa", "aten::bmm", "aten::baddbmm")),
@@ -21,6 +23,8 @@ BUCKETS = tuple(name for name, _ in RULES) + ("other",)
 
 
 def bucket(name: str) -> str:
+    if name in OUR_KERNELS:
+        return "quantization"
     lowered = name.lower()
     return next((label for label, fragments in RULES if any(f in lowered for f in fragments)), "other")
 
