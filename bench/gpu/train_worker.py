@@ -30,7 +30,7 @@ def profiled(run, iterations: range) -> dict:
 
 
 def train_run(variant: str, argv: list[str], iters: int, profile_steps: int) -> dict:
-    from megatron.quant.train import check_inputs, setup
+    from megatron.quant.training.main import check_inputs, setup
     from megatron.quant.training.env import scoped_environ
     from megatron.quant.training.loop import train
 
