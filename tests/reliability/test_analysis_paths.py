@@ -94,7 +94,7 @@ def test_fifo_named_pt_is_skipped_and_listed_not_opened(tmp_path, listed):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_load_capture_refuses_a_fifo_without_opening_it(tmp_path):
-    from megatron.quant.analysis.loading import CaptureLoadError, load_capture
+    from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 
     fifo = tmp_path / "x.pt"
     os.mkfifo(fifo)

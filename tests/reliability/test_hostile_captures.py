@@ -71,7 +71,7 @@ def test_compare_formats_skips_and_lists_each_hostile_record(hostile_logs, tmp_p
 
 
 def test_load_capture_refuses_a_stride0_tensor_without_walking_it(tmp_path):
-    from megatron.quant.analysis.loading import CaptureLoadError, load_capture
+    from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 
     path = tmp_path / "x.pt"
     torch.save({"tensor": BAD_FILES["stride0"][0](), "metadata": {}}, path)

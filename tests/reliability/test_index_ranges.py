@@ -51,8 +51,8 @@ def test_report_filter_ranges_are_not_expanded(tmp_path):
 
 
 def test_a_filter_value_no_capture_has_is_named_as_a_range():
-    from megatron.quant.analysis.catalog import CaptureRecord
-    from megatron.quant.analysis.selection import CaptureFilter, FilterError
+    from megatron.quant.analysis.captures.catalog import CaptureRecord
+    from megatron.quant.analysis.captures.selection import CaptureFilter, FilterError
     from megatron.quant.recipes.selectors import IndexSet
 
     record = CaptureRecord(None, "bf16", "linear", 0, "forward", "pre", "linear", "input", 3, 0)

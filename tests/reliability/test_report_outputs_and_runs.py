@@ -64,7 +64,7 @@ def runs_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(runs_dir, tmp_path_factory):
-    from megatron.quant.analysis.runs_report import write_runs_report
+    from megatron.quant.analysis.runs.report import write_runs_report
 
     result = write_runs_report(runs_dir, tmp_path_factory.mktemp("report"), "bf16", smoothing=0.0)
     return result, {row["run"]: row for row in result.rows}
@@ -95,7 +95,7 @@ def test_loss_turning_nan_is_flagged_diverged(report):
 
 
 def test_nan_baseline_is_said(tmp_path):
-    from megatron.quant.analysis.runs_report import write_runs_report
+    from megatron.quant.analysis.runs.report import write_runs_report
 
     _events(tmp_path / "runs" / "bf16", np.where(STEPS >= 30, math.nan, LOSS))
     _events(tmp_path / "runs" / "mxfp8", 1.01 * LOSS)

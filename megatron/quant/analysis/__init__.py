@@ -2,5 +2,5 @@
 
 Entry points: ``python -m megatron.quant.analysis`` (every analysis), the scripts in
 ``script/`` (thin wrappers over :func:`megatron.quant.analysis.cli.main`), and
-:func:`megatron.quant.analysis.pipeline.run_report` from Python.
+:func:`megatron.quant.analysis.captures.pipeline.run_report` from Python.
 """

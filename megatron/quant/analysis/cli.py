@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.quant.analysis.catalog import CatalogError
-from megatron.quant.analysis.families import BY_KEY, SETS, resolve
-from megatron.quant.analysis.loading import SummaryOptions
+from megatron.quant.analysis.captures.catalog import CatalogError
+from megatron.quant.analysis.captures.families import BY_KEY, SETS, resolve
+from megatron.quant.analysis.captures.loading import SummaryOptions
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.parallel import default_workers
-from megatron.quant.analysis.pipeline import ReportOptions, run_report
+from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
 from megatron.quant.analysis.plans import PlotSettings
-from megatron.quant.analysis.selection import CaptureFilter, FilterError
+from megatron.quant.analysis.captures.selection import CaptureFilter, FilterError
 from megatron.quant.recipes.selectors import IndexSet
 
 _FILTERS = {  # option -> (parser of one token, help)
@@ -109,10 +109,10 @@ def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] =
          description: str = "Draw figures and an HTML report from captured tensors.",
          prog: Optional[str] = None) -> int:
     """Exit status: 0 done, 1 some figure failed (named on stderr and in the report), 2 bad
-    input (message on stderr). ``runs ...`` compares training runs instead (``runs_report``)."""
+    input (message on stderr). ``runs ...`` compares training runs instead (``runs.report``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["runs"]:
-        from megatron.quant.analysis import runs_report
+        from megatron.quant.analysis.runs import report as runs_report
 
         return runs_report.main(argv[1:], prog=f"{prog or Path(sys.argv[0]).name} runs")
     parser = build_parser(description, default_analyses, prog)

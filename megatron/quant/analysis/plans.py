@@ -1,13 +1,11 @@
-"""The contract between the analyses, the figure renderer and the report."""
+"""The contract between the analyses, the figure renderer and the report: figures to draw, files
+written, notes, plot settings.
+"""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
-
-from megatron.quant.analysis.catalog import SkippedFile
-from megatron.quant.analysis.summary import TensorSummary
 
 
 @dataclass(frozen=True)
@@ -41,36 +39,6 @@ class PlotSettings:
     figure_budget: int = 100_000     # sampled values drawn per figure, all series together
     min_trend_iterations: int = 3    # distinct iterations needed for curves over training
     max_panels: int = 12             # subplots per figure (extra groups are named in a note)
-
-
-@dataclass(frozen=True)
-class AnalysisInput:
-    summaries: tuple[TensorSummary, ...]
-    output_dir: Path
-    tensor_dir: Path
-    filters: str
-    skipped: tuple[SkippedFile, ...]
-    settings: PlotSettings = PlotSettings()
-
-    @property
-    def originals(self) -> list[TensorSummary]:
-        """Captures of the layers' own tensors (the optional quantized copies left out)."""
-        return [s for s in self.summaries if not s.record.quantized]
-
-    @property
-    def with_values(self) -> list[TensorSummary]:
-        """Originals whose values were sampled (stats-only manifest entries left out)."""
-        return [s for s in self.originals if s.has_values]
-
-
-@dataclass(frozen=True)
-class Analysis:
-    key: str                 # name on the command line (--analyses)
-    title: str
-    folder: str              # output sub-folder; "" for files at the top of the output directory
-    description: str
-    build: Callable[[AnalysisInput], AnalysisPlan]
-    needs: frozenset[str] = frozenset()  # extra per-capture data: "heatmap", "format"
 
 
 def figure_path(folder: str, *parts: object) -> str:

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 from megatron.quant.recipes import presets
 from megatron.quant.analysis import cli, report
-from megatron.quant.analysis.catalog import CatalogError
+from megatron.quant.analysis.captures.catalog import CatalogError
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.compare import whatif, whatif_report
 

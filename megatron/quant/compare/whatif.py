@@ -21,10 +21,10 @@ import torch
 
 from megatron.quant import formats
 from megatron.quant.recipes import ablations, presets
-from megatron.quant.analysis.catalog import (CaptureRecord, SkippedFile, build_catalog, enrich_from_file,
-                                             relative_path)
-from megatron.quant.analysis.loading import CaptureLoadError, load_capture
-from megatron.quant.analysis.selection import CaptureFilter, select
+from megatron.quant.analysis.captures.catalog import (CaptureRecord, SkippedFile, build_catalog, enrich_from_file,
+                                                      relative_path)
+from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
+from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.formats.base import NumericFormat, normalize_axis
 from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES, operands_for_role
 from megatron.quant.recipes.recipe import QuantRecipe

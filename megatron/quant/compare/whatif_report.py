@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from megatron.quant.analysis import figures
-from megatron.quant.analysis.catalog import SkippedFile
+from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"

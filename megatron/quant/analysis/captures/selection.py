@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterable, Optional
 
-from megatron.quant.analysis.catalog import CaptureRecord
+from megatron.quant.analysis.captures.catalog import CaptureRecord
 from megatron.quant.recipes.selectors import IndexSet
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from megatron.quant import tensor_saver
-from megatron.quant.analysis.families import resolve
-from megatron.quant.analysis.pipeline import ReportOptions, run_report
+from megatron.quant.analysis.captures.families import resolve
+from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
 from megatron.quant.formats import get_format
 from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_runs_report import _write
 
-from megatron.quant.analysis import runs_report, seed_stats
+from megatron.quant.analysis.runs import html as runs_html, metrics, read, report as runs_report, seed_stats
 
 STEPS = np.arange(1, 101)
 BASE = 2 + 4 * np.exp(-STEPS / 30)
@@ -52,7 +52,7 @@ def test_recipe_table_gives_mean_gap_uncertainty_and_noise_verdict(seeded):
     assert rows["shaky"]["seeds"] == 2 and rows["shaky"]["diverged"] == 1
     assert rows["shaky"]["gap to baseline"] == pytest.approx(0.02, rel=1e-4)
     assert math.isnan(rows["single"]["gap ±"]) and rows["single"]["beyond noise"] is True  # 10 % > 2 % spread
-    with open(out / runs_report.RECIPES_CSV) as handle:
+    with open(out / runs_html.RECIPES_CSV) as handle:
         table = list(csv.DictReader(handle))
     assert [row["recipe"] for row in table] == list(rows) and float(table[1]["gap to baseline"]) == pytest.approx(0.05,
                                                                                                               rel=1e-4)
@@ -62,8 +62,8 @@ def test_recipe_table_gives_mean_gap_uncertainty_and_noise_verdict(seeded):
 
 def test_bands_span_the_seeds_and_leave_diverged_runs_out(seeded):
     root = seeded[0]
-    groups = runs_report.recipe_groups(runs_report.load_runs(root))
-    payload = runs_report.band_payload(groups, "bf16", 0.0)
+    groups = metrics.recipe_groups(read.load_runs(root))
+    payload = metrics.band_payload(groups, "bf16", 0.0)
     steps, mean, low, high, count = payload["loss"]["far"]
     assert count == 3 and steps == STEPS.tolist()
     assert np.allclose(mean, 1.05 * BASE) and np.allclose(low, 1.05 * 0.99 * BASE)
@@ -79,7 +79,7 @@ def test_without_seed_runs_there_is_no_recipe_table(tmp_path):
     _write(tmp_path / "bf16", {"train/lm loss": BASE})
     _write(tmp_path / "mxfp4", {"train/lm loss": 1.01 * BASE})
     report = runs_report.write_runs_report(tmp_path, tmp_path / "report", "bf16")
-    assert report.recipes == [] and not (tmp_path / "report" / runs_report.RECIPES_CSV).exists()
+    assert report.recipes == [] and not (tmp_path / "report" / runs_html.RECIPES_CSV).exists()
 
 
 def test_a_dozen_recipes_get_distinct_colours_and_a_legend_wide_enough():

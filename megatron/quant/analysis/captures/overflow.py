@@ -6,10 +6,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
-from megatron.quant.analysis.plans import (AnalysisInput, AnalysisPlan, FigureJob, figure_path,
-                                           truncation_note)
-from megatron.quant.analysis.quantization import no_quant_stats_note, source_note
-from megatron.quant.analysis.summary import TensorSummary, group_by, tensor_label
+from megatron.quant.analysis.captures.inputs import AnalysisInput
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.captures.quantization import no_quant_stats_note, source_note
+from megatron.quant.analysis.captures.summary import TensorSummary, group_by, tensor_label
 
 FOLDER = "overflow_analysis"
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from capture_fixture import numpy_tensor_stats, tiny_run
-from megatron.quant.analysis.catalog import build_catalog, record_from_file_name
-from megatron.quant.analysis.loading import (CaptureLoadError, SummaryOptions, load_capture,
-                                             pooled_absmax, sample_indices, summarize)
-from megatron.quant.analysis.summary import pooled_moments
+from megatron.quant.analysis.captures.catalog import build_catalog, record_from_file_name
+from megatron.quant.analysis.captures.loading import (CaptureLoadError, SummaryOptions, load_capture, pooled_absmax,
+                                                      sample_indices, summarize)
+from megatron.quant.analysis.captures.summary import pooled_moments
 from megatron.quant.formats import get_format
 from megatron.quant.stats import quant_stats, tensor_stats
 from megatron.quant.stats import reference as stats_module

@@ -7,7 +7,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from megatron.quant.analysis import cli, runs_report
+from megatron.quant.analysis import cli
+from megatron.quant.analysis.runs import metrics, read, report as runs_report
 
 STEPS = np.arange(1, 201)
 BASE = 2 + 4 * np.exp(-STEPS / 40) * (1 + 0.01 * np.sin(STEPS))  # wiggles: smoothing matters
@@ -89,15 +90,15 @@ def test_divergence_spikes_throughput_and_validation(report):
 
 def test_smoothed_gap_of_a_constant_ratio_is_that_ratio_and_lags_a_jump():
     base = (STEPS, BASE)
-    steps, gap = runs_report.relative_gap((STEPS, 1.02 * BASE), base, smoothing=0.9)
+    steps, gap = metrics.relative_gap((STEPS, 1.02 * BASE), base, smoothing=0.9)
     assert gap == pytest.approx(np.full(STEPS.size, 0.02))
-    jump = runs_report.relative_gap((STEPS, BASE * np.where(STEPS >= 120, 1.08, 1.0)), base, smoothing=0.6)
-    assert runs_report.first_above(jump, 0.05) > 120 and runs_report.first_above(jump, 0.01) == 120
+    jump = metrics.relative_gap((STEPS, BASE * np.where(STEPS >= 120, 1.08, 1.0)), base, smoothing=0.6)
+    assert metrics.first_above(jump, 0.05) > 120 and metrics.first_above(jump, 0.01) == 120
 
 
 def test_noise_band_spans_the_baseline_seeds(runs_dir):
-    runs = {run.name: run for run in runs_report.load_runs(runs_dir)}
-    steps, low, high = runs_report.noise_band(runs["bf16"], [runs["bf16-seed1"], runs["bf16-seed2"]], 0.6)
+    runs = {run.name: run for run in read.load_runs(runs_dir)}
+    steps, low, high = metrics.noise_band(runs["bf16"], [runs["bf16-seed1"], runs["bf16-seed2"]], 0.6)
     assert steps.tolist() == STEPS.tolist()
     # event files store float32: equal to ~1e-7
     assert low == pytest.approx(np.full(STEPS.size, -0.005), abs=1e-6)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
-from megatron.quant.analysis.plans import AnalysisInput, AnalysisPlan, FigureJob, figure_path
-from megatron.quant.analysis.summary import finite_median, group_by
+from megatron.quant.analysis.captures.inputs import AnalysisInput
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
+from megatron.quant.analysis.captures.summary import finite_median, group_by
 
 FOLDER = "rank_analysis"
 

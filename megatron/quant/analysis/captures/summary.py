@@ -13,7 +13,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 
 import numpy as np
 
-from megatron.quant.analysis.catalog import CaptureRecord
+from megatron.quant.analysis.captures.catalog import CaptureRecord
 from megatron.quant.stats.packing import LOG2_EDGES, LOG2_LOW
 
 # Histogram of log2|x| as in docs/interfaces.md section 3: bin 0 holds the nonzero values

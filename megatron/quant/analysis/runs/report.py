@@ -1,0 +1,116 @@
+"""Compare training runs (e.g. a recipe sweep) from their TensorBoard event files.
+
+``python -m megatron.quant.analysis runs OUTPUT_DIR [--output_dir REPORT_DIR] [--baseline bf16]``:
+every subdirectory of OUTPUT_DIR holding event files (at any depth, e.g. ``NAME/tensorboard/``)
+is one run named after the subdirectory; runs ``<recipe>-seed<N>`` are extra seeds of
+``<recipe>``: the baseline's give the noise band, and every recipe with seeds gets a mean curve
+with a min-max band and a row of the recipe table (``seed_stats``). Writes ``index.html``
+(self-contained, links the PNGs beside it), ``runs.csv`` (one row per run) and, with seed runs,
+``recipes.csv`` (one row per recipe).
+
+Gaps are relative: ``loss_run / loss_baseline - 1`` at the iterations both logged. The gap at
+the end and the first iteration above 1 % / 5 % use the smoothed losses (TensorBoard's debiased
+exponential moving average, ``--smoothing``); the average over the last 10 % uses the raw ones.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from megatron.quant.analysis import figures
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
+from megatron.quant.analysis.plans import FigureJob
+from megatron.quant.analysis.runs.read import LOSS, RunsReportError, load_runs
+from megatron.quant.analysis.runs.metrics import summarize, noise_band, recipe_groups, recipe_table, band_payload
+from megatron.quant.analysis.runs.draw import _draw_bands, figure_jobs
+from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, _write_csv, render_html
+
+
+@dataclass
+class RunsReport:
+    index: Path
+    csv: Path
+    rows: list[dict]
+    failed: list[tuple[str, str]]  # (figure, error)
+    recipes: list[dict] = field(default_factory=list)  # one row per recipe over its seeds (with seed runs)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (run, why): no readable event file
+
+
+def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf16", smoothing: float = 0.6,
+                      dpi: int = 100, command: str = "") -> RunsReport:
+    """Read the runs, draw the figures, write index.html and runs.csv into ``report_dir``."""
+    if not 0 <= smoothing < 1:
+        raise RunsReportError(f"smoothing must be in [0, 1), got {smoothing}")
+    skipped: list[tuple[str, str]] = []
+    runs = load_runs(runs_dir, skipped)
+    by_name = {run.name: run for run in runs}
+    if baseline_name not in by_name:
+        raise RunsReportError(f"baseline {baseline_name!r} is not among the runs in {str(runs_dir)!r}: "
+                              f"{', '.join(by_name)}; pick one with --baseline")
+    baseline = by_name[baseline_name]
+    if not baseline.series(LOSS)[0].size:
+        raise RunsReportError(f"baseline {baseline_name!r} logged no {LOSS!r}; tags: {', '.join(baseline.scalars)}")
+    ordered = [baseline] + [run for run in runs if run is not baseline]
+    seeds = [run for run in ordered if run.seed_of in by_name]  # drawn as bands, not lines
+    curves = [run for run in ordered if run not in seeds]
+    band = noise_band(baseline, [run for run in seeds if run.seed_of == baseline_name], smoothing)
+    rows = [summarize(run, baseline, smoothing) for run in ordered]
+    groups = recipe_groups(ordered)
+    recipes = recipe_table(groups, baseline_name) if len(groups) < len(ordered) else []
+    report_dir.mkdir(parents=True, exist_ok=True)
+    jobs = figure_jobs(curves, baseline, smoothing, band)
+    if recipes:
+        jobs.insert(1, FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
+                                                   "band) and its gap to the baseline's mean", _draw_bands,
+                                 band_payload(groups, baseline_name, smoothing)))
+        _write_csv(report_dir / RECIPES_CSV, recipes)
+    failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
+    _write_csv(report_dir / CSV_NAME, rows)
+    index = report_dir / "index.html"
+    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
+                                 skipped), encoding="utf-8")
+    return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes, skipped)
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Compare training runs (one subdirectory of RUNS_DIR each, e.g. a recipe sweep): "
+                               "loss curves and gaps to a baseline, throughput, quantization statistics.")
+    parser.add_argument("runs_dir", type=Path, help="directory with one subdirectory per run")
+    parser.add_argument("--output_dir", type=Path, default=None,
+                        help="where index.html, runs.csv and the PNGs go (default: RUNS_DIR/report)")
+    parser.add_argument("--baseline", default="bf16", help="run the gaps are relative to (default: %(default)s)")
+    parser.add_argument("--smoothing", type=float, default=0.6,
+                        help="TensorBoard-style smoothing weight in [0, 1) (default: %(default)s)")
+    parser.add_argument("--dpi", type=int, default=100, help="resolution of the PNG files (default: %(default)s)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """Exit status: 0 done, 1 a figure failed (named on stderr), 2 bad input (message on stderr)."""
+    parser = build_parser(prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    if args.dpi < 1:
+        parser.error(f"--dpi must be at least 1, got {args.dpi}")
+    report_dir = args.output_dir or args.runs_dir / "report"
+    try:
+        check_output_dir(report_dir)
+        result = write_runs_report(args.runs_dir, report_dir, args.baseline, args.smoothing, args.dpi,
+                                   shlex.join([parser.prog, *argv]))
+    except (RunsReportError, OutputDirError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{len(result.rows)} runs compared; report: {result.index}, table: {result.csv}")
+    for name, reason in result.skipped:
+        print(f"skipped run {name}: {reason}")
+    for row in result.rows:
+        if row["notes"]:
+            print(f"note: {row['run']}: {row['notes']}")
+    for path, error in result.failed:
+        print(f"error: figure {path} could not be drawn: {error}", file=sys.stderr)
+    return 1 if result.failed else 0
