@@ -18,6 +18,11 @@ def test_namespace_keeps_megatron_core_importable():
 LAYERS = (("cpu",), ("formats",), ("stats",), ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",),
           ("training",), ("compare",))
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
+# Inside analysis: the kit both reports use (top-level modules), then the capture report and the runs
+# comparison (independent of each other), then the command line that dispatches to them.
+ANALYSIS_LAYERS = (("kit",), ("captures", "runs"), ("cli", "__main__"))
+ANALYSIS_RANK = {room: rank for rank, rooms in enumerate(ANALYSIS_LAYERS) for room in rooms}
+MAX_LINES = 400
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "megatron" / "quant"
 
 
@@ -34,13 +39,24 @@ def _runtime_nodes(node: ast.AST):
             yield from _runtime_nodes(child)
 
 
+def _absolute(path: pathlib.Path, node: ast.ImportFrom) -> str:
+    """The module ``from ... import`` names, relative ones (``from .x import y``) resolved against ``path``."""
+    if not node.level:
+        return node.module or ""
+    package = _module_name(path).split(".")
+    package = package if path.name == "__init__.py" else package[:-1]
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: pathlib.Path) -> set[str]:
-    """Every megatron.quant module ``path`` imports when run, at the top or inside a function."""
+    """Every megatron.quant module ``path`` imports when run, at the top or inside a function, relative
+    imports included: a name imported from a package is that submodule when one exists."""
     found = set()
     for node in _runtime_nodes(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("megatron.quant"):
-            found |= ({f"{node.module}.{a.name}" for a in node.names} if node.module == "megatron.quant"
-                      else {node.module})
+        module = _absolute(path, node) if isinstance(node, ast.ImportFrom) else ""
+        if module.startswith("megatron.quant"):
+            found |= {f"{module}.{a.name}" for a in node.names}  # _graph keeps the module where a name is no module
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("megatron.quant")}
     return found
@@ -51,7 +67,9 @@ def _room(module: str) -> str:
 
 
 def _graph() -> dict[str, set[str]]:
-    return {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+    """Module -> the modules it imports (a name imported from a package: that submodule, else the package)."""
+    raw = {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+    return {module: {t if t in raw else t.rsplit(".", 1)[0] for t in targets} for module, targets in raw.items()}
 
 
 def test_every_room_has_a_layer():
@@ -72,7 +90,6 @@ def test_no_import_circles():
     def visit(module: str, path: list[str]) -> None:
         state[module] = 1
         for target in sorted(graph.get(module, ())):
-            target = target if target in graph else target.rsplit(".", 1)[0]  # "from pkg import name"
             assert state.get(target) != 1, " -> ".join(path + [module, target])
             if target not in state:
                 visit(target, path + [module])
@@ -81,3 +98,28 @@ def test_no_import_circles():
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+
+
+def _analysis_room(module: str) -> str:
+    part = module.split(".")[3] if module.count(".") >= 3 else "kit"
+    return part if part in ANALYSIS_RANK else "kit"
+
+
+def test_analysis_kit_below_its_reports_and_cli_on_top():
+    analysis = {module: targets for module, targets in _graph().items() if _room(module) == "analysis"}
+    upward = sorted(f"{module} -> {target}" for module, targets in analysis.items() for target in targets
+                    if _room(target) == "analysis" and ANALYSIS_RANK[_analysis_room(target)] > ANALYSIS_RANK[
+                        _analysis_room(module)] or {_analysis_room(module), _analysis_room(target)} == {"captures", "runs"})
+    assert not upward
+
+
+def test_relative_imports_are_counted():
+    graph = _graph()
+    assert "megatron.quant.kernels.launch" in graph["megatron.quant.kernels.blocks"]
+    assert "megatron.quant.kernels.blocks" in graph["megatron.quant.kernels.triton_format"]  # from . import blocks
+
+
+def test_no_module_over_the_line_limit():
+    long = sorted(f"{path.relative_to(PACKAGE)}: {n}" for path in PACKAGE.rglob("*.py")
+                  if (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"split these (one job per file, at most {MAX_LINES} lines)"
