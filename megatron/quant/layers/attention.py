@@ -3,15 +3,23 @@
 Q, K and V are quantized once, in megatron's [s, b, heads, hn] layout and before GQA expands
 K and V to every query head (as an FP8 attention kernel receives them): Q and K in blocks along
 hn, V along the keys. That one quantization feeds the GEMMs, the fused path and the capture,
-so they all see the same values. Then:
+so they all see the same values. Then one of three paths (``path``; the training start line names it):
+
+Unquantized path (``sdpa``), chosen automatically when nothing in either product is quantized and
+SDPA reproduces megatron-core's mask and dropout (the conditions of the fused path below):
+``scaled_dot_product_attention`` on Q, K, V with its own backward (flash / cuDNN attention on a
+GPU, no [s, s] tensor), as Transformer Engine's fused attention serves a Megatron-LM bf16 run. It is
+not bit-identical to the unfused path (another summation order; tests/layers/test_attention.py
+states the tolerance). ``allow_fused=False`` (``CUSTOM_QUANT_FUSIONS=off``) keeps megatron-core's
+exact operations.
 
 Unfused path (exact, every operand): S = Q K^T * scale, megatron-core's own mask + softmax
 (+ dropout), O = P V, both products through ``QuantBmmFunction`` so P and the backward GEMMs'
 operands (dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO) are quantized per the recipe.
 With nothing quantized it runs megatron-core's exact operations.
 
-Fused path, chosen automatically when some of Q/K/V but not P is quantized, none of them with a
-per-tensor scale, no dropout, and a mask SDPA reproduces exactly (causal or none; not a sliding
+Fused quantized path (``sdpa-quantized``), chosen automatically when some of Q/K/V but not P is
+quantized, none of them with a per-tensor scale, no dropout, and a mask SDPA reproduces exactly (causal or none; not a sliding
 window, not an explicit mask, whose fully masked rows megatron-core fills differently):
 ``scaled_dot_product_attention`` on the quantized Q, K, V (no [s, s] tensor kept), and a
 backward that recomputes the unfused path on the same quantized Q, K, V (as flash attention
@@ -62,6 +70,11 @@ class AttentionQuant:
                 "value": replace(self.pv.b, axis=0, shard_dim=_HEADS)}
 
     @property
+    def quantizes(self) -> bool:
+        """Some operand of either product (forward or backward) has a format."""
+        return any(spec.fmt is not None for bmm in (self.qk, self.pv) for spec in vars(bmm).values())
+
+    @property
     def fusable(self) -> bool:
         """SDPA can apply it: Q/K/V quantized before the kernel without per-tensor scales (SDPA
         takes no descaling factors here), P untouched."""
@@ -77,7 +90,7 @@ class _FusedAttention(torch.autograd.Function):
                 attention_mask: Optional[Tensor], inputs: tuple, noise: Optional[NoiseScope]) -> Tensor:
         ctx.attn, ctx.attention_mask, ctx.inputs, ctx.noise = attn, attention_mask, inputs, noise
         ctx.save_for_backward(query, key, value)
-        return attn._sdpa(inputs)
+        return attn._sdpa(*(x.values for x in inputs))
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
@@ -115,13 +128,24 @@ class QuantDotProductAttention(DotProductAttention):
             state.update(make_sharded_tensors_for_checkpoint(buffers, prefix, {}, sharded_offsets, **groups))
         return state
 
-    def uses_fused_path(self, query: Tensor, key: Tensor, attention_mask: Optional[Tensor]) -> bool:
-        """True when this call would take the SDPA path (see the module docstring)."""
-        return (self.allow_fused and self.quant.fusable and query.size(0) == key.size(0)
+    def path(self) -> str:
+        """The path a causal self-attention call without an explicit mask takes (what training runs):
+        ``sdpa``, ``sdpa-quantized`` or ``unfused`` (see the module docstring)."""
+        return self._path(None, None, None)
+
+    def _path(self, query: Optional[Tensor], key: Optional[Tensor], attention_mask: Optional[Tensor]) -> str:
+        sdpa = (self.allow_fused and (query is None or query.size(0) == key.size(0))
                 and (self.attention_dropout.p == 0.0 or not self.training)
                 and self.softmax_offset is None and self.scale_mask_softmax.scale is None
                 and getattr(self.scale_mask_softmax, "window_size", None) is None
                 and attention_mask is None and self.attn_mask_type in (AttnMaskType.causal, AttnMaskType.no_mask))
+        if sdpa and not self.quant.quantizes:
+            return "sdpa"
+        return "sdpa-quantized" if sdpa and self.quant.fusable else "unfused"
+
+    def uses_fused_path(self, query: Tensor, key: Tensor, attention_mask: Optional[Tensor]) -> bool:
+        """True when this call would take the SDPA path on quantized Q/K/V (see the module docstring)."""
+        return self._path(query, key, attention_mask) == "sdpa-quantized"
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
@@ -141,7 +165,10 @@ class QuantDotProductAttention(DotProductAttention):
                                                                                            inputs)})
             query, key, value = CaptureGradients.apply(site, "post", ("grad_query", "grad_key", "grad_value"),
                                                        query, key, value)
-        if self.uses_fused_path(query, key, attention_mask):
+        path = self._path(query, key, attention_mask)
+        if path == "sdpa":
+            context = self._sdpa(query, key, value)
+        elif path == "sdpa-quantized":
             context = _FusedAttention.apply(query, key, value, self, attention_mask, inputs, noise)
         else:
             context = self._unfused(query, key, value, attention_mask, inputs, noise)
@@ -185,9 +212,9 @@ class QuantDotProductAttention(DotProductAttention):
         context = context.view(b, heads, sq, -1).permute(2, 0, 1, 3).contiguous()
         return context.view(sq, b, self.hidden_size_per_partition)
 
-    def _sdpa(self, inputs: tuple[Quantized, Quantized, Quantized]) -> Tensor:
+    def _sdpa(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
         # [s, b, heads, hn] -> [b, heads, s, hn]; GQA stays unexpanded (enable_gqa).
-        q, k, v = (x.values.permute(1, 2, 0, 3) for x in inputs)
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.attn_mask_type == AttnMaskType.causal,
                                              scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1))
         sq, b = out.shape[2], out.shape[0]

@@ -55,20 +55,22 @@ def _site(name: str, layer_idx: int, role: str, recipe: QuantRecipe) -> CaptureS
 
 
 def _configure(module, name: str, layer_idx: int, role: str, recipe: QuantRecipe, num_layers: int,
-               shared: dict) -> None:
+               shared: dict, sdpa: bool) -> None:
     formats = recipe.resolve(role, layer_idx, num_layers, shared)
     site = _site(name, layer_idx, role, recipe)
     seed = recipe.seed or 0
     if isinstance(module, QuantDotProductAttention):
-        module.configure_quant(AttentionQuant.from_formats(formats), site, seed=seed)
+        module.configure_quant(AttentionQuant.from_formats(formats), site, allow_fused=sdpa, seed=seed)
     else:
         gated = role == "fc1" and module.config.gated_linear_unit  # megatron fuses [gate; up] per shard
         module.configure_quant(LinearQuant.from_formats(formats), site, seed=seed, shard_groups=2 if gated else 1)
 
 
-def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_layers: int) -> list[CaptureSite]:
+def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_layers: int, sdpa: bool = True
+                            ) -> list[CaptureSite]:
     """Resolve ``recipe`` for every quantized module of ``model`` (a GPTModel, or any module
-    holding TransformerLayers); return their sites.
+    holding TransformerLayers); return their sites. ``sdpa``: core attention may run
+    ``scaled_dot_product_attention`` where it computes what the unfused path does (``layers/attention.py``).
 
     Layer indices are global and 0-based (megatron-core's ``layer_number`` is 1-based and
     already offset by the pipeline stage). The output layer (LM head) is made quantized only
@@ -84,22 +86,23 @@ def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_lay
             role = ROLE_BY_ATTRIBUTE.get(sub_name.rsplit(".", 1)[-1])
             if role and isinstance(module, (QuantLinearMixin, QuantDotProductAttention)):
                 qualified = ".".join(part for part in (layer_name, sub_name) if part)
-                _configure(module, qualified, layer_idx, role, recipe, num_layers, shared)
+                _configure(module, qualified, layer_idx, role, recipe, num_layers, shared, sdpa)
                 sites.append(module.capture_site)
     output_layer = getattr(model, "output_layer", None)
     if output_layer is not None and recipe.quantizes_output_layer(num_layers):
         # GPTModel builds its LM head directly (no spec hook); the quantized subclass adds only
         # methods and class-level defaults, so promoting the instance keeps all its state.
         output_layer.__class__ = QuantColumnParallelLinear
-        _configure(output_layer, "output_layer", -1, "output_layer", recipe, num_layers, shared)
+        _configure(output_layer, "output_layer", -1, "output_layer", recipe, num_layers, shared, sdpa)
         sites.append(output_layer.capture_site)
     return sites
 
 
 def build_llama_model(config: TransformerConfig, recipe: QuantRecipe, *, vocab_size: int, max_sequence_length: int,
                       rotary_base: float = 500000.0, share_embeddings_and_output_weights: bool = True,
-                      pre_process: bool = True, post_process: bool = True) -> GPTModel:
-    """GPTModel with the quantized Llama spec, every quantized module configured from ``recipe``."""
+                      pre_process: bool = True, post_process: bool = True, sdpa: bool = True) -> GPTModel:
+    """GPTModel with the quantized Llama spec, every quantized module configured from ``recipe``;
+    ``sdpa``: see ``configure_quant_modules`` (``layers/fusions.py`` chooses it for training runs)."""
     spec = llama_layer_spec()
     if config.sequence_parallel and spec.submodules.input_layernorm is WrappedTorchNorm:
         raise ValueError("sequence_parallel=True needs Transformer Engine or Apex norms, which megatron-core "
@@ -108,7 +111,7 @@ def build_llama_model(config: TransformerConfig, recipe: QuantRecipe, *, vocab_s
                      max_sequence_length=max_sequence_length, pre_process=pre_process, post_process=post_process,
                      share_embeddings_and_output_weights=share_embeddings_and_output_weights,
                      position_embedding_type="rope", rotary_base=rotary_base)
-    configure_quant_modules(model, recipe, config.num_layers)
+    configure_quant_modules(model, recipe, config.num_layers, sdpa)
     if config.recompute_granularity is not None:
         recompute.install()  # recomputed forwards reproduce the first one (layers/recompute.py)
     return model

@@ -28,7 +28,9 @@ class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
 
 
-ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", kernels.ENV)
+FUSIONS_ENV = "CUSTOM_QUANT_FUSIONS"  # the fast paths of unquantized work (layers/fusions.py)
+ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", kernels.ENV,
+            FUSIONS_ENV)
 # A recipe is a few hundred values; more through YAML aliases is an alias bomb ("billion laughs").
 MAX_YAML_VALUES = 100_000
 _SHOWN = reprlib.Repr()  # errors show a bounded excerpt of a value, however large or nested it is

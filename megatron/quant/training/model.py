@@ -6,6 +6,8 @@ from typing import Mapping
 import torch
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# megatron-core's unfused SwiGLU and RoPE (its defaults would ask for TE's RoPE kernel and the jit SwiGLU).
+_UNFUSED = {"bias_activation_fusion": False, "apply_rope_fusion": False}
 
 
 def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parallel: int = 1,
@@ -13,9 +15,10 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
                        init_method_std: float = 0.02, attention_dropout: float = 0.0,
                        hidden_dropout: float = 0.0, fp8_format: str | None = None, tp_only_amax_red: bool = False,
                        recompute_granularity: str | None = None, recompute_method: str | None = None,
-                       recompute_num_layers: int | None = None):
+                       recompute_num_layers: int | None = None, fusion_flags: Mapping | None = None):
     """megatron-core's TransformerConfig for a Llama shape (preset-style keys); ``recompute_*``:
-    megatron-core's activation recompute (selective recomputes core attention)."""
+    megatron-core's activation recompute (selective recomputes core attention); ``fusion_flags``:
+    ``FastPaths.config_flags()`` (``layers/fusions.py``; none: megatron-core's unfused operations)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if precision not in PRECISIONS:
@@ -31,14 +34,15 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         sequence_parallel=sequence_parallel, params_dtype=PRECISIONS[precision],
         pipeline_dtype=PRECISIONS[precision],
         bf16=precision == "bf16", fp16=precision == "fp16", use_cpu_initialization=not torch.cuda.is_available(),
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, fp8=fp8_format, tp_only_amax_red=tp_only_amax_red,
+        masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
+        fp8=fp8_format, tp_only_amax_red=tp_only_amax_red,
         recompute_granularity=recompute_granularity, recompute_method=recompute_method,
-        recompute_num_layers=recompute_num_layers)
+        recompute_num_layers=recompute_num_layers,
+        **{**_UNFUSED, **(fusion_flags or {})})
 
 
-def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
-    """GPTModel for ``shape`` with the quantized Llama spec of ``recipe``."""
+def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None, sdpa: bool = True):
+    """GPTModel for ``shape`` with the quantized Llama spec of ``recipe`` (``sdpa``: see ``build_llama_model``)."""
     from megatron.core import parallel_state
     from megatron.quant.layers.spec import build_llama_model
 
@@ -49,7 +53,7 @@ def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None):
         max_sequence_length=shape["max_position_embeddings"], rotary_base=shape["rotary_base"],
         share_embeddings_and_output_weights=not shape["untie_embeddings_and_output_weights"],
         pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage())
+        post_process=parallel_state.is_pipeline_last_stage(), sdpa=sdpa)
     if shape.get("rope_scaling_factor"):
         _use_llama3_rope_scaling(model, shape)
     return model

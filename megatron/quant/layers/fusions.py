@@ -1,0 +1,98 @@
+"""The fast paths of the work nothing quantizes, chosen in one place: ``CUSTOM_QUANT_FUSIONS``.
+
+A Megatron-LM bf16 baseline runs Transformer Engine's fused attention and kernels; without TE or
+Apex, megatron-core's local spec runs them as chains of eager torch operations. ``auto`` (the
+default) chooses instead:
+
+- attention that nothing quantizes: ``F.scaled_dot_product_attention`` (flash / cuDNN on a GPU),
+  on every device, where SDPA reproduces megatron-core's mask and dropout (``layers/attention.py``);
+- SwiGLU: megatron-core's ``bias_swiglu`` fusion (``bias_activation_fusion``; ``torch.compile``), CUDA;
+- RoPE: megatron-core's own unfused RoPE under ``torch.compile``, as the kernel of
+  ``apply_rope_fusion`` (which without TE has none), CUDA;
+- the vocab-parallel cross entropy: megatron-core's native fusion (``cross_entropy_loss_fusion``;
+  ``torch.compile``), CUDA with bf16 logits only: it returns bf16 gradients;
+- RMSNorm: nothing to choose, megatron-core's ``WrappedTorchNorm`` is ``torch.nn.RMSNorm``, whose
+  ``F.rms_norm`` is torch's fused kernel on CUDA.
+
+``off``: megatron-core's exact unfused operations everywhere, the reference the fast paths are
+tested against (``tests/layers/test_fusions.py``). Each fast path computes what its plain path
+computes, up to rounding (the summation order changes); the tests state the tolerances.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from megatron.quant.layers.attention import QuantDotProductAttention
+from megatron.quant.recipes.parse import FUSIONS_ENV
+
+ENV = FUSIONS_ENV
+CHOICES = ("auto", "off")
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """What ``CUSTOM_QUANT_FUSIONS`` chose for this run."""
+
+    choice: str              # "auto" | "off"
+    sdpa: bool               # attention nothing quantizes runs SDPA (and quantized Q/K/V the fused path)
+    compiled: bool           # SwiGLU and RoPE through their compiled fusions
+    cross_entropy: bool      # megatron-core's fused cross entropy
+
+    def config_flags(self) -> dict:
+        """The TransformerConfig fields that select the fusions (installs the RoPE kernel when used)."""
+        if self.compiled:
+            install_rope()
+        return {"bias_activation_fusion": self.compiled, "apply_rope_fusion": self.compiled,
+                "cross_entropy_loss_fusion": self.cross_entropy, "cross_entropy_fusion_impl": "native"}
+
+    def describe(self, model: torch.nn.Module) -> str:
+        """The start line's words, e.g. ``fusions auto: attention=sdpa, rmsnorm=torch, swiglu=compiled, ...``;
+        attention as each QuantDotProductAttention of ``model`` will run (counted when they differ)."""
+        paths = Counter(m.path() for m in model.modules() if isinstance(m, QuantDotProductAttention)
+                        and m.quant is not None)
+        attention = ", ".join(p if len(paths) == 1 else f"{p} x{n}" for p, n in sorted(paths.items())) or "none"
+        fused = lambda on: "compiled" if on else "eager"  # noqa: E731
+        return (f"fusions {self.choice}: attention={attention}, rmsnorm=torch, swiglu={fused(self.compiled)}, "
+                f"rope={fused(self.compiled)}, cross-entropy={fused(self.cross_entropy)}")
+
+
+def choose(environ: Optional[Mapping[str, str]] = None, *, cuda: bool, precision: str) -> FastPaths:
+    """The fast paths ``CUSTOM_QUANT_FUSIONS`` (``auto`` when unset) gives a run on ``cuda`` or CPU
+    in ``precision`` (bf16, fp16, fp32); ValueError names a bad value and the allowed ones."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV, "").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise ValueError(f"{ENV}={env[ENV]!r} is not one of {', '.join(CHOICES)}")
+    auto = value == "auto"
+    compiled = auto and cuda  # torch.compile on CPU costs more compile time than the tiny runs there save
+    return FastPaths(choice=value, sdpa=auto, compiled=compiled, cross_entropy=compiled and precision == "bf16")
+
+
+@functools.cache
+def _compiled_rope():
+    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
+
+    # Static shapes: Q and K (GQA: fewer heads) compile once each and never again in a run.
+    return torch.compile(_apply_rotary_pos_emb_bshd, dynamic=False)
+
+
+def compiled_rope(t: Tensor, freqs: Tensor, interleaved: bool = False) -> Tensor:
+    """megatron-core's unfused RoPE (``[s, b, heads, d]``, freqs ``[s, 1, 1, d]``), compiled; the
+    signature of the TE kernel megatron-core's ``apply_rope_fusion`` calls."""
+    return _compiled_rope()(t, freqs, rotary_interleaved=interleaved)
+
+
+def install_rope() -> None:
+    """Make ``compiled_rope`` the kernel of megatron-core's ``apply_rope_fusion`` where Transformer
+    Engine provides none (idempotent; TE's own kernel, where installed, stays)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    if rope_utils.fused_apply_rotary_pos_emb is None:
+        rope_utils.fused_apply_rotary_pos_emb = compiled_rope
