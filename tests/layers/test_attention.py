@@ -39,16 +39,52 @@ def _run(module, qkv, grad):
     return out.detach(), [t.grad for t in leaves]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_passthrough_is_bit_identical_to_stock(parallel, dtype):
-    stock, quant = _attention(DotProductAttention, dtype), _attention(QuantDotProductAttention, dtype)
+def _passthrough(dtype, allow_fused, **overrides):
+    module = _attention(QuantDotProductAttention, dtype, **overrides)
     formats = QuantRecipe.uniform("bf16").resolve("core_attention", 0, 1)
-    quant.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    module.configure_quant(AttentionQuant.from_formats(formats), SITE, allow_fused=allow_fused)
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_passthrough_without_sdpa_is_bit_identical_to_stock(parallel, dtype):
+    stock, quant = _attention(DotProductAttention, dtype), _passthrough(dtype, allow_fused=False)
+    assert quant.path() == "unfused"
     qkv, grad = _inputs(dtype)
     out_s, grads_s = _run(stock, qkv, grad)
     out_q, grads_q = _run(quant, qkv, grad)
     assert torch.equal(out_s, out_q)
     assert all(torch.equal(a, b) for a, b in zip(grads_s, grads_q))
+
+
+# SDPA against megatron-core's unfused path: fp32 differs by the summation order only; in bf16 the
+# unfused path rounds the scores and probabilities to bf16 between its GEMMs (SDPA keeps fp32).
+SDPA_TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unquantized_attention_runs_sdpa_and_equals_the_unfused_path(parallel, monkeypatch, dtype):
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(kwargs) or sdpa(*args, **kwargs))
+    fast, exact = _passthrough(dtype, allow_fused=True), _passthrough(dtype, allow_fused=False)
+    assert fast.path() == "sdpa"
+    qkv, grad = _inputs(dtype, seed=7)
+    (out_f, grads_f), (out_e, grads_e) = _run(fast, qkv, grad), _run(exact, qkv, grad)
+    assert len(calls) == 1 and calls[0]["is_causal"] and calls[0]["enable_gqa"]
+    torch.testing.assert_close(out_f, out_e, **SDPA_TOLERANCE[dtype])
+    for name, a, b in zip(("query", "key", "value"), grads_f, grads_e):
+        torch.testing.assert_close(a, b, **SDPA_TOLERANCE[dtype], msg=name)
+
+
+@pytest.mark.parametrize("overrides", [dict(attention_dropout=0.1), dict(window_size=(8, 0))])
+def test_unquantized_attention_keeps_the_exact_path_where_sdpa_differs(parallel, overrides):
+    module = _passthrough(torch.float32, allow_fused=True, **overrides)
+    assert module.path() == "unfused"  # megatron's dropout RNG, a sliding window
+    if "attention_dropout" in overrides:
+        module.eval()
+        assert module.path() == "sdpa"
 
 
 def _reference(qkv, grad, f, scale):

@@ -20,13 +20,13 @@ computes, up to rounding (the summation order changes); the tests state the tole
 """
 from __future__ import annotations
 
-import functools
 import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
+from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 from torch import Tensor
 
 from megatron.quant.layers.attention import QuantDotProductAttention
@@ -75,18 +75,14 @@ def choose(environ: Optional[Mapping[str, str]] = None, *, cuda: bool, precision
     return FastPaths(choice=value, sdpa=auto, compiled=compiled, cross_entropy=compiled and precision == "bf16")
 
 
-@functools.cache
-def _compiled_rope():
-    from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
-
-    # Static shapes: Q and K (GQA: fewer heads) compile once each and never again in a run.
-    return torch.compile(_apply_rotary_pos_emb_bshd, dynamic=False)
+# Compiled lazily, at the first call; static shapes: Q and K (GQA: fewer heads) compile once each.
+_rope = torch.compile(_apply_rotary_pos_emb_bshd, dynamic=False)
 
 
 def compiled_rope(t: Tensor, freqs: Tensor, interleaved: bool = False) -> Tensor:
     """megatron-core's unfused RoPE (``[s, b, heads, d]``, freqs ``[s, 1, 1, d]``), compiled; the
     signature of the TE kernel megatron-core's ``apply_rope_fusion`` calls."""
-    return _compiled_rope()(t, freqs, rotary_interleaved=interleaved)
+    return _rope(t, freqs, rotary_interleaved=interleaved)
 
 
 def install_rope() -> None:
