@@ -3,6 +3,13 @@
 One iteration = ``num_microbatches`` forward/backward passes per data-parallel rank, then one
 optimizer step. On GPU megatron-core's schedule (pipeline-aware) runs the passes; on CPU a
 plain loop does, with the loss scaled exactly as the schedule scales it.
+
+A step never waits for the device: its loss and gradient norm stay device tensors, and the loop
+reads them back (one transfer) only at a read-back point: every ``--log-interval`` iterations, the
+last iteration, and before an evaluation, a checkpoint save or an exit. The iteration time is the
+window's wall time (the read-back waits for the device) over its iterations, as Megatron-LM's
+timers average over the logging interval; the divergence check happens there too (see ``train``).
+The capture module reads tensors back on its own, only on the iterations it captures.
 """
 from __future__ import annotations
 
@@ -69,8 +76,8 @@ def _batches(run: Run, dataset, iteration: int, on_microbatch: Callable[[int, in
         yield {key: value.to(device) for key, value in batch.items()}
 
 
-def _reduce_loss(reports: list[torch.Tensor]) -> float:
-    """Token-weighted mean loss over micro-batches and data-parallel ranks."""
+def _reduce_loss(reports: list[torch.Tensor]) -> torch.Tensor | float:
+    """Token-weighted mean loss over micro-batches and data-parallel ranks, left on the device."""
     from megatron.core import parallel_state
 
     if not reports:
@@ -78,7 +85,7 @@ def _reduce_loss(reports: list[torch.Tensor]) -> float:
     total = torch.stack(reports).sum(0).double()
     if parallel_state.get_data_parallel_world_size() > 1:
         dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
-    return (total[0] / total[1].clamp(min=1)).item()
+    return total[0] / total[1].clamp(min=1)
 
 
 def _forward_backward_cpu(run: Run, batches, forward_only: bool) -> list[torch.Tensor]:
@@ -111,8 +118,9 @@ def _forward_backward_gpu(run: Run, batches, forward_only: bool) -> list[torch.T
     return [out["lm loss"] for out in outputs]
 
 
-def train_step(run: Run, iteration: int) -> dict[str, float]:
-    """One iteration; returns loss, grad norm, learning rate."""
+def train_step(run: Run, iteration: int) -> dict[str, torch.Tensor | float]:
+    """One iteration; returns loss, grad norm (device tensors or floats: nothing is read back here),
+    learning rate, skipped iterations."""
     for chunk in run.model_chunks:
         chunk.train()
         chunk.zero_grad_buffer()
@@ -129,8 +137,20 @@ def train_step(run: Run, iteration: int) -> dict[str, float]:
     if ok:
         run.scheduler.step(increment=1)
     return {"lm loss": _reduce_loss(reports), "learning rate": lr,
-            "grad norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "skipped iterations": 0 if ok else 1}
+            "grad norm": float("nan") if grad_norm is None else grad_norm, "skipped iterations": 0 if ok else 1}
+
+
+def read_back(rows: list[dict]) -> list[dict[str, float]]:
+    """``rows`` with every tensor value a float, read with one transfer per device."""
+    tensors = [(i, key, value) for i, row in enumerate(rows) for key, value in row.items()
+               if isinstance(value, torch.Tensor)]
+    out = [dict(row) for row in rows]
+    for device in {value.device for _, _, value in tensors}:
+        here = [(i, key, value) for i, key, value in tensors if value.device == device]
+        values = torch.stack([value.detach().double().reshape(()) for _, _, value in here]).tolist()
+        for (i, key, _), number in zip(here, values):
+            out[i][key] = number
+    return out
 
 
 @torch.no_grad()
@@ -142,7 +162,7 @@ def evaluate(run: Run, iteration: int) -> float:
     reports = []
     for i in range(run.args.eval_iters):
         reports += step(run, _batches(run, run.valid_data, iteration * run.args.eval_iters + i, None), True)
-    return _reduce_loss(reports)
+    return float(_reduce_loss(reports))
 
 
 def _speed(run: Run, seconds: float) -> dict[str, float]:
@@ -165,16 +185,32 @@ def diverged(loss: float, threshold: float | None) -> bool:
     return not math.isfinite(loss) or (threshold is not None and loss > threshold)
 
 
-def _any_rank_diverged(run: Run, loss: float) -> bool:
-    """The last pipeline stage's verdict (the others have no loss), agreed on by every rank."""
+def _first_divergence(run: Run, rows: list[dict]) -> int | None:
+    """The first iteration among ``rows`` whose loss diverged on the last pipeline stage (the others
+    have no loss), agreed on by every rank; None when none did."""
     from megatron.core import parallel_state
 
-    mine = parallel_state.is_pipeline_last_stage() and diverged(loss, run.args.divergence_threshold)
+    mine = None
+    if parallel_state.is_pipeline_last_stage():
+        mine = next((row["iteration"] for row in rows
+                     if diverged(row["lm loss"], run.args.divergence_threshold)), None)
     if dist.get_world_size() == 1:
         return mine
-    flag = torch.tensor([float(mine)], device=torch.cuda.current_device() if run.cuda else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    first = torch.tensor([math.inf if mine is None else mine], device=torch.cuda.current_device() if run.cuda else "cpu")
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    value = first.item()
+    return None if math.isinf(value) else int(value)
+
+
+def reads_back(args: Any, iteration: int) -> bool:
+    """Whether the loop reads the device's values back after ``iteration`` (1-based, completed):
+    every rank decides alike (the divergence check there is a collective)."""
+    def every(interval: int | None) -> bool:
+        return bool(interval) and iteration % interval == 0
+
+    return (every(args.log_interval) or iteration == args.train_iters or (bool(args.eval_iters) and every(args.eval_interval))
+            or (bool(args.save) and every(args.save_interval)) or every(args.exit_interval)
+            or tensor_saver.capture_complete())
 
 
 def _remove_file(path: str) -> None:
@@ -195,11 +231,25 @@ def _record_divergence(run: Run, iteration: int, loss: float, logger: MetricsLog
                        "divergence_threshold": run.args.divergence_threshold}, f)
 
 
+def _log_window(run: Run, logger: MetricsLogger, rows: list[dict], seconds: float) -> None:
+    """History, TensorBoard/W&B scalars and console lines of a window's iterations, read back."""
+    args = run.args
+    speed = _speed(run, seconds / len(rows))
+    for row in rows:
+        iteration, values, capture = row["iteration"], {**row["values"], **speed}, row["capture"]
+        run.history.append(dict(values, **capture, iteration=iteration))
+        logger.scalars(iteration, {**values, **capture})
+        if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
+            logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
+
+
 def train(run: Run, logger: MetricsLogger) -> list[dict]:
     """Iterate from ``run.start_iteration`` to ``--train-iters``; returns the per-iteration values.
 
-    A diverged run (see ``diverged``) stops early, writes ``DIVERGED`` into ``--save`` and saves
-    no checkpoint of the diverged state.
+    Values are read back at the read-back points (``reads_back``), and so is divergence (see
+    ``diverged``) checked: a diverged run stops at the first read-back point after it, keeps (logs,
+    returns) the iterations up to the first diverged one only, writes ``DIVERGED`` into ``--save``
+    and saves no checkpoint of the diverged state (saves come after the check).
     """
     args = run.args
     iteration = run.start_iteration
@@ -208,19 +258,24 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
     if args.wandb_project:
         logger.start_wandb(args.wandb_project, args.wandb_exp_name, args.wandb_save_dir,
                            {key: str(value) for key, value in vars(args).items()})
+    pending: list[dict] = []  # iterations since the last read-back, their values on the device
+    start = time.perf_counter()
     while iteration < args.train_iters:
         tensor_saver.set_iteration(iteration)
-        start = time.perf_counter()
         values = train_step(run, iteration)
-        values.update(_speed(run, time.perf_counter() - start))
-        capture = tensor_saver.iteration_summary()
+        capture = tensor_saver.iteration_summary()  # reads tensors back on captured iterations only
         iteration += 1
-        run.history.append(dict(values, **capture, iteration=iteration))
-        logger.scalars(iteration, {**values, **capture})
-        if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
-            logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
-        if _any_rank_diverged(run, values["lm loss"]):
-            _record_divergence(run, iteration, values["lm loss"], logger)
+        pending.append({"iteration": iteration, "values": values, "capture": capture})
+        if not reads_back(args, iteration):
+            continue
+        rows = [dict(row, values=values) for row, values in zip(pending, read_back([r["values"] for r in pending]))]
+        seconds, pending = time.perf_counter() - start, []
+        first_diverged = _first_divergence(run, [dict(row["values"], iteration=row["iteration"]) for row in rows])
+        if first_diverged is not None:
+            rows = [row for row in rows if row["iteration"] <= first_diverged]
+        _log_window(run, logger, rows, seconds)
+        if first_diverged is not None:
+            _record_divergence(run, first_diverged, rows[-1]["values"]["lm loss"], logger)
             tensor_saver.flush()
             return run.history
         if args.eval_iters and iteration % args.eval_interval == 0:
@@ -236,6 +291,7 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         if tensor_saver.capture_complete():
             logger.print(f"capture window complete at iteration {iteration}: exiting (TENSOR_SAVE_EXIT_AFTER)")
             break
+        start = time.perf_counter()  # evaluation and checkpoints are not iteration time
     if args.save and iteration > run.start_iteration and not (args.save_interval and iteration % args.save_interval == 0):
         _save(run, iteration, logger)
     tensor_saver.flush()

@@ -44,8 +44,9 @@ class CpuAdamW:
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
-    def grad_norm(self) -> float:
-        """L2 norm of the full (all TP shards) gradient; TP-replicated params counted once."""
+    def grad_norm(self) -> torch.Tensor:
+        """L2 norm of the full (all TP shards) gradient, TP-replicated params counted once: a float64
+        tensor, not read back (the loop reads it at its logging interval)."""
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
@@ -56,14 +57,15 @@ class CpuAdamW:
         group = parallel_state.get_model_parallel_group()
         if torch.distributed.get_world_size(group) > 1:
             torch.distributed.all_reduce(sq, group=group)
-        return sq.sqrt().item()
+        return sq.sqrt()
 
-    def step(self) -> tuple[bool, float, None]:
-        """Clip, update masters, copy them into the model. Returns (True, grad norm, None) like megatron-core."""
+    def step(self) -> tuple[bool, torch.Tensor, None]:
+        """Clip, update masters, copy them into the model; no host synchronisation (the clip factor
+        stays a tensor). Returns (True, grad norm, None) like megatron-core."""
         norm = self.grad_norm()
-        scale = min(1.0, self.clip_grad / (norm + 1e-6)) if self.clip_grad > 0 else 1.0
+        scale = (self.clip_grad / (norm + 1e-6)).clamp(max=1.0) if self.clip_grad > 0 else 1.0
         for model_param, master in zip(self.model_params, self.master_params):
-            master.grad = model_param.main_grad.float() * scale
+            master.grad = model_param.main_grad.float() * scale  # a copy: main_grad is DDP's buffer
         self.optimizer.step()
         with torch.no_grad():
             for model_param, master in zip(self.model_params, self.master_params):
