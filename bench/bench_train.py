@@ -60,7 +60,7 @@ def train_argv(model: str, iters: int, micro_batch_size: int, seq_length: int | 
     """The training run's arguments: mock data, no evaluation, two micro-batches per step."""
     argv = ["--model", model, "--mock-data", "--train-iters", str(iters), "--eval-iters", "0",
             "--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(2 * micro_batch_size),
-            "--log-interval", str(iters)]
+            "--log-interval", "1"]  # per-iteration times: the loop reads back (and times) once per window
     argv += ["--seq-length", str(seq_length)] if seq_length else []
     return argv + (["--bf16"] if bf16 else [])
 

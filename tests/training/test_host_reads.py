@@ -16,7 +16,7 @@ ITERS, LOG_INTERVAL = 6, 3
 
 
 def test_training_steps_read_nothing_back_outside_logging_iterations(monkeypatch):
-    from megatron.quant.train import main
+    from megatron.quant.training.main import main
 
     state = {"iteration": 0, "in_step": False}  # iteration: the last one completed (1-based)
     reads: Counter = Counter()

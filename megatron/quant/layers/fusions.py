@@ -57,7 +57,7 @@ class FastPaths:
         attention as each QuantDotProductAttention of ``model`` will run (counted when they differ)."""
         paths = Counter(m.path() for m in model.modules() if isinstance(m, QuantDotProductAttention)
                         and m.quant is not None)
-        attention = ", ".join(p if len(paths) == 1 else f"{p} x{n}" for p, n in sorted(paths.items())) or "none"
+        attention = ", ".join(p if len(paths) == 1 else f"{p} x{n}" for p, n in sorted(paths.items())) or "stock"
         fused = lambda on: "compiled" if on else "eager"  # noqa: E731
         return (f"fusions {self.choice}: attention={attention}, rmsnorm=torch, swiglu={fused(self.compiled)}, "
                 f"rope={fused(self.compiled)}, cross-entropy={fused(self.cross_entropy)}")

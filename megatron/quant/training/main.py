@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron.quant import kernels, tensor_saver
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
+from megatron.quant.layers import fusions
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.capture.config import SaverConfig
 from megatron.quant.capture.directory import check_writable
@@ -107,7 +108,7 @@ def _connect_schedule(config, chunks: list, opt) -> None:
     config.no_sync_func = chunks[0].no_sync
 
 
-def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> None:
+def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fused: str) -> None:
     cuda = torch.cuda.is_available()
     memory = metrics.memory_estimate_gb(
         shape, num_parameters=num_params, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
@@ -122,7 +123,8 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float) -> 
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
                  f"quantization {_quantization(recipe, shape['num_layers'])} | "
                  f"device {'cuda' if torch.cuda.is_available() else 'cpu'} | "
-                 f"{kernels.describe(recipe.formats(shape['num_layers']), recipe.compile, kernels.backend(), cuda)}")
+                 f"{kernels.describe(recipe.formats(shape['num_layers']), recipe.compile, kernels.backend(), cuda)} | "
+                 f"{fused}")
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e}")
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")
@@ -136,6 +138,7 @@ class Inputs:
     saver_config: SaverConfig
     tokenizer: object
     shape: dict
+    fast_paths: fusions.FastPaths
 
 
 def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
@@ -145,6 +148,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
     recipe = build_recipe(args, os.environ)
     kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
+    fast_paths = fusions.choose(os.environ, cuda=cuda, precision=_precision(args))  # and a bad CUSTOM_QUANT_FUSIONS
     if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
         recipe = replace(recipe, seed=args.seed)
     _check_fp8_recipe(args, recipe)
@@ -165,7 +169,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
         check_hf_checkpoint(args.hf_checkpoint, shape)
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         checkpoint.check_resume(checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step), args)
-    return Inputs(args, recipe, saver_config, tokenizer, shape)
+    return Inputs(args, recipe, saver_config, tokenizer, shape, fast_paths)
 
 
 def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
@@ -183,8 +187,8 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
         hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers)
-    gpt = build_gpt(config, shape, recipe)
+        recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags())
+    gpt = build_gpt(config, shape, recipe, sdpa=inputs.fast_paths.sdpa)
     if args.hf_checkpoint:
         load_hf_weights(gpt, args.hf_checkpoint, shape)
     chunks = _wrap(args, config, gpt, cuda)
@@ -216,7 +220,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
                                         seq_length=args.seq_length, vocab_size=shape["vocab_size"])
-    _print_start(logger, args, shape, recipe, num_params, flops)
+    _print_start(logger, args, shape, recipe, num_params, flops, inputs.fast_paths.describe(gpt))
     run = Run(args=args, model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
               train_data=train_data, valid_data=valid_data,
               layout=BatchLayout(args.micro_batch_size, args.global_batch_size, args.data_parallel_size),
