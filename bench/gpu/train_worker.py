@@ -30,15 +30,22 @@ def profiled(run, iterations: range) -> dict:
 
 
 def train_run(variant: str, argv: list[str], iters: int, profile_steps: int) -> dict:
-    from megatron.quant.training.main import check_inputs, setup
+    from megatron.quant import tensor_saver
+    from megatron.quant.cpu import destroy_parallel
     from megatron.quant.training.env import scoped_environ
     from megatron.quant.training.loop import train
+    from megatron.quant.training.main import check_inputs, setup
 
     with scoped_environ(variant_env(variant)):
         run, logger = setup(check_inputs(argv))
-        run.args.train_iters = iters  # the data holds iters + profile_steps; the loop stops at iters
-        history = train(run, logger)
-        profile = profiled(run, range(iters, iters + profile_steps)) if profile_steps else None
+        try:
+            run.args.train_iters = iters  # the data holds iters + profile_steps; the loop stops at iters
+            history = train(run, logger)
+            profile = profiled(run, range(iters, iters + profile_steps)) if profile_steps else None
+        finally:  # as training.main ends a run: no process group is left for the interpreter's exit
+            logger.close()
+            tensor_saver.close()
+            destroy_parallel()
     return {"history": history, "flops_per_iteration": run.flops_per_iteration, "peak_tflops": run.peak_tflops,
             "profile": profile}
 
