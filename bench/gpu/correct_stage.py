@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections import Counter
 
 from .pytest_rows import ROWS_ENV
@@ -28,7 +29,7 @@ def run(context: Context) -> dict:
     result = context.python("pytest", *argv, env={ROWS_ENV: str(rows_path)})
     rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
     counts = Counter(row["outcome"] for row in rows)
-    return {"command": "python -m pytest " + " ".join(argv), "exit_code": result.returncode,
+    return {"command": shlex.join(["python", "-m", "pytest", *argv]), "exit_code": result.returncode,
             "stopped": result.killed, "counts": {k: counts[k] for k in ("passed", "failed", "error", "skipped")},
             "failures": [row for row in rows if row["outcome"] in ("failed", "error")],
             "skip_reasons": dict(Counter(row["reason"] for row in rows if row["outcome"] == "skipped"))}

@@ -23,5 +23,5 @@ def summarize(record: dict) -> list[str]:
     memory = f", {record['memory_gib']:.0f} GiB" if record["memory_gib"] else ""
     return [f"{record['device_name']}{memory}; Python {record['python']}, torch {record['torch']}, CUDA "
             f"{record['cuda']}, Triton {record['dependencies']['triton']}",
-            f"copy {record['copy_gbps']:.0f} GB/s (read + written); bf16 GEMM {record['gemm_bf16_tflops']:.0f} TFLOP/s",
+            f"copy {record['copy_gbps']:.0f} GB/s (read + written); bf16 GEMM {record['gemm_bf16_tflops']:.3g} TFLOP/s",
             f"dependencies that do not import: {', '.join(missing) or 'none'}"]
