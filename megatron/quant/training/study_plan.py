@@ -18,10 +18,10 @@ import yaml
 
 from megatron.quant.training import metrics
 from megatron.quant.training.presets import get_preset
+from megatron.quant.training.sweep_plan import SEED_SUFFIX
 
 VERSION = 1
 ALL = "all"
-SEED_SUFFIX = "-seed"  # the sweep's and the runs report's seed-run names
 _KEYS = ("version", "name", "model", "micro_batch_size", "global_batch_size", "train_iters", "log_interval",
          "eval_interval", "eval_iters", "training_flags", "environment", "data", "recipes", "seeds", "order",
          "step_time")

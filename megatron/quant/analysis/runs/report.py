@@ -6,7 +6,8 @@ is one run named after the subdirectory; runs ``<recipe>-seed<N>`` are extra see
 ``<recipe>``: the baseline's give the noise band, and every recipe with seeds gets a mean curve
 with a min-max band and a row of the recipe table (``seed_stats``). Writes ``index.html``
 (self-contained, links the PNGs beside it), ``runs.csv`` (one row per run) and, with seed runs,
-``recipes.csv`` (one row per recipe).
+``recipes.csv`` (one row per recipe). ``--ledger DIR`` adds (or, without OUTPUT_DIR, gives) the runs
+of a study ledger (``ledger``: one JSON per finished run, one study on one corpus).
 
 Gaps are relative: ``loss_run / loss_baseline - 1`` at the iterations both logged. The gap at
 the end and the first iteration above 1 % / 5 % use the smoothed losses (TensorBoard's debiased
@@ -24,7 +25,8 @@ from typing import Optional, Sequence
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.plans import FigureJob
-from megatron.quant.analysis.runs.read import LOSS, RunsReportError, load_runs
+from megatron.quant.analysis.runs.ledger import ledger_runs
+from megatron.quant.analysis.runs.read import LOSS, Run, RunsReportError, load_runs
 from megatron.quant.analysis.runs.metrics import summarize, noise_band, recipe_groups, recipe_table, band_payload
 from megatron.quant.analysis.runs.draw import _draw_bands, figure_jobs
 from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, _write_csv, render_html
@@ -40,16 +42,31 @@ class RunsReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (run, why): no readable event file
 
 
-def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf16", smoothing: float = 0.6,
-                      dpi: int = 100, command: str = "") -> RunsReport:
-    """Read the runs, draw the figures, write index.html and runs.csv into ``report_dir``."""
+def _all_runs(runs_dir: Optional[Path], ledger_dir: Optional[Path], corpus: Optional[str],
+              skipped: list[tuple[str, str]]) -> list[Run]:
+    """The run directories' runs, then the ledger's; a name in both is refused."""
+    runs = load_runs(runs_dir, skipped) if runs_dir is not None else []
+    from_ledger = ledger_runs(ledger_dir, corpus) if ledger_dir is not None else []
+    twice = sorted({run.name for run in runs} & {run.name for run in from_ledger})
+    if twice:
+        raise RunsReportError(f"run(s) {', '.join(twice)} are both in {str(runs_dir)!r} and in the ledger "
+                              f"{str(ledger_dir)!r}; give one of them")
+    return runs + from_ledger
+
+
+def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name: str = "bf16", smoothing: float = 0.6,
+                      dpi: int = 100, command: str = "", ledger_dir: Optional[Path] = None,
+                      corpus: Optional[str] = None) -> RunsReport:
+    """Read the runs (of ``runs_dir``, of the ledger ``ledger_dir`` on the corpus ``corpus``, or both),
+    draw the figures, write index.html and runs.csv into ``report_dir``."""
     if not 0 <= smoothing < 1:
         raise RunsReportError(f"smoothing must be in [0, 1), got {smoothing}")
     skipped: list[tuple[str, str]] = []
-    runs = load_runs(runs_dir, skipped)
+    runs = _all_runs(runs_dir, ledger_dir, corpus, skipped)
+    source = runs_dir if runs_dir is not None else ledger_dir
     by_name = {run.name: run for run in runs}
     if baseline_name not in by_name:
-        raise RunsReportError(f"baseline {baseline_name!r} is not among the runs in {str(runs_dir)!r}: "
+        raise RunsReportError(f"baseline {baseline_name!r} is not among the runs in {str(source)!r}: "
                               f"{', '.join(by_name)}; pick one with --baseline")
     baseline = by_name[baseline_name]
     if not baseline.series(LOSS)[0].size:
@@ -71,7 +88,7 @@ def write_runs_report(runs_dir: Path, report_dir: Path, baseline_name: str = "bf
     failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
     _write_csv(report_dir / CSV_NAME, rows)
     index = report_dir / "index.html"
-    index.write_text(render_html(runs_dir, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
+    index.write_text(render_html(source, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
                                  skipped), encoding="utf-8")
     return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes, skipped)
 
@@ -80,7 +97,12 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description="Compare training runs (one subdirectory of RUNS_DIR each, e.g. a recipe sweep): "
                                "loss curves and gaps to a baseline, throughput, quantization statistics.")
-    parser.add_argument("runs_dir", type=Path, help="directory with one subdirectory per run")
+    parser.add_argument("runs_dir", type=Path, nargs="?", default=None,
+                        help="directory with one subdirectory per run (optional with --ledger)")
+    parser.add_argument("--ledger", type=Path, default=None, metavar="DIR",
+                        help="also the runs of this study ledger (docs/study/ledger/<study>: one JSON per run)")
+    parser.add_argument("--corpus", default=None, metavar="HASH_PREFIX",
+                        help="the ledger's runs on this corpus only (its sha256 or a prefix)")
     parser.add_argument("--output_dir", type=Path, default=None,
                         help="where index.html, runs.csv and the PNGs go (default: RUNS_DIR/report)")
     parser.add_argument("--baseline", default="bf16", help="run the gaps are relative to (default: %(default)s)")
@@ -97,11 +119,15 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     args = parser.parse_args(argv)
     if args.dpi < 1:
         parser.error(f"--dpi must be at least 1, got {args.dpi}")
+    if args.runs_dir is None and args.ledger is None:
+        parser.error("give RUNS_DIR, --ledger DIR, or both")
+    if args.runs_dir is None and args.output_dir is None:
+        parser.error("with --ledger alone, give --output_dir (where the report goes)")
     report_dir = args.output_dir or args.runs_dir / "report"
     try:
         check_output_dir(report_dir)
         result = write_runs_report(args.runs_dir, report_dir, args.baseline, args.smoothing, args.dpi,
-                                   shlex.join([parser.prog, *argv]))
+                                   shlex.join([parser.prog, *argv]), args.ledger, args.corpus)
     except (RunsReportError, OutputDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

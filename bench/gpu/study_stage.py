@@ -1,0 +1,43 @@
+"""Stage ``study``: the next runs of the GPU study (docs/study/plan.yaml) that fit the stage's time,
+through the study runner (``python -m megatron.quant.training.study``, which leaves out the runs the
+committed ledger holds). The ledger entries of the runs that finished come back inside
+``study.json`` (``entries``; a run's name may hold a '+', which no file coming back from a device
+may), to be put into the ledger here with ``python -m megatron.quant.training.study --plan
+docs/study/plan.yaml --add study.json --ledger docs/study/ledger`` (docs/comparing.md)."""
+from __future__ import annotations
+
+import json
+
+from .stage import REPO, Context
+
+PLAN = REPO / "docs" / "study" / "plan.yaml"
+LEDGER = REPO / "docs" / "study" / "ledger"
+MARGIN_S = 20  # the runner's start and its last entry written, inside the stage's deadline
+PREFIX = "study: "  # the runner's lines
+
+
+def run(context: Context) -> dict:
+    out = context.scratch / "study"
+    budget = context.remaining() - MARGIN_S
+    args = ["--plan", str(PLAN), "--ledger", str(LEDGER), "--budget-s", f"{budget:.0f}", "--out", str(out)]
+    result = context.python("megatron.quant.training.study", *args, *(["--dry-run"] if context.dry_run else []))
+    entries = [json.loads(path.read_text()) for path in sorted((out / "ledger").glob("*.json"))]
+    return {"stopped": result.killed, "exit_code": result.returncode, "budget_s": round(budget),
+            "runner": [line[len(PREFIX):] for line in result.output.splitlines() if line.startswith(PREFIX)],
+            "entries": entries}
+
+
+def summarize(record: dict) -> list[str]:
+    lines = [f"runner exit code {record['exit_code']} in a budget of {record['budget_s']} s; "
+             f"{len(record['entries'])} runs finished:", "",
+             "| run | status | final loss | step (s) | run (s) | corpus |", "|---|---|---|---|---|---|"]
+    for entry in record["entries"]:
+        loss = entry["scalars"].get("train/lm loss", {}).get("values") or [None]
+        final = f"{loss[-1]:.4f}" if loss[-1] is not None else "-"
+        step = f"{entry['step_s']:.4f}" if entry["step_s"] else "-"
+        lines.append(f"| {entry['run']} | {entry['status']} | {final} | {step} | {entry['wall_s']:.0f} | "
+                     f"{entry['corpus']['sha256'][:8]} |")
+    lines += ["", *[f"    {line}" for line in record["runner"]],
+              "", "Into the ledger: `python -m megatron.quant.training.study --plan docs/study/plan.yaml --add "
+                  "study.json --ledger docs/study/ledger`."]
+    return lines

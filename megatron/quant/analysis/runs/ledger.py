@@ -1,0 +1,195 @@
+"""The study ledger: one small JSON file per finished run, committed (``docs/study/ledger/``), so a
+study grows across sessions and machines without its checkpoints or event files.
+
+An entry (schema ``SCHEMA_VERSION``) holds what the runs report needs and what makes runs
+comparable: the scalars (training loss per log interval, validation loss per evaluation, grad
+norm, learning rate, tokens/s), the tokens trained, the device, dates, the git commit, the corpus
+hash, and the recipe as given and as resolved. ``read_ledger`` reads a directory of entries (at any
+depth); ``ledger_runs`` turns them into the runs report's ``Run`` objects, refusing to mix entries
+of different studies or corpora (their losses are not comparable), and labels each run with its
+device when the entries come from more than one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from megatron.quant.analysis.runs.read import (DIVERGED, GRAD_NORM, LOSS, LR, TOKENS_PER_S, VALIDATION, Run,
+                                               RunsReportError)
+
+SCHEMA_VERSION = 1
+TAGS = (LOSS, VALIDATION, GRAD_NORM, LR, TOKENS_PER_S, DIVERGED)  # the scalars an entry keeps
+SUFFIX = ".json"
+HASH_PREFIX = 8  # hex digits of the corpus hash in file names and messages
+
+
+class LedgerError(RunsReportError):
+    """An entry that cannot be read, or entries that must not be compared; one line naming it."""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    study: str
+    run: str                      # the sweep's run name: <recipe> or <recipe>-seed<N>
+    recipe: str
+    seed: int
+    status: str                   # finished or diverged (the sweep's statuses)
+    device: str                   # the GPU's name, or "cpu"
+    start_time: str               # ISO 8601, UTC
+    end_time: str
+    wall_s: float                 # the run's attempts, start-up included
+    step_s: Optional[float]       # median seconds per iteration (from tokens/s); None when not logged
+    iterations: int
+    tokens: int                   # trained: iterations x global batch x sequence length
+    commit: Optional[str]
+    corpus: Mapping[str, Any]     # sha256, tokens, bytes, documents, source, tokenizer
+    recipe_env: Mapping[str, str]  # CUSTOM_QUANT_TYPE / CUSTOM_QUANT_RECIPE and the plan's environment
+    recipe_resolved: Sequence[str]  # `python -m megatron.quant.recipes show` of the recipe as it ran
+    flags: Sequence[str]
+    machine: Mapping[str, Any]
+    scalars: Mapping[str, tuple[list[int], list[float]]]
+    dry_run: bool = False
+    schema: int = field(default=SCHEMA_VERSION)
+
+    @property
+    def corpus_hash(self) -> str:
+        return str(self.corpus.get("sha256", ""))
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.run}.{self.corpus_hash[:HASH_PREFIX]}{SUFFIX}"
+
+
+def _finite_or_none(value: float) -> Optional[float]:
+    return float(f"{value:.7g}") if math.isfinite(value) else None  # strict JSON; 7 digits: float32's
+
+
+def to_json(entry: LedgerEntry) -> dict:
+    data = asdict(entry)
+    data = {"schema": data.pop("schema"), **data}
+    data["scalars"] = {tag: {"iterations": [int(i) for i in steps], "values": [_finite_or_none(float(v)) for v in values]}
+                       for tag, (steps, values) in entry.scalars.items()}
+    return data
+
+
+_REQUIRED = {"study": str, "run": str, "recipe": str, "seed": int, "status": str, "device": str, "start_time": str,
+             "end_time": str, "wall_s": (int, float), "iterations": int, "tokens": int, "corpus": dict,
+             "recipe_env": dict, "recipe_resolved": list, "flags": list, "machine": dict, "scalars": dict}
+
+
+def from_json(data: Any, source: str) -> LedgerEntry:
+    """The entry in ``data`` (a parsed file); LedgerError names ``source`` and the bad key."""
+    if not isinstance(data, dict):
+        raise LedgerError(f"{source}: not a ledger entry (a JSON {type(data).__name__})")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise LedgerError(f"{source}: ledger schema {data.get('schema')!r}; this code reads schema {SCHEMA_VERSION}")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool) and kind is int:
+            raise LedgerError(f"{source}: {key}: expected {getattr(kind, '__name__', 'a number')}, "
+                              f"got {data.get(key)!r:.60}")
+    scalars = {}
+    for tag, series in data["scalars"].items():
+        if (not isinstance(series, dict) or not isinstance(series.get("iterations"), list)
+                or not isinstance(series.get("values"), list) or len(series["iterations"]) != len(series["values"])):
+            raise LedgerError(f"{source}: scalars.{tag}: expected {{iterations, values}} of equal length")
+        scalars[tag] = (list(series["iterations"]), [math.nan if v is None else float(v) for v in series["values"]])
+    fields = LedgerEntry.__dataclass_fields__
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise LedgerError(f"{source}: unknown key(s) {', '.join(unknown)} for schema {SCHEMA_VERSION}")
+    missing = sorted(set(fields) - set(data) - {"dry_run"})
+    if missing:
+        raise LedgerError(f"{source}: missing key(s) {', '.join(missing)} (null where unknown)")
+    return LedgerEntry(**{**data, "scalars": scalars})
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+    """Strict JSON, one line per key and per key of a mapping value (a scalar's series on one line):
+    small files whose diffs read well."""
+    def line(key: str, value: Any, indent: str) -> str:
+        if isinstance(value, dict) and value:
+            inner = ",\n".join(line(k, v, indent + " ") for k, v in value.items())
+            return f"{indent}{json.dumps(key)}: {{\n{inner}\n{indent}}}"
+        return f"{indent}{json.dumps(key)}: {json.dumps(value, allow_nan=False)}"
+    return "{\n" + ",\n".join(line(key, value, " ") for key, value in data.items()) + "\n}\n"
+
+
+def write_entry(entry: LedgerEntry, directory: Path) -> Path:
+    """Write ``entry`` into ``directory`` (created), atomically; returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / entry.file_name
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(dumps(to_json(entry)), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_entry(path: Path) -> LedgerEntry:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise LedgerError(f"{path}: not readable as JSON ({type(error).__name__}: {str(error)[:80]})") from error
+    return from_json(data, str(path))
+
+
+def read_ledger(directory: Path) -> list[LedgerEntry]:
+    """Every entry under ``directory``, in path order."""
+    if not directory.is_dir():
+        raise LedgerError(f"ledger directory {str(directory)!r} does not exist")
+    return [read_entry(path) for path in sorted(directory.rglob(f"*{SUFFIX}")) if not path.name.startswith(".")]
+
+
+def _groups(entries: Sequence[LedgerEntry]) -> dict[tuple[str, str], int]:
+    groups: dict[tuple[str, str], int] = {}
+    for entry in entries:
+        key = (entry.study, entry.corpus_hash[:HASH_PREFIX])
+        groups[key] = groups.get(key, 0) + 1
+    return groups
+
+
+def select_entries(entries: Sequence[LedgerEntry], corpus: Optional[str] = None) -> list[LedgerEntry]:
+    """The entries of one study on one corpus: those whose corpus hash starts with ``corpus`` when
+    given; LedgerError when the rest still mixes studies or corpora, or names a run twice."""
+    chosen = [entry for entry in entries if corpus is None or entry.corpus_hash.startswith(corpus)]
+    groups = _groups(chosen)
+    listing = ", ".join(f"study {study} on corpus {sha}: {n} runs" for (study, sha), n in sorted(groups.items()))
+    if corpus is not None and not chosen:
+        raise LedgerError(f"no ledger entry on a corpus whose hash starts with {corpus!r}; the ledger holds "
+                          + ", ".join(f"study {s} on corpus {h}: {n} runs" for (s, h), n in sorted(_groups(entries).items())))
+    if len({study for study, _ in groups}) > 1:
+        raise LedgerError(f"the ledger mixes studies ({listing}); give one study's directory")
+    if len(groups) > 1:
+        raise LedgerError(f"the ledger holds runs on different corpora, whose losses are not comparable ({listing}); "
+                          f"pick one with --corpus HASH_PREFIX")
+    names = [entry.run for entry in chosen]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise LedgerError(f"run(s) {', '.join(twice)} appear twice in the ledger on the same corpus; keep one file each")
+    return chosen
+
+
+def entry_run(entry: LedgerEntry, label_device: bool = False) -> Run:
+    """The runs report's ``Run`` of ``entry``: its scalars, and a run.json-like record."""
+    scalars = {tag: (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
+               for tag, (steps, values) in entry.scalars.items()}
+    record = {"status": entry.status, "recipe": entry.recipe, "git_commit": entry.commit,
+              "machine": dict(entry.machine), "start_time": entry.start_time, "end_time": entry.end_time,
+              "attempts": [], "device": entry.device, "corpus_sha256": entry.corpus_hash}
+    notes = [f"ran on {entry.device}"] if label_device else []
+    return Run(entry.run, scalars, record, notes)
+
+
+def ledger_runs(directory: Path, corpus: Optional[str] = None) -> list[Run]:
+    """The runs of the ledger in ``directory`` (one study, one corpus), labelled with their device
+    when they ran on more than one."""
+    entries = select_entries(read_ledger(directory), corpus)
+    if not entries:
+        raise LedgerError(f"no ledger entries (*{SUFFIX}) under {str(directory)!r}")
+    several = len({entry.device for entry in entries}) > 1
+    return [entry_run(entry, several) for entry in entries]

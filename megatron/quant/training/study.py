@@ -1,0 +1,295 @@
+"""The study runner: the next runs of a study plan that fit a time budget, trained through the
+sweep, each finished one written as a ledger entry.
+
+``python -m megatron.quant.training.study --plan docs/study/plan.yaml --ledger docs/study/ledger
+--budget-s 600 --out DIR [--dry-run]``:
+
+1. builds the plan's corpus in ``DIR/corpus`` (or reuses the one there): the Python
+   installation's text, the plan's tokenizer trained on it (``corpus``, ``bpe``);
+2. takes the plan's runs in order, leaves out those the ledger already holds on this corpus
+   (same study, same corpus hash), and keeps the first ones whose estimated times
+   (``StudyPlan.run_seconds``) fit what is left of the budget (``select_runs``);
+3. trains each through the sweep (``DIR/runs/NAME``: run.json, checkpoints, event files; a re-run
+   skips finished runs and resumes the others), checking before each that it still fits (the
+   estimate scaled by how much slower this session's runs were than estimated);
+4. writes a ledger entry per finished or diverged run into ``DIR/ledger`` (copy them into the
+   committed ledger, ``docs/study/ledger/<study>/``).
+
+``--add FILE ...``: instead of running, put finished runs' entries into ``--ledger`` under
+``<study>/``: entry files (``DIR/ledger/*.json``) or the GPU check's ``study.json`` (its
+``entries``); entries of another study or of runs the plan does not have are refused, and an
+entry without a commit (the device's copy of the tree has no git) gets this checkout's.
+
+``--dry-run``: the same path on CPU in seconds: a toy model (``DRY_RUN_FLAGS``, the plan's model
+and sizes overridden), a small corpus (``--corpus-source`` or the standard library's first
+``DRY_RUN_BYTES``, a ``DRY_RUN_VOCAB``-token tokenizer); the runs chosen in the plan's order with
+``DRY_RUN_RUN_S`` each; entries marked ``dry_run``. Exit status: 0 every chosen run finished or diverged (or
+none fit), 1 a run crashed or stopped early, 2 bad input (one line).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
+
+from megatron.quant.analysis.runs import ledger
+from megatron.quant.analysis.runs.read import LOSS, TOKENS_PER_S, read_scalars
+from megatron.quant.training import corpus, sweep
+from megatron.quant.training.machine import git_commit
+from megatron.quant.training.presets import get_preset
+from megatron.quant.training.sweep_plan import TENSORBOARD
+from megatron.quant.training.study_plan import PlannedRun, StudyPlan, StudyPlanError, describe, load_plan
+
+CORPUS, RUNS, LEDGER = "corpus", "runs", "ledger"  # under --out
+DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
+                 "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr-warmup-iters", "0",
+                 "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2")
+DRY_RUN_BYTES, DRY_RUN_VOCAB = 1_000_000, 300
+DRY_RUN_RUN_S = 15.0  # a toy run's estimate, for the dry run's choice
+
+
+class StudyError(ValueError):
+    """Bad runner input; one line naming the value and what is allowed."""
+
+
+def pending_runs(plan: StudyPlan, done: set[str]) -> list[PlannedRun]:
+    """The plan's runs in order, those named in ``done`` left out."""
+    return [run for run in plan.order if run.name not in done]
+
+
+def select_runs(pending: Sequence[PlannedRun], budget_s: float,
+                seconds: Callable[[str], float]) -> list[PlannedRun]:
+    """The longest prefix of ``pending`` whose runs' ``seconds(recipe)`` add up to at most ``budget_s``
+    (a prefix: the plan's order is its priority, so a later, shorter run never jumps the queue)."""
+    chosen, total = [], 0.0
+    for run in pending:
+        total += seconds(run.recipe)
+        if total > budget_s:
+            break
+        chosen.append(run)
+    return chosen
+
+
+def done_in_ledger(entries: Sequence[ledger.LedgerEntry], study: str, corpus_hash: str) -> set[str]:
+    """Names of the runs the ledger holds for ``study`` on the corpus ``corpus_hash``."""
+    return {entry.run for entry in entries if entry.study == study and entry.corpus_hash == corpus_hash
+            and entry.status in sweep.DONE}
+
+
+def corpus_sources(plan: StudyPlan, source: Path | None, dry_run: bool) -> list[Path]:
+    """``source`` when given; for a dry run the standard library; else the plan's."""
+    if source is not None:
+        return [source]
+    if dry_run or not plan.data.site_packages:
+        return [corpus.default_source()]
+    return corpus.installation_sources()
+
+
+def ensure_corpus(plan: StudyPlan, directory: Path, source: Path | None, dry_run: bool) -> corpus.Corpus:
+    """The corpus in ``directory``, built from the plan's data settings unless one built from the
+    same sources with the same settings is there already."""
+    roots = corpus_sources(plan, source, dry_run)
+    max_bytes = DRY_RUN_BYTES if dry_run else plan.data.max_bytes
+    built = corpus.read_manifest(directory)
+    if built is not None:
+        if (built.source, built.seed, built.max_bytes) != ([str(r) for r in roots], plan.data.seed, max_bytes):
+            raise StudyError(f"{directory} holds another corpus (sources {built.source}, seed {built.seed}, max bytes "
+                             f"{built.max_bytes}); remove it or give another --out")
+        return built
+    vocab = DRY_RUN_VOCAB if dry_run else plan.data.tokenizer_vocab
+    return corpus.build_corpus(directory, roots, plan.data.valid_fraction, plan.data.seed, max_bytes=max_bytes,
+                               tokenizer_vocab=vocab, tokenizer_train_bytes=plan.data.tokenizer_train_bytes)
+
+
+def training_flags(plan: StudyPlan, built: corpus.Corpus, cache: Path, dry_run: bool) -> list[str]:
+    """The flags every run of the plan gets (the sweep adds the seed runs' --seed)."""
+    return [*plan.model_flags(), *plan.training_flags, "--data-path", built.data_path, "--split", built.split,
+            *built.tokenizer, "--data-cache-path", str(cache), "--seed", str(plan.seeds[0]),
+            *(DRY_RUN_FLAGS if dry_run else ())]
+
+
+def _flag(flags: Sequence[str], name: str) -> str:
+    """The last value of ``name`` (argparse's rule: the last one given wins)."""
+    return [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == name][-1]
+
+
+def _num_layers(flags: Sequence[str]) -> int:
+    return int(_flag(flags, "--num-layers")) if "--num-layers" in flags else get_preset(_flag(flags, "--model"))["num_layers"]
+
+
+def _seconds(start: str, end: str) -> float:
+    return (datetime.datetime.fromisoformat(end) - datetime.datetime.fromisoformat(start)).total_seconds()
+
+
+def resolved_recipe(recipe_env: Mapping[str, str], environment: Mapping[str, str], num_layers: int) -> list[str]:
+    """``python -m megatron.quant.recipes show`` of the recipe as the run built it from its environment."""
+    from megatron.quant.recipes.cli import describe as describe_recipe
+    from megatron.quant.recipes.recipe import QuantRecipe
+
+    return describe_recipe(QuantRecipe.from_env({**environment, **recipe_env}), num_layers).splitlines()
+
+
+def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.Corpus,
+                 dry_run: bool) -> ledger.LedgerEntry:
+    """The ledger entry of the run in ``run_dir`` (its run.json and event files)."""
+    record = sweep.read_run(run_dir)
+    flags = record["flags"]
+    iterations = int(_flag(flags, "--train-iters"))
+    tokens_per_iteration = int(_flag(flags, "--global-batch-size")) * int(_flag(flags, "--seq-length"))
+    scalars = read_scalars(run_dir / TENSORBOARD)
+    kept = {tag: (scalars[tag][0].tolist(), scalars[tag][1].tolist()) for tag in ledger.TAGS if tag in scalars}
+    speed = scalars.get(TOKENS_PER_S, (None, []))[1]
+    gpus = record["machine"].get("gpus") or []
+    return ledger.LedgerEntry(
+        study=plan.name, run=run.name, recipe=run.recipe, seed=run.seed, status=record["status"],
+        device=gpus[0] if gpus else "cpu", start_time=record["attempts"][0]["start_time"], end_time=record["end_time"],
+        wall_s=round(sum(_seconds(a["start_time"], a["end_time"]) for a in record["attempts"] if "end_time" in a), 1),
+        step_s=round(tokens_per_iteration / statistics.median(speed), 5) if len(speed) else None,
+        iterations=iterations, tokens=iterations * tokens_per_iteration, commit=record.get("git_commit"),
+        corpus={"sha256": built.sha256, "tokens": built.tokens, "train_tokens": built.train_tokens, "bytes": built.bytes,
+                "documents": built.train_documents + built.valid_documents, "source": built.source,
+                "tokenizer_vocab": DRY_RUN_VOCAB if dry_run else plan.data.tokenizer_vocab},
+        recipe_env={**plan.environment, **record["recipe_env"]},
+        recipe_resolved=resolved_recipe(record["recipe_env"], plan.environment, _num_layers(flags)),
+        flags=flags, machine=record["machine"], scalars=kept, dry_run=dry_run)
+
+
+def entries_in(path: Path) -> list[ledger.LedgerEntry]:
+    """The entries in ``path``: one entry, or a JSON object whose ``entries`` are entries (study.json)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise StudyError(f"{path}: not readable as JSON ({type(error).__name__})") from error
+    if isinstance(data, dict) and "entries" in data and "schema" not in data:
+        return [ledger.from_json(item, f"{path}: entries[{i}]") for i, item in enumerate(data["entries"])]
+    return [ledger.from_json(data, str(path))]
+
+
+def add_entries(plan: StudyPlan, paths: Sequence[Path], directory: Path) -> list[Path]:
+    """Write the entries of ``paths`` into ``directory/<study>/``; StudyError for an entry that is
+    not a finished run of ``plan``, or a dry run."""
+    runs = {run.name: run for run in plan.order}
+    entries = [entry for path in paths for entry in entries_in(path)]
+    for entry in entries:
+        planned = runs.get(entry.run)
+        if entry.study != plan.name or planned is None or (planned.recipe, planned.seed) != (entry.recipe, entry.seed):
+            raise StudyError(f"entry {entry.run} of study {entry.study} (recipe {entry.recipe}, seed {entry.seed}) "
+                             f"is not a run of the plan {plan.name}")
+        if entry.dry_run or entry.status not in sweep.DONE:
+            raise StudyError(f"entry {entry.run} is {'a dry run' if entry.dry_run else entry.status}: not for the ledger")
+    commit = git_commit()
+    return [ledger.write_entry(entry if entry.commit else dataclasses.replace(entry, commit=commit),
+                               directory / plan.name) for entry in entries]
+
+
+def run_one(plan: StudyPlan, run: PlannedRun, runs_dir: Path, flags: Sequence[str], launcher: str) -> str:
+    """Train ``run`` through the sweep (its run directory, run.json, skip and resume); its status."""
+    argv = ["--only", run.name, "--launcher", launcher]
+    if len(plan.seeds) > 1:
+        argv += ["--seeds", " ".join(map(str, plan.seeds[1:]))]
+    sweep.main([*argv, str(runs_dir), " ".join(plan.recipes), "--", *flags])
+    return (sweep.read_run(runs_dir / run.name) or {}).get("status", sweep.CRASHED)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m megatron.quant.training.study",
+                                description="Run the next runs of a study plan that fit a time budget and write "
+                                            "their ledger entries.")
+    p.add_argument("--plan", type=Path, required=True, help="the study plan (docs/study/plan.yaml)")
+    p.add_argument("--ledger", type=Path, default=None,
+                   help="the committed ledger (docs/study/ledger): its runs on this corpus are not run again")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds this session may spend, corpus included")
+    p.add_argument("--out", type=Path, default=None, help=f"working directory: {CORPUS}/, {RUNS}/, {LEDGER}/ (the "
+                                                          "new entries)")
+    p.add_argument("--add", type=Path, nargs="+", default=None, metavar="FILE",
+                   help="put these entries (entry files, or the GPU check's study.json) into --ledger; run nothing")
+    p.add_argument("--launcher", default="python", help="runs '-m ...' for each run (default: %(default)s)")
+    p.add_argument("--corpus-source", type=Path, default=None, help="build the corpus from this directory instead")
+    p.add_argument("--dry-run", action="store_true", help="a toy model on a small corpus: the whole path in seconds")
+    p.add_argument("--show", action="store_true", help="print the plan's sizes and per-run estimates; train nothing")
+    return p
+
+
+@contextlib.contextmanager
+def _environment(updates: Mapping[str, str]) -> Iterator[None]:
+    before = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _say(line: str) -> None:
+    print(f"study: {line}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
+    args = build_parser().parse_args(argv)
+    try:
+        plan = load_plan(args.plan)
+        if args.add is not None:
+            if args.ledger is None:
+                raise StudyError("--add needs --ledger, the ledger directory to put the entries in")
+            for path in add_entries(plan, args.add, args.ledger):
+                _say(f"added {path}")
+            return 0
+        if args.show:
+            _say(describe(plan).replace("\n", "\nstudy: "))
+            return 0
+        if args.budget_s is None or args.out is None:
+            raise StudyError("give --budget-s and --out (or --show, or --add)")
+        if args.budget_s <= 0:
+            raise StudyError(f"--budget-s must be positive, got {args.budget_s:g}")
+        entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
+        _say(describe(plan).replace("\n", "\nstudy: "))
+        built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
+    except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError) as error:
+        print(f"study: error: {error}", file=sys.stderr)
+        return 2
+    epochs = "" if args.dry_run else f" ({plan.tokens_per_run / built.train_tokens:.1f} epochs a run)"
+    _say(f"corpus {built.sha256[:ledger.HASH_PREFIX]}: {built.train_tokens:,} training tokens{epochs}, ready after "
+         f"{time.monotonic() - started:.0f} s")
+    pending = pending_runs(plan, done_in_ledger(entries, plan.name, built.sha256))
+    seconds = (lambda recipe: DRY_RUN_RUN_S) if args.dry_run else plan.run_seconds
+    chosen = select_runs(pending, args.budget_s - (time.monotonic() - started), seconds)
+    _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget: "
+         + (", ".join(run.name for run in chosen) or "none"))
+    flags = training_flags(plan, built, args.out / "data_cache", args.dry_run)
+    slower, statuses = 1.0, []  # how much longer this session's runs took than estimated
+    for run in chosen:
+        left = args.budget_s - (time.monotonic() - started)
+        if seconds(run.recipe) * slower > left:
+            _say(f"stopping before {run.name}: {left:.0f} s left, it would take ~{seconds(run.recipe) * slower:.0f} s")
+            break
+        began = time.monotonic()
+        with _environment(plan.environment):  # the sweep passes its environment on to the run
+            status = run_one(plan, run, args.out / RUNS, flags, args.launcher)
+        slower = max(slower, (time.monotonic() - began) / seconds(run.recipe))
+        statuses.append(status)
+        if status in sweep.DONE:
+            entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run)
+            path = ledger.write_entry(entry, args.out / LEDGER)
+            last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
+            _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s"
+                 + (f", {entry.step_s:.4f} s/iteration" if entry.step_s else "") + f" -> {path}")
+        else:
+            _say(f"{run.name}: {status}, no ledger entry")
+    return 0 if all(status in sweep.DONE for status in statuses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

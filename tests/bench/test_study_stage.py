@@ -1,0 +1,41 @@
+"""The GPU check's ``study`` stage: the runner called with the stage's time and the committed plan and
+ledger, the finished runs' entries carried back inside the stage's record, and its summary."""
+import io
+import json
+from dataclasses import dataclass
+
+from bench.gpu import study_stage
+from bench.gpu.budget import CommandResult
+from bench.gpu.registry import STAGES
+from bench.gpu.stage import Context
+
+
+@dataclass(frozen=True)
+class FakeRunner(Context):
+    """A context whose child process is the runner's output and one entry file, not a training run."""
+
+    def python(self, module, *args, env=None):
+        out = self.scratch / "study" / "ledger"
+        out.mkdir(parents=True)
+        entry = {"run": "mxfp4+sr+rht", "status": "finished", "step_s": 0.031, "wall_s": 190.0,
+                 "corpus": {"sha256": "ab" * 32}, "scalars": {"train/lm loss": {"iterations": [20], "values": [3.51]}}}
+        (out / "mxfp4+sr+rht.abababab.json").write_text(json.dumps(entry))
+        (self.scratch / "argv.json").write_text(json.dumps([module, *args]))
+        return CommandResult(0, 200.0, "noise\nstudy: 1 of 27 runs pending on this corpus; 1 fit the budget: x\n")
+
+
+def test_the_stage_gives_the_runner_its_time_and_returns_the_entries(tmp_path):
+    clock = iter([1000.0] * 10).__next__
+    context = FakeRunner(tmp_path, tmp_path, dry_run=True, device="cpu (dry run)", deadline=1300.0, log=io.StringIO(),
+                         clock=clock)
+    record = study_stage.run(context)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[0] == "megatron.quant.training.study" and argv[-1] == "--dry-run"
+    assert argv[argv.index("--budget-s") + 1] == str(300 - study_stage.MARGIN_S)
+    assert argv[argv.index("--plan") + 1] == str(study_stage.PLAN) and study_stage.PLAN.is_file()
+    assert argv[argv.index("--ledger") + 1] == str(study_stage.LEDGER) and study_stage.LEDGER.is_dir()
+    assert record["runner"] == ["1 of 27 runs pending on this corpus; 1 fit the budget: x"]
+    assert [entry["run"] for entry in record["entries"]] == ["mxfp4+sr+rht"] and not record["stopped"]
+    summary = "\n".join(study_stage.summarize(record))
+    assert "| mxfp4+sr+rht | finished | 3.5100 | 0.0310 | 190 | abababab |" in summary and "--add study.json" in summary
+    assert STAGES["study"].run is study_stage.run

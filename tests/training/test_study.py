@@ -1,0 +1,127 @@
+"""The study runner: which runs a budget buys (a pure choice), the ledger entries it writes, and
+the whole path (corpus, tokenizer, sweep, ledger) as a dry run on CPU."""
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from megatron.quant.analysis.runs import ledger
+from megatron.quant.training import study
+from megatron.quant.training.machine import git_commit
+from megatron.quant.training.study_plan import PlannedRun, load_plan
+
+PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
+COST = {"bf16": 100.0, "te-nvfp4": 200.0, "mxfp4": 150.0, "te-mxfp8": 150.0}
+
+
+def _runs(*names):
+    return [PlannedRun(name.split("-seed")[0], 1, name) for name in names]
+
+
+@pytest.mark.parametrize("budget, chosen", [
+    (99, []), (100, ["bf16"]), (299, ["bf16"]), (300, ["bf16", "te-nvfp4"]), (1000, ["bf16", "te-nvfp4", "mxfp4"]),
+])
+def test_select_runs_takes_the_longest_prefix_that_fits(budget, chosen):
+    pending = _runs("bf16", "te-nvfp4", "mxfp4")
+    assert [run.name for run in study.select_runs(pending, budget, COST.__getitem__)] == chosen
+
+
+def test_a_cheap_later_run_does_not_jump_the_queue():
+    pending = _runs("te-nvfp4", "bf16")
+    assert study.select_runs(pending, 150, COST.__getitem__) == []  # bf16 would fit alone, but te-nvfp4 goes first
+
+
+def _entry(run, recipe, sha="a" * 64, study_name="s", status="finished", device="NVIDIA H100 80GB HBM3"):
+    return ledger.LedgerEntry(
+        study=study_name, run=run, recipe=recipe, seed=1, status=status, device=device,
+        start_time="2026-11-26T10:00:00+00:00", end_time="2026-11-26T10:02:00+00:00", wall_s=120.0, step_s=0.02,
+        iterations=4, tokens=4096, commit="abc", corpus={"sha256": sha, "tokens": 10}, recipe_env={},
+        recipe_resolved=[], flags=[], machine={}, scalars={"train/lm loss": ([2, 4], [5.0, float("nan")])})
+
+
+def test_the_ledger_counts_a_run_done_only_for_the_same_study_and_corpus():
+    plan = load_plan(PLAN)
+    entries = [_entry("bf16", "bf16"), _entry("te-nvfp4", "te-nvfp4", sha="b" * 64),
+               _entry("mxfp4", "mxfp4", study_name="other"), _entry("te-mxfp8", "te-mxfp8", status="crashed")]
+    done = study.done_in_ledger(entries, "s", "a" * 64)
+    assert done == {"bf16"}
+    assert [run.name for run in study.pending_runs(plan, done)][:3] == ["te-nvfp4", "mxfp4", "te-mxfp8"]
+
+
+def test_a_ledger_entry_round_trips_through_its_file(tmp_path):
+    entry = _entry("bf16-seed2", "bf16")
+    path = ledger.write_entry(entry, tmp_path)
+    assert path.name == "bf16-seed2.aaaaaaaa.json"
+    data = json.loads(path.read_text())  # strict JSON: the NaN loss is null
+    assert data["schema"] == ledger.SCHEMA_VERSION and data["scalars"]["train/lm loss"]["values"] == [5.0, None]
+    again = ledger.read_entry(path)
+    assert again.scalars["train/lm loss"][1][0] == 5.0 and again.scalars["train/lm loss"][1][1] != again.scalars[
+        "train/lm loss"][1][1]  # NaN again
+    assert ledger.read_ledger(tmp_path)[0].run == "bf16-seed2"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"schema": 2}, "ledger schema 2; this code reads schema 1"),
+    ({"seed": "one"}, "seed: expected int"),
+    ({"colour": "blue"}, "unknown key(s) colour"),
+    ({"scalars": {"train/lm loss": {"iterations": [1], "values": []}}}, "expected {iterations, values} of equal"),
+])
+def test_bad_entries_are_one_line(tmp_path, change, message):
+    path = ledger.write_entry(_entry("bf16", "bf16"), tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ledger.LedgerError) as error:
+        ledger.read_entry(path)
+    assert message in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
+    """Corpus with its own tokenizer, the plan's first run (the budget buys one), trained on a toy
+    model through the sweep, its ledger entry written; then the ledger says it is done."""
+    source = tmp_path / "text"
+    source.mkdir()
+    for i in range(6):
+        (source / f"m{i}.py").write_text(f'"""Module {i}: the quick brown fox jumps over the lazy dog."""\n' * 4)
+    out = tmp_path / "out"
+    monkeypatch.delenv("CUSTOM_QUANT_SCOPE", raising=False)
+    monkeypatch.setattr(study, "DRY_RUN_RUN_S", 600.0)  # one toy run fits 1000 s (after the corpus), two do not
+    argv = ["--plan", str(PLAN), "--out", str(out), "--dry-run", "--corpus-source", str(source)]
+    assert study.main([*argv, "--budget-s", "1000"]) == 0
+    [path] = sorted((out / study.LEDGER).iterdir())
+    entry = ledger.read_entry(path)
+    manifest = json.loads((out / study.CORPUS / "corpus.json").read_text())
+    assert (entry.run, entry.status, entry.dry_run, entry.device) == ("bf16", "finished", True, "cpu")
+    assert entry.corpus["sha256"] == manifest["sha256"] and (out / study.CORPUS / "tokenizer.json").is_file()
+    assert entry.iterations == 2 and entry.tokens == 2 * 2 * 32 and entry.scalars["train/lm loss"][0] == [1, 2]
+    assert entry.scalars["validation/lm loss"][0] == [2] and entry.recipe_env["CUSTOM_QUANT_SCOPE"] == "linear"
+    assert entry.recipe_resolved[0].startswith("recipe bf16") and "CUSTOM_QUANT_SCOPE" not in os.environ
+    # Again with the new entry as the ledger: bf16 is done, te-nvfp4 is next and does not fit.
+    assert study.main([*argv, "--budget-s", "500", "--ledger", str(out / study.LEDGER)]) == 0
+    assert "26 of 27 runs pending on this corpus; 0 fit the budget" in capsys.readouterr().out
+
+
+def test_bad_runner_input_is_one_line(tmp_path, capsys):
+    assert study.main(["--plan", str(tmp_path / "none.yaml"), "--budget-s", "10", "--out", str(tmp_path)]) == 2
+    assert study.main(["--plan", str(PLAN), "--budget-s", "0", "--out", str(tmp_path)]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and "cannot read the plan" in errors[0] and "--budget-s must be positive" in errors[1]
+
+
+def test_add_puts_finished_runs_of_the_plan_into_the_ledger(tmp_path, capsys):
+    plan = load_plan(PLAN)
+    good = dataclasses.replace(_entry("te-nvfp4-seed2", "te-nvfp4", study_name=plan.name), seed=2, commit=None)
+    stage = tmp_path / "study.json"  # the GPU check's stage record: entries inside
+    stage.write_text(json.dumps({"stage": "study", "entries": [ledger.to_json(good)]}))
+    argv = ["--plan", str(PLAN), "--ledger", str(tmp_path / "ledger"), "--add"]
+    assert study.main([*argv, str(stage)]) == 0
+    [added] = ledger.read_ledger(tmp_path / "ledger")
+    assert (tmp_path / "ledger" / plan.name / good.file_name).is_file() and added.run == "te-nvfp4-seed2"
+    assert added.commit == git_commit() and added.commit  # none came from the device: this checkout's
+    for bad, message in ((dataclasses.replace(good, seed=3), "is not a run of the plan"),
+                         (dataclasses.replace(good, study="other"), "is not a run of the plan"),
+                         (dataclasses.replace(good, dry_run=True), "is a dry run: not for the ledger"),
+                         (dataclasses.replace(good, status="crashed"), "is crashed: not for the ledger")):
+        path = ledger.write_entry(bad, tmp_path / "bad")
+        assert study.main([*argv, str(path)]) == 2
+        assert message in capsys.readouterr().err
