@@ -5,7 +5,8 @@
     python bench/bench_formats.py --device cuda   # on a GPU: GB/s against a device-to-device copy
     python bench/bench_formats.py --device cuda --kernels triton compile torch --dual-axis
 
-Each time is the median of ``--repeats`` runs after a warm-up (which includes compilation);
+Each time is the median of ``--repeats`` runs after a warm-up (which includes compilation; on CUDA the
+median of Triton's ``do_bench``, CUDA events with the L2 flushed between runs);
 the ratio is against ``x.clone()`` of the same tensor timed in the same run, so it carries
 over between machines better than the absolute numbers. Blocks run along the last axis.
 Stochastic-rounding rows compare the stateless keyed noise the layers use with a
@@ -54,15 +55,21 @@ VARIANTS = {
 }
 
 
-def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> float:
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+def median_seconds(fn: Callable[[], torch.Tensor], repeats: int, device: str = "cpu") -> float:
+    """Median seconds of ``fn`` after a warm-up call (compilation, allocator). On CUDA, Triton's
+    ``do_bench``: CUDA events around each run, L2 flushed between runs (a bf16 16M-element tensor fits
+    an H100's L2), as many runs as fit ~100 ms, so neither host timers nor launch gaps nor the cache
+    flatter a 50-microsecond kernel; ``repeats`` counts the runs on CPU."""
     fn()  # warm-up: compilation, allocator
-    sync()
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        torch.cuda.synchronize()
+        return do_bench(fn, return_mode="median") / 1e3
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -112,7 +119,7 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
     side = int(numel**0.5)
     x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     moved = 2 * x.numel() * x.element_size()  # bytes read + written by a copy and by a quantization
-    clone = median_seconds(x.clone, repeats)
+    clone = median_seconds(x.clone, repeats, device)
     print(f"\n{str(dtype):<15} clone: {clone * 1e3:8.2f} ms  ({moved / clone / 1e9:.1f} GB/s moved)", flush=True)
     for name in names:
         format_name, options = VARIANTS.get(name, (name, {}))
@@ -127,7 +134,7 @@ def bench_dtype(dtype: torch.dtype, names: list[str], numel: int, repeats: int, 
                 cases["with-counts"] = functools.partial(with_stats(quantize, fmt, mode, "counts"), x)
                 cases["with-full-stats"] = functools.partial(with_stats(quantize, fmt, mode, "full"), x)
             for axes, fn in cases.items():
-                seconds = median_seconds(fn, repeats)
+                seconds = median_seconds(fn, repeats, device)
                 ratio = seconds / clone
                 goal = GOALS[device][(mode, fmt.block_size is not None)] * AXES_FACTORS[axes]
                 print(f"  {name:<20} {mode:<9} {axes:<15} {seconds * 1e3:9.2f} ms  {moved / seconds / 1e9:8.1f} GB/s"
@@ -148,7 +155,7 @@ def bench_stochastic(dtype: torch.dtype, numel: int, repeats: int, device: str) 
 
     side = int(numel**0.5)
     x = torch.randn(side, numel // side, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    clone = median_seconds(x.clone, repeats)
+    clone = median_seconds(x.clone, repeats, device)
     bits, generator = RandomBits.derive("bench"), torch.Generator(device=device).manual_seed(0)
     cases = {"noise/hash": lambda: bits.uniform(tuple(x.shape), x.device),
              "noise/torch.rand": lambda: torch.rand(x.shape, generator=generator, device=x.device)}
@@ -159,7 +166,7 @@ def bench_stochastic(dtype: torch.dtype, numel: int, repeats: int, device: str) 
     print(f"\n{str(dtype):<15} stochastic rounding, eager (clone {clone * 1e3:.2f} ms)", flush=True)
     rows = []
     for case, fn in cases.items():
-        seconds = median_seconds(fn, repeats)
+        seconds = median_seconds(fn, repeats, device)
         rows.append({"format": case, "dtype": str(dtype).removeprefix("torch."), "mode": "eager-stochastic",
                      "ms": seconds * 1e3, "ratio_to_clone": seconds / clone, "meets_goal": True})
         print(f"  {case:<24} {seconds * 1e3:9.2f} ms  {seconds / clone:6.2f}x clone", flush=True)

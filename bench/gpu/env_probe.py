@@ -44,13 +44,13 @@ def imports() -> dict[str, str]:
 
 
 def ceilings(device: str) -> dict[str, float]:
-    """Copy GB/s (read + written) and bf16 GEMM TFLOP/s, medians of timed runs after a warm-up."""
+    """Copy GB/s (read + written) and bf16 GEMM TFLOP/s, medians of timed runs after a warm-up (bench_formats')."""
     copy_bytes, side = SIZES[device]
     x = torch.randn(copy_bytes // 4, device=device)
     y = torch.empty_like(x)
-    copy_s = median_seconds(lambda: y.copy_(x), repeats=10)
+    copy_s = median_seconds(lambda: y.copy_(x), 10, device)
     a, b = (torch.randn(side, side, device=device, dtype=torch.bfloat16) for _ in range(2))
-    gemm_s = median_seconds(lambda: a @ b, repeats=10)
+    gemm_s = median_seconds(lambda: a @ b, 10, device)
     return {"copy_bytes": 2 * copy_bytes, "copy_gbps": 2 * copy_bytes / copy_s / 1e9,
             "gemm_side": side, "gemm_bf16_tflops": 2 * side**3 / gemm_s / 1e12}
 
