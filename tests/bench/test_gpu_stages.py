@@ -138,3 +138,26 @@ def test_the_wheels_pin_what_the_device_lacks_and_the_install_line_uses_no_index
     assert "--no-build-isolation --target /tmp/quant . && " in line
     assert line.endswith("export PYTHONPATH=/tmp/site:/tmp/quant:$PWD || exit")
     assert "/.whl/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_the_kernels_stage_covers_every_format_on_every_path():
+    from bench.bench_formats import VARIANTS
+    from bench.gpu.kernels_worker import plan
+    from megatron.quant.formats import list_formats
+
+    cold = plan(dry_run=False)
+    assert cold["device"] == "cuda" and cold["names"] == list_formats() + list(VARIANTS)
+    assert cold["modes"] == {"triton": True, "eager": True, "compiled": False}  # compile: single-axis only
+
+
+def test_the_env_stage_imports_every_dependency_setup_py_names():
+    import re
+
+    from bench.gpu.env_probe import DEPENDENCIES
+
+    setup = (REPO / "setup.py").read_text()
+    named = set()
+    for block in re.findall(r"(?:install_requires=|\"test\": )\[(.*?)\]", setup, re.S):
+        named |= {re.split(r"[<>=;\[ ]", requirement)[0].lower().replace("_", "-")
+                  for requirement in re.findall(r"\"([^\"]+)\"", block)}
+    assert named - {"torch"} <= {name.lower().replace("_", "-") for name in DEPENDENCIES.values()}
