@@ -44,9 +44,10 @@ def _entry(run, recipe, sha="a" * 64, study_name="s", status="finished", device=
 def test_the_ledger_counts_a_run_done_only_for_the_same_study_and_corpus():
     plan = load_plan(PLAN)
     entries = [_entry("bf16", "bf16"), _entry("te-nvfp4", "te-nvfp4", sha="b" * 64),
-               _entry("mxfp4", "mxfp4", study_name="other"), _entry("te-mxfp8", "te-mxfp8", status="crashed")]
+               _entry("mxfp4", "mxfp4", study_name="other"), _entry("te-mxfp8", "te-mxfp8", status="crashed"),
+               dataclasses.replace(_entry("bf16-seed2", "bf16"), dry_run=True)]
     done = study.done_in_ledger(entries, "s", "a" * 64)
-    assert done == {"bf16"}
+    assert done == {"bf16"} and study.done_in_ledger(entries, "s", "a" * 64, dry_run=True) == {"bf16-seed2"}
     assert [run.name for run in study.pending_runs(plan, done)][:3] == ["te-nvfp4", "mxfp4", "te-mxfp8"]
 
 
@@ -64,7 +65,7 @@ def test_a_ledger_entry_round_trips_through_its_file(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"schema": 2}, "ledger schema 2; this code reads schema 1"),
-    ({"seed": "one"}, "seed: expected int"),
+    ({"seed": "one"}, "seed: expected an integer, got 'one'"),
     ({"colour": "blue"}, "unknown key(s) colour"),
     ({"scalars": {"train/lm loss": {"iterations": [1], "values": []}}}, "expected {iterations, values} of equal"),
 ])

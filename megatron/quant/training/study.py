@@ -78,10 +78,12 @@ def select_runs(pending: Sequence[PlannedRun], budget_s: float,
     return chosen
 
 
-def done_in_ledger(entries: Sequence[ledger.LedgerEntry], study: str, corpus_hash: str) -> set[str]:
-    """Names of the runs the ledger holds for ``study`` on the corpus ``corpus_hash``."""
+def done_in_ledger(entries: Sequence[ledger.LedgerEntry], study: str, corpus_hash: str,
+                   dry_run: bool = False) -> set[str]:
+    """Names of the runs the ledger holds for ``study`` on the corpus ``corpus_hash`` (dry runs count
+    only for a dry run)."""
     return {entry.run for entry in entries if entry.study == study and entry.corpus_hash == corpus_hash
-            and entry.status in sweep.DONE}
+            and entry.status in sweep.DONE and entry.dry_run == dry_run}
 
 
 def corpus_sources(plan: StudyPlan, source: Path | None, dry_run: bool) -> list[Path]:
@@ -122,7 +124,9 @@ def _flag(flags: Sequence[str], name: str) -> str:
 
 
 def _num_layers(flags: Sequence[str]) -> int:
-    return int(_flag(flags, "--num-layers")) if "--num-layers" in flags else get_preset(_flag(flags, "--model"))["num_layers"]
+    if "--num-layers" in flags:
+        return int(_flag(flags, "--num-layers"))
+    return get_preset(_flag(flags, "--model"))["num_layers"]
 
 
 def _seconds(start: str, end: str) -> float:
@@ -154,9 +158,9 @@ def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.
         wall_s=round(sum(_seconds(a["start_time"], a["end_time"]) for a in record["attempts"] if "end_time" in a), 1),
         step_s=round(tokens_per_iteration / statistics.median(speed), 5) if len(speed) else None,
         iterations=iterations, tokens=iterations * tokens_per_iteration, commit=record.get("git_commit"),
-        corpus={"sha256": built.sha256, "tokens": built.tokens, "train_tokens": built.train_tokens, "bytes": built.bytes,
-                "documents": built.train_documents + built.valid_documents, "source": built.source,
-                "tokenizer_vocab": DRY_RUN_VOCAB if dry_run else plan.data.tokenizer_vocab},
+        corpus={"sha256": built.sha256, "tokens": built.tokens, "train_tokens": built.train_tokens,
+                "bytes": built.bytes, "documents": built.train_documents + built.valid_documents,
+                "source": built.source, "tokenizer_vocab": DRY_RUN_VOCAB if dry_run else plan.data.tokenizer_vocab},
         recipe_env={**plan.environment, **record["recipe_env"]},
         recipe_resolved=resolved_recipe(record["recipe_env"], plan.environment, _num_layers(flags)),
         flags=flags, machine=record["machine"], scalars=kept, dry_run=dry_run)
@@ -184,7 +188,8 @@ def add_entries(plan: StudyPlan, paths: Sequence[Path], directory: Path) -> list
             raise StudyError(f"entry {entry.run} of study {entry.study} (recipe {entry.recipe}, seed {entry.seed}) "
                              f"is not a run of the plan {plan.name}")
         if entry.dry_run or entry.status not in sweep.DONE:
-            raise StudyError(f"entry {entry.run} is {'a dry run' if entry.dry_run else entry.status}: not for the ledger")
+            what = "a dry run" if entry.dry_run else entry.status
+            raise StudyError(f"entry {entry.run} is {what}: not for the ledger")
     commit = git_commit()
     return [ledger.write_entry(entry if entry.commit else dataclasses.replace(entry, commit=commit),
                                directory / plan.name) for entry in entries]
@@ -263,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     epochs = "" if args.dry_run else f" ({plan.tokens_per_run / built.train_tokens:.1f} epochs a run)"
     _say(f"corpus {built.sha256[:ledger.HASH_PREFIX]}: {built.train_tokens:,} training tokens{epochs}, ready after "
          f"{time.monotonic() - started:.0f} s")
-    pending = pending_runs(plan, done_in_ledger(entries, plan.name, built.sha256))
+    pending = pending_runs(plan, done_in_ledger(entries, plan.name, built.sha256, args.dry_run))
     seconds = (lambda recipe: DRY_RUN_RUN_S) if args.dry_run else plan.run_seconds
     chosen = select_runs(pending, args.budget_s - (time.monotonic() - started), seconds)
     _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget: "

@@ -215,9 +215,11 @@ def _order(read: _Reader, value: Any, recipes: list[str], seeds: list[int]) -> l
             for recipe in names:
                 run = PlannedRun(recipe, seed, run_name(recipe, seed, seeds))
                 if run in runs:
-                    raise read.fail(key, f"run {run.name} (recipe {recipe}, seed {seed}) is already in an earlier stage")
+                    raise read.fail(key, f"run {run.name} (recipe {recipe}, seed {seed}) is already in an "
+                                         f"earlier stage")
                 runs.append(run)
-    missing = [run_name(r, s, seeds) for s in seeds for r in recipes if PlannedRun(r, s, run_name(r, s, seeds)) not in runs]
+    ordered = {run.name for run in runs}
+    missing = [run_name(r, s, seeds) for s in seeds for r in recipes if run_name(r, s, seeds) not in ordered]
     if missing:
         raise read.fail("order", f"leaves out run(s) {', '.join(missing)}; every recipe x seed must be ordered")
     return runs
@@ -246,7 +248,7 @@ def _step_time(read: _Reader, value: Any) -> StepEstimate:
         raise read.fail("step_time.measured.device", "measured step times need the device they were measured on")
     return StepEstimate(
         tflops=read.number(estimate.get("tflops"), "step_time.estimate.tflops"),
-        startup_s=read.number(estimate.get("startup_s"), "step_time.estimate.startup_s", low=-1e-9),
+        startup_s=read.number(estimate.get("startup_s"), "step_time.estimate.startup_s"),
         default_overhead=read.number(estimate.get("default_overhead"), "step_time.estimate.default_overhead"),
         overhead={str(k): read.number(v, f"step_time.estimate.overhead.{k}") for k, v in overhead.items()},
         measured_device=device,

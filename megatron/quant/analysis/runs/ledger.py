@@ -73,14 +73,18 @@ def _finite_or_none(value: float) -> Optional[float]:
 def to_json(entry: LedgerEntry) -> dict:
     data = asdict(entry)
     data = {"schema": data.pop("schema"), **data}
-    data["scalars"] = {tag: {"iterations": [int(i) for i in steps], "values": [_finite_or_none(float(v)) for v in values]}
+    data["scalars"] = {tag: {"iterations": [int(i) for i in steps],
+                             "values": [_finite_or_none(float(v)) for v in values]}
                        for tag, (steps, values) in entry.scalars.items()}
     return data
 
 
-_REQUIRED = {"study": str, "run": str, "recipe": str, "seed": int, "status": str, "device": str, "start_time": str,
-             "end_time": str, "wall_s": (int, float), "iterations": int, "tokens": int, "corpus": dict,
-             "recipe_env": dict, "recipe_resolved": list, "flags": list, "machine": dict, "scalars": dict}
+_TEXT, _INTEGER, _NUMBER = ((str,), "a string"), ((int,), "an integer"), ((int, float), "a number")
+_OBJECT, _LIST = ((dict,), "an object"), ((list,), "a list")
+_REQUIRED = {"study": _TEXT, "run": _TEXT, "recipe": _TEXT, "seed": _INTEGER, "status": _TEXT, "device": _TEXT,
+             "start_time": _TEXT, "end_time": _TEXT, "wall_s": _NUMBER, "iterations": _INTEGER, "tokens": _INTEGER,
+             "corpus": _OBJECT, "recipe_env": _OBJECT, "recipe_resolved": _LIST, "flags": _LIST, "machine": _OBJECT,
+             "scalars": _OBJECT}
 
 
 def from_json(data: Any, source: str) -> LedgerEntry:
@@ -89,10 +93,10 @@ def from_json(data: Any, source: str) -> LedgerEntry:
         raise LedgerError(f"{source}: not a ledger entry (a JSON {type(data).__name__})")
     if data.get("schema") != SCHEMA_VERSION:
         raise LedgerError(f"{source}: ledger schema {data.get('schema')!r}; this code reads schema {SCHEMA_VERSION}")
-    for key, kind in _REQUIRED.items():
-        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool) and kind is int:
-            raise LedgerError(f"{source}: {key}: expected {getattr(kind, '__name__', 'a number')}, "
-                              f"got {data.get(key)!r:.60}")
+    for key, (types, what) in _REQUIRED.items():
+        value = data.get(key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise LedgerError(f"{source}: {key}: expected {what}, got {value!r:.60}")
     scalars = {}
     for tag, series in data["scalars"].items():
         if (not isinstance(series, dict) or not isinstance(series.get("iterations"), list)
@@ -145,32 +149,34 @@ def read_ledger(directory: Path) -> list[LedgerEntry]:
     return [read_entry(path) for path in sorted(directory.rglob(f"*{SUFFIX}")) if not path.name.startswith(".")]
 
 
-def _groups(entries: Sequence[LedgerEntry]) -> dict[tuple[str, str], int]:
+def _listing(entries: Sequence[LedgerEntry]) -> tuple[int, int, str]:
+    """(studies, corpora, "study S on corpus H: N runs, ...") of ``entries``."""
     groups: dict[tuple[str, str], int] = {}
     for entry in entries:
         key = (entry.study, entry.corpus_hash[:HASH_PREFIX])
         groups[key] = groups.get(key, 0) + 1
-    return groups
+    text = ", ".join(f"study {study} on corpus {sha}: {n} runs" for (study, sha), n in sorted(groups.items()))
+    return len({study for study, _ in groups}), len(groups), text
 
 
 def select_entries(entries: Sequence[LedgerEntry], corpus: Optional[str] = None) -> list[LedgerEntry]:
     """The entries of one study on one corpus: those whose corpus hash starts with ``corpus`` when
     given; LedgerError when the rest still mixes studies or corpora, or names a run twice."""
     chosen = [entry for entry in entries if corpus is None or entry.corpus_hash.startswith(corpus)]
-    groups = _groups(chosen)
-    listing = ", ".join(f"study {study} on corpus {sha}: {n} runs" for (study, sha), n in sorted(groups.items()))
     if corpus is not None and not chosen:
         raise LedgerError(f"no ledger entry on a corpus whose hash starts with {corpus!r}; the ledger holds "
-                          + ", ".join(f"study {s} on corpus {h}: {n} runs" for (s, h), n in sorted(_groups(entries).items())))
-    if len({study for study, _ in groups}) > 1:
+                          f"{_listing(entries)[2]}")
+    studies, corpora, listing = _listing(chosen)
+    if studies > 1:
         raise LedgerError(f"the ledger mixes studies ({listing}); give one study's directory")
-    if len(groups) > 1:
+    if corpora > 1:
         raise LedgerError(f"the ledger holds runs on different corpora, whose losses are not comparable ({listing}); "
                           f"pick one with --corpus HASH_PREFIX")
     names = [entry.run for entry in chosen]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise LedgerError(f"run(s) {', '.join(twice)} appear twice in the ledger on the same corpus; keep one file each")
+        raise LedgerError(f"run(s) {', '.join(twice)} appear twice in the ledger on the same corpus; "
+                          f"keep one file each")
     return chosen
 
 
