@@ -77,7 +77,7 @@ def default_source() -> Path:
 def installation_sources() -> list[Path]:
     """This Python installation's text: the standard library and the site-packages directories."""
     paths = sysconfig.get_paths()
-    roots = [Path(paths[key]) for key in ("stdlib", "purelib", "platlib")]
+    roots = [Path(paths[key]).resolve() for key in ("stdlib", "purelib", "platlib")]  # lib64 -> lib: one root
     return [root for i, root in enumerate(roots) if root.is_dir() and root not in roots[:i]]
 
 

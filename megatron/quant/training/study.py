@@ -289,8 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run)
             path = ledger.write_entry(entry, args.out / LEDGER)
             last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
-            _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s"
-                 + (f", {entry.step_s:.4f} s/iteration" if entry.step_s else "") + f" -> {path}")
+            step = (f", {entry.step_s:.4f} s/iteration (plan: {plan.step_seconds(run.recipe):.4f})"
+                    if entry.step_s else "")
+            _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s (plan: {seconds(run.recipe):.0f} s)"
+                 f"{step} -> {path}")
         else:
             _say(f"{run.name}: {status}, no ledger entry")
     return 0 if all(status in sweep.DONE for status in statuses) else 1
