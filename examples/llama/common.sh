@@ -80,7 +80,7 @@ run_llama() {
         --lr-decay-style cosine --lr-warmup-iters "${WARMUP_ITERS:-100}"
         --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95
         --save "$checkpoint_dir" --load "$checkpoint_dir" --save-interval "${SAVE_INTERVAL:-1000}"
-        --eval-interval "${EVAL_INTERVAL:-1000}" --eval-iters 10 --log-interval 1
+        --eval-interval "${EVAL_INTERVAL:-1000}" --eval-iters 10 --log-interval "${LOG_INTERVAL:-10}"
         --tensorboard-dir "$tensorboard_dir"
         "${tokenizer_args[@]}" "${data_args[@]}" "${dtype_args[@]}" "$@" "${LLAMA_FLAGS[@]}"
     )
