@@ -103,3 +103,12 @@ def test_unreadable_plans_are_one_line(tmp_path):
     (tmp_path / "bad.yaml").write_text("recipes: [bf16\n")
     with pytest.raises(StudyPlanError, match="not YAML"):
         load_plan(tmp_path / "bad.yaml")
+
+
+def test_the_committed_plans_flags_are_ones_training_accepts_on_a_gpu(plan):
+    from megatron.quant.training.arguments import parse_args, validate_args
+
+    flags = [*plan.model_flags(), *plan.training_flags, "--mock-data", "--seed", "1", "--save", "ckpt"]
+    args = validate_args(parse_args(flags), 1, True)  # what the sweep adds per run: data, seed, --save
+    assert (args.train_iters, args.seq_length, args.global_batch_size, args.bf16) == (
+        plan.train_iters, plan.seq_length, plan.global_batch_size, True)
