@@ -34,6 +34,7 @@ import dataclasses
 import datetime
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -216,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "new entries)")
     p.add_argument("--add", type=Path, nargs="+", default=None, metavar="FILE",
                    help="put these entries (entry files, or the GPU check's study.json) into --ledger; run nothing")
-    p.add_argument("--launcher", default="python", help="runs '-m ...' for each run (default: %(default)s)")
+    p.add_argument("--launcher", default=shlex.quote(sys.executable),
+                   help="runs '-m ...' for each run (default: this Python, %(default)s; a device may have no 'python')")
     p.add_argument("--corpus-source", type=Path, default=None, help="build the corpus from this directory instead")
     p.add_argument("--dry-run", action="store_true", help="a toy model on a small corpus: the whole path in seconds")
     p.add_argument("--show", action="store_true", help="print the plan's sizes and per-run estimates; train nothing")
