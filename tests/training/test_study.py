@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from megatron.quant.analysis.runs import ledger
-from megatron.quant.training import study
+from megatron.quant.training import corpus, study
 from megatron.quant.training.machine import git_commit
 from megatron.quant.training.study_plan import PlannedRun, load_plan
 
@@ -126,3 +126,26 @@ def test_add_puts_finished_runs_of_the_plan_into_the_ledger(tmp_path, capsys):
         path = ledger.write_entry(bad, tmp_path / "bad")
         assert study.main([*argv, str(path)]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_runs_stop_when_this_sessions_pace_says_the_next_would_not_fit(tmp_path, monkeypatch, capsys):
+    """Each run takes twice its estimate: after three the fourth would overrun; crashed runs get no entry."""
+    plan = load_plan(PLAN)
+    clock = [0.0]
+    ran = []
+
+    def run_one(plan_, run, runs_dir, flags, launcher):
+        ran.append(run.name)
+        clock[0] += 2 * plan.run_seconds(run.recipe)
+        return "crashed"
+
+    built = corpus.Corpus(data_path="d", split="1,1,0", train_documents=1, valid_documents=1, bytes=1, source=[],
+                          seed=1, tokens=2, train_tokens=1, sha256="c" * 64)
+    monkeypatch.setattr(study, "ensure_corpus", lambda *args: built)
+    monkeypatch.setattr(study, "run_one", run_one)
+    monkeypatch.setattr(study.time, "monotonic", lambda: clock[0])
+    assert study.main(["--plan", str(PLAN), "--budget-s", "1000", "--out", str(tmp_path)]) == 1
+    assert ran == ["bf16", "te-nvfp4", "mxfp4"]  # 262 + 392 + 340 s; te-mxfp8 would take 340 of the ~5 left
+    out = capsys.readouterr().out
+    assert "6 fit the budget" in out and "stopping before te-mxfp8: 5 s left, it would take ~340 s" in out
+    assert "bf16: crashed, no ledger entry" in out and not (tmp_path / study.LEDGER).exists()

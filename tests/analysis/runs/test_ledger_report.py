@@ -63,3 +63,15 @@ def test_a_ledger_without_runs_dir_needs_an_output_dir(ledger_dir, capsys):
     with pytest.raises(SystemExit) as exit_:
         report.main(["--ledger", str(ledger_dir)])
     assert exit_.value.code == 2 and "with --ledger alone, give --output_dir" in capsys.readouterr().err
+
+
+def test_entries_of_two_studies_or_one_run_twice_are_refused():
+    import dataclasses
+
+    bf16 = _entry("bf16", 1.0, H100)
+    with pytest.raises(ledger.LedgerError, match="the ledger mixes studies .*study other"):
+        ledger.select_entries([bf16, dataclasses.replace(bf16, study="other", run="mxfp4")])
+    with pytest.raises(ledger.LedgerError, match=r"run\(s\) bf16 appear twice"):
+        ledger.select_entries([bf16, dataclasses.replace(bf16, device=H200)])
+    with pytest.raises(ledger.LedgerError, match="no ledger entry on a corpus whose hash starts with 'ff'"):
+        ledger.select_entries([bf16], corpus="ff")
