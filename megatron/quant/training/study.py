@@ -12,8 +12,8 @@ sweep, each finished one written as a ledger entry.
 3. trains each through the sweep (``DIR/runs/NAME``: run.json, checkpoints, event files; a re-run
    skips finished runs and resumes the others), checking before each that it still fits (the
    estimate scaled by how much slower this session's runs were than estimated);
-4. writes a ledger entry per finished or diverged run into ``DIR/ledger`` (copy them into the
-   committed ledger, ``docs/study/ledger/<study>/``).
+4. writes a ledger entry per finished or diverged run into ``DIR/ledger`` (``--add`` puts them
+   into the committed ledger, ``docs/study/ledger/<study>/``).
 
 ``--add FILE ...``: instead of running, put finished runs' entries into ``--ledger`` under
 ``<study>/``: entry files (``DIR/ledger/*.json``) or the GPU check's ``study.json`` (its
@@ -23,8 +23,10 @@ entry without a commit (the device's copy of the tree has no git) gets this chec
 ``--dry-run``: the same path on CPU in seconds: a toy model (``DRY_RUN_FLAGS``, the plan's model
 and sizes overridden), a small corpus (``--corpus-source`` or the standard library's first
 ``DRY_RUN_BYTES``, a ``DRY_RUN_VOCAB``-token tokenizer); the runs chosen in the plan's order with
-``DRY_RUN_RUN_S`` each; entries marked ``dry_run``. Exit status: 0 every chosen run finished or diverged (or
-none fit), 1 a run crashed or stopped early, 2 bad input (one line).
+``DRY_RUN_RUN_S`` each; entries marked ``dry_run``.
+
+Exit status: 0 every run started finished or diverged (or none fit), 1 a run crashed or stopped
+early, 2 bad input (one line).
 """
 from __future__ import annotations
 
@@ -275,10 +277,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = select_runs(pending, args.budget_s - (time.monotonic() - started), seconds)
     _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget: "
          + (", ".join(run.name for run in chosen) or "none"))
+    statuses = run_chosen(plan, chosen, seconds, built, args, deadline=started + args.budget_s)
+    return 0 if all(status in sweep.DONE for status in statuses) else 1
+
+
+def run_chosen(plan: StudyPlan, chosen: Sequence[PlannedRun], seconds: Callable[[str], float],
+               built: corpus.Corpus, args: argparse.Namespace, deadline: float) -> list[str]:
+    """Train ``chosen`` in order while each still fits before ``deadline`` (its estimate scaled by how
+    much longer this session's runs took than estimated); write the finished ones' entries. Their statuses."""
     flags = training_flags(plan, built, args.out / "data_cache", args.dry_run)
-    slower, statuses = 1.0, []  # how much longer this session's runs took than estimated
+    slower, statuses = 1.0, []
     for run in chosen:
-        left = args.budget_s - (time.monotonic() - started)
+        left = deadline - time.monotonic()
         if seconds(run.recipe) * slower > left:
             _say(f"stopping before {run.name}: {left:.0f} s left, it would take ~{seconds(run.recipe) * slower:.0f} s")
             break
@@ -287,17 +297,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = run_one(plan, run, args.out / RUNS, flags, args.launcher)
         slower = max(slower, (time.monotonic() - began) / seconds(run.recipe))
         statuses.append(status)
-        if status in sweep.DONE:
-            entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run)
-            path = ledger.write_entry(entry, args.out / LEDGER)
-            last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
-            step = (f", {entry.step_s:.4f} s/iteration (plan: {plan.step_seconds(run.recipe):.4f})"
-                    if entry.step_s else "")
-            _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s (plan: {seconds(run.recipe):.0f} s)"
-                 f"{step} -> {path}")
-        else:
+        if status not in sweep.DONE:
             _say(f"{run.name}: {status}, no ledger entry")
-    return 0 if all(status in sweep.DONE for status in statuses) else 1
+            continue
+        entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run)
+        path = ledger.write_entry(entry, args.out / LEDGER)
+        last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
+        step = (f", {entry.step_s:.4f} s/iteration (plan: {plan.step_seconds(run.recipe):.4f})"
+                if entry.step_s else "")
+        _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s (plan: {seconds(run.recipe):.0f} s)"
+             f"{step} -> {path}")
+    return statuses
 
 
 if __name__ == "__main__":
