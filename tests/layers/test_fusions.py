@@ -80,7 +80,8 @@ def test_fused_cross_entropy_equals_megatron_s_vocab_parallel_one(parallel):
     grad = torch.randn(SEQ, BATCH, generator=g)
     results = []
     with torch._dynamo.config.patch(disable=True):
-        for loss_fn in (lambda x: fused_vocab_parallel_cross_entropy(x, labels, parallel_state.get_tensor_model_parallel_group()),
+        group = parallel_state.get_tensor_model_parallel_group()
+        for loss_fn in (lambda x: fused_vocab_parallel_cross_entropy(x, labels, group),
                         lambda x: tensor_parallel.vocab_parallel_cross_entropy(x, labels)):
             leaf = logits.clone().requires_grad_()
             loss = loss_fn(leaf)

@@ -19,8 +19,9 @@ operands (dQ = dS K, dK = dS^T Q, dP = dO V^T, dV = P^T dO) are quantized per th
 With nothing quantized it runs megatron-core's exact operations.
 
 Fused quantized path (``sdpa-quantized``), chosen automatically when some of Q/K/V but not P is
-quantized, none of them with a per-tensor scale, no dropout, and a mask SDPA reproduces exactly (causal or none; not a sliding
-window, not an explicit mask, whose fully masked rows megatron-core fills differently):
+quantized, none of them with a per-tensor scale, no dropout, and a mask SDPA reproduces exactly
+(causal or none; not a sliding window, not an explicit mask, whose fully masked rows megatron-core
+fills differently):
 ``scaled_dot_product_attention`` on the quantized Q, K, V (no [s, s] tensor kept), and a
 backward that recomputes the unfused path on the same quantized Q, K, V (as flash attention
 does), so its gradients are those of the unfused path and backward-operand formats still apply.

@@ -140,7 +140,7 @@ def train_step(run: Run, iteration: int) -> dict[str, torch.Tensor | float]:
             "grad norm": float("nan") if grad_norm is None else grad_norm, "skipped iterations": 0 if ok else 1}
 
 
-def read_back(rows: list[dict]) -> list[dict[str, float]]:
+def _read_back(rows: list[dict]) -> list[dict[str, float]]:
     """``rows`` with every tensor value a float, read with one transfer per device."""
     tensors = [(i, key, value) for i, row in enumerate(rows) for key, value in row.items()
                if isinstance(value, torch.Tensor)]
@@ -196,21 +196,22 @@ def _first_divergence(run: Run, rows: list[dict]) -> int | None:
                      if diverged(row["lm loss"], run.args.divergence_threshold)), None)
     if dist.get_world_size() == 1:
         return mine
-    first = torch.tensor([math.inf if mine is None else mine], device=torch.cuda.current_device() if run.cuda else "cpu")
+    device = torch.cuda.current_device() if run.cuda else "cpu"
+    first = torch.tensor([math.inf if mine is None else mine], device=device)
     dist.all_reduce(first, op=dist.ReduceOp.MIN)
     value = first.item()
     return None if math.isinf(value) else int(value)
 
 
-def reads_back(args: Any, iteration: int) -> bool:
+def _reads_back(args: Any, iteration: int) -> bool:
     """Whether the loop reads the device's values back after ``iteration`` (1-based, completed):
     every rank decides alike (the divergence check there is a collective)."""
     def every(interval: int | None) -> bool:
         return bool(interval) and iteration % interval == 0
 
-    return (every(args.log_interval) or iteration == args.train_iters or (bool(args.eval_iters) and every(args.eval_interval))
-            or (bool(args.save) and every(args.save_interval)) or every(args.exit_interval)
-            or tensor_saver.capture_complete())
+    return (every(args.log_interval) or iteration == args.train_iters
+            or (bool(args.eval_iters) and every(args.eval_interval)) or (bool(args.save) and every(args.save_interval))
+            or every(args.exit_interval) or tensor_saver.capture_complete())
 
 
 def _remove_file(path: str) -> None:
@@ -246,7 +247,7 @@ def _log_window(run: Run, logger: MetricsLogger, rows: list[dict], seconds: floa
 def train(run: Run, logger: MetricsLogger) -> list[dict]:
     """Iterate from ``run.start_iteration`` to ``--train-iters``; returns the per-iteration values.
 
-    Values are read back at the read-back points (``reads_back``), and so is divergence (see
+    Values are read back at the read-back points (``_reads_back``), and so is divergence (see
     ``diverged``) checked: a diverged run stops at the first read-back point after it, keeps (logs,
     returns) the iterations up to the first diverged one only, writes ``DIVERGED`` into ``--save``
     and saves no checkpoint of the diverged state (saves come after the check).
@@ -266,9 +267,10 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         capture = tensor_saver.iteration_summary()  # reads tensors back on captured iterations only
         iteration += 1
         pending.append({"iteration": iteration, "values": values, "capture": capture})
-        if not reads_back(args, iteration):
+        if not _reads_back(args, iteration):
             continue
-        rows = [dict(row, values=values) for row, values in zip(pending, read_back([r["values"] for r in pending]))]
+        values_read = _read_back([row["values"] for row in pending])
+        rows = [dict(row, values=values) for row, values in zip(pending, values_read)]
         seconds, pending = time.perf_counter() - start, []
         first_diverged = _first_divergence(run, [dict(row["values"], iteration=row["iteration"]) for row in rows])
         if first_diverged is not None:
@@ -292,7 +294,8 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
             logger.print(f"capture window complete at iteration {iteration}: exiting (TENSOR_SAVE_EXIT_AFTER)")
             break
         start = time.perf_counter()  # evaluation and checkpoints are not iteration time
-    if args.save and iteration > run.start_iteration and not (args.save_interval and iteration % args.save_interval == 0):
+    saved = args.save_interval and iteration % args.save_interval == 0
+    if args.save and iteration > run.start_iteration and not saved:
         _save(run, iteration, logger)
     tensor_saver.flush()
     return run.history
