@@ -73,7 +73,10 @@ def _batches(run: Run, dataset, iteration: int, on_microbatch: Callable[[int, in
         if on_microbatch is not None:
             on_microbatch(mb, run.layout.first_sample(iteration, mb, dp_rank))
         batch = get_batch(dataset, run.layout, iteration, mb, dp_rank)
-        yield {key: value.to(device) for key, value in batch.items()}
+        if run.cuda:  # from pinned memory, asynchronously: a pageable copy would wait for the queued step
+            yield {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
+        else:
+            yield batch
 
 
 def _reduce_loss(reports: list[torch.Tensor]) -> torch.Tensor | float:
