@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
 from megatron.quant.training.presets import PRESETS
 
@@ -69,9 +69,9 @@ def synchronize() -> None:
 
 
 def training_step(model, optimizer, batches, iteration: int) -> None:
-    tensor_saver.set_iteration(iteration)
+    position.set_iteration(iteration)
     for index, (tokens, positions) in enumerate(batches):
-        tensor_saver.set_microbatch(index, index * tokens.shape[0])
+        position.set_microbatch(index, index * tokens.shape[0])
         model(tokens, positions, None, labels=tokens).float().mean().backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

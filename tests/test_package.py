@@ -14,8 +14,9 @@ def test_namespace_keeps_megatron_core_importable():
 
 
 # The package's layers, bottom first: a module imports only from its own room or from a room
-# below it (the package map in README.md). ``cpu`` patches megatron-core and imports nothing of ours.
-LAYERS = (("cpu",), ("formats",), ("stats",), ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",),
+# below it (the package map in README.md). ``cpu`` patches megatron-core and imports nothing of ours;
+# ``position`` (the run position) neither: the layers and the saver both read it.
+LAYERS = (("cpu", "position"), ("formats",), ("stats",), ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",),
           ("training",), ("compare",))
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 # Inside analysis: the kit both reports use (top-level modules), then the capture report and the runs

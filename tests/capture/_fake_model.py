@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.tensor_saver import CaptureSite, Operand
 
 LINEAR_TENSORS = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
@@ -117,10 +117,10 @@ CAPTURES_PER_LAYER = 2 * (len(LINEAR_TENSORS) + 1) + len(ATTENTION_TENSORS)
 def run_iteration(model: FakeModel, iteration: int, n_microbatches: int = 2, batch: int = 2,
                   seq: int = 4, inputs: Optional[list] = None) -> list[torch.Tensor]:
     """One training iteration as the loop drives it: set_iteration, then per micro-batch fwd+bwd."""
-    tensor_saver.set_iteration(iteration)
+    position.set_iteration(iteration)
     used = []
     for mb in range(n_microbatches):
-        tensor_saver.set_microbatch(mb, (iteration * n_microbatches + mb) * batch)
+        position.set_microbatch(mb, (iteration * n_microbatches + mb) * batch)
         x = inputs[mb] if inputs is not None else torch.randn(batch, seq, model.hidden)
         used.append(x)
         model(x).square().mean().backward()

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.capture.naming import parse_file_name
 from megatron.quant.tensor_saver import SaverConfig
 
@@ -36,9 +36,9 @@ def tiny_llama():
 def test_real_layers_capture_a_complete_iteration(tmp_path, tiny_llama):
     model, recipe = tiny_llama
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0"))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     for mb in range(2):
-        tensor_saver.set_microbatch(mb, 2 * mb)
+        position.set_microbatch(mb, 2 * mb)
         tokens = torch.randint(0, 128, (2, 32))
         model(tokens, torch.arange(32).expand(2, 32), None, labels=tokens).float().mean().backward()
     tensor_saver.close()

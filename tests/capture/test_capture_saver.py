@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.capture.naming import FILE_NAME_RE, parse_file_name
 from megatron.quant.tensor_saver import CaptureSite, SaverConfig
 from tests.capture._fake_model import CAPTURES_PER_LAYER, FakeModel, run_iteration
@@ -214,7 +214,7 @@ def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch):
     monkeypatch.setattr(writer.torch, "save", gated_save)
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", queue_mb=1))
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     big = torch.zeros(2**20 // 4 + 1)  # just over the 1 MiB bound: each must wait for the previous
     threading.Timer(0.2, release.set).start()
     for name in ("input", "weight", "output"):
@@ -226,7 +226,7 @@ def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch):
 
 def test_capture_rejects_bad_arguments(tmp_path):
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path)))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
     with pytest.raises(ValueError, match="operation='fwd'.*allowed"):
         tensor_saver.capture(site, "fwd", "pre", {"input": torch.ones(2)})
@@ -285,15 +285,15 @@ def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypa
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0-1", mode="stats"))
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
     weight = torch.nn.Parameter(torch.ones(4, 4))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     for mb in range(2):
-        tensor_saver.set_microbatch(mb, mb)
+        position.set_microbatch(mb, mb)
         tensor_saver.capture(site, "forward", "pre", {"weight": weight, "input": torch.ones(4)})
     assert len(computed) == 3  # the weight once, the input twice
     with torch.no_grad():
         weight.add_(1.0)  # an in-place update bumps the version: computed afresh
     tensor_saver.capture(site, "backward", "pre", {"weight": weight})
-    tensor_saver.set_iteration(1)
+    position.set_iteration(1)
     tensor_saver.capture(site, "forward", "pre", {"weight": weight})
     tensor_saver.flush()
     means = [e["metadata"]["stats"]["mean"] for e in manifest(tmp_path) if e["metadata"]["tensor_name"] == "weight"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant import formats, tensor_saver
+from megatron.quant import formats, position, tensor_saver
 from megatron.quant.compare import run_whatif
 from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
 
@@ -30,8 +30,8 @@ def capture_dir(tmp_path_factory):
     fmt = formats.get_format("mxfp8")
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(root), iterations="0", save_quantized=True))
     try:
-        tensor_saver.set_iteration(0)
-        tensor_saver.set_microbatch(0, 0)
+        position.set_iteration(0)
+        position.set_microbatch(0, 0)
         for layer in (0, 1):
             # Outlier channels make the formats' block and range handling matter.
             x = torch.randn(32, 2, 64, generator=gen) * torch.logspace(-3, 2, 64)

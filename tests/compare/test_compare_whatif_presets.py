@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant import formats, tensor_saver
+from megatron.quant import formats, position, tensor_saver
 from megatron.quant.recipes import presets
 from megatron.quant.analysis.captures.catalog import CaptureRecord
 from megatron.quant.analysis.captures.selection import CaptureFilter
@@ -51,8 +51,8 @@ def capture_dir(tmp_path_factory):
     gen = torch.Generator().manual_seed(0)
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(root), iterations="0"))
     try:
-        tensor_saver.set_iteration(0)
-        tensor_saver.set_microbatch(0, 0)
+        position.set_iteration(0)
+        position.set_microbatch(0, 0)
         for layer in LAYERS:
             # Outlier channels and tokens: the block shape, the axis and the RHT all matter.
             x = torch.randn(32, 2, 64, generator=gen) * torch.logspace(-3, 2, 64)

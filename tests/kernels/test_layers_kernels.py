@@ -33,9 +33,9 @@ def _run(preset: str, device, dtype, capture: bool = False) -> list[torch.Tensor
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 2, 64, generator=g).to(device, dtype).requires_grad_()
     if capture:
-        from megatron.quant import tensor_saver
+        from megatron.quant import position
 
-        tensor_saver.set_microbatch(0, 0)
+        position.set_microbatch(0, 0)
     y, _ = layer(x)
     y.backward(torch.randn(y.shape, generator=g).to(device, dtype))
     return [y.detach(), x.grad, layer.weight.grad, *layer.buffers()], formats  # buffers: delayed histories
@@ -68,12 +68,12 @@ def _captured_stats(preset: str, level: str, directory, device) -> dict:
     import json
     from pathlib import Path
 
-    from megatron.quant import tensor_saver
+    from megatron.quant import position, tensor_saver
     from megatron.quant.tensor_saver import SaverConfig
 
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(directory), iterations="0", mode="stats",
                                        stats=level))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     try:
         _run(preset, device, torch.bfloat16, capture=True)
     finally:

@@ -88,6 +88,26 @@ def test_lm_head_stays_stock_unless_named(parallel):
     assert type(model.output_layer).__name__ == "ColumnParallelLinear"
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantized_lm_head_keeps_the_stock_weights(parallel, tied):
+    """The LM head built from its spec holds the stock head's weight (tied: the embedding's), so
+    every initial weight equals the build that keeps the head stock."""
+    from megatron.quant.layers.linear import QuantColumnParallelLinear
+
+    recipe = QuantRecipe.from_dict({"format": BLOCK_FORMAT, "rules": [{"match": {"roles": ["output_layer"]},
+                                                                       "format": BLOCK_FORMAT}]})
+    models = []
+    for each in (QuantRecipe.uniform(BLOCK_FORMAT), recipe):
+        torch.manual_seed(0)
+        models.append(build_llama_model(transformer_config(), each, vocab_size=VOCAB, max_sequence_length=SEQ,
+                                        share_embeddings_and_output_weights=tied))
+    stock, quantized = models
+    assert type(quantized.output_layer) is QuantColumnParallelLinear and quantized.output_layer.quant is not None
+    assert (quantized.output_layer.weight is None) == tied
+    assert [n for n, _ in quantized.named_parameters()] == [n for n, _ in stock.named_parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(quantized.parameters(), stock.parameters()))
+
+
 def _pipeline_sites(rank: int, world_size: int) -> list[tuple[str, int]]:
     from megatron.core import parallel_state
 
@@ -115,15 +135,15 @@ def test_layer_index_is_global_across_pipeline_stages():
 
 
 def test_real_saver_writes_layer_captures(parallel, tmp_path):
-    from megatron.quant import tensor_saver
+    from megatron.quant import position, tensor_saver
     from megatron.quant.tensor_saver import SaverConfig
 
     model = _build(QuantRecipe.uniform(BLOCK_FORMAT))
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations=0, layers={0},
                                        save_quantized=True))
     try:
-        tensor_saver.set_iteration(0)
-        tensor_saver.set_microbatch(0, 0)
+        position.set_iteration(0)
+        position.set_microbatch(0, 0)
         _loss_and_grads(model)
         tensor_saver.flush()
     finally:

@@ -11,7 +11,7 @@ bookkeeping, ``quantization.py`` ``copy_forward_fp8_meta_tensors_for_recompute``
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
 from tests._dist import run_distributed
 
@@ -53,10 +53,10 @@ def _interleaved(model) -> dict[str, torch.Tensor]:
     each backward."""
     out = {}
     for iteration in range(1):
-        tensor_saver.set_iteration(iteration)
+        position.set_iteration(iteration)
         losses = []
         for mb in range(2):
-            tensor_saver.set_microbatch(mb, (2 * iteration + mb) * BATCH)
+            position.set_microbatch(mb, (2 * iteration + mb) * BATCH)
             losses.append(_loss(model, 2 * iteration + mb))
         for mb, loss in enumerate(losses):
             loss.backward()
@@ -106,13 +106,50 @@ def test_recompute_runs_at_the_first_forwards_position():
     from megatron.quant.layers import recompute
 
     seen = []
-    tensor_saver.set_iteration(3)
-    tensor_saver.set_microbatch(0, 6)
+    position.set_iteration(3)
+    position.set_microbatch(0, 6)
     x = torch.ones(2, requires_grad=True)
-    y = recompute.checkpoint(lambda t: seen.append(tensor_saver.position()) or t * 2, False, x)
-    tensor_saver.set_microbatch(1, 8)
+    y = recompute.checkpoint(lambda t: seen.append(_key(position.current())) or t * 2, False, x)
+    position.set_microbatch(1, 8)
     y.sum().backward()
-    assert seen == [(3, 6), (3, 6)] and tensor_saver.position() == (3, 8)
+    assert seen == [(3, 6), (3, 6)] and _key(position.current()) == (3, 8)
+
+
+def _key(at: position.Position) -> tuple[int, int]:
+    return at.iteration, at.sample
+
+
+def _regions(model, monkeypatch) -> list[bool]:
+    """Per checkpointed region of one forward of ``model``: whether it runs through our wrapper."""
+    from megatron.core.tensor_parallel.random import CheckpointFunction
+
+    from megatron.quant.layers import recompute
+
+    regions, apply = [], CheckpointFunction.apply
+    monkeypatch.setattr(CheckpointFunction, "apply", lambda function, *args: (
+        regions.append(isinstance(function, recompute._Checkpointed)), apply(function, *args))[1])
+    _loss(model, 0).backward()
+    monkeypatch.undo()
+    return regions
+
+
+def test_recompute_is_routed_per_model_only_while_it_runs(parallel, monkeypatch):
+    """The wrapper serves the model built with recompute, during its forward only: megatron-core's
+    own checkpoint is in place before and after, and a stock model recomputes through it."""
+    from megatron.core import tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel.random import checkpoint as megatron_checkpoint
+
+    from tests.layers._helpers import transformer_config
+
+    ours = _build(RECIPES["rne"], 1, RECOMPUTE["full-uniform"])
+    stock = GPTModel(transformer_config(**RECOMPUTE["full-uniform"]), get_gpt_layer_local_spec(normalization="RMSNorm"),
+                     vocab_size=VOCAB, max_sequence_length=SEQ, position_embedding_type="rope")
+    assert tensor_parallel.checkpoint is megatron_checkpoint
+    assert _regions(ours, monkeypatch) == [True, True]  # one region per layer
+    assert tensor_parallel.checkpoint is megatron_checkpoint
+    assert _regions(stock, monkeypatch) == [False, False]
 
 
 def _captured(tmp_path, recompute: dict) -> tuple[list[str], dict]:
@@ -123,8 +160,8 @@ def _captured(tmp_path, recompute: dict) -> tuple[list[str], dict]:
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", mode="full",
                                        save_quantized=True))
     try:
-        tensor_saver.set_iteration(0)
-        tensor_saver.set_microbatch(0, 0)
+        position.set_iteration(0)
+        position.set_microbatch(0, 0)
         _loss(model, 0).backward()
         summary = {k: v for k, v in tensor_saver.iteration_summary().items() if not k.endswith("wait_s")}
         tensor_saver.flush()

@@ -4,7 +4,7 @@ the same bits, and different positions and seeds give different noise."""
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
 
 VOCAB, SEQ = 128, 32
@@ -34,8 +34,8 @@ def build():
 def _step(model, iteration: int = 0, sample: int = 0) -> dict[str, torch.Tensor]:
     """Loss and every parameter gradient of one forward/backward at a run position."""
     model.zero_grad(set_to_none=True)
-    tensor_saver.set_iteration(iteration)
-    tensor_saver.set_microbatch(0, sample)
+    position.set_iteration(iteration)
+    position.set_microbatch(0, sample)
     tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
     loss = model(tokens, torch.arange(SEQ).expand(2, SEQ), None, labels=tokens).float().mean()
     loss.backward()

@@ -65,7 +65,7 @@ def _full_data(width: int, seed: int = 0):
 
 def _layer_results(rank: int, world_size: int) -> dict:
     """Each case's output and gradients on this rank, as full (un-sharded) tensors where sharded."""
-    from megatron.quant import cpu, tensor_saver
+    from megatron.quant import cpu, position
     from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear
     from megatron.quant.layers.linear_function import LinearQuant
     from tests.layers._helpers import transformer_config
@@ -73,7 +73,7 @@ def _layer_results(rank: int, world_size: int) -> dict:
     cpu.init_parallel(tensor_model_parallel_size=world_size, seed=1)
     # TP=1 runs in the test process, where earlier tests may have moved the run position that
     # keys stochastic rounding: start both layouts from the same one.
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     config = transformer_config(tensor_model_parallel_size=world_size)
     results = {}
     for kind, fmt in CASES:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.tensor_saver import CaptureSite, SaverConfig
 
 _REAL_OPEN = builtins.open
@@ -67,8 +67,8 @@ def configure(save_dir: str, mode: str) -> None:
 def capture_iterations(iterations: int = 2, per_iteration: int = 3) -> None:
     """A stand-in training loop: ``per_iteration`` captures of small tensors per iteration."""
     for iteration in range(iterations):
-        tensor_saver.set_iteration(iteration)
-        tensor_saver.set_microbatch(0, first_sample=iteration)
+        position.set_iteration(iteration)
+        position.set_microbatch(0, first_sample=iteration)
         for i in range(per_iteration):
             if tensor_saver.is_active():
                 tensor_saver.capture(SITE, "forward", "pre", {"input": torch.full((64,), float(i))})
@@ -106,7 +106,7 @@ def capture_until_killed(save_dir: str) -> None:
     torch.save = stalling_save
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=save_dir, iterations="every:1"))
     for iteration in range(2):
-        tensor_saver.set_iteration(iteration)
+        position.set_iteration(iteration)
         tensor_saver.capture(SITE, "forward", "pre", {"input": torch.full((2**20,), float(iteration))})
     tensor_saver.flush()
 
@@ -122,7 +122,7 @@ def capture_concurrently(save_dir: str, gate: str, captures: int) -> None:
 
     torch.save = slow_save
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=save_dir, iterations="0"))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     while not Path(gate).exists():
         time.sleep(0.001)
     for i in range(captures):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.capture.naming import file_name
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from megatron.quant.tensor_saver import CaptureSite, SaverConfig
@@ -31,7 +31,7 @@ def test_empty_recipe_name_in_a_file_is_the_file_stem(tmp_path, line):
 def test_capture_refuses_a_quant_type_outside_the_directory(tmp_path, quant_type):
     save_dir = tmp_path / "captures"
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(save_dir), iterations="0"))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     site = CaptureSite("linear", "linear", 0, "decoder.layers.0.mlp.linear_fc1", "fc1", quant_type)
     with pytest.raises(ValueError, match=r"quant_type=.* is invalid; allowed: .*not starting with '\.'"):
         tensor_saver.capture(site, "forward", "pre", {"input": torch.ones(2)})

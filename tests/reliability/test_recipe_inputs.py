@@ -4,7 +4,7 @@ misspelt CUSTOM_QUANT_* variables refused like misspelt TENSOR_SAVE_* ones."""
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from megatron.quant.tensor_saver import CaptureSite, SaverConfig
 
@@ -28,7 +28,7 @@ def test_recipe_refuses_a_name_capture_could_not_use(name):
 def test_a_name_the_recipe_accepts_is_one_capture_accepts(tmp_path, name):
     recipe = QuantRecipe.from_dict({"name": name, "format": "bf16"})
     tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0"))
-    tensor_saver.set_iteration(0)
+    position.set_iteration(0)
     site = CaptureSite("linear", "linear", 0, "decoder.layers.0.mlp.linear_fc1", "fc1", recipe.name)
     tensor_saver.capture(site, "forward", "pre", {"input": torch.ones(2)})
     tensor_saver.flush()

@@ -3,5 +3,5 @@ layers and core attention with fake-quantized operands (``linear``, ``attention`
 layer spec that puts them in a GPTModel (``spec``), and megatron-core's activation recompute
 wrapped so that a recompute changes no bit (``recompute``).
 
-Imports formats, recipes and ``tensor_saver``; nothing below it imports this package.
+Imports formats, recipes, ``position`` and ``tensor_saver``; nothing below it imports this package.
 """

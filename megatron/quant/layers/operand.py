@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import torch.distributed as dist
 from torch import Tensor
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.layers import recompute
 from megatron.quant.recipes.delayed import is_delayed
 from megatron.quant.recipes.operands import OperandSpec
@@ -51,9 +51,9 @@ def noise_scope(root: Optional[RandomBits], group: Optional[dist.ProcessGroup]) 
     """The scope of a forward starting now (None when the module rounds nothing stochastically)."""
     if root is None:
         return None
-    iteration, sample = tensor_saver.position()
+    at = position.current()
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if _distributed(group) else (0, 1)
-    return NoiseScope(root, iteration, sample, rank, world)
+    return NoiseScope(root, at.iteration, at.sample, rank, world)
 
 
 def module_noise_root(seed: int, module: str, specs: Iterable[OperandSpec]) -> Optional[RandomBits]:

@@ -2,9 +2,10 @@
 
 The spec is megatron-core's local GPT layer spec (RMSNorm, SwiGLU via the config's gated
 linear unit, RoPE and GQA via the config, no biases via ``add_bias_linear=False``) with the
-linear layers and core attention swapped for their quantized subclasses. After the model is
-built, ``configure_quant_modules`` resolves the recipe once per module and tells each
-quantized module its formats and its CaptureSite (qualified name, 0-based layer, role).
+linear layers and core attention swapped for their quantized subclasses; the LM head comes from
+``output_layer_spec`` when the recipe quantizes it. After the model is built,
+``configure_quant_modules`` resolves the recipe once per module and tells each quantized module
+its formats and its CaptureSite (qualified name, 0-based layer, role).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
@@ -48,6 +49,26 @@ def llama_layer_spec() -> ModuleSpec:
     return replace(spec, submodules=replace(spec.submodules, self_attention=attention, mlp=mlp))
 
 
+def output_layer_spec() -> ModuleSpec:
+    """The quantized LM head (``GPTModel.output_layer``)."""
+    return ModuleSpec(module=QuantColumnParallelLinear)
+
+
+def _output_layer_from_spec(model: GPTModel, spec: ModuleSpec) -> torch.nn.Module:
+    """``model``'s LM head built from ``spec``: GPTModel builds a ColumnParallelLinear itself (megatron-core
+    has no spec for it), so the built one is rebuilt with GPTModel's arguments; it holds the built one's
+    weight (the same Parameter, or None when tied to the embedding), so initialisation, tying and the
+    random stream stay those of the stock model."""
+    stock = model.output_layer
+    layer = build_module(spec, stock.input_size, stock.output_size, config=model.config,
+                         init_method=model.config.init_method, bias=False, skip_bias_add=False,
+                         gather_output=stock.gather_output, skip_weight_param_allocation=True,
+                         embedding_activation_buffer=stock.embedding_activation_buffer,
+                         grad_output_buffer=stock.grad_output_buffer, tp_group=stock.tp_group)
+    layer.weight = stock.weight
+    return layer
+
+
 def _site(name: str, layer_idx: int, role: str, recipe: QuantRecipe) -> CaptureSite:
     attention = role == "core_attention"
     return CaptureSite(layer_type="attention" if attention else "linear", component="FA" if attention else "linear",
@@ -73,8 +94,8 @@ def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_lay
     ``scaled_dot_product_attention`` where it computes what the unfused path does (``layers/attention.py``).
 
     Layer indices are global and 0-based (megatron-core's ``layer_number`` is 1-based and
-    already offset by the pipeline stage). The output layer (LM head) is made quantized only
-    when a rule names the role ``output_layer``.
+    already offset by the pipeline stage). The output layer (LM head) is configured when it is a
+    quantized one (``build_llama_model`` builds it so when a rule names the role ``output_layer``).
     """
     sites = []
     shared: dict = {}  # one format instance per distinct choice across the model
@@ -89,10 +110,7 @@ def configure_quant_modules(model: torch.nn.Module, recipe: QuantRecipe, num_lay
                 _configure(module, qualified, layer_idx, role, recipe, num_layers, shared, sdpa)
                 sites.append(module.capture_site)
     output_layer = getattr(model, "output_layer", None)
-    if output_layer is not None and recipe.quantizes_output_layer(num_layers):
-        # GPTModel builds its LM head directly (no spec hook); the quantized subclass adds only
-        # methods and class-level defaults, so promoting the instance keeps all its state.
-        output_layer.__class__ = QuantColumnParallelLinear
+    if isinstance(output_layer, QuantColumnParallelLinear):
         _configure(output_layer, "output_layer", -1, "output_layer", recipe, num_layers, shared, sdpa)
         sites.append(output_layer.capture_site)
     return sites
@@ -111,7 +129,9 @@ def build_llama_model(config: TransformerConfig, recipe: QuantRecipe, *, vocab_s
                      max_sequence_length=max_sequence_length, pre_process=pre_process, post_process=post_process,
                      share_embeddings_and_output_weights=share_embeddings_and_output_weights,
                      position_embedding_type="rope", rotary_base=rotary_base)
+    if post_process and recipe.quantizes_output_layer(config.num_layers):
+        model.output_layer = _output_layer_from_spec(model, output_layer_spec())
     configure_quant_modules(model, recipe, config.num_layers, sdpa)
     if config.recompute_granularity is not None:
-        recompute.install()  # recomputed forwards reproduce the first one (layers/recompute.py)
+        recompute.route_recompute(model)  # recomputed forwards reproduce the first one (layers/recompute.py)
     return model

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.layers.linear import invalidate_quantized_weights
 from megatron.quant.training import checkpoint
 from megatron.quant.training.data import BatchLayout, get_batch
@@ -128,7 +128,7 @@ def train_step(run: Run, iteration: int) -> dict[str, torch.Tensor | float]:
         chunk.train()
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
-    batches = _batches(run, run.train_data, iteration, tensor_saver.set_microbatch)
+    batches = _batches(run, run.train_data, iteration, position.set_microbatch)
     step = _forward_backward_gpu if run.cuda else _forward_backward_cpu
     reports = step(run, batches, forward_only=False)
     ok, grad_norm, _ = run.optimizer.step()
@@ -265,7 +265,7 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
     pending: list[dict] = []  # iterations since the last read-back, their values on the device
     start = time.perf_counter()
     while iteration < args.train_iters:
-        tensor_saver.set_iteration(iteration)
+        position.set_iteration(iteration)
         values = train_step(run, iteration)
         capture = tensor_saver.iteration_summary()  # reads tensors back on captured iterations only
         iteration += 1

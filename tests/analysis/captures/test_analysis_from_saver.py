@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.quant import tensor_saver
+from megatron.quant import position, tensor_saver
 from megatron.quant.analysis.captures.families import resolve
 from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
 from megatron.quant.formats import get_format
@@ -20,8 +20,8 @@ def saver_logs(tmp_path) -> Path:
     try:
         for quant_type, fmt in (("mxfp8", get_format("mxfp8")), ("bf16", None)):
             for iteration in range(3):
-                tensor_saver.set_iteration(iteration)
-                tensor_saver.set_microbatch(0, 0)
+                position.set_iteration(iteration)
+                position.set_microbatch(0, 0)
                 for layer in range(2):
                     site = CaptureSite("linear", "linear", layer,
                                        f"decoder.layers.{layer}.mlp.linear_fc1", "fc1", quant_type)
