@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ def train_run(variant: str, argv: list[str], iters: int, profile_steps: int) -> 
     with scoped_environ(variant_env(variant)):
         run, logger = setup(check_inputs(argv))
         try:
-            run.args.train_iters = iters  # the data holds iters + profile_steps; the loop stops at iters
+            run.config = replace(run.config, train_iters=iters)  # the data holds iters + profile_steps
             history = train(run, logger)
             profile = profiled(run, range(iters, iters + profile_steps)) if profile_steps else None
         finally:  # as training.main ends a run: no process group is left for the interpreter's exit

@@ -38,6 +38,20 @@ def test_derived_batch_values():
     assert (args.data_parallel_size, args.num_microbatches) == (2, 2)
 
 
+def test_training_config_takes_the_checked_flags():
+    from dataclasses import FrozenInstanceError
+
+    from megatron.quant.training.config import TrainingConfig
+
+    args = validate_args(parse_args(TINY + ["--global-batch-size", "4", "--save", "ckpt", "--eval-iters", "0"]),
+                         2, cuda=False)
+    config = TrainingConfig.from_args(args)
+    assert (config.train_iters, config.global_batch_size, config.num_microbatches, config.save, config.eval_iters,
+            config.save_interval) == (2, 4, 2, "ckpt", 0, None)
+    with pytest.raises(FrozenInstanceError):
+        config.train_iters = 3
+
+
 @pytest.mark.parametrize("extra, world, message", [
     (["--micro-batch-size", "4", "--global-batch-size", "6"], 1, "--global-batch-size 6 is not divisible"),
     (["--micro-batch-size", "1", "--global-batch-size", "3"], 2, "data-parallel size 2"),

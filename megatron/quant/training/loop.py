@@ -27,6 +27,7 @@ import torch.distributed as dist
 from megatron.quant import position, tensor_saver
 from megatron.quant.layers.linear import invalidate_quantized_weights
 from megatron.quant.training import checkpoint
+from megatron.quant.training.config import TrainingConfig
 from megatron.quant.training.data import BatchLayout, get_batch
 from megatron.quant.training.metrics import DIVERGED, MetricsLogger, capture_digest, format_line
 
@@ -35,7 +36,7 @@ from megatron.quant.training.metrics import DIVERGED, MetricsLogger, capture_dig
 class Run:
     """Everything the loop needs, built by ``megatron.quant.training.main.setup``."""
 
-    args: Any
+    config: TrainingConfig      # the flags the loop reads
     model_chunks: list          # DDP-wrapped model(s): what forward/backward runs on
     gpt: torch.nn.Module        # the unwrapped GPTModel: what checkpoints hold
     optimizer: Any
@@ -45,7 +46,7 @@ class Run:
     layout: BatchLayout
     flops_per_iteration: float
     peak_tflops: float | None
-    run_config: dict
+    run_config: dict            # what checkpoints record of the run: shape, quant_type, every flag (args)
     cuda: bool
     start_iteration: int = 0
     history: list = field(default_factory=list)  # per-iteration logged values
@@ -69,7 +70,7 @@ def _batches(run: Run, dataset, iteration: int, on_microbatch: Callable[[int, in
 
     dp_rank = parallel_state.get_data_parallel_rank()
     device = torch.cuda.current_device() if run.cuda else "cpu"
-    for mb in range(run.args.num_microbatches):
+    for mb in range(run.config.num_microbatches):
         if on_microbatch is not None:
             on_microbatch(mb, run.layout.first_sample(iteration, mb, dp_rank))
         batch = get_batch(dataset, run.layout, iteration, mb, dp_rank)
@@ -92,7 +93,7 @@ def _reduce_loss(reports: list[torch.Tensor]) -> torch.Tensor | float:
 
 
 def _forward_backward_cpu(run: Run, batches, forward_only: bool) -> list[torch.Tensor]:
-    model, n = run.model_chunks[0], run.args.num_microbatches
+    model, n = run.model_chunks[0], run.config.num_microbatches
     reports = []
     for batch in batches:
         with torch.set_grad_enabled(not forward_only):
@@ -116,8 +117,8 @@ def _forward_backward_gpu(run: Run, batches, forward_only: bool) -> list[torch.T
 
     outputs = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter(batches), model=run.model_chunks,
-        num_microbatches=run.args.num_microbatches, seq_length=run.args.seq_length,
-        micro_batch_size=run.args.micro_batch_size, forward_only=forward_only)
+        num_microbatches=run.config.num_microbatches, seq_length=run.config.seq_length,
+        micro_batch_size=run.config.micro_batch_size, forward_only=forward_only)
     return [out["lm loss"] for out in outputs]
 
 
@@ -163,13 +164,13 @@ def evaluate(run: Run, iteration: int) -> float:
         chunk.eval()
     step = _forward_backward_gpu if run.cuda else _forward_backward_cpu
     reports = []
-    for i in range(run.args.eval_iters):
-        reports += step(run, _batches(run, run.valid_data, iteration * run.args.eval_iters + i, None), True)
+    for i in range(run.config.eval_iters):
+        reports += step(run, _batches(run, run.valid_data, iteration * run.config.eval_iters + i, None), True)
     return float(_reduce_loss(reports))
 
 
 def _speed(run: Run, seconds: float) -> dict[str, float]:
-    tokens = run.args.global_batch_size * run.args.seq_length
+    tokens = run.config.global_batch_size * run.config.seq_length
     tflops = run.flops_per_iteration / seconds / dist.get_world_size() / 1e12
     values = {"iteration time (s)": seconds, "tokens/s": tokens / seconds, "TFLOP/s/device": tflops}
     if run.peak_tflops:
@@ -178,7 +179,7 @@ def _speed(run: Run, seconds: float) -> dict[str, float]:
 
 
 def _save(run: Run, iteration: int, logger: MetricsLogger) -> None:
-    path = checkpoint.save_checkpoint(run.args.save, iteration, run.gpt, run.optimizer, run.scheduler,
+    path = checkpoint.save_checkpoint(run.config.save, iteration, run.gpt, run.optimizer, run.scheduler,
                                       run.run_config)
     logger.print(f"saved checkpoint at iteration {iteration} to {path}")
 
@@ -196,7 +197,7 @@ def _first_divergence(run: Run, rows: list[dict]) -> int | None:
     mine = None
     if parallel_state.is_pipeline_last_stage():
         mine = next((row["iteration"] for row in rows
-                     if diverged(row["lm loss"], run.args.divergence_threshold)), None)
+                     if diverged(row["lm loss"], run.config.divergence_threshold)), None)
     if dist.get_world_size() == 1:
         return mine
     device = torch.cuda.current_device() if run.cuda else "cpu"
@@ -206,15 +207,16 @@ def _first_divergence(run: Run, rows: list[dict]) -> int | None:
     return None if math.isinf(value) else int(value)
 
 
-def _reads_back(args: Any, iteration: int) -> bool:
+def _reads_back(config: TrainingConfig, iteration: int) -> bool:
     """Whether the loop reads the device's values back after ``iteration`` (1-based, completed):
     every rank decides alike (the divergence check there is a collective)."""
     def every(interval: int | None) -> bool:
         return bool(interval) and iteration % interval == 0
 
-    return (every(args.log_interval) or iteration == args.train_iters
-            or (bool(args.eval_iters) and every(args.eval_interval)) or (bool(args.save) and every(args.save_interval))
-            or every(args.exit_interval) or tensor_saver.capture_complete())
+    return (every(config.log_interval) or iteration == config.train_iters
+            or (bool(config.eval_iters) and every(config.eval_interval))
+            or (bool(config.save) and every(config.save_interval))
+            or every(config.exit_interval) or tensor_saver.capture_complete())
 
 
 def _remove_file(path: str) -> None:
@@ -226,25 +228,25 @@ def _remove_file(path: str) -> None:
 
 def _record_divergence(run: Run, iteration: int, loss: float, logger: MetricsLogger) -> None:
     logger.print(f"diverged at iteration {iteration}: lm loss {loss} (--divergence-threshold "
-                 f"{run.args.divergence_threshold}); stopping without saving this state")
+                 f"{run.config.divergence_threshold}); stopping without saving this state")
     logger.scalars(iteration, {"diverged": 1.0})
-    if run.args.save and dist.get_rank() == dist.get_world_size() - 1:
-        os.makedirs(run.args.save, exist_ok=True)
-        with open(os.path.join(run.args.save, DIVERGED), "w") as f:
+    if run.config.save and dist.get_rank() == dist.get_world_size() - 1:
+        os.makedirs(run.config.save, exist_ok=True)
+        with open(os.path.join(run.config.save, DIVERGED), "w") as f:
             json.dump({"iteration": iteration, "lm loss": repr(loss),
-                       "divergence_threshold": run.args.divergence_threshold}, f)
+                       "divergence_threshold": run.config.divergence_threshold}, f)
 
 
 def _log_window(run: Run, logger: MetricsLogger, rows: list[dict], seconds: float) -> None:
     """History, TensorBoard/W&B scalars and console lines of a window's iterations, read back."""
-    args = run.args
+    config = run.config
     speed = _speed(run, seconds / len(rows))
     for row in rows:
         iteration, values, capture = row["iteration"], {**row["values"], **speed}, row["capture"]
         run.history.append(dict(values, **capture, iteration=iteration))
         logger.scalars(iteration, {**values, **capture})
-        if capture or iteration % args.log_interval == 0 or iteration == args.train_iters:
-            logger.print(format_line(iteration, args.train_iters, {**values, **capture_digest(capture)}))
+        if capture or iteration % config.log_interval == 0 or iteration == config.train_iters:
+            logger.print(format_line(iteration, config.train_iters, {**values, **capture_digest(capture)}))
 
 
 def train(run: Run, logger: MetricsLogger) -> list[dict]:
@@ -255,22 +257,22 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
     returns) the iterations up to the first diverged one only, writes ``DIVERGED`` into ``--save``
     and saves no checkpoint of the diverged state (saves come after the check).
     """
-    args = run.args
+    config = run.config
     iteration = run.start_iteration
-    if args.save and dist.get_rank() == dist.get_world_size() - 1:
-        _remove_file(os.path.join(args.save, DIVERGED))  # a verdict on an earlier attempt
-    if args.wandb_project:
-        logger.start_wandb(args.wandb_project, args.wandb_exp_name, args.wandb_save_dir,
-                           {key: str(value) for key, value in vars(args).items()})
+    if config.save and dist.get_rank() == dist.get_world_size() - 1:
+        _remove_file(os.path.join(config.save, DIVERGED))  # a verdict on an earlier attempt
+    if config.wandb_project:
+        logger.start_wandb(config.wandb_project, config.wandb_exp_name, config.wandb_save_dir,
+                           {key: str(value) for key, value in run.run_config["args"].items()})
     pending: list[dict] = []  # iterations since the last read-back, their values on the device
     start = time.perf_counter()
-    while iteration < args.train_iters:
+    while iteration < config.train_iters:
         position.set_iteration(iteration)
         values = train_step(run, iteration)
         capture = tensor_saver.iteration_summary()  # reads tensors back on captured iterations only
         iteration += 1
         pending.append({"iteration": iteration, "values": values, "capture": capture})
-        if not _reads_back(args, iteration):
+        if not _reads_back(config, iteration):
             continue
         values_read = _read_back([row["values"] for row in pending])
         rows = [dict(row, values=values) for row, values in zip(pending, values_read)]
@@ -283,22 +285,22 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
             _record_divergence(run, first_diverged, rows[-1]["values"]["lm loss"], logger)
             tensor_saver.flush()
             return run.history
-        if args.eval_iters and iteration % args.eval_interval == 0:
+        if config.eval_iters and iteration % config.eval_interval == 0:
             with tensor_saver.paused():  # eval forwards are not part of the captured training iteration
-                val = evaluate(run, iteration // args.eval_interval)
+                val = evaluate(run, iteration // config.eval_interval)
             logger.scalars(iteration, {"lm loss": val}, prefix="validation/")
             logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
-        if args.save and args.save_interval and iteration % args.save_interval == 0:
+        if config.save and config.save_interval and iteration % config.save_interval == 0:
             _save(run, iteration, logger)
-        if args.exit_interval and iteration % args.exit_interval == 0:
-            logger.print(f"exiting at iteration {iteration} (--exit-interval {args.exit_interval})")
+        if config.exit_interval and iteration % config.exit_interval == 0:
+            logger.print(f"exiting at iteration {iteration} (--exit-interval {config.exit_interval})")
             break
         if tensor_saver.capture_complete():
             logger.print(f"capture window complete at iteration {iteration}: exiting (TENSOR_SAVE_EXIT_AFTER)")
             break
         start = time.perf_counter()  # evaluation and checkpoints are not iteration time
-    saved = args.save_interval and iteration % args.save_interval == 0
-    if args.save and iteration > run.start_iteration and not saved:
+    saved = config.save_interval and iteration % config.save_interval == 0
+    if config.save and iteration > run.start_iteration and not saved:
         _save(run, iteration, logger)
     tensor_saver.flush()
     return run.history

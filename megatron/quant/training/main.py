@@ -24,6 +24,7 @@ from megatron.quant.capture.directory import check_writable
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
+from megatron.quant.training.config import TrainingConfig
 from megatron.quant.training.data import BatchLayout, build_datasets, check_data
 from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights
 from megatron.quant.training.loop import Run, train
@@ -221,7 +222,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
                                         seq_length=args.seq_length, vocab_size=shape["vocab_size"])
     _print_start(logger, args, shape, recipe, num_params, flops, inputs.fast_paths.describe(gpt))
-    run = Run(args=args, model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
+    run = Run(config=TrainingConfig.from_args(args), model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
               train_data=train_data, valid_data=valid_data,
               layout=BatchLayout(args.micro_batch_size, args.global_batch_size, args.data_parallel_size),
               flops_per_iteration=flops, peak_tflops=metrics.peak_tflops(metrics.device_name(), args.peak_tflops),

@@ -1,0 +1,36 @@
+"""What the training loop reads of a run's flags, typed: ``TrainingConfig``.
+
+``main.setup`` builds it once from the checked argparse namespace (``arguments.validate_args``);
+the loop (``loop.py``) reads only it, never the namespace.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The loop's settings, checked by ``arguments.validate_args`` before they get here."""
+
+    train_iters: int                # --train-iters: the loop runs iterations start..train_iters-1
+    micro_batch_size: int           # --micro-batch-size: sequences per micro-batch per data-parallel rank
+    global_batch_size: int          # --global-batch-size: sequences per optimizer step over all ranks
+    num_microbatches: int           # global batch / (micro-batch x data-parallel size): passes per step
+    seq_length: int                 # --seq-length: tokens per sequence
+    log_interval: int               # --log-interval: print a line every this many iterations
+    eval_interval: int              # --eval-interval: validate every this many iterations
+    eval_iters: int                 # --eval-iters: global batches per validation; 0 = no validation
+    save: Optional[str]             # --save: checkpoint directory; None = no checkpoints
+    save_interval: Optional[int]    # --save-interval: checkpoint every this many iterations (and at the end)
+    exit_interval: Optional[int]    # --exit-interval: stop after an iteration divisible by it
+    divergence_threshold: Optional[float]  # --divergence-threshold: stop when the loss exceeds it (NaN/Inf always)
+    wandb_project: Optional[str]    # --wandb-project: also log to this Weights & Biases project
+    wandb_exp_name: Optional[str]   # --wandb-exp-name: the W&B run name (None: W&B's)
+    wandb_save_dir: Optional[str]   # --wandb-save-dir: W&B's local directory (None: W&B's)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TrainingConfig":
+        """The loop's settings from a namespace ``arguments.validate_args`` has checked and completed."""
+        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
