@@ -21,7 +21,7 @@ caches), derived from docs/results.md's H100 figures and the test counts:
 - capture: bench_saver at 1B widths and 2 layers, 3 rounds of 6 modes (one full iteration is ~5 GB
   at ~1.3 GB/s of disk) after a ~15 s start.
 - study: the GPU study's corpus (~90 s: 400 MB of text read, a tokenizer trained, tokenized on 16
-  cores) and about two of its runs (docs/study/plan.yaml estimates 131-196 s a run); the runner fits
+  cores) and about two of its runs (docs/study/plan.yaml estimates 132-197 s a run); the runner fits
   its runs to the time the stage is given (up to 1.5x this estimate), so the estimate is what the
   stage asks for, not what it needs.
 """
