@@ -1,8 +1,8 @@
 """Triton compiles a kernel once per specialisation: its constexprs, its arguments' types, and what it
 specialises plain arguments on (an integer equal to 1 or divisible by 16, 32- or 64-bit; a pointer's
 16-byte alignment). A training run must see every specialisation in its first iteration and no new
-one after it, or every later step would pay a compile on a GPU. Here two steps (two micro-batches
-each: other samples, other stochastic-rounding keys) of a tiny model run the kernels in Triton's
+one after it, or every later step would pay a compile on a GPU. Here two steps of a tiny model
+(the second with other samples, so other stochastic-rounding keys) run the kernels in Triton's
 interpreter while each launch's key is computed as Triton's launcher computes it
 (``native_specialize_impl``, for an sm_90 target). Capture iterations add the statistics kernels'
 specialisations on purpose (capture is off here)."""
@@ -22,7 +22,7 @@ KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_ke
            (elementwise, "_elementwise_kernel"))
 ARGV = ["--model", "llama-tiny", "--mock-data", "--num-layers", "1", "--hidden-size", "64", "--ffn-hidden-size",
         "128", "--num-attention-heads", "2", "--num-query-groups", "1", "--seq-length", "32",
-        "--micro-batch-size", "1", "--global-batch-size", "2", "--train-iters", "2", "--log-interval", "2",
+        "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "2", "--log-interval", "2",
         "--eval-iters", "0", "--lr", "1e-3", "--seed", "1"]
 
 
