@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from megatron.quant.analysis.runs import ledger
+from megatron.quant.analysis.runs import report as runs_report
 from megatron.quant.training import corpus, study
 from megatron.quant.training.machine import git_commit
 from megatron.quant.training.study_plan import PlannedRun, load_plan
@@ -79,7 +80,8 @@ def test_bad_entries_are_one_line(tmp_path, change, message):
 
 def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
     """Corpus with its own tokenizer, the plan's first run (the budget buys one), trained on a toy
-    model through the sweep, its ledger entry written; then the ledger says it is done."""
+    model through the sweep, its ledger entry written and read by the runs report; then the ledger
+    says it is done."""
     source = tmp_path / "text"
     source.mkdir()
     for i in range(6):
@@ -97,6 +99,9 @@ def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
     assert entry.iterations == 2 and entry.tokens == 2 * 2 * 32 and entry.scalars["train/lm loss"][0] == [1, 2]
     assert entry.scalars["validation/lm loss"][0] == [2] and entry.recipe_env["CUSTOM_QUANT_SCOPE"] == "linear"
     assert entry.recipe_resolved[0].startswith("recipe bf16") and "CUSTOM_QUANT_SCOPE" not in os.environ
+    # The entry as the runs report reads it.
+    assert runs_report.main(["--ledger", str(out / study.LEDGER), "--output_dir", str(tmp_path / "report")]) == 0
+    assert "1 runs compared" in capsys.readouterr().out and (tmp_path / "report" / "index.html").is_file()
     # Again with the new entry as the ledger: bf16 is done, te-nvfp4 is next and does not fit.
     assert study.main([*argv, "--budget-s", "500", "--ledger", str(out / study.LEDGER)]) == 0
     assert "26 of 27 runs pending on this corpus; 0 fit the budget" in capsys.readouterr().out
