@@ -1,5 +1,8 @@
-"""Shared test setup: every test starts from a clean environment for our env vars."""
+"""Shared test setup: every test starts from a clean environment for our env vars; one torch thread
+per test process and per process a test launches; the ``slow`` marker; the capture-session fixture."""
 import os
+from pathlib import Path
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -21,9 +24,16 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    # Two cores are shared by test workers; more intra-op threads only add contention.
+    # Two cores are shared by test workers; more intra-op threads only add contention: with -n 2 on
+    # 2 cores every worker's two OpenMP threads oversubscribe the machine (hifp8 on 16M floats took
+    # 9 s at two threads beside one busy process, 0.33 s at one). The processes the tests launch
+    # (training runs, scripts) read the variables at start; a value the developer set is kept.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
     config.addinivalue_line("markers", "device: runs on --device (cpu by default, cuda on a GPU machine)")
+    config.addinivalue_line("markers", "slow: trains a model (training processes or many steps); CI runs them, "
+                                       "-m 'not slow' leaves them out")
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: torch sees no CUDA device")
     if config.getoption("--device") == "cpu":
@@ -43,3 +53,20 @@ def on_gpu(device) -> None:
     """Skips a test that only means something on a GPU (e.g. CUDA against CPU bits)."""
     if device.type == "cpu":
         pytest.skip("compares the GPU against the CPU: run with --device cuda")
+
+
+@pytest.fixture
+def capture_session(tmp_path) -> Callable[..., None]:
+    """``capture_session(save_dir=tmp_path, *, run_iterations=None, **fields)`` starts the process's
+    capture session with ``SaverConfig(enabled=True, save_dir=save_dir, **fields)`` (a later call
+    replaces it, as ``tensor_saver.configure`` does); the session open at the test's end is closed,
+    so its files and manifests are complete and no session leaks into the next test."""
+    from megatron.quant import tensor_saver
+    from megatron.quant.tensor_saver import SaverConfig
+
+    def start(save_dir: Path | str = tmp_path, *, run_iterations: Optional[range] = None, **fields) -> None:
+        fields.setdefault("enabled", True)
+        tensor_saver.configure(SaverConfig(save_dir=str(save_dir), **fields), run_iterations=run_iterations)
+
+    yield start
+    tensor_saver.close()

@@ -7,7 +7,6 @@ import torch
 
 from megatron.quant import position, tensor_saver
 from megatron.quant.capture.naming import parse_file_name
-from megatron.quant.tensor_saver import SaverConfig
 
 LINEAR_NAMES = {("forward", "pre"): {"input", "weight"}, ("forward", "post"): {"output"},
                 ("backward", "pre"): {"grad_output", "weight"}, ("backward", "post"): {"grad_input", "grad_weight"}}
@@ -33,9 +32,9 @@ def tiny_llama():
     cpu.destroy_parallel()
 
 
-def test_real_layers_capture_a_complete_iteration(tmp_path, tiny_llama):
+def test_real_layers_capture_a_complete_iteration(tmp_path, tiny_llama, capture_session):
     model, recipe = tiny_llama
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0"))
+    capture_session(iterations="0")
     position.set_iteration(0)
     for mb in range(2):
         position.set_microbatch(mb, 2 * mb)

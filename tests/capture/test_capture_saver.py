@@ -8,7 +8,7 @@ import torch
 
 from megatron.quant import position, tensor_saver
 from megatron.quant.capture.naming import FILE_NAME_RE, parse_file_name
-from megatron.quant.tensor_saver import CaptureSite, SaverConfig
+from megatron.quant.tensor_saver import CaptureSite
 from tests.capture._fake_model import CAPTURES_PER_LAYER, FakeModel, run_iteration
 
 METADATA_KEYS = {
@@ -18,13 +18,17 @@ METADATA_KEYS = {
 }
 
 
-def run(tmp_path, steps, n_layers=2, run_iterations=None, n_microbatches=2, **config):
-    """Train ``steps`` (iteration numbers) of the fake model with capture configured by ``config``."""
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), **config), run_iterations=run_iterations)
-    model = FakeModel(n_layers=n_layers)
-    for iteration in steps:
-        run_iteration(model, iteration, n_microbatches=n_microbatches)
-    tensor_saver.flush()
+@pytest.fixture
+def run(capture_session):
+    def train(save_dir, steps, n_layers=2, run_iterations=None, n_microbatches=2, **config):
+        """Train ``steps`` (iteration numbers) of the fake model with capture configured by ``config``."""
+        capture_session(save_dir, run_iterations=run_iterations, **config)
+        model = FakeModel(n_layers=n_layers)
+        for iteration in steps:
+            run_iteration(model, iteration, n_microbatches=n_microbatches)
+        tensor_saver.flush()
+
+    return train
 
 
 def manifest(tmp_path, quant_type="bf16", rank=0):
@@ -36,8 +40,8 @@ def captured(tmp_path, key):
     return sorted({entry["metadata"][key] for entry in manifest(tmp_path)})
 
 
-def test_names_files_and_manifest_agree(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="1"))
+def test_names_files_and_manifest_agree(tmp_path, capture_session):
+    capture_session(iterations="1")
     model = FakeModel(n_layers=2)
     run_iteration(model, 0)
     inputs = run_iteration(model, 1)
@@ -71,13 +75,13 @@ def test_names_files_and_manifest_agree(tmp_path):
                     for op in ("forward", "backward") for ph in ("pre", "post")}
 
 
-def test_counters_are_unique_and_ordered(tmp_path):
+def test_counters_are_unique_and_ordered(tmp_path, run):
     run(tmp_path, [0])
     counters = [int(FILE_NAME_RE.match(e["file"])["counter"]) for e in manifest(tmp_path)]
     assert counters == sorted(counters) and len(set(counters)) == len(counters)
 
 
-def test_restart_never_overwrites(tmp_path, monkeypatch):
+def test_restart_never_overwrites(tmp_path, monkeypatch, run):
     import megatron.quant.capture.session as session
 
     class FrozenClock(datetime):
@@ -102,12 +106,12 @@ def test_restart_never_overwrites(tmp_path, monkeypatch):
     ({"microbatches": "1"}, "microbatch", [1]),
     ({"ranks": "0"}, "rank", [0]),
 ])
-def test_filters_select(tmp_path, config, key, expected):
+def test_filters_select(tmp_path, config, key, expected, run):
     run(tmp_path, [0], n_layers=2, **config)
     assert captured(tmp_path, key) == expected
 
 
-def test_rank_filter_excluding_this_rank_captures_nothing(tmp_path):
+def test_rank_filter_excluding_this_rank_captures_nothing(tmp_path, run):
     run(tmp_path, [0], ranks="1")
     assert not tensor_saver.is_active() and not any(Path(tmp_path).iterdir())
 
@@ -115,38 +119,38 @@ def test_rank_filter_excluding_this_rank_captures_nothing(tmp_path):
 @pytest.mark.parametrize("window, expected", [
     ("2", [2]), ("1,4", [1, 4]), ("1-3", [1, 2, 3]), ("every:2", [0, 2, 4]),
 ])
-def test_iteration_windows(tmp_path, window, expected):
+def test_iteration_windows(tmp_path, window, expected, run):
     run(tmp_path, range(6), n_layers=1, iterations=window, mode="stats")
     assert captured(tmp_path, "iteration") == expected
 
 
-def test_unset_window_captures_the_first_iteration_run(tmp_path):
+def test_unset_window_captures_the_first_iteration_run(tmp_path, run):
     run(tmp_path, range(5, 8), n_layers=1, mode="stats")  # e.g. a run resumed at iteration 5
     assert captured(tmp_path, "iteration") == [5]
 
 
-def test_window_before_a_resumed_run_falls_back_to_its_first_iteration(tmp_path):
+def test_window_before_a_resumed_run_falls_back_to_its_first_iteration(tmp_path, run):
     with pytest.warns(RuntimeWarning, match=r"'0-2' has no iteration in this run.*capturing iteration 5"):
         run(tmp_path, range(5, 8), n_layers=1, iterations="0-2", mode="stats")
     assert captured(tmp_path, "iteration") == [5]
 
 
-def test_window_after_the_run_end_falls_back_when_the_run_is_known(tmp_path):
+def test_window_after_the_run_end_falls_back_when_the_run_is_known(tmp_path, run):
     with pytest.warns(RuntimeWarning, match=r"'100' has no iteration in this run \(iterations 0\.\.3\)"):
         run(tmp_path, range(4), n_layers=1, iterations="100", run_iterations=range(0, 4))
     assert captured(tmp_path, "iteration") == [0]
     assert len(manifest(tmp_path)) == 2 * CAPTURES_PER_LAYER  # the whole iteration, both micro-batches
 
 
-def test_window_after_the_run_end_warns_at_close_when_the_run_is_unknown(tmp_path):
+def test_window_after_the_run_end_warns_at_close_when_the_run_is_unknown(tmp_path, run):
     run(tmp_path, range(4), n_layers=1, iterations="100")
     with pytest.warns(RuntimeWarning, match="'100' was never reached.*nothing was captured"):
         tensor_saver.close()
     assert not any(Path(tmp_path).iterdir())
 
 
-def test_disabled_captures_nothing(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=False, save_dir=str(tmp_path)))
+def test_disabled_captures_nothing(tmp_path, capture_session):
+    capture_session(enabled=False)
     run_iteration(FakeModel(n_layers=1), 0)
     assert not tensor_saver.is_active() and not any(Path(tmp_path).iterdir())
 
@@ -156,7 +160,7 @@ def test_unconfigured_saver_is_inactive():
     assert not tensor_saver.capture_complete()
 
 
-def test_stats_mode_writes_manifest_lines_only(tmp_path):
+def test_stats_mode_writes_manifest_lines_only(tmp_path, run):
     run(tmp_path, [0], n_layers=1, mode="stats")
     entries = manifest(tmp_path)
     assert len(entries) == 2 * CAPTURES_PER_LAYER and all(e["file"] is None for e in entries)
@@ -164,8 +168,8 @@ def test_stats_mode_writes_manifest_lines_only(tmp_path):
     assert all(e["metadata"]["stats"]["numel"] > 0 for e in entries)
 
 
-def test_iteration_summary_counts_this_iterations_records(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", mode="stats"))
+def test_iteration_summary_counts_this_iterations_records(tmp_path, capture_session):
+    capture_session(iterations="0", mode="stats")
     model = FakeModel(n_layers=1)
     run_iteration(model, 0)
     assert tensor_saver.iteration_summary()["capture/records"] == 2 * CAPTURES_PER_LAYER
@@ -173,9 +177,8 @@ def test_iteration_summary_counts_this_iterations_records(tmp_path):
     assert tensor_saver.iteration_summary() == {}
 
 
-def test_exit_after_capture(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="1-2",
-                                       exit_after_capture=True, mode="stats"))
+def test_exit_after_capture(tmp_path, capture_session):
+    capture_session(iterations="1-2", exit_after_capture=True, mode="stats")
     model = FakeModel(n_layers=1)
     done = []
     for iteration in range(5):
@@ -186,12 +189,12 @@ def test_exit_after_capture(tmp_path):
 
 @pytest.mark.parametrize("config", [{"iterations": "0", "exit_after_capture": False},
                                     {"iterations": "every:2", "exit_after_capture": True}])
-def test_capture_never_complete_without_exit_option_or_with_endless_window(tmp_path, config):
+def test_capture_never_complete_without_exit_option_or_with_endless_window(tmp_path, config, run):
     run(tmp_path, range(3), n_layers=1, mode="stats", **config)
     assert not tensor_saver.capture_complete()
 
 
-def test_quota_stops_capture_with_one_warning(tmp_path):
+def test_quota_stops_capture_with_one_warning(tmp_path, run):
     quota_gb = 60_000 / 2**30
     with pytest.warns(RuntimeWarning, match="size quota") as warned:
         run(tmp_path, [0], n_layers=2, max_gb=quota_gb)
@@ -200,7 +203,7 @@ def test_quota_stops_capture_with_one_warning(tmp_path):
     assert 0 < len(manifest(tmp_path)) < 2 * 2 * CAPTURES_PER_LAYER and on_disk <= 60_000
 
 
-def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch):
+def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch, capture_session):
     import threading
     import megatron.quant.capture.writer as writer
 
@@ -212,7 +215,7 @@ def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch):
         real_save(obj, path)
 
     monkeypatch.setattr(writer.torch, "save", gated_save)
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", queue_mb=1))
+    capture_session(iterations="0", queue_mb=1)
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
     position.set_iteration(0)
     big = torch.zeros(2**20 // 4 + 1)  # just over the 1 MiB bound: each must wait for the previous
@@ -224,8 +227,8 @@ def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch):
     assert len(manifest(tmp_path)) == 3 and len(list(Path(tmp_path, "bf16").glob("*.pt"))) == 3
 
 
-def test_capture_rejects_bad_arguments(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path)))
+def test_capture_rejects_bad_arguments(tmp_path, capture_session):
+    capture_session()
     position.set_iteration(0)
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
     with pytest.raises(ValueError, match="operation='fwd'.*allowed"):
@@ -235,7 +238,7 @@ def test_capture_rejects_bad_arguments(tmp_path):
                              {"input": torch.ones(2)})
 
 
-def test_configure_from_env(tmp_path, monkeypatch):
+def test_configure_from_env(tmp_path, monkeypatch, capture_session):  # the fixture closes the session
     monkeypatch.setenv("TENSOR_SAVE_ENABLED", "1")
     monkeypatch.setenv("TENSOR_SAVE_DIR", str(tmp_path))
     monkeypatch.setenv("TENSOR_SAVE_MODE", "stats")
@@ -248,11 +251,11 @@ def test_configure_from_env(tmp_path, monkeypatch):
         tensor_saver.configure()
 
 
-def test_quantized_copies_and_format_metadata(tmp_path):
+def test_quantized_copies_and_format_metadata(tmp_path, capture_session):
     from megatron.quant import formats
 
     fmt = formats.get_format("mxfp8")
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", save_quantized=True))
+    capture_session(iterations="0", save_quantized=True)
     model = FakeModel(n_layers=1, hidden=32, fmt=fmt)
     run_iteration(model, 0, n_microbatches=1)
     summary = tensor_saver.iteration_summary()
@@ -277,12 +280,12 @@ def test_quantized_copies_and_format_metadata(tmp_path):
          ["sqnr_db"]) / 2)
 
 
-def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypatch):
+def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypatch, capture_session):
     import megatron.quant.capture.snapshot as snapshot
 
     computed = []
     monkeypatch.setattr(snapshot, "capture_stats", lambda x, *args: computed.append(1) or {"mean": x.mean().item()})
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0-1", mode="stats"))
+    capture_session(iterations="0-1", mode="stats")
     site = CaptureSite("linear", "linear", 0, "m", "fc1", "bf16")
     weight = torch.nn.Parameter(torch.ones(4, 4))
     position.set_iteration(0)
@@ -300,8 +303,8 @@ def test_parameter_statistics_are_reused_only_while_unchanged(tmp_path, monkeypa
     assert means == [1.0, 1.0, 2.0, 2.0] and len(computed) == 5
 
 
-def test_paused_block_records_nothing_and_capture_resumes_after(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), mode="stats"))
+def test_paused_block_records_nothing_and_capture_resumes_after(tmp_path, capture_session):
+    capture_session(mode="stats")
     model = FakeModel(n_layers=1)
     run_iteration(model, 0, n_microbatches=1)
     tensor_saver.flush()

@@ -62,22 +62,18 @@ def test_linear_layer_on_triton_kernels_gives_the_torch_path_bits(preset, parall
     assert len(dual_calls) == {"te-mxfp8": 2, "te-fp8-blockwise": 1}.get(preset, 0)
 
 
-def _captured_stats(preset: str, level: str, directory, device) -> dict:
+def _captured_stats(capture_session, preset: str, level: str, directory, device) -> dict:
     """The statistics a stats-mode capture of one forward and backward of the layer records, by
     (operation, phase, tensor name)."""
     import json
     from pathlib import Path
 
     from megatron.quant import position, tensor_saver
-    from megatron.quant.tensor_saver import SaverConfig
 
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(directory), iterations="0", mode="stats",
-                                       stats=level))
+    capture_session(directory, iterations="0", mode="stats", stats=level)
     position.set_iteration(0)
-    try:
-        _run(preset, device, torch.bfloat16, capture=True)
-    finally:
-        tensor_saver.close()
+    _run(preset, device, torch.bfloat16, capture=True)
+    tensor_saver.close()
     records = {}
     for manifest in Path(directory).rglob("*.jsonl"):
         for line in manifest.read_text().splitlines():
@@ -89,20 +85,20 @@ def _captured_stats(preset: str, level: str, directory, device) -> dict:
 @pytest.mark.parametrize("level", ["counts", "sample", "full"])
 @pytest.mark.parametrize("preset", ["te-nvfp4", "te-mxfp8", "te-fp8-current"])
 def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, level, parallel, kernel_device,
-                                                                      monkeypatch, tmp_path):
+                                                                      monkeypatch, tmp_path, capture_session):
     """The captured operands are quantized by the kernels, which take the statistics in the same pass
     (the exact fields; at the full level all of them), TE's 2-D weights and RHT operands included, and
     every recorded statistic is the torch path's, to the bit."""
     from megatron.quant.stats import levels
 
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")
-    expected = _captured_stats(preset, level, tmp_path / "torch", kernel_device)
+    expected = _captured_stats(capture_session, preset, level, tmp_path / "torch", kernel_device)
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")
     computed, spied = [], "pack_stats" if level == "full" else "_exact_counts"
     original = getattr(levels, spied)
     monkeypatch.setattr(levels, spied, lambda *a, **kw: computed.append(a[1] if len(a) > 1 else kw.get("fmt"))
                         or original(*a, **kw))
-    ours = _captured_stats(preset, level, tmp_path / "triton", kernel_device)
+    ours = _captured_stats(capture_session, preset, level, tmp_path / "triton", kernel_device)
     assert ours.keys() == expected.keys() and len(ours) >= 4
     assert ours == expected
     # Only operands without a format, or with a Hadamard transform, have their statistics taken in torch.

@@ -134,20 +134,15 @@ def test_layer_index_is_global_across_pipeline_stages():
                       ("decoder.layers.1.self_attention.linear_qkv", 3)]
 
 
-def test_real_saver_writes_layer_captures(parallel, tmp_path):
+def test_real_saver_writes_layer_captures(parallel, tmp_path, capture_session):
     from megatron.quant import position, tensor_saver
-    from megatron.quant.tensor_saver import SaverConfig
 
     model = _build(QuantRecipe.uniform(BLOCK_FORMAT))
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations=0, layers={0},
-                                       save_quantized=True))
-    try:
-        position.set_iteration(0)
-        position.set_microbatch(0, 0)
-        _loss_and_grads(model)
-        tensor_saver.flush()
-    finally:
-        tensor_saver.configure(SaverConfig(enabled=False))
+    capture_session(iterations=0, layers={0}, save_quantized=True)
+    position.set_iteration(0)
+    position.set_microbatch(0, 0)
+    _loss_and_grads(model)
+    tensor_saver.flush()
     names = sorted(p.name.split("_", 3)[3] for p in (tmp_path / BLOCK_FORMAT).glob("*.pt"))
     for expected in ("linear_L0_forward_pre_linear_mxfp8_rank00_sample000_input.pt",
                      "linear_L0_forward_pre_linear_mxfp8_rank00_sample000_input_quantized.pt",

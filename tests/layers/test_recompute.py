@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from megatron.quant import position, tensor_saver
-from megatron.quant.tensor_saver import SaverConfig
 from tests._dist import run_distributed
 
 VOCAB, SEQ, BATCH = 128, 32, 2
@@ -152,29 +151,27 @@ def test_recompute_is_routed_per_model_only_while_it_runs(parallel, monkeypatch)
     assert _regions(stock, monkeypatch) == [False, False]
 
 
-def _captured(tmp_path, recompute: dict) -> tuple[list[str], dict]:
+def _captured(capture_session, tmp_path, recompute: dict) -> tuple[list[str], dict]:
     from megatron.quant import cpu
 
     cpu.init_parallel(seed=1)
-    model = _build(RECIPES["stochastic"], 1, recompute)
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0", mode="full",
-                                       save_quantized=True))
     try:
+        model = _build(RECIPES["stochastic"], 1, recompute)
+        capture_session(tmp_path, iterations="0", mode="full", save_quantized=True)
         position.set_iteration(0)
         position.set_microbatch(0, 0)
         _loss(model, 0).backward()
         summary = {k: v for k, v in tensor_saver.iteration_summary().items() if not k.endswith("wait_s")}
-        tensor_saver.flush()
-    finally:
         tensor_saver.close()
+    finally:
         cpu.destroy_parallel()
     # Names start with the date and time of the run: compare what follows (counter, site, tensor).
     return sorted(p.name.split("_", 2)[2] for p in tmp_path.rglob("*.pt")), summary
 
 
 @pytest.mark.parametrize("setting", ["full-uniform", "selective"])
-def test_capture_with_recompute_writes_the_same_files(tmp_path, setting):
-    files, summary = _captured(tmp_path / "plain", {})
-    recomputed, recomputed_summary = _captured(tmp_path / setting, RECOMPUTE[setting])
+def test_capture_with_recompute_writes_the_same_files(tmp_path, setting, capture_session):
+    files, summary = _captured(capture_session, tmp_path / "plain", {})
+    recomputed, recomputed_summary = _captured(capture_session, tmp_path / setting, RECOMPUTE[setting])
     assert files and recomputed == files
     assert recomputed_summary == summary

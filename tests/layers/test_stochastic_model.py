@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from megatron.quant import position, tensor_saver
-from megatron.quant.tensor_saver import SaverConfig
 
 VOCAB, SEQ = 128, 32
 
@@ -27,7 +26,6 @@ def build():
         return build_llama_model(config, recipe, vocab_size=VOCAB, max_sequence_length=SEQ)
 
     yield make
-    tensor_saver.close()
     cpu.destroy_parallel()
 
 
@@ -47,12 +45,11 @@ def _same(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4", "hifp8"])
-def test_capture_on_or_off_changes_no_bit(build, tmp_path, fmt):
+def test_capture_on_or_off_changes_no_bit(build, tmp_path, fmt, capture_session):
     model = build(fmt)
     off = _step(model)
     for mode, extra in (("stats", {}), ("full", {"save_quantized": True})):
-        tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path / mode), iterations="0", mode=mode,
-                                           **extra))
+        capture_session(tmp_path / mode, iterations="0", mode=mode, **extra)
         on = _step(model)
         tensor_saver.close()
         assert _same(off, on), mode

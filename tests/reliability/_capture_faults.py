@@ -60,10 +60,6 @@ class _FillingFile:
         return getattr(self._handle, name)
 
 
-def configure(save_dir: str, mode: str) -> None:
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=save_dir, mode=mode, iterations="every:1"))
-
-
 def capture_iterations(iterations: int = 2, per_iteration: int = 3) -> None:
     """A stand-in training loop: ``per_iteration`` captures of small tensors per iteration."""
     for iteration in range(iterations):
@@ -132,7 +128,7 @@ def capture_concurrently(save_dir: str, gate: str, captures: int) -> None:
 
 def stats_on_a_full_disk(save_dir: str) -> None:
     """Statistics capture whose disk fills on the second manifest line; the process then exits."""
-    configure(save_dir, "stats")
+    tensor_saver.configure(SaverConfig(enabled=True, save_dir=save_dir, mode="stats", iterations="every:1"))
     builtins.open = FullDisk(save_dir, fail_at=2).open
     capture_iterations()
 

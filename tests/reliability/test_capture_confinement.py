@@ -5,13 +5,7 @@ import torch
 from megatron.quant import position, tensor_saver
 from megatron.quant.capture.naming import file_name
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
-from megatron.quant.tensor_saver import CaptureSite, SaverConfig
-
-
-@pytest.fixture(autouse=True)
-def _close_saver_session():
-    yield
-    tensor_saver.close()
+from megatron.quant.tensor_saver import CaptureSite
 
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden"])
@@ -28,9 +22,9 @@ def test_empty_recipe_name_in_a_file_is_the_file_stem(tmp_path, line):
 
 
 @pytest.mark.parametrize("quant_type", ["..", ".", ".x", "a/b"])
-def test_capture_refuses_a_quant_type_outside_the_directory(tmp_path, quant_type):
+def test_capture_refuses_a_quant_type_outside_the_directory(tmp_path, quant_type, capture_session):
     save_dir = tmp_path / "captures"
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(save_dir), iterations="0"))
+    capture_session(save_dir, iterations="0")
     position.set_iteration(0)
     site = CaptureSite("linear", "linear", 0, "decoder.layers.0.mlp.linear_fc1", "fc1", quant_type)
     with pytest.raises(ValueError, match=r"quant_type=.* is invalid; allowed: .*not starting with '\.'"):

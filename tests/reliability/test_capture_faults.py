@@ -15,16 +15,10 @@ import pytest
 import torch
 
 from megatron.quant import tensor_saver
-from tests.reliability._capture_faults import FullDisk, capture_iterations, configure
+from tests.reliability._capture_faults import FullDisk, capture_iterations
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _close_saver_session():
-    yield
-    tensor_saver.close()
 
 
 def _child(*arguments: str, **kwargs) -> subprocess.Popen:
@@ -38,9 +32,9 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def _capture_on(save_dir: Path, mode: str, disk: FullDisk, monkeypatch) -> list[str]:
+def _capture_on(capture_session, save_dir: Path, mode: str, disk: FullDisk, monkeypatch) -> list[str]:
     """Capture two iterations through ``disk`` and close; the warnings raised on the way."""
-    configure(str(save_dir), mode)
+    capture_session(save_dir, mode=mode, iterations="every:1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with monkeypatch.context() as patch:
@@ -51,13 +45,13 @@ def _capture_on(save_dir: Path, mode: str, disk: FullDisk, monkeypatch) -> list[
 
 
 @pytest.mark.parametrize("mode", ["full", "stats"])
-def test_full_disk_at_every_write_and_close(tmp_path, monkeypatch, mode):
+def test_full_disk_at_every_write_and_close(tmp_path, monkeypatch, mode, capture_session):
     clean = FullDisk(str(tmp_path / "clean"))
-    _capture_on(tmp_path / "clean", mode, clean, monkeypatch)
+    _capture_on(capture_session, tmp_path / "clean", mode, clean, monkeypatch)
     assert clean.events > 6
     for fail_at in range(1, clean.events + 1):
         save_dir = tmp_path / str(fail_at)
-        messages = _capture_on(save_dir, mode, FullDisk(str(save_dir), fail_at), monkeypatch)
+        messages = _capture_on(capture_session, save_dir, mode, FullDisk(str(save_dir), fail_at), monkeypatch)
         [message] = messages
         match = re.fullmatch(rf"disk full at {re.escape(str(save_dir / 'bf16'))}: capture stopped after "
                              rf"(\d+) files \((\d+) bytes\)", message)

@@ -3,16 +3,9 @@ filters do; --check-args (and so the launch scripts) refuses an unusable capture
 before torchrun starts."""
 import pytest
 
-from megatron.quant import tensor_saver
 from tests.reliability._faults import assert_one_line_error, run_command
 
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]
-
-
-@pytest.fixture(autouse=True)
-def _close_saver_session():
-    yield
-    tensor_saver.close()
 
 
 @pytest.mark.parametrize("env, expected", [

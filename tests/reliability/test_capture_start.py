@@ -4,16 +4,9 @@ import errno
 
 import pytest
 
-from megatron.quant import tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
 
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]  # 2 layers, one process
-
-
-@pytest.fixture(autouse=True)
-def _close_saver_session():
-    yield
-    tensor_saver.close()
 
 
 def _read_only(root: str):
@@ -29,7 +22,8 @@ def _read_only(root: str):
 
 @pytest.mark.parametrize("where,reason", [("file", "it is a file"), ("under_file", "it lies under a file"),
                                           ("read_only", r"cannot write in it \(Permission denied\)")])
-def test_unusable_directory_is_refused_when_capture_is_configured(tmp_path, monkeypatch, where, reason):
+def test_unusable_directory_is_refused_when_capture_is_configured(tmp_path, monkeypatch, capture_session, where,
+                                                                   reason):
     from megatron.quant.capture.directory import check_writable
 
     (tmp_path / "file").write_text("")
@@ -41,12 +35,12 @@ def test_unusable_directory_is_refused_when_capture_is_configured(tmp_path, monk
     with pytest.raises(ValueError, match=message):
         check_writable(str(path))
     with pytest.raises(ValueError, match=message):
-        tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(path)))
-    tensor_saver.configure(SaverConfig(enabled=False, save_dir=str(path)))  # capture off: not checked
+        capture_session(path)
+    capture_session(path, enabled=False)  # capture off: not checked
 
 
-def test_usable_directory_is_created_and_left_clean(tmp_path):
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path / "a" / "b")))
+def test_usable_directory_is_created_and_left_clean(tmp_path, capture_session):
+    capture_session(tmp_path / "a" / "b")
     assert list((tmp_path / "a" / "b").iterdir()) == []
 
 
@@ -88,7 +82,7 @@ def test_training_stops_at_start_with_one_line(tmp_path, monkeypatch, capsys, en
     assert expected in err and len(err.splitlines()) == 1
 
 
-def test_directory_without_hard_links_is_refused(tmp_path, monkeypatch):
+def test_directory_without_hard_links_is_refused(tmp_path, monkeypatch, capture_session):
     from megatron.quant.capture import directory
 
     def no_links(source, target):
@@ -96,5 +90,5 @@ def test_directory_without_hard_links_is_refused(tmp_path, monkeypatch):
 
     monkeypatch.setattr(directory.os, "link", no_links)
     with pytest.raises(ValueError, match=r"is unusable: cannot hard-link files in it \(Operation not permitted\)"):
-        tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path)))
+        capture_session()
     assert list(tmp_path.iterdir()) == []

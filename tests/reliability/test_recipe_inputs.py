@@ -6,16 +6,10 @@ import torch
 
 from megatron.quant import position, tensor_saver
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
-from megatron.quant.tensor_saver import CaptureSite, SaverConfig
+from megatron.quant.tensor_saver import CaptureSite
 
 CHECK = ["--check-args", "--model", "llama-tiny", "--mock-data", "--train-iters", "2"]
 BAD_NAMES = ["a__b", "mxfp8-é", "x" * 240, "_lead", "a b"]
-
-
-@pytest.fixture(autouse=True)
-def _close_saver_session():
-    yield
-    tensor_saver.close()
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=["double_underscore", "unicode", "240_chars", "leading_", "space"])
@@ -25,9 +19,9 @@ def test_recipe_refuses_a_name_capture_could_not_use(name):
 
 
 @pytest.mark.parametrize("name", ["mxfp8", "te-fp8-delayed-len16-max", "my_recipe.v2+x", "x" * 64])
-def test_a_name_the_recipe_accepts_is_one_capture_accepts(tmp_path, name):
+def test_a_name_the_recipe_accepts_is_one_capture_accepts(tmp_path, name, capture_session):
     recipe = QuantRecipe.from_dict({"name": name, "format": "bf16"})
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(tmp_path), iterations="0"))
+    capture_session(iterations="0")
     position.set_iteration(0)
     site = CaptureSite("linear", "linear", 0, "decoder.layers.0.mlp.linear_fc1", "fc1", recipe.name)
     tensor_saver.capture(site, "forward", "pre", {"input": torch.ones(2)})

@@ -8,31 +8,27 @@ from megatron.quant import position, tensor_saver
 from megatron.quant.analysis.captures.families import resolve
 from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
 from megatron.quant.formats import get_format
-from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
+from megatron.quant.tensor_saver import CaptureSite, Operand
 
 
 @pytest.fixture
-def saver_logs(tmp_path) -> Path:
+def saver_logs(tmp_path, capture_session) -> Path:
     root = tmp_path / "tensor_logs"
-    tensor_saver.configure(SaverConfig(enabled=True, save_dir=str(root), iterations="0-2",
-                                       mode="full", save_quantized=True))
+    capture_session(root, iterations="0-2", mode="full", save_quantized=True)
     generator = torch.Generator().manual_seed(0)
-    try:
-        for quant_type, fmt in (("mxfp8", get_format("mxfp8")), ("bf16", None)):
-            for iteration in range(3):
-                position.set_iteration(iteration)
-                position.set_microbatch(0, 0)
-                for layer in range(2):
-                    site = CaptureSite("linear", "linear", layer,
-                                       f"decoder.layers.{layer}.mlp.linear_fc1", "fc1", quant_type)
-                    x = torch.randn(8, 2, 64, generator=generator)
-                    w = torch.randn(128, 64, generator=generator) * 0.02
-                    tensor_saver.capture(site, "forward", "pre",
-                                         {"input": Operand(x, fmt), "weight": Operand(w, fmt)})
-                    tensor_saver.capture(site, "forward", "post", {"output": x @ w.T})
-        tensor_saver.flush()
-    finally:
-        tensor_saver.close()
+    for quant_type, fmt in (("mxfp8", get_format("mxfp8")), ("bf16", None)):
+        for iteration in range(3):
+            position.set_iteration(iteration)
+            position.set_microbatch(0, 0)
+            for layer in range(2):
+                site = CaptureSite("linear", "linear", layer,
+                                   f"decoder.layers.{layer}.mlp.linear_fc1", "fc1", quant_type)
+                x = torch.randn(8, 2, 64, generator=generator)
+                w = torch.randn(128, 64, generator=generator) * 0.02
+                tensor_saver.capture(site, "forward", "pre",
+                                     {"input": Operand(x, fmt), "weight": Operand(w, fmt)})
+                tensor_saver.capture(site, "forward", "post", {"output": x @ w.T})
+    tensor_saver.close()
     return root
 
 
