@@ -41,7 +41,8 @@ def model_accounting(world_size: int, shape: dict, batch: int) -> tuple[int, flo
     from megatron.quant.training.model import build_gpt, transformer_config
 
     init_parallel()
-    model = build_gpt(transformer_config(shape), shape, QuantRecipe.from_env())
+    # The unfused attention: torch's flop counter counts its products, not SDPA's CPU kernel.
+    model = build_gpt(transformer_config(shape), shape, QuantRecipe.from_env(), sdpa=False)
     seq = shape["seq_length"]
     tokens = torch.randint(0, shape["vocab_size"], (batch, seq))
     counter = FlopCounterMode(display=False)
