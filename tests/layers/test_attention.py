@@ -232,3 +232,18 @@ def test_capture_names_and_numerics_unchanged(parallel, monkeypatch):
     torch.testing.assert_close(pre["query"].quantized, q(qkv[0], formats["qk.query"], -1), rtol=0, atol=0)
     assert pre["value"].axis == 0 and pre["value"].quantized is not None
     assert torch.equal(saver.calls[3][3]["grad_query"], grads_on[0])
+
+
+def test_capture_on_the_sdpa_path_records_the_same_names(parallel, monkeypatch):
+    module = _passthrough(torch.float32, allow_fused=True)
+    assert module.path() == "sdpa"
+    qkv, grad = _inputs(seed=8)
+    out_off, grads_off = _run(module, qkv, grad)
+    saver = RecordingSaver().install(monkeypatch)
+    out_on, grads_on = _run(module, qkv, grad)
+    assert torch.equal(out_off, out_on) and all(torch.equal(a, b) for a, b in zip(grads_off, grads_on))
+    assert saver.names() == [("forward", "pre", ("key", "query", "value")), ("forward", "post", ("output",)),
+                             ("backward", "pre", ("grad_output",)),
+                             ("backward", "post", ("grad_key", "grad_query", "grad_value"))]
+    assert torch.equal(saver.calls[0][3]["query"].tensor, qkv[0]) and torch.equal(saver.calls[1][3]["output"], out_on)
+    assert torch.equal(saver.calls[3][3]["grad_query"], grads_on[0])
