@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from megatron.quant import formats
+from megatron.quant.formats.wrapper import FormatWrapper
 from megatron.quant.recipes.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS
 
 BLOCK_FORMAT = "mxfp8"        # blocks of 32 along the reduction axis
@@ -73,14 +74,12 @@ class RecordingSaver:
         return [(op, phase, tuple(sorted(t))) for _, op, phase, t in self.calls]
 
 
-class CountingFormat:
+class CountingFormat(FormatWrapper):
     """Delegates to a real format; counts all quantizations and those of weight-shaped tensors."""
 
     def __init__(self, fmt, weight_shape=()):
-        self.fmt, self.weight_shape, self.weight_calls, self.calls = fmt, tuple(weight_shape), 0, 0
-
-    def __getattr__(self, name):
-        return getattr(self.fmt, name)
+        super().__init__(fmt)
+        self.weight_shape, self.weight_calls, self.calls = tuple(weight_shape), 0, 0
 
     def _count(self, x):
         self.calls += 1

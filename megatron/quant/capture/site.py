@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 from torch import Tensor
 
 if TYPE_CHECKING:  # formats never need importing here: the saver only passes them to stats
-    from megatron.quant.formats import NumericFormat
+    from megatron.quant.formats.interface import QuantFormat
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Operand:
     """One GEMM operand as the layer saw it."""
 
     tensor: Tensor  # high-precision value entering quantization
-    fmt: Optional["NumericFormat"] = None  # format applied; None = not quantized
+    fmt: Optional["QuantFormat"] = None  # format applied; None = not quantized
     axis: int = -1  # block/reduction axis used for fmt
     quantized: Optional[Tensor] = None  # the fake-quantized value, when the layer has it
     amax: Optional[Tensor] = None  # TP-reduced amax that was used, if any

@@ -33,7 +33,7 @@ def _format_table() -> list[str]:
 
 def _value_table(name: str) -> list[str]:
     fmt = get_format(name)
-    element = getattr(fmt, "element", None)
+    element = fmt.element
     if element is None:
         raise ValueError(f"{fmt.name} has {2 ** fmt.bits} codes; values are listed for the 8-bit and smaller formats")
     lines = [f"# {fmt.name}: element {element.name}, {element.bits} bits, max {element.max_value:g}, "

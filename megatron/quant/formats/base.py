@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import math
 import numbers
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 import torch
 from torch import Tensor
 
 from . import bits
+from .grid import ElementGrid
 from .hadamard import Hadamard
+from .interface import QuantFormat, Scaling
 from .random_bits import RandomBits
-from .rounding import ROUNDING_MODES
+from .rounding import ROUNDING_MODES, Rounding
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Eager CPU work runs in pieces of this many elements so that the temporaries of the
@@ -80,11 +82,13 @@ def positive_int(value: Any) -> int:
 
 ROUNDING_OPTION = Option("nearest", ROUNDING_MODES)
 SEED_OPTION = Option(0, kind=int)
-# What Inf and NaN inputs do to a scale. "propagate": amaxes take NaN in, and a block holding
-# Inf or NaN turns NaN (the OCP reference's behaviour). "te": as Transformer Engine's kernels, whose
-# amax reductions are fmaxf (NaN skipped) and whose scale rules give an Inf amax scale 1 (FP8)
-# or E8M0 0xFE (MXFP8); the finite elements are cast with that scale.
-NONFINITE_MODES = ("propagate", "te")
+Nonfinite = Literal["propagate", "te"]
+"""The ``nonfinite`` option of scaled formats: what Inf and NaN inputs do to a scale. ``"propagate"``:
+amaxes take NaN in, and a block holding Inf or NaN turns NaN (the OCP reference's behaviour).
+``"te"``: as Transformer Engine's kernels, whose amax reductions are fmaxf (NaN skipped) and whose
+scale rules give an Inf amax scale 1 (FP8) or E8M0 0xFE (MXFP8); the finite elements are cast with
+that scale."""
+NONFINITE_MODES: tuple[Nonfinite, ...] = get_args(Nonfinite)
 NONFINITE_OPTION = Option("propagate", NONFINITE_MODES)
 
 
@@ -96,21 +100,28 @@ def resolve_options(format_name: str, specs: dict[str, Option], given: dict[str,
     return {key: spec.check(format_name, key, given.get(key, spec.default)) for key, spec in specs.items()}
 
 
-class NumericFormat(ABC):
+class NumericFormat(QuantFormat):
     """A numeric format: ``quantize`` returns x fake-quantized (quantized, then dequantized).
 
     Inputs may be float32, bfloat16 or float16 of any shape; the arithmetic is float32 and
     the result has x's dtype and shape. Block formats put their blocks along ``axis``.
+    The class attributes are the defaults of ``QuantFormat``'s members for a format without
+    blocks, scale or kernel; subclasses set what differs.
     """
 
     name: str
     bits: int
     max_value: float
     min_positive: float
-    block_size: int | None = None
-    scaling: str = "none"
-    needs_tensor_amax: bool = False
     options: dict
+    block_size: int | None = None
+    block_shape: tuple[int, int] | None = None
+    tiled: bool = False
+    scaling: Scaling = "none"
+    needs_tensor_amax: bool = False
+    element: ElementGrid | None = None
+    dtype: torch.dtype | None = None
+    dual_axis: bool = False  # the torch path quantizes one axis per call
     eager_chunks: bool = True  # False where chunking cannot help (plain casts)
 
     def __init__(self, options: dict[str, Any]):
@@ -264,7 +275,7 @@ class NumericFormat(ABC):
         return (noise or self._default_bits).uniform(tuple(x.shape), x.device)
 
     @property
-    def rounding(self) -> str:
+    def rounding(self) -> Rounding:
         return self.options.get("rounding", "nearest")
 
     def __repr__(self) -> str:

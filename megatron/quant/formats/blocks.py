@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numbers
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from .base import NumericFormat, normalize_axis
+from .interface import QuantFormat
 
 
 def parse_block_shape(value: Any) -> tuple[int, int]:
@@ -64,13 +65,13 @@ def merge_tiles(tiles: Tensor, side: int, rows: int, cols: int) -> Tensor:
     return x[..., :rows, :cols].contiguous()
 
 
-def blocks_in_order(x: Tensor, fmt: Any, axis: int) -> Tensor:
+def blocks_in_order(x: Tensor, fmt: Optional[QuantFormat], axis: int) -> Tensor:
     """x's elements as a (blocks, elements) matrix, one row a quantization block of ``fmt`` (blocks
     along ``axis``, or tiles), its elements in order; rows in the order the block kernels number
     blocks (along-axis blocks: before the axis, block index, after the axis, the last fastest;
     tiles: matrix, tile row, tile column); each row zero-padded to a power of two. Formats without
     blocks (and ``fmt`` None): one element a row, in x's own order."""
-    block_size = getattr(fmt, "block_size", None)
+    block_size = None if fmt is None else fmt.block_size
     if block_size is None:
         return x.reshape(-1, 1)
     if fmt.tiled:

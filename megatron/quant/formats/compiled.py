@@ -7,6 +7,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
+from .base import NumericFormat
+from .random_bits import RandomBits
+from .wrapper import FormatWrapper
+
 
 def _own_code(method: Callable, label: str) -> Callable:
     """``method`` (bound) with a code object of its own.
@@ -23,8 +27,9 @@ def _own_code(method: Callable, label: str) -> Callable:
     return types.MethodType(clone, method.__self__)
 
 
-class CompiledFormat:
-    """A NumericFormat whose ``quantize`` runs under ``torch.compile`` (static shapes).
+class CompiledFormat(FormatWrapper):
+    """A NumericFormat whose ``quantize`` and ``quantize_for_gemm`` run under ``torch.compile`` (static
+    shapes); its other members are the format's (``FormatWrapper``).
 
     Same results as the eager format (the formats are written to compile to the same bit
     operations); several times faster on CPU after a one-off compilation per tensor shape and
@@ -37,17 +42,14 @@ class CompiledFormat:
     RECOMPILE_LIMIT = 64
     BACKEND = "inductor"
 
-    def __init__(self, fmt: Any) -> None:
+    def __init__(self, fmt: NumericFormat) -> None:
         if fmt.rounding == "stochastic":
             raise ValueError(f"{fmt.name}: compiled quantization is for round-to-nearest formats; stochastic "
                              f"rounding keys its noise per call, which would recompile every call")
-        self.fmt = fmt
+        super().__init__(fmt)
         label = f"{fmt.name}_{id(self):x}"
         self._quantize = torch.compile(_own_code(fmt.quantize, label), dynamic=False, backend=self.BACKEND)
         self._for_gemm = torch.compile(_own_code(fmt.quantize_for_gemm, label), dynamic=False, backend=self.BACKEND)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.fmt, name)
 
     def _run(self, compiled: Callable, x: Tensor, axis: int, amax: Optional[Tensor]) -> Any:
         try:
@@ -58,9 +60,12 @@ class CompiledFormat:
                                f"compilations (tensor shapes x axes) and would run eager from here; raise "
                                f"CompiledFormat.RECOMPILE_LIMIT or set CUSTOM_QUANT_KERNELS=torch") from None
 
-    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, **_: Any) -> Tensor:
+    # Round-to-nearest only (checked at construction): ``noise`` and ``generator`` change nothing.
+    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
         return self._run(self._quantize, x, axis, amax)
 
-    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, **_: Any
+    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
                           ) -> tuple[Tensor, Optional[Tensor]]:
         return self._run(self._for_gemm, x, axis, amax)

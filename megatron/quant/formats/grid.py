@@ -18,15 +18,19 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from . import bits
-from .rounding import round_half_away_, round_half_even_, round_stochastic_
+from .rounding import Rounding, round_half_away_, round_half_even_, round_stochastic_
 
-OVERFLOW_MODES = ("saturate", "inf")
+Overflow = Literal["saturate", "inf"]
+"""The ``overflow`` option of unblocked grid formats: what a value beyond the element's max becomes.
+``"saturate"``: the max, with its sign (Inf too, as NVIDIA's SATFINITE casts); ``"inf"``: +-Inf, or
+NaN where the element has no Inf (IEEE casts). Block formats always saturate."""
+OVERFLOW_MODES: tuple[Overflow, ...] = get_args(Overflow)
 # Field of 2**-q from field of 2**q: (127 - q) = 254 - (q + 127).
 _NEGATE_FIELD = (2 * bits.EXPONENT_BIAS) << bits.MANTISSA_BITS
 
@@ -54,13 +58,13 @@ class ElementGrid(ABC):
     def code_values(self) -> list[tuple[int, float]]:
         """Every code of the format with its value (NaN codes included), by code."""
 
-    def round(self, x: Tensor, rounding: str = "nearest", overflow: str = "saturate",
+    def round(self, x: Tensor, rounding: Rounding = "nearest", overflow: Overflow = "saturate",
               uniform: Tensor | None = None) -> Tensor:
         """Round float32 x onto the grid (a new tensor); ``uniform``: U[0,1) noise of x's
         shape for stochastic rounding, which it overwrites."""
         return self.round_(x.clone(), x, rounding, overflow, uniform)
 
-    def round_(self, x: Tensor, signs: Tensor, rounding: str = "nearest", overflow: str = "saturate",
+    def round_(self, x: Tensor, signs: Tensor, rounding: Rounding = "nearest", overflow: Overflow = "saturate",
                uniform: Tensor | None = None) -> Tensor:
         """Round float32 x onto the grid in place (x must be the caller's temporary).
 
@@ -84,7 +88,7 @@ class ElementGrid(ABC):
             x.masked_fill_(x == 0, 0.0)  # not "+ 0.0": compilers may drop that as a no-op
         return x
 
-    def _apply_overflow_(self, y: Tensor, overflow: str) -> None:
+    def _apply_overflow_(self, y: Tensor, overflow: Overflow) -> None:
         if overflow == "saturate":  # Inf saturates too (like NVIDIA's SATFINITE); NaN stays
             y.clamp_(-self.max_value, self.max_value)
         else:  # beyond max: +-Inf, or NaN where the format has no Inf

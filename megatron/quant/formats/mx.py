@@ -22,6 +22,7 @@ that scale (Inf saturates to the element max; NaN stays NaN).
 """
 from __future__ import annotations
 
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -30,13 +31,16 @@ from . import bits
 from .blocks import GridBlockFormat
 from .grid import Minifloat
 
-SCALE_MODES = ("floor", "ceil", "even", "rceil")
+ScaleMode = Literal["floor", "ceil", "even", "rceil"]
+"""The ``scale_mode`` option of the MX formats: how a block's E8M0 exponent follows from its amax
+(the module docstring gives each rule; ``"floor"`` is OCP's, ``"rceil"`` NVIDIA hardware's)."""
+SCALE_MODES: tuple[ScaleMode, ...] = get_args(ScaleMode)
 MX_BLOCK_SIZE = 32
 E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
 
 
-def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: str) -> Tensor:
+def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: ScaleMode) -> Tensor:
     """int32 E8M0 scale exponent for each block amax (Inf/NaN blocks are handled by the caller)."""
     if scale_mode == "even":
         # Add half an element ulp to the float32 bits: a carry reaches the exponent exactly when

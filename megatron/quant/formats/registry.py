@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -29,8 +29,10 @@ _HADAMARD = {"hadamard": Option(None, parse=hadamard.parse_size, allowed="power 
              "hadamard_signs": Option(None, parse=hadamard.parse_signs, allowed="list of +-1, length hadamard")}
 _TENSOR_SCALE = {"margin": Option(0, parse=non_negative_int, allowed="integer >= 0"),
                  "power_of_two_scales": Option(None, kind=bool)}
-# TE DelayedScaling's amax history (defaults: TE's recipe defaults).
-AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+AmaxComputeAlgo = Literal["max", "most_recent"]
+"""The ``amax_compute_algo`` option of delayed scaling (TE ``DelayedScaling``'s): the amax a scale
+derives from is the largest in the operand's history (``"max"``, TE's default) or its newest entry."""
+AMAX_COMPUTE_ALGOS: tuple[AmaxComputeAlgo, ...] = get_args(AmaxComputeAlgo)
 # TE's practical history lengths are 1 (Megatron-LM's default) to 1024 (TE's default), a few thousand at most;
 # the bound refuses a typo (1e8 would allocate gigabytes over a model's operands) before any buffer exists.
 MAX_AMAX_HISTORY_LEN = 65536

@@ -8,9 +8,15 @@ two non-IEEE rules take magnitudes (a >= 0, NaN or +Inf), the caller restoring t
 """
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from torch import Tensor
 
-ROUNDING_MODES = ("nearest", "stochastic")
+Rounding = Literal["nearest", "stochastic"]
+"""The ``rounding`` option of every format. ``"nearest"``: to the nearest grid value, ties by the
+element's rule (even for IEEE, OCP and NVFP4 grids, away from zero for HiFloat8); ``"stochastic"``:
+down or up with probability equal to the distance to the other neighbour (noise: ``random_bits``)."""
+ROUNDING_MODES: tuple[Rounding, ...] = get_args(Rounding)
 _BELOW_HALF = 0.5 - 2.0**-25  # the largest float32 below 0.5
 
 

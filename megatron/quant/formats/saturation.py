@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
-
 import torch
 
 from . import bits
-
-if TYPE_CHECKING:
-    from .base import NumericFormat
+from .interface import QuantFormat
 
 
 @functools.lru_cache(maxsize=None)
-def overflow_bound(fmt: "NumericFormat") -> tuple[float, bool]:
+def overflow_bound(fmt: QuantFormat) -> tuple[float, bool]:
     """(b, inclusive): |x / scale| is not representable without saturation (rounds beyond the
     format's max) iff it is above b, or equal to b when ``inclusive``.
 
@@ -24,7 +20,7 @@ def overflow_bound(fmt: "NumericFormat") -> tuple[float, bool]:
     spacing); a value there is a tie, which rounds up unless ties go to even and max is the
     even neighbour (E4M3: 464 rounds to 448). Stochastic rounding is judged by this rule too.
     """
-    element = getattr(fmt, "element", None)
+    element = fmt.element
     if element is None:  # a dtype cast: IEEE, ties to even
         finfo = torch.finfo(fmt.dtype)
         spacing, ties = float(finfo.eps) * 2.0 ** math.floor(math.log2(finfo.max)), "even"

@@ -4,16 +4,19 @@ Above ``triton_format``, imported lazily so this package imports without Triton.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.compiled import CompiledFormat
+from megatron.quant.formats.interface import QuantFormat
 
-from .select import backend, plan, supported, triton_available
+from .select import Backend, backend, plan, supported, triton_available
 
 
-def wrap(fmt: Any, compile: bool, chosen: Optional[str] = None, cuda: Optional[bool] = None) -> Any:
+def wrap(fmt: NumericFormat, compile: bool, chosen: Optional[Backend] = None, cuda: Optional[bool] = None
+         ) -> QuantFormat:
     """``fmt`` as the layers should call it: a ``TritonFormat`` (kernels for the tensors they
     serve, ``fmt`` or its compiled twin for the others), a ``CompiledFormat``, or ``fmt`` itself.
     ``chosen``: the backend (default: the environment's); ``cuda``: whether CUDA is there."""

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Mapping, Optional
+from typing import Literal, Mapping, Optional, get_args
 
 import torch
 
+from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import MXFormat
@@ -31,10 +32,14 @@ from .launch import interpreting
 
 
 ENV = "CUSTOM_QUANT_KERNELS"
-BACKENDS = ("auto", "torch", "compile", "triton")
+Backend = Literal["auto", "torch", "compile", "triton"]
+"""``CUSTOM_QUANT_KERNELS``'s values, described at the top of this module."""
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+KernelPath = Literal["triton", "compiled", "eager"]
+"""What quantizes a format's tensors on a device (``plan``)."""
 
 
-def backend(environ: Optional[Mapping[str, str]] = None) -> str:
+def backend(environ: Optional[Mapping[str, str]] = None) -> Backend:
     """The backend ``CUSTOM_QUANT_KERNELS`` names (``auto`` when unset); ValueError lists the allowed values."""
     env = os.environ if environ is None else environ
     value = env.get(ENV, "").strip().lower() or "auto"
@@ -54,13 +59,13 @@ def triton_available() -> bool:
     return True
 
 
-def supported(fmt: Any) -> bool:
+def supported(fmt: NumericFormat) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
     kernels = (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)
-    return isinstance(fmt, kernels) and getattr(fmt, "dtype", None) != torch.float32
+    return isinstance(fmt, kernels) and fmt.dtype != torch.float32
 
 
-def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:
+def plan(fmt: NumericFormat, compile: bool, chosen: Backend, cuda: bool) -> KernelPath:
     """What quantizes ``fmt``'s tensors on this machine's device: "triton", "compiled" or "eager".
     ``compile``: the recipe's choice; ``chosen``: the backend; ``cuda``: whether tensors live there."""
     triton_wanted = chosen == "triton" or (chosen == "auto" and cuda and triton_available())
@@ -71,7 +76,7 @@ def plan(fmt: Any, compile: bool, chosen: str, cuda: bool) -> str:
     return "eager"
 
 
-def describe(formats: list[Any], compile: bool, chosen: str, cuda: bool) -> str:
+def describe(formats: list[NumericFormat], compile: bool, chosen: Backend, cuda: bool) -> str:
     """The start line's words: the backend and each format's path, saying where a GPU runs eager."""
     paths: dict[str, list[str]] = {}
     for fmt in formats:

@@ -1,9 +1,10 @@
 """``TritonFormat``: a NumericFormat whose quantization runs as Triton kernels on the tensors the
 kernels serve (CUDA, or CPU under Triton's interpreter), and as its fallback (the eager format
-or its compiled twin) everywhere else. Same results as the format, bit for bit."""
+or its compiled twin) everywhere else. Same results as the format, bit for bit. A ``QuantFormat``
+(``formats.interface``): its members are the format's (``FormatWrapper``) but for the methods here."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -11,10 +12,13 @@ from torch import Tensor
 from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
+from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.grid import FP16, FP8_E4M3
+from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.formats.wrapper import FormatWrapper
 
 from megatron.quant.stats import packing
 
@@ -28,19 +32,15 @@ from .select import supported
 BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFP4Format)
 
 
-class TritonFormat:
-    """``fmt`` with Triton kernels for the tensors they serve; ``fallback`` for the others."""
+class TritonFormat(FormatWrapper):
+    """``fmt`` with Triton kernels for the tensors they serve; ``fallback`` (``fmt`` or its
+    ``CompiledFormat``) for the others."""
 
-    def __init__(self, fmt: Any, fallback: Any) -> None:
+    def __init__(self, fmt: NumericFormat, fallback: QuantFormat) -> None:
         if not supported(fmt):
             raise ValueError(f"{fmt.name}: no Triton kernel for {fmt!r}")
-        self.fmt, self.fallback = fmt, fallback
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.fmt, name)
-
-    def __repr__(self) -> str:
-        return f"TritonFormat({self.fmt!r})"
+        super().__init__(fmt)
+        self.fallback = fallback
 
     def serves(self, x: Tensor, generator: Optional[torch.Generator] = None) -> bool:
         """True when the kernels quantize x (generator-drawn noise stays with the torch path)."""
@@ -103,7 +103,7 @@ class TritonFormat:
         fmt = self.fmt
         if not (self.serves(x) and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
                 and not isinstance(fmt, BLOCK_FORMATS)):
-            return (*self.quantize_for_gemm(x, axis, amax, noise=noise), self.amax_of(x, axis))
+            return super().quantize_for_gemm_with_amax(x, axis, amax, noise=noise)
         _check_input(self.name, x)
         rows = abs_max_rows(elementwise.programs(x), x.device)
         q, decode, _ = self._kernel(x, axis, amax, noise, split=True, back=False, amax_rows=rows)
@@ -156,7 +156,7 @@ class TritonFormat:
         ``noises[1]``), from one read of x where a kernel does both (``dual_axis``)."""
         fmt = self.fmt
         if not (self.dual_axis and x.dim() >= 2 and self.serves(x)):
-            return tuple(self.quantize_for_gemm(x, axis, amax, noise=noise) for axis, noise in zip((-2, -1), noises))
+            return super().quantize_for_gemm_both(x, amax, noises=noises)
         _check_input(self.name, x)
         x = x.contiguous()
         stochastic = fmt.rounding == "stochastic"
@@ -207,7 +207,7 @@ class TritonFormat:
                 captured = (captured[0].view(blocks.scale_layout(fmt, x.shape, axis)), captured[1])
             return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured
         encode = decode = None
-        if getattr(fmt, "needs_tensor_amax", False):
+        if fmt.needs_tensor_amax:
             amax = self._abs_max(xt) if amax is None else amax
             encode = encode_scale(amax, fmt.scale_target, bool(fmt.options.get("power_of_two_scales")))
             decode = 1 / encode

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from megatron.quant import formats
+from megatron.quant.formats.base import NumericFormat
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.operands import LINEAR_ROLES, OPERAND_AXES
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
@@ -31,7 +32,7 @@ def load(name: str) -> QuantRecipe:
     return QuantRecipe.from_dict({"format": name}, source=name)
 
 
-def _scaling(fmt: Any) -> str:
+def _scaling(fmt: NumericFormat) -> str:
     opts = fmt.options
     if fmt.name == "nvfp4":
         text = "e4m3 block + fp32 tensor"

@@ -34,19 +34,21 @@ operand's history is not consulted: TE casts such a tensor once, too.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from megatron.quant.formats.interface import QuantFormat
+
 DELAYED = "delayed"
 HISTORIES = "amax_histories"  # the attribute holding a module's histories, and its state-dict prefix
 
 
-def is_delayed(fmt: Any) -> bool:
+def is_delayed(fmt: Optional[QuantFormat]) -> bool:
     """True for a format scaled from an amax history (``scaling="delayed"``)."""
-    return fmt is not None and getattr(fmt, "scaling", None) == DELAYED
+    return fmt is not None and fmt.scaling == DELAYED
 
 
 def updated_history(history: Tensor, amax_for_scale: Tensor, amax: Tensor, algo: str) -> tuple[Tensor, Tensor]:

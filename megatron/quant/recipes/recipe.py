@@ -24,6 +24,8 @@ from typing import Any, Iterable, Mapping, Optional
 import yaml
 
 from megatron.quant import formats, kernels
+from megatron.quant.formats.base import NumericFormat
+from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.recipes.names import NAME_RULE, name_problem
 from megatron.quant.recipes.operands import ALL_OPERANDS, LINEAR_ROLES, ROLES, SCOPES, operands_for_role
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
@@ -154,8 +156,8 @@ class QuantRecipe:
         return chosen
 
     def resolve(self, role: str, layer_idx: int, num_layers: int,
-                shared: Optional[dict[FormatChoice, Any]] = None) -> dict[str, Any]:
-        """Operand key -> built ``NumericFormat``, or None where nothing is fake-quantized.
+                shared: Optional[dict[FormatChoice, QuantFormat]] = None) -> dict[str, Optional[QuantFormat]]:
+        """Operand key -> built format (``kernels.wrap``'s), or None where nothing is fake-quantized.
 
         ``shared``: formats already built for other modules of the same model, reused (and
         extended) so that equal choices share one instance (and, with ``compile``, its kernels).
@@ -174,7 +176,7 @@ class QuantRecipe:
         return (*LINEAR_ROLES, "core_attention") + (("output_layer",) if self.quantizes_output_layer(num_layers)
                                                    else ())
 
-    def formats(self, num_layers: int) -> list[Any]:
+    def formats(self, num_layers: int) -> list[NumericFormat]:
         """Every distinct format the recipe quantizes with (plain ``NumericFormat`` objects)."""
         chosen = {c for role in ROLES for layer in range(num_layers)
                   for c in self.choices(role, layer, num_layers).values() if not formats.is_passthrough(c.name)}
@@ -191,7 +193,7 @@ class QuantRecipe:
             return []
         return [layer for layer in range(num_layers) if not quantized(self, layer)]
 
-    def _build(self, choice: FormatChoice, shared: dict[FormatChoice, Any]) -> Any:
+    def _build(self, choice: FormatChoice, shared: dict[FormatChoice, QuantFormat]) -> Optional[QuantFormat]:
         if formats.is_passthrough(choice.name):
             return None
         if choice not in shared:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Literal, Optional, Sequence, get_args
 
 import torch
 from torch import Tensor
@@ -19,10 +19,14 @@ from megatron.quant.stats.reference import (_BLOCK_KEYS, _QUANT_KEYS, _as_ieee, 
                                             _overflow_count, _quantized_operands, pack_stats, unpack_stats)
 
 if TYPE_CHECKING:
-    from megatron.quant.formats import NumericFormat
+    from megatron.quant.formats.interface import QuantFormat
 
 
-STATS_LEVELS = ("counts", "sample", "full")
+StatsLevel = Literal["counts", "sample", "full"]
+"""``TENSOR_SAVE_STATS``: what a capture's statistics cost (``capture_stats`` describes each level).
+``"counts"``: the exact fields only; ``"sample"``: the exact fields over every element, the rest over
+a sample; ``"full"``: every field over every element."""
+STATS_LEVELS: tuple[StatsLevel, ...] = get_args(StatsLevel)
 SAMPLE_ELEMENTS = 1 << 14  # elements (whole blocks) the sampled statistics of one tensor look at
 _EXACT_KEYS = ("numel", "shape", "dtype", "min", "max", "absmax", "zeros", "nans", "infs",
                "overflow", "overflow_ratio", "underflow", "underflow_ratio")
@@ -51,7 +55,7 @@ def _sample(t: Tensor, axis: int, like: Tensor) -> Tensor:
     return view.index_select(dim, _sample_positions(view.shape[dim], count).to(t.device))
 
 
-def _exact_counts(v: Tensor, fmt: Optional["NumericFormat"], axis: int, qv: Optional[Tensor],
+def _exact_counts(v: Tensor, fmt: Optional["QuantFormat"], axis: int, qv: Optional[Tensor],
                   scale: Optional[Tensor]) -> dict:
     """The fields every level gives exactly, with as few passes as the data allows: when x is
     all finite (seen from its min and max), nothing is masked, underflow is
@@ -99,8 +103,8 @@ def exact_fields_from_counts(packed: Sequence[float], numel: int) -> dict:
     return _exact_fields(numel, lo, hi, int(nonzero), int(nans), int(infs), (int(overflow), int(underflow)))
 
 
-def capture_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
-                  q: Optional[Tensor] = None, scale: Optional[Tensor] = None, level: str = "full",
+def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
+                  q: Optional[Tensor] = None, scale: Optional[Tensor] = None, level: StatsLevel = "full",
                   kernel_stats: Optional[Tensor] = None) -> dict:
     """``tensor_stats`` (plus ``quant_stats`` with a format) at a cost set by ``level``:
 
@@ -150,7 +154,7 @@ def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
     return dict.fromkeys((*unpack_stats([], [0], dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if quantized else ())))
 
 
-def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["NumericFormat"], level: str) -> bool:
+def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["QuantFormat"], level: StatsLevel) -> bool:
     """True when the packed statistics a quantization kernel took (``kernel_stats``) make up
     ``capture_stats`` at ``level``: the exact fields at ``counts``, all the fields at ``full``."""
     return kernel_stats is not None and fmt is not None and (
@@ -158,7 +162,7 @@ def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["NumericFor
 
 
 def stats_from_packed(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype,
-                      fmt: Optional["NumericFormat"], level: str) -> dict:
+                      fmt: Optional["QuantFormat"], level: StatsLevel) -> dict:
     """``capture_stats`` at ``level`` from packed statistics read to the host: all the fields
     (``full``, from ``pack_stats`` or a kernel), or a quantized operand's exact fields (``counts``,
     from its quantization kernel)."""

@@ -28,7 +28,7 @@ from megatron.quant.stats import packing
 from megatron.quant.stats.packing import LOG2_EDGES
 
 if TYPE_CHECKING:
-    from megatron.quant.formats import NumericFormat
+    from megatron.quant.formats.interface import QuantFormat
 
 
 # IEEE layouts read directly: (same-width int dtype, mantissa bits, exponent mask, bias).
@@ -69,7 +69,7 @@ def _log2_ratio(high: float, low: float) -> Optional[float]:
     return math.log2(high) - math.log2(low)
 
 
-def _overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat") -> Tensor:
+def _overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat") -> Tensor:
     """Elements not representable without saturation: Inf, and finite x whose x / scale (the
     division the format does) rounds beyond max. A zero scale (an NVFP4 block whose E4M3
     scale underflowed) quantizes its block to zero: underflow, not overflow; a NaN scale (a
@@ -77,17 +77,17 @@ def _overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat") -> Tensor:
     return torch.count_nonzero(_overflows(v, scale, fmt))
 
 
-def _overflows(v: Tensor, scale: Tensor, fmt: "NumericFormat") -> Tensor:
+def _overflows(v: Tensor, scale: Tensor, fmt: "QuantFormat") -> Tensor:
     return (_beyond(v.abs() / scale, fmt) & (scale != 0)) | torch.isinf(v)
 
 
-def _beyond(ratio: Tensor, fmt: "NumericFormat") -> Tensor:
+def _beyond(ratio: Tensor, fmt: "QuantFormat") -> Tensor:
     """|x / scale| values that round beyond the format's max (``overflow_bound``)."""
     bound, inclusive = overflow_bound(fmt)
     return ratio >= bound if inclusive else ratio > bound
 
 
-def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat", axis: int, absmax: float) -> int:
+def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat", axis: int, absmax: float) -> int:
     """``_overflow_count`` of an all-finite v, element by element only where it can be nonzero:
     division is monotonic, so nothing overflows unless absmax / scale does (per tensor, or
     per block for block formats: then only the blocks whose absmax overflows are counted)."""
@@ -105,7 +105,7 @@ def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "NumericFormat", axis:
     return int(torch.count_nonzero(_beyond(picked.abs() / block_scale[candidate].unsqueeze(-1), fmt)))
 
 
-def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["NumericFormat"] = None, q: Optional[Tensor] = None,
+def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] = None, q: Optional[Tensor] = None,
               xt: Optional[Tensor] = None, scale: Optional[Tensor] = None, all_finite: bool = False) -> Tensor:
     """One tile's row of packed statistics (``packing``'s layout): x, its quantized q and transformed
     xt (the values the scale divides) and the scale as (blocks, elements) in block order
@@ -150,7 +150,7 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["NumericFormat"]
         torch.mul(qb, qb, out=terms[5])
     f.update(zip(names, packing.pairwise_sum(terms)))
     log2_hist = _log2_bins(x, nonzero)
-    if getattr(fmt, "block_size", None) is None:
+    if fmt is None or fmt.block_size is None:
         return torch.cat([_stack_scalars(f), log2_hist, x.new_zeros(packing.N_BINS, dtype=torch.float64)])
     magnitude = x.abs() if finite is None else torch.where(finite, x.abs(), 0.0)
     block_max, block_min = magnitude.amax(1), torch.where(magnitude == 0, math.inf, magnitude).amin(1)
@@ -168,7 +168,7 @@ def _stack_scalars(fields: dict) -> Tensor:
     return torch.stack([fields[name].double() for name in packing.SCALARS])
 
 
-def _quantized_operands(x: Tensor, fmt: "NumericFormat", axis: int, amax: Optional[Tensor],
+def _quantized_operands(x: Tensor, fmt: "QuantFormat", axis: int, amax: Optional[Tensor],
                         q: Optional[Tensor], scale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """x, q and the scale in x's IEEE dtype; quantizes only when q or scale is missing."""
     if q is None or scale is None:
@@ -186,7 +186,7 @@ def _known_finite(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" and all(math.isfinite(float(m)) for m in torch.aminmax(t)) for t in tensors)
 
 
-def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
+def pack_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
                q: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> Tensor:
     """The packed statistics of x (``packing``'s layout), with a format also of its quantization
     (``q`` and ``scale`` as ``quantize_with_scale`` gave them; x is quantized when one is missing):
@@ -200,7 +200,7 @@ def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1,
         v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
         # A transformed format's scale belongs to the transformed values (its quantization domain).
         xt = _as_ieee(fmt.transform(x.detach(), axis)) if fmt.transforms_operand else None
-        per_element = scale.dim() or getattr(fmt, "block_size", None) is not None
+        per_element = scale.dim() or fmt.block_size is not None
         parts += [qv, xt, scale.expand(v.shape) if per_element else scale]
     ordered = [p if p is None or p.dim() == 0 else blocks_in_order(p, fmt, axis) for p in parts]
     if ordered[0].numel() != v.numel():  # padding in block order (a ragged last block, a block not 2**k long)
@@ -216,7 +216,7 @@ def pack_stats(x: Tensor, fmt: Optional["NumericFormat"] = None, axis: int = -1,
 
 
 def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype,
-                 fmt: Optional["NumericFormat"] = None) -> dict:
+                 fmt: Optional["QuantFormat"] = None) -> dict:
     """``tensor_stats``' dict, with ``fmt`` also ``quant_stats``', from ``pack_stats(...).tolist()``
     and x's shape and dtype."""
     numel = math.prod(shape)
@@ -250,7 +250,7 @@ def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dty
         sqnr_db=(10 * math.log10(signal / noise) if noise > 0 else math.inf) if signal > 0 else None,
         cosine=f["dot"] / math.sqrt(signal * q_power) if signal > 0 and q_power > 0 else None,
         mse=noise / f["both_finite"] if f["both_finite"] > 0 else None, **dict.fromkeys(_BLOCK_KEYS))
-    if getattr(fmt, "block_size", None) is None:
+    if fmt.block_size is None:
         return result
     result["block_scale_hist"] = {"edges": LOG2_EDGES, "counts": [int(c) for c in packed[packing.SCALE_HIST]]}
     if math.isfinite(f["block_scale_min"]):  # some block holds a nonzero finite value
@@ -267,7 +267,7 @@ def tensor_stats(x: Tensor) -> dict:
     return unpack_stats(pack_stats(x).tolist(), x.shape, x.dtype)
 
 
-def quant_stats(x: Tensor, fmt: "NumericFormat", axis: int = -1, amax: Optional[Tensor] = None,
+def quant_stats(x: Tensor, fmt: "QuantFormat", axis: int = -1, amax: Optional[Tensor] = None,
                 q: Optional[Tensor] = None, scale: Optional[Tensor] = None) -> dict:
     """Overflow/underflow against ``fmt`` with its scaling, and the error of quantizing ``x``.
 

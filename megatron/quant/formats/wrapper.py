@@ -1,0 +1,63 @@
+"""``FormatWrapper``: a ``QuantFormat`` that runs a format another way (compiled, Triton kernels).
+
+Every member of the interface is forwarded to the wrapped format one by one, so a wrapper offers
+exactly ``QuantFormat`` (nothing reaches the format's internals through it); subclasses replace the
+methods they run differently. ``dual_axis``, ``serves`` and the composite methods keep the interface's
+defaults, which call this object's own methods.
+"""
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .interface import QuantFormat
+from .random_bits import RandomBits
+
+
+class FormatWrapper(QuantFormat):
+    """``fmt`` (a format, or another wrapper) as a ``QuantFormat``, every member its own."""
+
+    def __init__(self, fmt: QuantFormat) -> None:
+        self.fmt = fmt
+
+    name = property(attrgetter("fmt.name"))
+    bits = property(attrgetter("fmt.bits"))
+    max_value = property(attrgetter("fmt.max_value"))
+    min_positive = property(attrgetter("fmt.min_positive"))
+    options = property(attrgetter("fmt.options"))
+    rounding = property(attrgetter("fmt.rounding"))
+    scaling = property(attrgetter("fmt.scaling"))
+    needs_tensor_amax = property(attrgetter("fmt.needs_tensor_amax"))
+    transforms_operand = property(attrgetter("fmt.transforms_operand"))
+    block_size = property(attrgetter("fmt.block_size"))
+    block_shape = property(attrgetter("fmt.block_shape"))
+    tiled = property(attrgetter("fmt.tiled"))
+    element = property(attrgetter("fmt.element"))
+    dtype = property(attrgetter("fmt.dtype"))
+    dual_axis = False
+
+    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+        return self.fmt.quantize(x, axis, amax, noise=noise, generator=generator)
+
+    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                            ) -> tuple[Tensor, Tensor]:
+        return self.fmt.quantize_with_scale(x, axis, amax, noise=noise, generator=generator)
+
+    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                          ) -> tuple[Tensor, Optional[Tensor]]:
+        return self.fmt.quantize_for_gemm(x, axis, amax, noise=noise, generator=generator)
+
+    def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
+        return self.fmt.amax_of(x, axis)
+
+    def transform(self, x: Tensor, axis: int = -1) -> Tensor:
+        return self.fmt.transform(x, axis)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fmt!r})"
