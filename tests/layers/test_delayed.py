@@ -180,7 +180,7 @@ def test_histories_are_in_the_state_dict_and_reconfiguring_resets_them(parallel)
     for key in ("fprop_input", "fprop_weight", "dgrad_grad_output"):
         assert torch.equal(other.amax_histories[key].amax_history, layer.amax_histories[key].amax_history)
     # The spec sees the loaded state (load_state_dict copies in place).
-    assert other.quant.fprop_input.history is other.amax_histories["fprop_input"]
+    assert other.quant["fprop.input"].history is other.amax_histories["fprop_input"]
     from tests.layers._helpers import linear_formats
     other.configure_quant(LinearQuant.from_formats(linear_formats("fp8_e4m3")), None)
     assert "amax_histories" not in other._modules and not any("amax" in key for key in other.state_dict())

@@ -202,7 +202,7 @@ def test_compiled_quantization_equals_eager(parallel):
         layer.configure_quant(LinearQuant.from_formats(formats), SITE)
         results.append(_run(layer, x, grad))
     (y_eager, g_eager), (y_compiled, g_compiled) = results
-    assert type(layer.quant.fprop_input.fmt).__name__ == "CompiledFormat"
+    assert type(layer.quant["fprop.input"].fmt).__name__ == "CompiledFormat"
     assert torch.equal(y_eager, y_compiled)
     assert all(torch.equal(g_eager[k], g_compiled[k]) for k in g_eager)
 

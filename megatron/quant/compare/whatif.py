@@ -26,6 +26,7 @@ from megatron.quant.analysis.captures.catalog import (CaptureRecord, SkippedFile
 from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.formats.base import NumericFormat, normalize_axis
+from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES, operands_for_role
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.selectors import format_indices
@@ -35,15 +36,10 @@ IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "o
                    "tensor_name", "iteration", "microbatch", "sample", "rank", "shape")
 
 
-# QuantLinearFunction's capture calls -> the GEMM operands the captured tensor feeds; the first
-# is the one whose axis the capture records.
-_LINEAR_CAPTURES = {("forward", "input"): ("fprop.input", "wgrad.input"),
-                    ("forward", "weight"): ("fprop.weight",),
-                    ("backward", "grad_output"): ("dgrad.grad_output", "wgrad.grad_output"),
-                    ("backward", "weight"): ("dgrad.weight",)}
-# dW = dY^T X on [tokens, features] views (prepare_input_tensors_for_wgrad_compute): blocked
-# along tokens, axis 0 (LinearQuant's wgrad axes).
-ALONG_TOKENS = ("wgrad.grad_output", "wgrad.input")
+def _along_tokens(operand: str) -> bool:
+    """Whether ``operand`` is blocked along tokens (wgrad's dW = dY^T X on [tokens, features] views,
+    as ``prepare_input_tensors_for_wgrad_compute`` lays them out): ``LINEAR_TABLE`` says."""
+    return any(op.key == operand and op.along_tokens for op in operands.LINEAR_TABLE)
 
 
 class Captures(NamedTuple):
@@ -93,7 +89,8 @@ def gemm_operands(role: Optional[str], operation: str, phase: str, tensor_name: 
     GEMM results and for attention tensors (not mapped to keys)."""
     if phase != "pre" or role not in ROLES or operands_for_role(role) != LINEAR_OPERANDS:
         return ()
-    return _LINEAR_CAPTURES.get((operation, tensor_name), ())
+    # QuantLinearFunction's capture calls, as the table describes them (the recorded operand first).
+    return tuple(op.key for op in operands.LINEAR_TABLE if (op.captured, op.role) == (operation, tensor_name))
 
 
 def operand_formats(candidate: Candidate, record: CaptureRecord, num_layers: int
@@ -118,7 +115,7 @@ def operand_formats(candidate: Candidate, record: CaptureRecord, num_layers: int
 def gemm_view(x: torch.Tensor, axis: int, operand: str) -> tuple[torch.Tensor, int]:
     """``x`` as ``operand``'s GEMM blocks it, and the block axis: wgrad operands on the 2-D
     [tokens, features] view along tokens, every other operand as captured."""
-    if operand in ALONG_TOKENS:
+    if _along_tokens(operand):
         return x.reshape(-1, x.shape[-1]), 0
     return x, axis
 
@@ -190,7 +187,7 @@ def tensor_class(row: Mapping) -> str:
     A wgrad use of a captured tensor is blocked along another axis than the capture's, so it is a
     class of its own (``fc1/forward/input@wgrad.input``), never averaged with the recorded use."""
     base = f"{row['role']}/{row['operation']}/{row['tensor_name']}"
-    return f"{base}@{row['operand']}" if row.get("operand") in ALONG_TOKENS else base
+    return f"{base}@{row['operand']}" if _along_tokens(row.get("operand")) else base
 
 
 def summarize_not_quantized(entries: Sequence[Mapping]) -> list[dict]:

@@ -6,42 +6,51 @@ quantized copy is reused.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
-from megatron.quant.recipes.operands import BMM_AXES, OperandSpec
+from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.recipes import operands
+from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.tensor_saver import CaptureSite
 from megatron.quant.layers.operand import (NoiseScope, Quantized, check_gemm_transforms, quantize_both_axes,
                                            quantize_operand, reusable_amax, same_quantization, scaled_product)
 
 
+def _unquantized(slot: str) -> OperandSpec:
+    return OperandSpec(axis=next(s.axis for s in operands.BMM_SLOTS if s.name == slot))
+
+
 @dataclass(frozen=True)
 class BmmQuant:
-    """Specs for C = alpha * A @ B (A [n, m, k], B [n, k, p]) and its two backward GEMMs."""
+    """Specs for C = alpha * A @ B (A [n, m, k], B [n, k, p]) and its two backward GEMMs, one field per
+    ``recipes.operands.BMM_SLOTS`` entry (its block axis and GEMM come from there)."""
 
-    a: OperandSpec = OperandSpec(axis=BMM_AXES[0])            # forward: along k
-    b: OperandSpec = OperandSpec(axis=BMM_AXES[1])
-    grad_a_dc: OperandSpec = OperandSpec(axis=BMM_AXES[2])    # dA = dC B^T: along p
-    grad_a_b: OperandSpec = OperandSpec(axis=BMM_AXES[3])
-    grad_b_a: OperandSpec = OperandSpec(axis=BMM_AXES[4])     # dB = A^T dC: along m
-    grad_b_dc: OperandSpec = OperandSpec(axis=BMM_AXES[5])
+    a: OperandSpec = _unquantized("a")                  # forward: along k
+    b: OperandSpec = _unquantized("b")
+    grad_a_dc: OperandSpec = _unquantized("grad_a_dc")  # dA = dC B^T: along p
+    grad_a_b: OperandSpec = _unquantized("grad_a_b")
+    grad_b_a: OperandSpec = _unquantized("grad_b_a")    # dB = A^T dC: along m
+    grad_b_dc: OperandSpec = _unquantized("grad_b_dc")
 
     @classmethod
-    def from_formats(cls, formats: Mapping[str, Any], keys: tuple[str, ...], shard_dim: Optional[int] = 0
-                     ) -> "BmmQuant":
-        """``keys``: recipe keys in field order (a, b, grad_a_dc, grad_a_b, grad_b_a, grad_b_dc);
+    def from_formats(cls, formats: Mapping[str, Optional[QuantFormat]], keys: tuple[str, ...],
+                     shard_dim: Optional[int] = 0) -> "BmmQuant":
+        """``keys``: recipe keys in ``BMM_SLOTS`` order (``QK_OPERANDS``, ``PV_OPERANDS``);
         ``shard_dim``: the batch dimension of every operand, split across TP ranks by heads."""
-        return cls(**{f.name: OperandSpec(formats[k], f.default.axis, k, shard_dim)
-                      for f, k in zip(fields(cls), keys)})
+        return cls(**{slot.name: OperandSpec(formats[key], slot.axis, key, shard_dim)
+                      for slot, key in zip(operands.BMM_SLOTS, keys, strict=True)})
 
     def __post_init__(self) -> None:
-        check_gemm_transforms({"forward": (self.a, self.b), "grad A": (self.grad_a_dc, self.grad_a_b),
-                               "grad B": (self.grad_b_a, self.grad_b_dc)})
+        gemms: dict[str, list[OperandSpec]] = {}
+        for slot in operands.BMM_SLOTS:
+            gemms.setdefault(slot.gemm, []).append(getattr(self, slot.name))
+        check_gemm_transforms(gemms)
 
 
 def _bmm(a: Tensor, b: Tensor) -> Tensor:

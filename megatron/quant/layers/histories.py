@@ -5,7 +5,7 @@ registered on the module (``amax_histories``) so it is in the state dict and in 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -15,9 +15,9 @@ from megatron.quant.recipes.delayed import HISTORIES, AmaxHistory, is_delayed
 
 
 def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> Any:
-    """``quant`` (a dataclass of ``OperandSpec``s, possibly nested) with a fresh ``AmaxHistory`` on
-    every delayed-scaled operand, registered under ``owner.amax_histories`` by operand key (none
-    registered, and any earlier ones dropped, when no operand is delayed)."""
+    """``quant`` (a dataclass of ``OperandSpec``s, or of mappings of them, possibly nested) with a fresh
+    ``AmaxHistory`` on every delayed-scaled operand, registered under ``owner.amax_histories`` by operand
+    key (none registered, and any earlier ones dropped, when no operand is delayed)."""
     histories = torch.nn.ModuleDict()
     attached = _attach(quant, histories, group)
     if HISTORIES in owner._modules:
@@ -28,6 +28,8 @@ def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.Pr
 
 
 def _attach(value: Any, histories: torch.nn.ModuleDict, group: Optional[dist.ProcessGroup]) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _attach(item, histories, group) for key, item in value.items()}
     if not dataclasses.is_dataclass(value):
         return value
     if isinstance(value, OperandSpec):

@@ -13,6 +13,8 @@ import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from megatron.quant.recipes.delayed import amax_reduction_group
+from megatron.quant.recipes import operands
+from megatron.quant.recipes.operands import Parallel
 from megatron.quant.layers.histories import attach_histories
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
@@ -29,14 +31,10 @@ class QuantLinearMixin:
     capture_site: Optional[CaptureSite] = None
     weight_cache: Optional[QuantizedWeightCache] = None
     noise_root: Optional[RandomBits] = None
-    parallel: str  # "column" | "row": which weight dimension tensor parallelism splits
+    parallel: Parallel  # which weight dimension tensor parallelism splits
 
-    def _block_checked_dims(self) -> dict[str, int]:
-        """Shard sizes along block axes, per recipe operand key (only the sharded ones)."""
-        raise NotImplementedError
-
-    def _tile_checked_dims(self) -> dict[str, int]:
-        """Weight shard sizes across the block axis, which n x n tiles (``block_shape``) also span."""
+    def _shard_size(self) -> int:
+        """The length of this rank's shard of the dimension tensor parallelism splits."""
         raise NotImplementedError
 
     def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,
@@ -49,18 +47,8 @@ class QuantLinearMixin:
         Delayed-scaled operands get fresh amax histories (``amax_histories``, checkpointed with
         the weights)."""
         if torch.distributed.get_world_size(self.tp_group) > 1:
-            specs = quant.specs()
-            tiled = {key: size for key, size in self._tile_checked_dims().items()
-                     if getattr(specs[key].fmt, "block_shape", (1,))[0] > 1}
-            for key, size in {**self._block_checked_dims(), **tiled}.items():
-                block = getattr(specs[key].fmt, "block_size", None)
-                if block and size % block:
-                    name = site.module if site else type(self).__name__
-                    raise ValueError(
-                        f"{name}: {key} is quantized by {specs[key].fmt.name} in blocks of {block} along a "
-                        f"tensor-parallel shard of {size} elements; the shard size must be a multiple of "
-                        f"{block} (change the tensor-parallel size or the format)")
-        if quant.wgrad_grad_output.fmt is not None or quant.wgrad_input.fmt is not None:
+            quant.check_shards(self.parallel, self._shard_size(), site.module if site else type(self).__name__)
+        if any(quant[op.key].fmt is not None for op in operands.LINEAR_TABLE if op.gemm == "wgrad"):
             if getattr(self.config, "defer_embedding_wgrad_compute", False) and getattr(
                     self, "grad_output_buffer", None) is not None:
                 raise ValueError("defer_embedding_wgrad_compute runs the output layer's wgrad outside this "
@@ -69,7 +57,7 @@ class QuantLinearMixin:
         self.quant = attach_histories(quant.sharded(self.parallel, shard_groups), self, group)
         self.capture_site = site
         self.weight_cache = QuantizedWeightCache()
-        self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs().values())
+        self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs.values())
 
     def invalidate_quantized_weights(self) -> None:
         """Forget cached quantized weights (after updating weights through ``.data``)."""
@@ -98,13 +86,8 @@ class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
 
     parallel = "column"
 
-    def _block_checked_dims(self) -> dict[str, int]:
-        # dgrad reduces over out_features, which is split across TP ranks.
-        return {"dgrad.grad_output": self.output_size_per_partition,
-                "dgrad.weight": self.output_size_per_partition}
-
-    def _tile_checked_dims(self) -> dict[str, int]:
-        return {"fprop.weight": self.output_size_per_partition}
+    def _shard_size(self) -> int:
+        return self.output_size_per_partition
 
 
 class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
@@ -112,12 +95,8 @@ class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
 
     parallel = "row"
 
-    def _block_checked_dims(self) -> dict[str, int]:
-        # fprop reduces over in_features, which is split across TP ranks.
-        return {"fprop.input": self.input_size_per_partition, "fprop.weight": self.input_size_per_partition}
-
-    def _tile_checked_dims(self) -> dict[str, int]:
-        return {"dgrad.weight": self.input_size_per_partition}
+    def _shard_size(self) -> int:
+        return self.input_size_per_partition
 
 
 def invalidate_quantized_weights(model: torch.nn.Module) -> None:

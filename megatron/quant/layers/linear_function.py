@@ -9,15 +9,17 @@ feeding both backward GEMMs is quantized once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any, List, Mapping, Optional
+from dataclasses import dataclass, replace
+from typing import List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
-from megatron.quant.recipes.operands import LINEAR_AXES, OperandSpec
+from megatron.quant.recipes import operands
+from megatron.quant.recipes.operands import OperandSpec, Parallel
+from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.tensor_saver import CaptureSite
 from megatron.quant.layers.operand import (Quantized, capturing, check_gemm_transforms, noise_scope,
@@ -26,44 +28,48 @@ from megatron.quant.layers.operand import (Quantized, capturing, check_gemm_tran
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 
 
-# Which dimension of each operand is split across TP ranks ([tokens, features]; W [out, in]).
-_SHARD_DIMS = {"column": {"fprop_weight": 0, "dgrad_grad_output": -1, "dgrad_weight": 0, "wgrad_grad_output": -1},
-               "row": {"fprop_input": -1, "fprop_weight": 1, "dgrad_weight": 1, "wgrad_input": -1}}
-
-
 @dataclass(frozen=True)
 class LinearQuant:
-    """Operand specs of a linear layer's three GEMMs on 2-D views ([tokens, features]; W [out, in])."""
+    """Operand specs of a linear layer's GEMMs by recipe key ("fprop.input", ...): one per row of
+    ``recipes.operands.LINEAR_TABLE``, whose axes and shard dimensions they take."""
 
-    fprop_input: OperandSpec = OperandSpec(axis=LINEAR_AXES["fprop.input"])
-    fprop_weight: OperandSpec = OperandSpec(axis=LINEAR_AXES["fprop.weight"])
-    dgrad_grad_output: OperandSpec = OperandSpec(axis=LINEAR_AXES["dgrad.grad_output"])
-    dgrad_weight: OperandSpec = OperandSpec(axis=LINEAR_AXES["dgrad.weight"])
-    wgrad_grad_output: OperandSpec = OperandSpec(axis=LINEAR_AXES["wgrad.grad_output"])
-    wgrad_input: OperandSpec = OperandSpec(axis=LINEAR_AXES["wgrad.input"])
+    specs: Mapping[str, OperandSpec]
+
+    def __getitem__(self, key: str) -> OperandSpec:
+        return self.specs[key]
 
     @classmethod
-    def from_formats(cls, formats: Mapping[str, Any]) -> "LinearQuant":
-        """From recipe keys ("fprop.input", ...) to formats; axes are fixed by the GEMMs."""
-        return cls(**{f.name: OperandSpec(formats[_key(f.name)], f.default.axis, _key(f.name)) for f in fields(cls)})
+    def from_formats(cls, formats: Mapping[str, Optional[QuantFormat]]) -> "LinearQuant":
+        """From recipe keys to formats (None: not quantized); axes are fixed by the GEMMs."""
+        return cls({op.key: OperandSpec(formats[op.key], op.axis, op.key) for op in operands.LINEAR_TABLE})
 
-    def sharded(self, parallel: str, groups: int = 1) -> "LinearQuant":
-        """The same specs with the TP shard dimensions of a ``parallel`` ("column"/"row") layer;
-        ``groups``: separately sharded runs along them (2 for a fused SwiGLU fc1)."""
-        return replace(self, **{name: replace(getattr(self, name), shard_dim=dim, shard_groups=groups)
-                                for name, dim in _SHARD_DIMS[parallel].items()})
+    def sharded(self, parallel: Parallel, groups: int = 1) -> "LinearQuant":
+        """The same specs with the TP shard dimensions of a ``parallel`` layer; ``groups``: separately
+        sharded runs along them (2 for a fused SwiGLU fc1)."""
+        specs = dict(self.specs)
+        for op in operands.LINEAR_TABLE:
+            if op.shard_dim(parallel) is not None:
+                specs[op.key] = replace(specs[op.key], shard_dim=op.shard_dim(parallel), shard_groups=groups)
+        return replace(self, specs=specs)
 
-    def specs(self) -> dict[str, OperandSpec]:
-        return {_key(f.name): getattr(self, f.name) for f in fields(self)}
+    def check_shards(self, parallel: Parallel, shard_size: int, module: str) -> None:
+        """ValueError when a block (or n x n tile) would straddle two TP shards of ``shard_size``
+        elements: the operand's blocks run along its shard dimension, or tiles span both dimensions."""
+        for op in operands.LINEAR_TABLE:
+            dim, fmt = op.shard_dim(parallel), self.specs[op.key].fmt
+            if dim is None or fmt is None or fmt.block_size is None:
+                continue
+            if (fmt.tiled or (dim - op.axis) % 2 == 0) and shard_size % fmt.block_size:
+                raise ValueError(
+                    f"{module}: {op.key} is quantized by {fmt.name} in blocks of {fmt.block_size} along a "
+                    f"tensor-parallel shard of {shard_size} elements; the shard size must be a multiple of "
+                    f"{fmt.block_size} (change the tensor-parallel size or the format)")
 
     def __post_init__(self) -> None:
-        check_gemm_transforms({"fprop": (self.fprop_input, self.fprop_weight),
-                               "dgrad": (self.dgrad_grad_output, self.dgrad_weight),
-                               "wgrad": (self.wgrad_grad_output, self.wgrad_input)})
-
-
-def _key(field_name: str) -> str:
-    return field_name.replace("_", ".", 1)
+        gemms: dict[str, list[OperandSpec]] = {}
+        for op in operands.LINEAR_TABLE:
+            gemms.setdefault(op.gemm, []).append(self.specs[op.key])
+        check_gemm_transforms(gemms)
 
 
 @dataclass
@@ -144,13 +150,13 @@ class QuantLinearFunction(torch.autograd.Function):
         # The backward draws its noise from the position of this forward (pipeline schedules run
         # other micro-batches' forwards in between).
         ctx.noise = noise = noise_scope(cfg.noise_root, group)
-        x = quantize_operand(total_input, q.fprop_input, group, noise, capture=capture)
-        w = cfg.weight_cache.get(weight, q.fprop_weight, group, noise, partner=q.dgrad_weight)
+        x = quantize_operand(total_input, q["fprop.input"], group, noise, capture=capture)
+        w = cfg.weight_cache.get(weight, q["fprop.weight"], group, noise, partner=q["dgrad.weight"])
         # The input is only needed for wgrad (a frozen weight has none); under sequence
         # parallelism the local shard is kept and gathered again, as megatron-core does.
-        ctx.input_quantized = x if same_quantization(q.fprop_input, q.wgrad_input) and not cfg.sequence_parallel \
-            else None
-        ctx.input_amax = reusable_amax(x, q.fprop_input, q.wgrad_input)
+        reuse = same_quantization(q["fprop.input"], q["wgrad.input"]) and not cfg.sequence_parallel
+        ctx.input_quantized = x if reuse else None
+        ctx.input_amax = reusable_amax(x, q["fprop.input"], q["wgrad.input"])
         saved_input = x.values if ctx.input_quantized is not None else input
         ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
         if ctx.input_quantized is not None:
@@ -160,7 +166,7 @@ class QuantLinearFunction(torch.autograd.Function):
             output = output + bias
         if capture:
             tensor_saver.capture(cfg.site, "forward", "pre", {
-                "input": x.seen, "weight": cfg.weight_cache.seen(weight, q.fprop_weight, group, noise)})
+                "input": x.seen, "weight": cfg.weight_cache.seen(weight, q["fprop.weight"], group, noise)})
             tensor_saver.capture(cfg.site, "forward", "post", {"output": output})
         return output
 
@@ -183,14 +189,15 @@ class QuantLinearFunction(torch.autograd.Function):
         capture = capturing(cfg.site)
         # dY along tokens (wgrad) and features (dgrad) from one read where a kernel does both.
         both = None if capture or not wgrad_compute else quantize_both_axes(
-            grad_output.reshape(-1, grad_output.shape[-1]), q.wgrad_grad_output, q.dgrad_grad_output, group, noise)
+            grad_output.reshape(-1, grad_output.shape[-1]), q["wgrad.grad_output"], q["dgrad.grad_output"], group,
+            noise)
         dy = both[1].reshape(grad_output.shape) if both else \
-            quantize_operand(grad_output, q.dgrad_grad_output, group, noise, capture=capture)
-        w = cfg.weight_cache.get(weight, q.dgrad_weight, group, noise)
+            quantize_operand(grad_output, q["dgrad.grad_output"], group, noise, capture=capture)
+        w = cfg.weight_cache.get(weight, q["dgrad.weight"], group, noise)
         grad_input = scaled_product(_dgrad, dy, w)
         if capture:
             tensor_saver.capture(cfg.site, "backward", "pre", {
-                "grad_output": dy.seen, "weight": cfg.weight_cache.seen(weight, q.dgrad_weight, group, noise)})
+                "grad_output": dy.seen, "weight": cfg.weight_cache.seen(weight, q["dgrad.weight"], group, noise)})
 
         handle = None
         if cfg.sequence_parallel:
@@ -206,15 +213,15 @@ class QuantLinearFunction(torch.autograd.Function):
             grad_output, total_input = prepare_input_tensors_for_wgrad_compute(grad_output, total_input)
             if both:
                 dy_w = both[0].reshape(grad_output.shape)
-            elif same_quantization(q.dgrad_grad_output, q.wgrad_grad_output):
+            elif same_quantization(q["dgrad.grad_output"], q["wgrad.grad_output"]):
                 dy_w = dy.reshape(grad_output.shape)
             else:
-                dy_w = quantize_operand(grad_output, q.wgrad_grad_output, group, noise,
-                                        amax=reusable_amax(dy, q.dgrad_grad_output, q.wgrad_grad_output))
+                dy_w = quantize_operand(grad_output, q["wgrad.grad_output"], group, noise,
+                                        amax=reusable_amax(dy, q["dgrad.grad_output"], q["wgrad.grad_output"]))
             if ctx.input_quantized is not None:
                 x_w = replace(ctx.input_quantized, values=total_input)
             else:
-                x_w = quantize_operand(total_input, q.wgrad_input, group, noise, amax=ctx.input_amax)
+                x_w = quantize_operand(total_input, q["wgrad.input"], group, noise, amax=ctx.input_amax)
             if cfg.gradient_accumulation_fusion:
                 grad_weight = _accumulate_main_grad(weight, ctx.main_grad, dy_w, x_w, input.dtype)
             else:

@@ -10,7 +10,7 @@ for reusing a forward's quantized copy or amax in the backward (``same_quantizat
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import torch.distributed as dist
 from torch import Tensor
@@ -109,7 +109,9 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     bits = None if noise is None else noise.bits(spec, groups, per_sample)
     seen = None
     if capture:
-        q, scale, packed = _quantize_with_stats(spec.fmt, x, spec.axis, amax, bits)
+        # The statistics the kernel takes in its pass, all of them at the session's "full" level.
+        q, scale, packed = spec.fmt.quantize_with_stats(x, spec.axis, amax, noise=bits,
+                                                        full=tensor_saver.stats_level() == "full")
         seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale,
                        kernel_stats=packed)
         if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
@@ -117,29 +119,9 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     if record is None:
         values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
     else:
-        values, tensor_scale, own_amax = _quantize_for_gemm_with_amax(spec.fmt, x, spec.axis, amax, bits)
+        values, tensor_scale, own_amax = spec.fmt.quantize_for_gemm_with_amax(x, spec.axis, amax, noise=bits)
         record(own_amax)
     return Quantized(values, tensor_scale, amax, seen)
-
-
-def _quantize_for_gemm_with_amax(fmt, x: Tensor, axis: int, amax: Tensor, bits: Optional[RandomBits]
-                                 ) -> tuple[Tensor, Optional[Tensor], Tensor]:
-    """``fmt.quantize_for_gemm`` and x's own ``amax_of``: from the same read where a kernel takes both."""
-    with_amax = getattr(fmt, "quantize_for_gemm_with_amax", None)  # kernels.TritonFormat
-    if with_amax is not None:
-        return with_amax(x, axis=axis, amax=amax, noise=bits)
-    return (*fmt.quantize_for_gemm(x, axis=axis, amax=amax, noise=bits), fmt.amax_of(x.detach(), axis))
-
-
-def _quantize_with_stats(fmt, x: Tensor, axis: int, amax: Optional[Tensor], bits: Optional[RandomBits]
-                         ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``fmt.quantize_with_scale`` and the statistics its kernel took in the same pass, all of them at
-    the session's ``full`` level, else the exact fields (None where the format runs no such kernel:
-    the saver then computes them in torch)."""
-    with_stats = getattr(fmt, "quantize_with_stats", None)  # kernels.TritonFormat
-    if with_stats is not None:
-        return with_stats(x, axis=axis, amax=amax, noise=bits, full=tensor_saver.stats_level() == "full")
-    return (*fmt.quantize_with_scale(x, axis=axis, amax=amax, noise=bits), None)
 
 
 def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSpec,
@@ -150,7 +132,7 @@ def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSp
     formats on CUDA); None otherwise. Same values, scales and noise as two ``quantize_operand``
     (``groups``, ``per_sample``: as there)."""
     fmt = along_rows.fmt
-    if (fmt is None or fmt is not along_cols.fmt or not getattr(fmt, "dual_axis", False) or not fmt.serves(x)
+    if (fmt is None or fmt is not along_cols.fmt or not fmt.dual_axis or not fmt.serves(x)
             or along_rows.history is not None or along_cols.history is not None
             or along_rows.shard_dim != along_cols.shard_dim):
         return None
@@ -191,11 +173,12 @@ def _transform(spec: OperandSpec) -> Optional[tuple]:
     return fmt.options.get("hadamard"), tuple(fmt.options.get("hadamard_signs") or ())
 
 
-def check_gemm_transforms(gemms: Mapping[str, tuple[OperandSpec, OperandSpec]]) -> None:
-    """A transform along the reduction axis cancels in a GEMM only when both operands have it:
-    ValueError naming the GEMM's operands otherwise."""
-    for gemm, (a, b) in gemms.items():
-        if _transform(a) != _transform(b):
+def check_gemm_transforms(gemms: Mapping[str, Sequence[OperandSpec]]) -> None:
+    """A transform along the reduction axis cancels in a GEMM only when all its operands have it:
+    ValueError naming two of the GEMM's operands otherwise."""
+    for gemm, (a, *others) in gemms.items():
+        b = next((spec for spec in others if _transform(spec) != _transform(a)), None)
+        if b is not None:
             show = lambda s: f"hadamard={_transform(s)[0]}" if _transform(s) else "no transform"  # noqa: E731
             raise ValueError(f"{gemm}: {a.name or 'A'} has {show(a)} but {b.name or 'B'} has {show(b)}; a "
                              f"GEMM's two operands need the same transform (it cancels only then)")
@@ -207,7 +190,7 @@ def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     square tiles of the last two dimensions, such as TE's 2-D NVFP4 weights) and no transform along
     one."""
     a, b = first.fmt, second.fmt
-    return (a is not None and b is not None and (a.block_size is None or getattr(a, "tiled", False))
+    return (a is not None and b is not None and (a.block_size is None or a.tiled)
             and not a.transforms_operand and a.name == b.name and a.options == b.options
             and a.rounding != "stochastic")
 

@@ -1,5 +1,6 @@
-"""Names shared by recipes, layers and capture: module roles, GEMM operand keys, the axis each
-operand's blocks run along, and ``OperandSpec`` (how one operand is quantized).
+"""Names shared by recipes, layers and capture: module roles, the GEMM operands (``LINEAR_TABLE``:
+one record per linear operand, its key, GEMM, block axis, TP shard dimensions and capture;
+``BMM_SLOTS`` and the attention keys), and ``OperandSpec`` (how one operand is quantized).
 
 The bottom of the package's import graph: it imports nothing of ours at run time, so the capture
 filters, the recipe parser and the layers can all name operands without importing each other.
@@ -7,29 +8,88 @@ filters, the recipe parser and the layers can all name operands without importin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 if TYPE_CHECKING:
+    from megatron.quant.formats.interface import QuantFormat
     from megatron.quant.recipes.delayed import AmaxHistory
 
-LINEAR_OPERANDS = ("fprop.input", "fprop.weight", "dgrad.grad_output", "dgrad.weight",
-                   "wgrad.grad_output", "wgrad.input")
-# Forward GEMM and the two backward GEMMs that differentiate it, per attention product.
+Parallel = Literal["column", "row"]
+"""How tensor parallelism splits a linear layer's weight: ``"column"`` along out_features
+(ColumnParallelLinear), ``"row"`` along in_features (RowParallelLinear)."""
+OperandRole = Literal["input", "weight", "grad_output"]
+"""The tensor a linear GEMM operand quantizes; also the name the layer captures it under."""
+Pass = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class LinearOperand:
+    """One operand of a linear layer's three GEMMs, on the 2-D views they multiply ([tokens, features];
+    W [out_features, in_features]): Y = X W^T (fprop), dX = dY W (dgrad), dW = dY^T X (wgrad)."""
+
+    gemm: str  # "fprop" | "dgrad" | "wgrad"
+    role: OperandRole
+    axis: int  # the block axis: the GEMM's reduction dimension
+    column_shard: Optional[int]  # the dimension a column-parallel layer splits across TP ranks; None: whole
+    row_shard: Optional[int]  # the same in a row-parallel layer
+    captured: Pass  # the pass whose pre-GEMM capture holds its tensor
+
+    @property
+    def key(self) -> str:
+        """The recipe operand key, e.g. "fprop.input"."""
+        return f"{self.gemm}.{self.role}"
+
+    @property
+    def along_tokens(self) -> bool:
+        """Blocked along tokens (an activation or gradient reduced over tokens, as wgrad's are)."""
+        return self.role != "weight" and self.axis == 0
+
+    def shard_dim(self, parallel: Parallel) -> Optional[int]:
+        return self.column_shard if parallel == "column" else self.row_shard
+
+
+# The one description of the linear operands: the layers (``LinearQuant``: specs, shard dimensions,
+# each GEMM's operands; the block checks against TP shards), the recipes' keys and axes and the
+# what-if comparison (which capture feeds which operand, on which view) all derive from it. Within a
+# capture the first operand in this order is the one the layer records (its axis is the capture's).
+LINEAR_TABLE = (
+    LinearOperand("fprop", "input", axis=-1, column_shard=None, row_shard=-1, captured="forward"),
+    LinearOperand("fprop", "weight", axis=1, column_shard=0, row_shard=1, captured="forward"),
+    LinearOperand("dgrad", "grad_output", axis=-1, column_shard=-1, row_shard=None, captured="backward"),
+    LinearOperand("dgrad", "weight", axis=0, column_shard=0, row_shard=1, captured="backward"),
+    LinearOperand("wgrad", "grad_output", axis=0, column_shard=-1, row_shard=None, captured="backward"),
+    LinearOperand("wgrad", "input", axis=0, column_shard=None, row_shard=-1, captured="forward"),
+)
+
+
+@dataclass(frozen=True)
+class BmmSlot:
+    """One operand position of C = A @ B (A [n, m, k], B [n, k, p]) and its backward GEMMs; ``name``
+    is ``layers.bmm_function.BmmQuant``'s field for it."""
+
+    name: str
+    gemm: str  # "forward" | "grad A" | "grad B"
+    axis: int  # the block axis: the GEMM's reduction dimension
+
+
+# Forward along k, dA = dC B^T along p, dB = A^T dC along m; every operand's batch dimension (0) is
+# split across TP ranks by heads.
+BMM_SLOTS = (BmmSlot("a", "forward", -1), BmmSlot("b", "forward", -2),
+             BmmSlot("grad_a_dc", "grad A", -1), BmmSlot("grad_a_b", "grad A", -1),
+             BmmSlot("grad_b_a", "grad B", -2), BmmSlot("grad_b_dc", "grad B", -2))
+# Attention's two products, their operands' recipe keys in ``BMM_SLOTS`` order.
 QK_OPERANDS = ("qk.query", "qk.key", "dq.grad_scores", "dq.key", "dk.query", "dk.grad_scores")
 PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs", "dv.grad_output")
+
+LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE)
 ATTENTION_OPERANDS = QK_OPERANDS + PV_OPERANDS
 ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
 
 LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
 ROLES = LINEAR_ROLES + ("core_attention", "output_layer")
 # Block axes are fixed by the GEMMs: each operand is blocked along its GEMM's reduction dimension.
-# Linear layers, on 2-D views ([tokens, features]; W [out, in]):
-LINEAR_AXES = {"fprop.input": -1, "fprop.weight": 1,             # Y = X W^T: along in_features
-               "dgrad.grad_output": -1, "dgrad.weight": 0,        # dX = dY W: along out_features
-               "wgrad.grad_output": 0, "wgrad.input": 0}          # dW = dY^T X: along tokens
-# C = A @ B (A [n, m, k], B [n, k, p]) and its backward GEMMs, in QK_/PV_OPERANDS order:
-# forward along k, dA = dC B^T along p, dB = A^T dC along m.
-BMM_AXES = (-1, -2, -1, -1, -2, -2)
+LINEAR_AXES = {op.key: op.axis for op in LINEAR_TABLE}
+BMM_AXES = tuple(slot.axis for slot in BMM_SLOTS)
 OPERAND_AXES = {**LINEAR_AXES, **dict(zip(QK_OPERANDS, BMM_AXES)), **dict(zip(PV_OPERANDS, BMM_AXES))}
 
 SCOPES = {"linear": LINEAR_OPERANDS, "attention": ATTENTION_OPERANDS,
@@ -44,7 +104,7 @@ def operands_for_role(role: str) -> tuple[str, ...]:
 class OperandSpec:
     """How one GEMM operand is fake-quantized: ``fmt`` None means not at all."""
 
-    fmt: Any = None  # megatron.quant.formats.NumericFormat
+    fmt: Optional["QuantFormat"] = None
     axis: int = -1
     name: str = ""  # recipe operand key ("fprop.input", ...): names its stochastic-rounding stream
     shard_dim: Optional[int] = None  # the dimension split across TP ranks; None: the same on every rank
