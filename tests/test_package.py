@@ -124,3 +124,24 @@ def test_no_module_over_the_line_limit():
     long = sorted(f"{path.relative_to(PACKAGE)}: {n}" for path in PACKAGE.rglob("*.py")
                   if (n := len(path.read_text().splitlines())) > MAX_LINES)
     assert not long, f"split these (one job per file, at most {MAX_LINES} lines)"
+
+
+# capture/ holds tensor_saver's parts: the rest of the package goes through the facade, but for the
+# reader of capture files, which needs the on-disk file-name contract (capture.naming), not a session.
+CAPTURE_FILE_READERS = {"megatron.quant.analysis.captures.catalog": {"megatron.quant.capture.naming"}}
+# stats/'s layout module is written by the kernels that take statistics in their pass; readers use the room.
+STATS_LAYOUT_WRITERS = {"kernels"}
+
+
+def test_capture_and_stats_are_reached_through_their_facades():
+    graph = _graph()
+    bypass = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if _room(target) == "capture" and _room(module) not in ("capture", "tensor_saver")
+                    and target not in CAPTURE_FILE_READERS.get(module, ()))
+    assert not bypass, "import megatron.quant.tensor_saver instead"
+    inside = sorted(f"{module} -> {target}" for module, targets in graph.items() for target in targets
+                    if _room(target) == "stats" and target != "megatron.quant.stats"
+                    and _room(module) not in {"stats", *STATS_LAYOUT_WRITERS})
+    assert not inside, "import from megatron.quant.stats"
+    layers = {target for module, targets in graph.items() if _room(module) == "layers" for target in targets}
+    assert not {t for t in layers if _room(t) in ("capture", "stats")}, "the layers use tensor_saver only"

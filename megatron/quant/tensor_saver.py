@@ -33,13 +33,14 @@ from torch import Tensor
 
 from megatron.quant import position
 from megatron.quant.capture.config import IterationWindow, SaverConfig
+from megatron.quant.capture.directory import check_writable
 from megatron.quant.capture.session import CaptureSession
 from megatron.quant.capture.site import CaptureSite, Operand
 
 __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow",
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
-    "writer_stats", "stats_level",
+    "writer_stats", "stats_level", "check_writable",
 ]
 
 _session: Optional[CaptureSession] = None

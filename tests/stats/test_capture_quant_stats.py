@@ -25,7 +25,7 @@ _MANTISSA_BITS = {"e3m2": 2, "e2m3": 3, "e2m1": 1}
 
 def rounds_beyond_max(a: np.ndarray, fmt) -> np.ndarray:
     """|x / scale| (float32) that the format's round-to-nearest takes beyond its max."""
-    name = getattr(getattr(fmt, "element", None), "name", fmt.name)
+    name = fmt.name if fmt.element is None else fmt.element.name
     if name == "fp32":
         return np.isinf(a)
     if name in _NON_SATURATING:

@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional
 from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.operands import ROLES
 from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
-from megatron.quant.stats.levels import STATS_LEVELS
+from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")
 # Tensor names the layers emit (docs/interfaces.md section 2; roles are operands.ROLES); filters reject others

@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
-from megatron.quant.stats.levels import capture_stats, kernel_stats_serve, stats_from_packed
-from megatron.quant.stats.reference import pack_stats
+from megatron.quant.stats import capture_stats, kernel_stats_serve, pack_stats, stats_from_packed
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
 

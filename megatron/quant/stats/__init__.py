@@ -5,8 +5,8 @@
 """
 from .levels import SAMPLE_ELEMENTS, STATS_LEVELS, capture_stats, exact_fields_from_counts, kernel_stats_serve, \
     stats_from_packed
-from .packing import LOG2_EDGES
+from .packing import LOG2_EDGES, LOG2_LOW
 from .reference import pack_stats, quant_stats, tensor_stats, unpack_stats
 
-__all__ = ["LOG2_EDGES", "SAMPLE_ELEMENTS", "STATS_LEVELS", "capture_stats", "exact_fields_from_counts",
+__all__ = ["LOG2_EDGES", "LOG2_LOW", "SAMPLE_ELEMENTS", "STATS_LEVELS", "capture_stats", "exact_fields_from_counts",
            "kernel_stats_serve", "pack_stats", "quant_stats", "stats_from_packed", "tensor_stats", "unpack_stats"]

@@ -16,11 +16,10 @@ import torch
 import torch.distributed as dist
 
 from megatron.quant import kernels, tensor_saver
+from megatron.quant.tensor_saver import SaverConfig, check_writable
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.layers import fusions
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
-from megatron.quant.capture.config import SaverConfig
-from megatron.quant.capture.directory import check_writable
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
 from megatron.quant.training import checkpoint, metrics, optimizer
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args

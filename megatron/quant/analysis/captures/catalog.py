@@ -177,12 +177,13 @@ def _excerpt(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _format_reference(fmt: Any) -> tuple[Optional[str], Mapping[str, Any]]:
-    if isinstance(fmt, Mapping) and fmt.get("name"):
-        options = fmt.get("options")
-        return str(fmt["name"]), dict(options) if isinstance(options, Mapping) else {}
-    if isinstance(fmt, str) and fmt:
-        return fmt, {}
+def _format_reference(reference: Any) -> tuple[Optional[str], Mapping[str, Any]]:
+    """(name, options) of a manifest's ``format`` entry (a name and options, a bare name, or null)."""
+    if isinstance(reference, Mapping) and reference.get("name"):
+        options = reference.get("options")
+        return str(reference["name"]), dict(options) if isinstance(options, Mapping) else {}
+    if isinstance(reference, str) and reference:
+        return reference, {}
     return None, {}
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 import numpy as np
 
 from megatron.quant.analysis.captures.catalog import CaptureRecord
-from megatron.quant.stats.packing import LOG2_EDGES, LOG2_LOW
+from megatron.quant.stats import LOG2_EDGES, LOG2_LOW
 
 # Histogram of log2|x| as in docs/interfaces.md section 3: bin 0 holds the nonzero values
 # below 2**LOG2_LOW, bin k (1..60) holds 2**(LOG2_LOW+k-1) <= |x| < 2**(LOG2_LOW+k), the last
