@@ -38,6 +38,7 @@ class CompiledFormat(FormatWrapper):
     recompile limit raises instead of silently running eager.
     """
 
+    fmt: NumericFormat  # whose methods are compiled
     # A Llama layer quantizes ~20 distinct (shape, axis) combinations per format.
     RECOMPILE_LIMIT = 64
     BACKEND = "inductor"

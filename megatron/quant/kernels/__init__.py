@@ -1,4 +1,4 @@
-"""Quantization kernels under the ``NumericFormat`` interface (Triton), chosen per tensor.
+"""Triton quantization kernels under the format interface (``formats.interface.QuantFormat``), chosen per tensor.
 
     fmt = kernels.wrap(get_format("fp8_e4m3"), compile=False)   # what the recipes hand the layers
     y = fmt.quantize(x)       # Triton on CUDA tensors (CUSTOM_QUANT_KERNELS), the torch path on CPU

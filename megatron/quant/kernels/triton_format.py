@@ -36,6 +36,8 @@ class TritonFormat(FormatWrapper):
     """``fmt`` with Triton kernels for the tensors they serve; ``fallback`` (``fmt`` or its
     ``CompiledFormat``) for the others."""
 
+    fmt: NumericFormat  # the kernels read its grid, scales and transform
+
     def __init__(self, fmt: NumericFormat, fallback: QuantFormat) -> None:
         if not supported(fmt):
             raise ValueError(f"{fmt.name}: no Triton kernel for {fmt!r}")
