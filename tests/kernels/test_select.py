@@ -14,7 +14,7 @@ needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton
 def test_backend_from_environment():
     assert kernels.backend({}) == "auto"
     assert kernels.backend({"CUSTOM_QUANT_KERNELS": " Torch "}) == "torch"
-    with pytest.raises(ValueError, match="CUSTOM_QUANT_KERNELS='cuda' is not one of auto, torch, compile, triton"):
+    with pytest.raises(ValueError, match="CUSTOM_QUANT_KERNELS='cuda' is not a kernel backend; allowed: auto, torch, compile, triton"):
         kernels.backend({"CUSTOM_QUANT_KERNELS": "cuda"})
 
 
@@ -23,7 +23,7 @@ def test_bad_backend_stops_training_with_status_2(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--model", "llama-tiny", "--mock-data", "--train-iters", "1", "--check-args"])
     assert stop.value.code == 2
-    assert "CUSTOM_QUANT_KERNELS='fast' is not one of" in capsys.readouterr().err
+    assert "CUSTOM_QUANT_KERNELS='fast' is not a kernel backend" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("chosen, compile, cuda, expected", [

@@ -17,6 +17,7 @@ from .grid import FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, OVERFLOW_MOD
 from .hifloat8 import HiFloat8Format
 from .mx import MX_BLOCK_SIZE, SCALE_MODES, MXFormat
 from .nvfp4 import NVFP4_BLOCK_SIZE, NVFP4Format
+from .show import show_value
 
 PASSTHROUGH = ("fp32", "bf16", "fp16")
 ALIASES = {"none": "fp32", "mxfp8": "mxfp8_e4m3", "mxfp4": "mxfp4_e2m1"}
@@ -125,12 +126,12 @@ _REGISTRY: dict[str, _Entry] = {
 def canonical_name(name: str) -> str:
     """The canonical name for ``name`` or one of its aliases; ValueError lists the valid ones."""
     if not isinstance(name, str):
-        raise ValueError(f"format name must be a string, got {name!r}")
+        raise ValueError(f"format name must be a string, got {show_value(name)}")
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key not in _REGISTRY:
         valid = sorted(_REGISTRY) + sorted(ALIASES)
-        raise ValueError(f"unknown numeric format {name!r}; valid formats: {', '.join(valid)}")
+        raise ValueError(f"unknown numeric format {show_value(name)}; valid formats: {', '.join(valid)}")
     return key
 
 

@@ -10,6 +10,7 @@ when a kernel is used, so this package imports without Triton. The formats in
 """
 from .dispatch import wrap
 from .launch import interpreting
-from .select import BACKENDS, ENV, backend, describe, plan, supported, triton_available
+from .select import BACKENDS, ENV, backend, describe, plan, supported, triton_available, triton_failure
 
-__all__ = ["BACKENDS", "ENV", "backend", "describe", "interpreting", "plan", "supported", "triton_available", "wrap"]
+__all__ = ["BACKENDS", "ENV", "backend", "describe", "interpreting", "plan", "supported", "triton_available",
+           "triton_failure", "wrap"]

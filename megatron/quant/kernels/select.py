@@ -17,7 +17,9 @@ give their bits exactly.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 from typing import Literal, Mapping, Optional, get_args
 
 import torch
@@ -27,6 +29,7 @@ from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
+from megatron.quant.formats.show import show_value
 
 from .launch import interpreting
 
@@ -40,18 +43,46 @@ KernelPath = Literal["triton", "compiled", "eager"]
 
 
 def backend(environ: Optional[Mapping[str, str]] = None) -> Backend:
-    """The backend ``CUSTOM_QUANT_KERNELS`` names (``auto`` when unset); ValueError lists the allowed values."""
+    """The backend ``CUSTOM_QUANT_KERNELS`` names (``auto`` when unset); ValueError shows a bounded
+    excerpt of a bad value and lists the allowed ones, or says why ``triton`` cannot be used here."""
     env = os.environ if environ is None else environ
     value = env.get(ENV, "").strip().lower() or "auto"
     if value not in BACKENDS:
-        raise ValueError(f"{ENV}={env[ENV]!r} is not one of {', '.join(BACKENDS)}")
+        raise ValueError(f"{ENV}={show_value(env[ENV])} is not a kernel backend; allowed: {', '.join(BACKENDS)}")
     if value == "triton" and not triton_available():
-        raise ValueError(f"{ENV}=triton but Triton does not import here (pip install triton)")
+        problem = triton_failure() or "Triton is not installed"
+        raise ValueError(f"{ENV}=triton cannot be used: {problem}; install a working Triton (pip install triton) or use "
+                         f"{ENV}=auto or torch")
     return value
 
 
 @functools.cache
+def triton_failure() -> Optional[str]:
+    """Why an installed Triton cannot be used (None when it imports, or when it is not installed).
+
+    A broken install raises anything on import (``RuntimeError: libtriton.so: undefined symbol``),
+    or is an empty package without ``triton.language``: it is then hidden (``sys.modules["triton"]
+    = None``), so torch and megatron-core, which import Triton themselves and handle only an
+    ImportError, see it as not installed instead of failing at their own import. Called before
+    megatron-core is imported (``layers`` and ``training`` do)."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton.language  # noqa: F401
+    except Exception as error:  # noqa: BLE001 -- whatever a broken install raises
+        for name in [name for name in sys.modules if name == "triton" or name.startswith("triton.")]:
+            del sys.modules[name]
+        sys.modules["triton"] = None  # "import triton" now raises ImportError everywhere
+        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"Triton is installed but fails to import ({type(error).__name__}: {show_value(message)})"
+    return None
+
+
+@functools.cache
 def triton_available() -> bool:
+    """True when Triton imports here (a broken install counts as absent: ``triton_failure``)."""
+    if triton_failure() is not None:
+        return False
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -84,4 +115,5 @@ def describe(formats: list[NumericFormat], compile: bool, chosen: Backend, cuda:
         paths.setdefault(plan(fmt, compile, chosen, cuda), []).append(label)
     words = "; ".join(f"{p} {', '.join(sorted(set(names)))}" for p, names in sorted(paths.items())) or "none"
     warning = " (WARNING: eager quantization on the GPU)" if cuda and "eager" in paths else ""
-    return f"kernels {chosen}: {words}{warning}"
+    broken = f" ({triton_failure()}: the torch path runs)" if triton_failure() and chosen == "auto" else ""
+    return f"kernels {chosen}: {words}{warning}{broken}"

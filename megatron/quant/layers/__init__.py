@@ -5,3 +5,6 @@ wrapped so that a recompute changes no bit (``recompute``).
 
 Imports formats, recipes, ``position`` and ``tensor_saver``; nothing below it imports this package.
 """
+from megatron.quant.kernels import triton_failure
+
+triton_failure()  # before megatron-core imports Triton itself: a broken install is hidden from it, not raised

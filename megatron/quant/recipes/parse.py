@@ -4,12 +4,12 @@ naming where it came from.
 """
 from __future__ import annotations
 
-import reprlib
 from typing import Any, Mapping, Optional
 
 import yaml
 
 from megatron.quant import formats, kernels
+from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
@@ -33,8 +33,6 @@ ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "C
             FUSIONS_ENV)
 # A recipe is a few hundred values; more through YAML aliases is an alias bomb ("billion laughs").
 MAX_YAML_VALUES = 100_000
-_SHOWN = reprlib.Repr()  # errors show a bounded excerpt of a value, however large or nested it is
-_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel, _SHOWN.maxlist = 80, 80, 3, 8
 
 
 def check_env_names(environ: Mapping[str, str]) -> None:
@@ -42,12 +40,6 @@ def check_env_names(environ: Mapping[str, str]) -> None:
     unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")
     if unknown:
         raise RecipeError(unknown)
-
-
-def show_value(value: Any, limit: int = 120) -> str:
-    """A bounded excerpt of ``value`` for an error message, however large or nested it is."""
-    text = _SHOWN.repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _yaml_size(node: yaml.Node, sizes: dict[int, int]) -> int:

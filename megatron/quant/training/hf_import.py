@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from megatron.quant.recipes.parse import show_value
+from megatron.quant.formats.show import show_value
 from megatron.quant.training.checkpoint_files import first_line
 
 

@@ -29,6 +29,7 @@ from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weigh
 from megatron.quant.training.loop import Run, train
 from megatron.quant.training.model import build_gpt, transformer_config
 from megatron.quant.training.presets import SHAPE_KEYS
+from megatron.quant.training.recipe_fit import check_hadamard_fit
 from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size
 
 
@@ -152,6 +153,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
     if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
         recipe = replace(recipe, seed=args.seed)
     _check_fp8_recipe(args, recipe)
+    check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
     saver_config = SaverConfig.from_env()
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     shape = {key: getattr(args, key) for key in SHAPE_KEYS}
