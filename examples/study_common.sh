@@ -11,6 +11,17 @@
 # Re-running resumes: finished runs are skipped, interrupted ones continue from their checkpoints.
 
 STUDY_RECIPES="bf16 te-mxfp8 hifp8"
+
+# study_iterations DEFAULT: TRAIN_ITERS (or DEFAULT) once checked to be a plain positive integer, before
+# the launch scripts' shell arithmetic reads it (which would run $(...) inside it); else one line, status 2.
+study_iterations() {
+    local value=${TRAIN_ITERS:-$1}
+    if [[ ! $value =~ ^[1-9][0-9]{0,8}$ ]]; then
+        echo "error: TRAIN_ITERS='${value:0:80}' is not an iteration count; allowed: an integer from 1 to 999999999" >&2
+        exit 2
+    fi
+    echo "$value"
+}
 STUDY_ABLATE="te-nvfp4 mxfp4"  # te-nvfp4 -no-sr -no-rht -no-2d +bf16-layers; mxfp4 +sr +rht +sr+rht
 
 run_study() {
@@ -27,12 +38,14 @@ run_study() {
         local manifest
         manifest=$(python -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["data_path"], c["split"])' \
                    "$corpus/corpus.json")
-        data_args=(--data-path "${manifest% *}" --split "${manifest#* }")
+        data_args=(--data-path "${manifest% *}" --split "${manifest##* }")  # the path may hold spaces
     fi
     local status=0
     SWEEP_SEEDS=${SWEEP_SEEDS-1 2} SWEEP_ABLATE=${SWEEP_ABLATE-$STUDY_ABLATE} \
         bash "$(dirname "${BASH_SOURCE[0]}")/llama/sweep_recipes.sh" "$out/runs" "${RECIPES:-$STUDY_RECIPES}" \
         "${data_args[@]}" "$@" || status=$?
+    # Bad input (status 2: the data, recipes, seeds or flags, named on stderr) started no run: no report.
+    [ "$status" -ne 2 ] || return 2
     # The report also when a run crashed (it shows which); the exit status still says so.
     python -m megatron.quant.analysis runs "$out/runs" --output_dir "$out/report" --baseline bf16 || status=$?
     return $status

@@ -12,7 +12,7 @@ out=${1:-./study_cpu}
 shift || true
 export SWEEP_PARALLEL=${SWEEP_PARALLEL:-$(nproc)} SWEEP_LAUNCHER=${SWEEP_LAUNCHER:-python}
 export CUSTOM_QUANT_SCOPE=${CUSTOM_QUANT_SCOPE:-linear}  # format names quantize what the te-* presets do
-iters=${TRAIN_ITERS:-150}
+iters=$(study_iterations 150)
 run_study "$out" --model llama-tiny --num-layers 4 --seq-length 256 --max-position-embeddings 256 \
     --micro-batch-size 8 --global-batch-size 8 --train-iters "$iters" \
     --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --lr-warmup-iters $((iters / 10)) \

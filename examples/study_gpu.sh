@@ -13,7 +13,7 @@ shift || true
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | wc -l)
 export SWEEP_PARALLEL=${SWEEP_PARALLEL:-$((gpus > 0 ? gpus : 1))} NPROC=1
 export CUSTOM_QUANT_SCOPE=${CUSTOM_QUANT_SCOPE:-linear}
-iters=${TRAIN_ITERS:-1000}
+iters=$(study_iterations 1000)
 run_study "$out" --model llama3.2-1b --seq-length 2048 --max-position-embeddings 2048 --bf16 \
     --micro-batch-size 4 --global-batch-size 32 --train-iters "$iters" \
     --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters $((iters / 20)) \

@@ -1,11 +1,29 @@
 """Shared test setup: every test starts from a clean environment for our env vars; one torch thread
 per test process and per process a test launches; the ``slow`` marker; the capture-session fixture."""
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
 import torch
+
+
+def _device_argument(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+    return "cpu"
+
+
+# Triton fixes its own jit functions (triton.language) and every kernel as interpreted or compiled when
+# they are imported. A sub-folder's conftest is imported before pytest_configure runs, and importing the
+# training package imports Triton (its broken-install guard, megatron.quant.kernels.triton_failure): so
+# the interpreter is chosen here, on import, for the CPU run.
+if _device_argument(sys.argv) == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _OUR_ENV_PREFIXES = ("CUSTOM_QUANT_", "TENSOR_SAVE", "TENSOR_SAVER_")
 

@@ -11,6 +11,7 @@ import pytest
 from test_sweep import _calls
 
 from megatron.quant.training import sweep, sweep_plan
+from megatron.quant.training.preprocess import write_indexed_dataset
 from megatron.quant.training.slots import SlotError, slot_environments, visible_gpus
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
@@ -100,6 +101,7 @@ def test_parallel_runs_go_at_once_each_in_its_slot_and_each_resumes(tmp_path, pa
     monkeypatch.setenv("FAKE_BARRIER", str(tmp_path))
     monkeypatch.setenv("FAKE_AT_ONCE", "2")
     monkeypatch.setenv("FAKE_CRASH", "mxfp4")
+    write_indexed_dataset([[1, 2, 3]], str(tmp_path / "text_document"), vocab_size=258)  # checked before runs
     flags = ["--model", "llama-tiny", "--data-path", str(tmp_path / "text_document"), "--train-iters", "4"]
     argv = ["--parallel", "2", "--launcher", parallel_launcher, str(out), "bf16 mxfp4", "--", *flags]
     assert sweep.main(argv) == 1  # both started before either ended (the barrier), mxfp4 crashed at iteration 2

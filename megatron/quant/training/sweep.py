@@ -28,10 +28,12 @@ from typing import Mapping, Sequence
 
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.training import checkpoint
-from megatron.quant.training.arguments import ArgumentError
+from megatron.quant.formats.show import show_value
+from megatron.quant.training.arguments import MAX_SEED, ArgumentError
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.slots import SlotError, run_in_slots, slot_environments, visible_gpus
 from megatron.quant.training.machine import _now, git_commit, machine
+from megatron.quant.training.run_lock import RunLockedError, run_locks
 from megatron.quant.training.signals import FORWARDER, SweepInterrupted
 from megatron.quant.training.sweep_plan import (CHECKPOINTS, SweepError, SweepRun, check_flags, plan_runs,
                                                 print_command, train_command)
@@ -172,14 +174,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``' integers; SweepError (a bounded excerpt of the value) for words, fractions, seeds
+    outside the trainer's range or a seed given twice (two runs would share one directory)."""
+    seeds = []
+    for token in text.replace(",", " ").split():
+        if not (token.isascii() and token.isdigit() and len(token) <= len(str(MAX_SEED))) or int(token) > MAX_SEED:
+            raise SweepError(f"--seeds {show_value(text)}: {show_value(token)} is not a seed; allowed: integers "
+                             f"0 to {MAX_SEED}, e.g. \"1 2 3\"")
+        if int(token) in seeds:
+            raise SweepError(f"--seeds {show_value(text)}: seed {int(token)} is given twice")
+        seeds.append(int(token))
+    return seeds
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     options = parser.parse_args(argv)
     options.flags = options.flags[1:] if options.flags[:1] == ["--"] else options.flags
-    try:
-        options.seeds = [int(seed) for seed in options.seeds.replace(",", " ").split()]
-    except ValueError:
-        parser.error(f"--seeds {options.seeds!r}: expected integers, e.g. \"1 2 3\"")
     options.baseline = options.baseline or None
     return options
 
@@ -188,7 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 every run finished or diverged, 1 a run crashed or stopped early, 2 bad input."""
     options = _parse(argv)
     try:
+        options.seeds = parse_seeds(options.seeds)
         args = check_flags(options.flags)
+        if args.seed in options.seeds:
+            raise SweepError(f"--seeds: seed {args.seed} is the training flags' --seed, which every recipe's own "
+                             "run has already; drop it")
         runs = plan_runs(options.recipes, options.seeds, options.baseline, options.ablate)
         if options.only is not None:
             chosen = [run for run in runs if run.name == options.only]
@@ -197,15 +213,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  f"{', '.join(run.name for run in runs)}")
             runs = chosen
         check_output_dir(options.output_dir, "OUTPUT_DIR")
-        statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
     except (SweepError, ArgumentError, OutputDirError) as error:
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2
-    launcher = shlex.split(options.launcher)
     if options.print:
         for run in runs:
             print(print_command(options.output_dir, options.recipes, run, options, options.flags))
         return 0
+    launcher = shlex.split(options.launcher)
+    try:
+        slots = parallel_slots(options.parallel, launcher) if options.parallel > 1 else None
+        with run_locks(options.output_dir, [run.name for run in runs]):  # read the statuses under the locks
+            statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
+            return _sweep(options, args, runs, statuses, launcher, slots)
+    except (SweepError, SlotError, RunLockedError) as error:
+        print(f"sweep: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _sweep(options: argparse.Namespace, args: argparse.Namespace, runs: Sequence[SweepRun], statuses: dict,
+           launcher: list[str], slots: list[dict[str, str]] | None) -> int:
+    """Execute ``runs`` (their locks held); the sweep's exit status."""
+
     def sweep_one(run: SweepRun, slot: dict[str, str] | None = None) -> str:
         run_dir = options.output_dir / run.name
         if statuses[run.name] in DONE:
@@ -221,11 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"sweep: {run.name}: {status}")
         return status
 
-    try:
-        slots = parallel_slots(options.parallel, launcher) if options.parallel > 1 else None
-    except (SweepError, SlotError) as error:
-        print(f"sweep: error: {error}", file=sys.stderr)
-        return 2
     try:
         with FORWARDER:
             done = (run_in_slots([lambda slot, run=run: sweep_one(run, slot) for run in runs], slots) if slots

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from megatron.quant.recipes.sets import RECIPE_SUFFIXES, SETS, expand_sets
 from megatron.quant.training.arguments import parse_args
+from megatron.quant.training.data import check_data
 
 
 CHECKPOINTS = "checkpoints"
@@ -122,6 +123,10 @@ def check_flags(flags: Sequence[str]) -> argparse.Namespace:
     given = [f"--{key.replace('_', '-')}" for key in _OWN_FLAGS if getattr(args, key) is not None]
     if given:
         raise SweepError(f"the sweep sets {', '.join(given)} per run (OUTPUT_DIR/<recipe>/); drop them")
+    try:  # once, before any run starts, not in every run's first step
+        check_data(args.data_path)
+    except ValueError as error:
+        raise SweepError(str(error)) from error
     return args
 
 

@@ -35,7 +35,9 @@ def recipes_html(rows: list[dict]) -> str:
         table(list(rows[0]), [_display(row, _recipe_number) for row in rows]),
         f"<p>Per seed run, loss = mean of its last {seed_stats.LAST_SHARE:.0%} of training losses; validation "
         "loss = its last one. Mean and sample std over a recipe's seeds (diverged runs, and incomplete ones "
-        "that stopped before the study's last iteration, counted, not averaged). "
+        "(not finished in their run.json: still running, interrupted, crashed; without one, stopped before the "
+        "study's last iteration) counted, not averaged; seeds that end at different iterations are not averaged, "
+        "and a recipe that ends elsewhere than the baseline gets no gap: the notes say so). "
         "Gap = mean / baseline mean − 1; ± = one std combined from both recipes' seed spreads. Beyond noise: "
         "|gap| exceeds the baseline's seed spread ((max − min) / mean of its seeds). All numbers in "
         f"<a href='{link(RECIPES_CSV)}'>{RECIPES_CSV}</a>.</p>"])

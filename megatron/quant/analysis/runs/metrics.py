@@ -62,6 +62,20 @@ def loss_notes(run: Run, baseline: Run) -> list[str]:
     return notes
 
 
+def length_notes(run: Run, baseline: Run) -> list[str]:
+    """What the gaps could not cover: no loss logged, or runs of different lengths (the gaps end
+    where the shorter one does)."""
+    steps, base = run.series(LOSS)[0], baseline.series(LOSS)[0]
+    if not steps.size:
+        return [f"no {LOSS} logged: nothing to compare"]
+    if run is baseline or not base.size or steps[-1] == base[-1]:
+        return []
+    if steps[-1] > base[-1]:
+        return [f"compared up to iteration {int(base[-1])}, where the baseline {baseline.name} stops "
+                f"(this run: {int(steps[-1])})"]
+    return [f"stops at iteration {int(steps[-1])}, the baseline {baseline.name} at {int(base[-1])}"]
+
+
 def _median(series: Series) -> float:
     return float(np.median(series[1])) if series[1].size else math.nan
 
@@ -87,7 +101,7 @@ def summarize(run: Run, baseline: Run, smoothing: float) -> dict:
     row["tokens/s"] = _median(run.series(TOKENS_PER_S))
     row["tokens/s vs baseline"] = row["tokens/s"] / _median(baseline.series(TOKENS_PER_S))
     row["final validation loss"] = float(validation[1][-1]) if validation[1].size else math.nan
-    row["notes"] = "; ".join(run.notes + loss_notes(run, baseline))
+    row["notes"] = "; ".join(run.notes + length_notes(run, baseline) + loss_notes(run, baseline))
     return row
 
 
@@ -117,10 +131,18 @@ def last_iteration(runs: Sequence[Run]) -> int:
     return max((int(run.series(LOSS)[0][-1]) for run in runs if run.series(LOSS)[0].size), default=-1)
 
 
+def _complete(run: Run, end: int) -> bool:
+    """Trained to its end: ``finished`` in its run.json (the sweep checked ``--train-iters``; a run killed
+    midway stays ``running``, ``interrupted`` or ``crashed``); without a status, as far as ``end``."""
+    if "status" in run.record:
+        return run.record["status"] == "finished"
+    return bool(run.series(LOSS)[0].size) and run.series(LOSS)[0][-1] >= end
+
+
 def _seed_runs(runs: Sequence[Run], end: int) -> list[seed_stats.SeedRun]:
-    """Runs that did not log iteration ``end`` (still running, interrupted) are incomplete."""
+    """Runs not trained to their end (still running, interrupted, or logging no loss) are incomplete."""
     return [seed_stats.SeedRun(run.series(LOSS), run.series(VALIDATION), run.diverged,
-                               bool(run.series(LOSS)[0].size) and run.series(LOSS)[0][-1] >= end) for run in runs]
+                               _complete(run, end) and bool(run.series(LOSS)[0].size)) for run in runs]
 
 
 def recipe_table(groups: dict[str, list[Run]], baseline: str) -> list[dict]:

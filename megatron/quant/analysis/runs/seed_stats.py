@@ -75,18 +75,32 @@ def recipe_row(recipe: str, runs: Sequence[SeedRun], baseline: Sequence[SeedRun]
     """The recipe table's row: loss and validation loss over seeds, gap to the baseline and whether
     it is beyond the baseline's seed spread. Diverged and incomplete runs are counted, not averaged
     (a run still training has a higher loss than it will end with)."""
-    finished = [run for run in runs if run.usable]
+    finished, notes = [run for run in runs if run.usable], []
+    ends, base_ends = _ends(finished), _ends([run for run in baseline if run.usable])
+    if len(ends) > 1:  # means over seeds of different lengths would mix earlier and later losses
+        notes.append(f"finished runs end at iterations {', '.join(map(str, ends))}: not averaged")
+        finished = []
     loss = spread([endpoint(run.loss[1]) for run in finished])
-    base = spread([endpoint(run.loss[1]) for run in baseline if run.usable])
+    base = spread([endpoint(run.loss[1]) for run in baseline if run.usable] if len(base_ends) == 1 else [])
     validation = spread([float(run.validation[1][-1]) for run in finished if run.validation[1].size])
     relative, uncertainty = gap(loss, base) if loss.n and base.n else (math.nan, math.nan)
+    if loss.n and base.n and ends != base_ends:
+        notes.append(f"ends at iteration {ends[0]}, the baseline at {base_ends[0]}: no gap")
+        relative, uncertainty = math.nan, math.nan
+    if any(not run.loss[0].size for run in runs):
+        notes.append(f"{sum(not run.loss[0].size for run in runs)} run(s) logged no training loss")
     noise = base.relative_range
     return {"recipe": recipe, "seeds": len(runs), "diverged": sum(run.diverged for run in runs),
             "incomplete": sum(not run.complete and not run.diverged for run in runs),
             "loss mean": loss.mean, "loss std": loss.std, "gap to baseline": relative, "gap ±": uncertainty,
             "baseline seed spread": noise,
             "beyond noise": None if math.isnan(noise) or math.isnan(relative) else bool(abs(relative) > noise),
-            "validation loss mean": validation.mean, "validation loss std": validation.std}
+            "validation loss mean": validation.mean, "validation loss std": validation.std, "notes": "; ".join(notes)}
+
+
+def _ends(runs: Sequence[SeedRun]) -> list[int]:
+    """The distinct last iterations of ``runs``' losses, sorted."""
+    return sorted({int(run.loss[0][-1]) for run in runs})
 
 
 def band(curves: Sequence[Series]) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:

@@ -1,0 +1,107 @@
+"""A study (corpus -> sweep -> report) under careless input: bad data, seeds, recipe names and
+TRAIN_ITERS are one line at start with status 2, before any run and with no report of "no runs";
+a run killed midway (run.json left "running") is resumed and its half-trained loss never averaged;
+a second sweep into the same OUTPUT_DIR refuses while the first runs; an OUTPUT_DIR with spaces works."""
+import json
+import os
+import shlex
+import sys
+
+import numpy as np
+import pytest
+
+from megatron.quant.training import sweep
+from megatron.quant.training.preprocess import write_indexed_dataset
+from megatron.quant.training.run_lock import run_locks
+from tests.reliability._faults import REPO, run_command
+from tests.training.test_sweep import FAKE_TRAIN
+
+FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
+
+
+@pytest.fixture
+def fake_launcher(tmp_path) -> str:
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    return shlex.join([sys.executable, str(tmp_path / "fake_train.py")])
+
+
+@pytest.mark.parametrize("seeds, message", [
+    ("1 two", "'two' is not a seed; allowed: integers 0 to 4294967295"),
+    ("1.5", "'1.5' is not a seed"),
+    ("-3", "'-3' is not a seed"),
+    (str(2**40), f"'{2**40}' is not a seed"),
+    ("1 2 1", "seed 1 is given twice"),
+    ("7" * 100_000, "'7777"),
+    ("1234", "seed 1234 is the training flags' --seed"),
+], ids=["word", "fraction", "negative", "huge", "duplicate", "100k digits", "base seed"])
+def test_bad_seeds_are_one_bounded_line(tmp_path, capsys, seeds, message):
+    assert sweep.main(["--seeds", seeds, str(tmp_path / "out"), "bf16", "--", *FLAGS]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1 and len(err) < 400, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_ablation_is_refused_before_anything_runs(tmp_path, capsys):
+    assert sweep.main(["--ablate", "te-nvfp9", str(tmp_path / "out"), "bf16", "--", *FLAGS]) == 2
+    assert "te-nvfp9" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "empty"])
+def test_bad_data_path_is_checked_once_before_any_run(tmp_path, capsys, fake_launcher, damage):
+    prefix = str(tmp_path / "data")
+    if damage != "missing":
+        write_indexed_dataset([] if damage == "empty" else [[1, 2, 3]], prefix, vocab_size=258)
+    if damage == "truncated":
+        os.truncate(prefix + ".bin", 2)
+    flags = ["--model", "llama-tiny", "--data-path", prefix, "--split", "1,1,0", "--train-iters", "4"]
+    assert sweep.main(["--launcher", fake_launcher, str(tmp_path / "out"), "bf16 hifp8", "--", *flags]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("sweep: error: --data-path: "), err
+    assert not (tmp_path / "out").exists()  # no run started
+
+
+def test_killed_run_is_resumed_and_a_second_sweep_refuses_meanwhile(tmp_path, capsys, fake_launcher):
+    out = tmp_path / "out dir"  # spaces in OUTPUT_DIR
+    assert sweep.main(["--launcher", fake_launcher, str(out), "bf16 hifp8", "--", *FLAGS]) == 0
+    # kill -9 in the middle of hifp8: its run.json stays "running", its checkpoint at iteration 2
+    record = json.loads((out / "hifp8" / "run.json").read_text())
+    (out / "hifp8" / "run.json").write_text(json.dumps(dict(record, status="running")))
+    (out / "hifp8" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    capsys.readouterr()
+    with run_locks(out, ["hifp8"]):  # another sweep is running hifp8
+        assert sweep.main(["--launcher", fake_launcher, str(out), "bf16 hifp8", "--", *FLAGS]) == 2
+        err = capsys.readouterr().err
+        assert f"run hifp8 in {out} is being run by another sweep (pid {os.getpid()})" in err
+    assert sweep.main(["--launcher", fake_launcher, str(out), "bf16 hifp8", "--", *FLAGS]) == 0
+    printed = capsys.readouterr().out
+    assert "bf16: finished already, skipped" in printed and f"resuming hifp8 in {out / 'hifp8'}" in printed
+    calls = [json.loads(line) for line in (out / "hifp8" / "calls.jsonl").read_text().splitlines()]
+    assert [call["start"] for call in calls] == [0, 2]
+
+
+def test_report_never_averages_a_half_trained_run(tmp_path):
+    from megatron.quant.analysis.runs.report import write_runs_report
+    from torch.utils.tensorboard import SummaryWriter
+
+    steps = np.arange(1, 41)
+    for name, last, status in (("bf16", 40, "finished"), ("bf16-seed1", 40, "finished"),
+                               ("hifp8", 40, "finished"), ("hifp8-seed1", 20, "running")):
+        writer = SummaryWriter(str(tmp_path / "runs" / name / "tensorboard"))
+        for step in steps[:last]:
+            writer.add_scalar("train/lm loss", 5.0 - np.log(step) * (1.1 if name == "hifp8-seed1" else 1.0), step)
+        writer.close()
+        (tmp_path / "runs" / name / "run.json").write_text(json.dumps({"recipe": name[:4] if "bf" in name else
+                                                                      "hifp8", "status": status}))
+    recipes = {row["recipe"]: row for row in write_runs_report(tmp_path / "runs", tmp_path / "report", "bf16").recipes}
+    assert recipes["hifp8"]["incomplete"] == 1
+    assert recipes["hifp8"]["loss mean"] == pytest.approx(recipes["bf16"]["loss mean"])  # seed1 not averaged in
+
+
+def test_study_script_refuses_train_iters_with_shell_syntax_before_anything(tmp_path):
+    marker = tmp_path / "ran"
+    result = run_command(["bash", "examples/study_cpu.sh", str(tmp_path / "study")], timeout=60,
+                         TRAIN_ITERS=f"a[$(touch {marker})]")
+    assert result.returncode == 2 and not marker.exists(), result.stderr
+    assert result.stderr.strip() == f"error: TRAIN_ITERS='a[$(touch {marker})]' is not an iteration count; " \
+                                    "allowed: an integer from 1 to 999999999"
+    assert not (tmp_path / "study").exists()
