@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the fixture trains and saves a model; one test resumes it
+
 TINY = ["--model", "llama-tiny", "--num-layers", "1", "--seq-length", "16", "--mock-data", "--eval-iters", "0",
         "--lr", "1e-3"]
 
