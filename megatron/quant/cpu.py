@@ -2,7 +2,8 @@
 
 megatron-core assumes CUDA in a few places: its RNG tracker forks CUDA generator states,
 several modules allocate on ``torch.cuda.current_device()``, the default causal mask is
-built with ``device="cuda"``, and the checkpoint writer calls ``torch.cuda.synchronize()``. On a machine without CUDA, :func:`enable_cpu_compat` swaps in
+built with ``device="cuda"``, the checkpoint writer calls ``torch.cuda.synchronize()`` and the
+gradient sync ``torch.cuda.current_stream()``. On a machine without CUDA, :func:`enable_cpu_compat` swaps in
 CPU equivalents so GPTModel builds, runs forward/backward, and runs tensor parallelism over
 gloo. With CUDA present it does nothing.
 """
@@ -27,6 +28,22 @@ def _cpu_synchronize(device=None) -> None:
     # dist_checkpointing's writer synchronizes unconditionally; raising there on one rank
     # while the others wait in a collective is the checkpoint hang seen on CPU.
     return None
+
+
+class _CpuStream:
+    """The stream CPU work runs on: everything is already ordered, so it waits on nothing."""
+
+    def wait_event(self, event) -> None:
+        return None
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+
+def _cpu_current_stream(device=None) -> _CpuStream:
+    # megatron-core 0.19's gradient sync waits on CUDA-graph events of the current stream
+    # without asking whether there is a GPU.
+    return _CpuStream()
 
 
 def _make_cpu_rng_tracker():
@@ -91,6 +108,7 @@ def enable_cpu_compat() -> bool:
 
     torch.cuda.current_device = _cpu_current_device
     torch.cuda.synchronize = _cpu_synchronize
+    torch.cuda.current_stream = _cpu_current_stream
     tracker_cls = _make_cpu_rng_tracker()
     mrandom._CUDA_RNG_STATE_TRACKER = tracker_cls()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

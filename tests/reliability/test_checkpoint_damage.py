@@ -33,11 +33,14 @@ def copy(saved, tmp_path) -> Path:
 
 
 def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:100])
+    data = path.read_bytes()
+    path.write_bytes(data[:min(100, len(data) // 2)])
 
 
-@pytest.mark.parametrize("name", ["__0_0.distcp", "common.pt", ".metadata", "metadata.json"])
+@pytest.mark.parametrize("name", ["__0_0.distcp", ".metadata", "metadata.json", "common.pt"])
 def test_truncated_file_is_named_with_the_intact_checkpoint(copy, name):
+    if not (copy / "iter_0000002" / name).exists():  # megatron-core >= 0.19 keeps it inside __0_0.distcp
+        pytest.skip(f"this megatron-core writes no {name}")
     _truncate(copy / "iter_0000002" / name)
     result = _train("--train-iters", "3", "--load", str(copy))
     assert_one_line_error(result, "iter_0000002", name, "intact checkpoints", "iterations 1",
@@ -52,7 +55,7 @@ def test_tracker_naming_a_deleted_iteration_points_to_the_intact_one(copy):
 
 
 def test_no_intact_checkpoint_is_said_so(copy):
-    _truncate(copy / "iter_0000001" / "common.pt")
+    _truncate(copy / "iter_0000001" / "__0_0.distcp")
     _truncate(copy / "iter_0000002" / ".metadata")
     result = _train("--train-iters", "3", "--load", str(copy))
     assert_one_line_error(result, ".metadata", "no intact checkpoint")

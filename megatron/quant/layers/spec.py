@@ -20,6 +20,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
+from megatron.quant.compat import replace_mlp_submodules
 from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
 from megatron.quant.layers import recompute
@@ -44,8 +45,7 @@ def llama_layer_spec() -> ModuleSpec:
     attention = replace(attention, submodules=replace(
         attention.submodules, linear_qkv=QuantColumnParallelLinear, core_attention=QuantDotProductAttention,
         linear_proj=QuantRowParallelLinear))
-    mlp = replace(mlp, submodules=replace(mlp.submodules, linear_fc1=QuantColumnParallelLinear,
-                                          linear_fc2=QuantRowParallelLinear))
+    mlp = replace_mlp_submodules(mlp, linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear)
     return replace(spec, submodules=replace(spec.submodules, self_attention=attention, mlp=mlp))
 
 

@@ -1,6 +1,7 @@
 """Is one iteration's checkpoint directory intact? Checks every file megatron-core's
-torch_dist format and the run config need, without loading any tensor, so a damaged
-checkpoint is reported by file name instead of by a traceback deep inside the loader."""
+torch_dist format and the run config need, as the checkpoint's own index lists them, without
+loading any tensor, so a damaged checkpoint is reported by file name instead of by a traceback
+deep inside the loader."""
 from __future__ import annotations
 
 import json
@@ -8,21 +9,18 @@ import os
 import zipfile
 from typing import Optional
 
-# megatron-core torch_dist: format description, PyTorch DCP index, non-tensor state.
+from megatron.quant.compat import COMMON_STATE_FILE, COMMON_STATE_KEY
+
+# megatron-core torch_dist: format description, PyTorch DCP index.
 MEGATRON_METADATA = "metadata.json"
 DCP_METADATA = ".metadata"
-COMMON_STATE = "common.pt"
 
 
 def find_damage(directory: str) -> Optional[str]:
     """``"FILE: what is wrong"`` for the first damaged or missing file; None when intact."""
     if not os.path.isdir(directory):
         return f"{directory}: no such directory"
-    for check in (_json_files, _common_state, _tensor_files):
-        problem = check(directory)
-        if problem is not None:
-            return problem
-    return None
+    return _json_files(directory) or _indexed_files(directory)
 
 
 def _json_files(directory: str) -> Optional[str]:
@@ -38,25 +36,19 @@ def _json_files(directory: str) -> Optional[str]:
     return None
 
 
-def _common_state(directory: str) -> Optional[str]:
-    path = os.path.join(directory, COMMON_STATE)
-    if not os.path.isfile(path):
-        return f"{COMMON_STATE}: missing"
-    try:  # torch.save writes a zip archive; its CRCs catch truncation and bit rot
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except (OSError, zipfile.BadZipFile) as error:
-        return f"{COMMON_STATE}: not a readable torch file ({first_line(error)})"
-    return None if bad is None else f"{COMMON_STATE}: corrupt member {bad}"
-
-
-def _tensor_files(directory: str) -> Optional[str]:
+def _indexed_files(directory: str) -> Optional[str]:
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
         metadata = FileSystemReader(directory).read_metadata()
     except Exception as error:  # pickle raises many types for a damaged index
         return f"{DCP_METADATA}: unreadable ({type(error).__name__}: {first_line(error)})"
+    # The non-tensor state is either an entry of the index (then the size check below covers
+    # it) or, in checkpoints that do not index it, a separate torch file.
+    if COMMON_STATE_KEY not in metadata.state_dict_metadata:
+        problem = _common_state_file(directory)
+        if problem is not None:
+            return problem
     needed: dict[str, int] = {}  # each .distcp file must reach the end of its last tensor
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -68,6 +60,18 @@ def _tensor_files(directory: str) -> Optional[str]:
         if actual < size:
             return f"{name}: truncated ({actual} bytes, the index needs {size})"
     return None
+
+
+def _common_state_file(directory: str) -> Optional[str]:
+    path = os.path.join(directory, COMMON_STATE_FILE)
+    if not os.path.isfile(path):
+        return f"{COMMON_STATE_FILE}: missing (the index {DCP_METADATA} does not hold the common state either)"
+    try:  # torch.save writes a zip archive; its CRCs catch truncation and bit rot
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile) as error:
+        return f"{COMMON_STATE_FILE}: not a readable torch file ({first_line(error)})"
+    return None if bad is None else f"{COMMON_STATE_FILE}: corrupt member {bad}"
 
 
 def first_line(error: BaseException) -> str:
