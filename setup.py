@@ -8,11 +8,15 @@ setup(
     name="megatron-quant",
     version="0.1.0",
     description="Fake-quantized GEMM operands (HiFloat8, MX, NVFP4, FP8) for megatron-core Llama training, with tensor capture and analysis",
-    python_requires=">=3.10",
+    # Tested on 3.11 (megatron-core 0.16) and 3.12 (megatron-core 0.19): docs/training.md#megatron-core-versions.
+    python_requires=">=3.11",
     packages=find_namespace_packages(include=["megatron.quant", "megatron.quant.*"]),
     install_requires=[
-        "torch>=2.4,<2.14",
-        "megatron-core>=0.16,<0.17",
+        # megatron-core's own floor; the CPU build comes from PyTorch's CPU index (README).
+        "torch>=2.6,<2.14",
+        # 0.17 and later need Python 3.12; the differences are bridged in megatron/quant/compat.py.
+        "megatron-core>=0.16,<0.17; python_version < '3.12'",
+        "megatron-core>=0.16,<0.20; python_version >= '3.12'",
         "numpy>=1.24",
         "pyyaml>=6",
         "matplotlib>=3.7",

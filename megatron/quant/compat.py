@@ -32,8 +32,18 @@ def replace_mlp_submodules(mlp: Any, **linears: type) -> Any:
     return replace(mlp, submodules=replace(mlp.submodules, **linears))
 
 
-# 0.19: dist_checkpointing.save stores the common (non-tensor) state as the ShardedObject
-# "common_state" inside the PyTorch DCP files, listed in their index under this key; earlier
-# releases have no such entry and write it to a separate torch file. The loader reads either.
+# 0.19 (Megatron-LM PR 5160): dist_checkpointing.save stores the common (non-tensor) state as the ShardedObject
+# "common_state" inside the PyTorch DCP files, listed in their index under this key, and its loader
+# reads that layout or the older one; earlier releases write and read only a separate torch file.
 COMMON_STATE_KEY = "common_state/shard_0_1"
 COMMON_STATE_FILE = "common.pt"
+
+
+@functools.cache
+def reads_indexed_common_state() -> bool:
+    """Whether the installed megatron-core loads a common state kept inside the DCP files."""
+    try:  # the separate file's load strategy went away with the file
+        from megatron.core.dist_checkpointing.strategies.common import TorchCommonLoadStrategy  # noqa: F401
+    except ImportError:
+        return True
+    return False

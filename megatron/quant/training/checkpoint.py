@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.quant.recipes.delayed import HISTORIES
-from megatron.quant.training.checkpoint_files import find_damage, first_line
+from megatron.quant.training.checkpoint_files import find_damage, first_line, unreadable_here
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # Megatron-LM's default for the distributed optimizer: fully parallel I/O, reshardable over DP.
@@ -101,12 +101,16 @@ def resolve_checkpoint_dir(path: str, step: int | None = None) -> str:
 
 
 def verified_checkpoint_dir(path: str, step: int | None = None) -> str:
-    """``resolve_checkpoint_dir``, then CheckpointError when a file of that checkpoint is damaged."""
+    """``resolve_checkpoint_dir``, then CheckpointError when a file of that checkpoint is damaged
+    or the installed megatron-core cannot read its layout."""
     directory = resolve_checkpoint_dir(path, step)
     damage = find_damage(directory)
     if damage is not None:
         root = os.path.dirname(os.path.normpath(directory))
         raise CheckpointError(f"checkpoint {directory} is damaged: {damage}; {fallback_hint(root)}")
+    reason = unreadable_here(directory)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint {directory} cannot be loaded here: {reason}")
     return directory
 
 

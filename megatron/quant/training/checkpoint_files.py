@@ -9,7 +9,7 @@ import os
 import zipfile
 from typing import Optional
 
-from megatron.quant.compat import COMMON_STATE_FILE, COMMON_STATE_KEY
+from megatron.quant.compat import COMMON_STATE_FILE, COMMON_STATE_KEY, reads_indexed_common_state
 
 # megatron-core torch_dist: format description, PyTorch DCP index.
 MEGATRON_METADATA = "metadata.json"
@@ -21,6 +21,18 @@ def find_damage(directory: str) -> Optional[str]:
     if not os.path.isdir(directory):
         return f"{directory}: no such directory"
     return _json_files(directory) or _indexed_files(directory)
+
+
+def unreadable_here(directory: str) -> Optional[str]:
+    """Why the installed megatron-core cannot load the intact checkpoint in ``directory``; None
+    when it can."""
+    if reads_indexed_common_state() or os.path.isfile(os.path.join(directory, COMMON_STATE_FILE)):
+        return None
+    from megatron.core import __version__
+
+    return (f"it keeps its non-tensor state inside its tensor files (the layout megatron-core 0.19 writes) and "
+            f"megatron-core {__version__} reads that state only from {COMMON_STATE_FILE}; load it with "
+            f"megatron-core 0.19 or later (Python 3.12)")
 
 
 def _json_files(directory: str) -> Optional[str]:
