@@ -1,7 +1,7 @@
 #!/bin/bash
 # Quickstart (CPU, a few minutes): train a tiny Llama with a fake-quantized format, capture one
 # iteration's GEMM operands, render the report with a what-if comparison of formats.
-#   pip install torch==2.13.0 && pip install -e .[test]
+#   set up as README.md says (torch, then pip install -e ".[test]")
 #   bash examples/quickstart.sh
 # CUSTOM_QUANT_TYPE (default hifp8), OUT (default ./quickstart_out), TENSOR_SAVER_ITERATION (default 16).
 set -euo pipefail

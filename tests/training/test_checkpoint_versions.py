@@ -35,7 +35,7 @@ def pythons() -> tuple[str, str]:
 
 
 def _train(python: str, *flags: str) -> subprocess.CompletedProcess:
-    return run_command([python, "-m", "megatron.quant.train", *RUN, *flags], timeout=300)
+    return run_command([python, "-m", "megatron.quant.training", *RUN, *flags], timeout=300)
 
 
 def _losses(result: subprocess.CompletedProcess) -> dict[int, str]:
