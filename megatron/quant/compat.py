@@ -1,15 +1,12 @@
 """What differs between the megatron-core releases this package supports (0.16 to 0.19).
 
-Every difference that needs code is handled here, once, by looking at what the installed
-megatron-core provides rather than at its version number. Differences the rest of the package
-absorbs without a branch, for the record:
+Each difference that needs a branch is here, decided once from what the installed megatron-core
+provides, not from its version number. Releases named are the two that ran (0.16.1, 0.19.2); 0.17
+and 0.18 were not checked. Differences absorbed elsewhere without a branch:
 
 - 0.19: ``ParamAndGradBuffer``'s gradient sync waits on CUDA-graph events through
-  ``torch.cuda.current_stream()`` with no GPU check; ``cpu.py`` gives CPU runs a stream that
-  waits on nothing.
-- 0.19: ``dist_checkpointing`` stores the non-tensor state inside the PyTorch DCP files instead
-  of a separate ``common.pt``; ``training/checkpoint_files.py`` checks the files the
-  checkpoint's own metadata names.
+  ``torch.cuda.current_stream()`` without checking for a GPU; ``cpu.py`` gives CPU runs a
+  stream that waits on nothing.
 - 0.19: constructing ``GPTModel`` logs that it is deprecated in favour of ``HybridModel``, which
   0.16 does not have; the Llama model stays a GPTModel (docs/training.md#megatron-core-versions).
 """
@@ -32,9 +29,10 @@ def replace_mlp_submodules(mlp: Any, **linears: type) -> Any:
     return replace(mlp, submodules=replace(mlp.submodules, **linears))
 
 
-# 0.19 (Megatron-LM PR 5160): dist_checkpointing.save stores the common (non-tensor) state as the ShardedObject
-# "common_state" inside the PyTorch DCP files, listed in their index under this key, and its loader
-# reads that layout or the older one; earlier releases write and read only a separate torch file.
+# 0.19 (Megatron-LM PR 5160): dist_checkpointing.save stores the common (non-tensor) state as the
+# ShardedObject "common_state" inside the PyTorch DCP files, listed in their index under this key,
+# and its loader reads that layout or the older one; 0.16 writes and reads only a separate file.
+# training/checkpoint_files.py checks what the index lists.
 COMMON_STATE_KEY = "common_state/shard_0_1"
 COMMON_STATE_FILE = "common.pt"
 
