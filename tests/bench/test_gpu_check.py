@@ -13,6 +13,7 @@ from bench.gpu import cli
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # its train stage launches training processes
 def test_the_dry_run_writes_every_stage_with_its_fields(tmp_path):
     done = subprocess.run([sys.executable, "bench/gpu_check.py", "--dry-run", "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)

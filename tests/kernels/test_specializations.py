@@ -47,6 +47,7 @@ class Specialising:
         return launch
 
 
+@pytest.mark.slow  # a training run
 @pytest.mark.parametrize("recipe", ["mxfp4+sr+rht"])  # block, dual-axis, SR and Hadamard kernels
 def test_no_kernel_specialisation_is_new_after_the_first_iteration(monkeypatch, kernel_device, recipe):
     from megatron.quant.training.main import main

@@ -8,6 +8,8 @@ import pytest
 
 from tests.reliability._faults import assert_one_line_error, python_module
 
+pytestmark = pytest.mark.slow  # every test launches a training process
+
 TINY = ["--model", "llama-tiny", "--num-layers", "1", "--seq-length", "16", "--mock-data",
         "--eval-iters", "0", "--lr", "1e-3", "--log-interval", "1"]
 

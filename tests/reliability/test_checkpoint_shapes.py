@@ -5,6 +5,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.slow  # trains a checkpoint, then resumes from it per case
+
 TINY = ["--model", "llama-tiny", "--num-layers", "1", "--seq-length", "16", "--mock-data", "--eval-iters", "0",
         "--lr", "1e-3", "--fp8-recipe", "delayed", "--fp8-format", "hybrid"]
 

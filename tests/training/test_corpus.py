@@ -38,6 +38,7 @@ def test_indexed_dataset_holds_the_documents_in_jsonl_order(built_corpus):
     assert [np.asarray(dataset[i]).tolist() for i in range(len(dataset))] == expected
 
 
+@pytest.mark.slow
 def test_a_training_step_reads_the_corpus_and_validates_on_the_held_out_split(one_rank):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -78,6 +78,7 @@ def test_bad_entries_are_one_line(tmp_path, change, message):
     assert message in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
     """Corpus with its own tokenizer, the plan's first run (the budget buys one), trained on a toy
     model through the sweep, its ledger entry written and read by the runs report; then the ledger

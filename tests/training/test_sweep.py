@@ -115,6 +115,7 @@ def test_unknown_baseline_and_only_name_the_runs(tmp_path, capsys):
     assert "--only 'nvfp4' is not one of the sweep's runs: bf16, hifp8" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_and_is_recorded_as_diverged(one_rank):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

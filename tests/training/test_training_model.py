@@ -7,12 +7,14 @@ from megatron.quant.training.presets import get_preset
 from tests.training.conftest import HF_VOCAB, accounting_shapes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tied", "untied_llama3_rope"])
 def test_hf_import_matches_hf_logits(one_rank, hf_models, name):
     expected = hf_models[name][2]
     torch.testing.assert_close(one_rank[f"hf_{name}"][..., :HF_VOCAB], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_hf_import_at_tensor_parallel_2(two_ranks, hf_models):
     expected = hf_models["untied_llama3_rope"][2]
     # Vocab-parallel output: rank r holds the r-th slice of the (padded) vocabulary.
@@ -20,6 +22,7 @@ def test_hf_import_at_tensor_parallel_2(two_ranks, hf_models):
     torch.testing.assert_close(ours[..., :HF_VOCAB], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tied", "untied"])
 def test_parameter_and_flop_formulas_match_the_built_model(one_rank, name):
     shape = accounting_shapes()[name]

@@ -7,6 +7,8 @@ import pytest
 from megatron.quant.training import checkpoint
 from tests.training.conftest import ITERS, PRESETS
 
+pytestmark = pytest.mark.slow  # every test reads the session's training runs (one_rank, two_ranks)
+
 
 def _losses(history):
     return [h["lm loss"] for h in history]
