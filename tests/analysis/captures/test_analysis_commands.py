@@ -12,7 +12,7 @@ from PIL import Image
 
 from capture_fixture import FAST
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 QUANT_TYPES = ("bf16", "hifp8", "mxfp4", "mxfp8")
 QUICK = {"quick_analysis.png", "tensor_stats.txt"}
 BASIC = {"distributions", "heatmaps", "comparisons", "statistics", "attention_analysis"}

@@ -13,7 +13,7 @@ import torch
 from capture_fixture import FAST, tiny_run
 from megatron.quant.analysis.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _small_run(root: Path) -> list[Path]:
