@@ -4,17 +4,20 @@
     y = fmt.quantize(x, axis=-1)              # quantize, then dequantize; x's shape and dtype
     y, scale = fmt.quantize_with_scale(x)     # the element grid was applied to x / scale
 
+Everything a format object offers is ``QuantFormat`` (``interface.py``).
 ``python -m megatron.quant.formats list`` shows every format; ``... values hifp8`` prints
 a format's codes and values. Nothing here imports Megatron.
 """
 from .base import NumericFormat, abs_max
 from .hifloat8 import HiFloat8Format
+from .interface import QuantFormat
 from .registry import ALIASES, canonical_name, get_format, is_passthrough, list_formats, quantize
 
 __all__ = [
     "ALIASES",
     "HiFloat8Format",
     "NumericFormat",
+    "QuantFormat",
     "abs_max",
     "canonical_name",
     "get_format",
