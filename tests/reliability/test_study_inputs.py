@@ -105,3 +105,41 @@ def test_study_script_refuses_train_iters_with_shell_syntax_before_anything(tmp_
     assert result.stderr.strip() == f"error: TRAIN_ITERS='a[$(touch {marker})]' is not an iteration count; " \
                                     "allowed: an integer from 1 to 999999999"
     assert not (tmp_path / "study").exists()
+
+
+def test_runs_table_says_what_it_could_not_compare(tmp_path):
+    """Runs of different lengths, uneven seed sets, a one-point run, a run without a loss tag and a
+    NaN seed run: rows and notes, never a traceback."""
+    from megatron.quant.analysis.runs.report import write_runs_report
+    from torch.utils.tensorboard import SummaryWriter
+
+    def run(name, steps, losses, tag="train/lm loss"):
+        writer = SummaryWriter(str(tmp_path / "runs" / name / "tensorboard"))
+        for step, value in zip(steps, losses):
+            writer.add_scalar(tag, float(value), int(step))
+        writer.close()
+        (tmp_path / "runs" / name / "run.json").write_text(json.dumps({"recipe": name.split("-seed")[0],
+                                                                      "status": "finished"}))
+
+    steps = np.arange(1, 41)
+    run("bf16", steps, 5 - np.log(steps))
+    run("bf16-seed1", steps, 5 - np.log(steps) + 0.01)
+    run("hifp8", np.arange(1, 61), 5 - np.log(np.arange(1, 61)))  # longer than the baseline
+    run("hifp8-seed1", steps, 5 - np.log(steps))                     # and its seed ends elsewhere
+    run("hifp8-seed2", steps, 5 - np.log(steps))
+    run("mxfp8", [1], [5.0])                                        # one point
+    run("mxfp8-seed1", steps, np.full(40, np.nan))                  # a NaN seed run
+    run("notag", steps, 5 - np.log(steps), tag="train/grad norm")   # no loss tag
+    report = write_runs_report(tmp_path / "runs", tmp_path / "report", "bf16")
+    rows = {row["run"]: row for row in report.rows}
+    assert rows["hifp8"]["notes"] == "compared up to iteration 40, where the baseline bf16 stops (this run: 60)"
+    assert rows["mxfp8"]["notes"] == "stops at iteration 1, the baseline bf16 at 40"
+    assert rows["notag"]["notes"] == "no train/lm loss logged: nothing to compare"
+    assert "loss not finite from iteration 1" in rows["mxfp8-seed1"]["notes"]
+    recipes = {row["recipe"]: row for row in report.recipes}
+    assert recipes["hifp8"]["notes"] == "finished runs end at iterations 40, 60: not averaged"
+    assert np.isnan(recipes["hifp8"]["loss mean"]) and np.isnan(recipes["hifp8"]["gap to baseline"])
+    assert recipes["mxfp8"]["notes"] == "ends at iteration 1, the baseline at 40: no gap"
+    assert recipes["mxfp8"]["diverged"] == 1
+    assert recipes["notag"]["notes"] == "1 run(s) logged no training loss"
+    assert "finished runs end at iterations 40, 60: not averaged" in report.index.read_text()
