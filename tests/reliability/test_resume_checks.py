@@ -8,8 +8,6 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the fixture trains and saves a model; one test resumes it
-
 TINY = ["--model", "llama-tiny", "--num-layers", "1", "--seq-length", "16", "--mock-data", "--eval-iters", "0",
         "--lr", "1e-3"]
 
@@ -40,12 +38,14 @@ def _accepted(capsys, *argv: str) -> None:
     assert "arguments OK" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the saved fixture trains a model
 def test_train_iters_below_the_checkpoint_is_refused(saved, capsys):
     err = _refused(capsys, "--train-iters", "1", "--load", str(saved))
     assert f"--train-iters 1 is below the iteration of checkpoint {saved}/iter_0000002 (2); give --train-iters 2 " \
            "or more" in err
 
 
+@pytest.mark.slow  # the saved fixture trains a model
 def test_another_tensor_parallel_size_needs_no_load_rng(saved, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     err = _refused(capsys, "--train-iters", "3", "--load", str(saved), "--tensor-model-parallel-size", "2")
@@ -53,18 +53,21 @@ def test_another_tensor_parallel_size_needs_no_load_rng(saved, capsys, monkeypat
     _accepted(capsys, "--train-iters", "3", "--load", str(saved), "--tensor-model-parallel-size", "2", "--no-load-rng")
 
 
+@pytest.mark.slow  # the saved fixture trains a model
 def test_another_precision_needs_no_load_optim(saved, capsys):
     err = _refused(capsys, "--train-iters", "3", "--load", str(saved), "--bf16")
     assert "was saved with precision fp32, this run uses bf16" in err and "--no-load-optim" in err
     _accepted(capsys, "--train-iters", "3", "--load", str(saved), "--bf16", "--no-load-optim")
 
 
-def test_save_that_is_a_file_is_refused_at_start(tmp_path, capsys):
+@pytest.mark.parametrize("option", ["--save", "--tensorboard-dir", "--data-cache-path"])
+def test_output_paths_that_are_files_are_refused_at_start(tmp_path, capsys, option):
     (tmp_path / "file").write_text("x")
-    err = _refused(capsys, "--train-iters", "1", "--save", str(tmp_path / "file"))
-    assert f"--save {tmp_path / 'file'} is an existing file, not a directory" in err
+    err = _refused(capsys, "--train-iters", "1", option, str(tmp_path / "file" / "sub"))
+    assert f"{option} {tmp_path / 'file' / 'sub'}: {tmp_path / 'file'} is an existing file, not a directory" in err
 
 
+@pytest.mark.slow  # the saved fixture trains a model
 def test_another_recipe_resumes_and_a_finished_run_trains_nothing(saved, tmp_path, monkeypatch):
     from megatron.quant.training.main import main
 

@@ -163,7 +163,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
                                  roles=recipe.capture_roles(shape["num_layers"]))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
-    for option in ("save", "tensorboard_dir"):  # refused now, not at the first save an hour in
+    for option in ("save", "tensorboard_dir", "data_cache_path"):  # refused now, not at the first write
         if getattr(args, option):
             check_output_dir(Path(getattr(args, option)), f"--{option.replace('_', '-')}")
     check_data(args.data_path)
