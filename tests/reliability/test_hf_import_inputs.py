@@ -40,8 +40,10 @@ def hf_dir(tmp_path):
     ({**CONFIG, "hidden_size": None}, "config.json has no 'hidden_size'"),
     ({**CONFIG, "num_attention_heads": 0}, "num_attention_heads is 0; allowed: a positive integer"),
     ({**CONFIG, "num_hidden_layers": "x" * 10_000}, "num_hidden_layers is 'xxxx"),
-    ({**CONFIG, "rms_norm_eps": -1}, "rms_norm_eps is -1; allowed: a positive number"),
+    ({**CONFIG, "rms_norm_eps": -1}, "rms_norm_eps is -1; allowed: a positive finite number"),
     ({**CONFIG, "rope_scaling": "yes"}, "rope_scaling is 'yes', not an object"),
+    ({**CONFIG, "rms_norm_eps": 10**400}, "rms_norm_eps is 1000"),
+    ({**CONFIG, "hidden_size": 10**400, "head_dim": 1}, "head_dim 1 x heads 2 != hidden_size 1000"),
 ])
 def test_bad_config_is_one_bounded_line(hf_dir, config, message):
     path = hf_dir / "config.json"
@@ -66,6 +68,8 @@ def _truncate(path):
     (lambda d: save_file({**_tensors(), "model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 8)},
                          str(d / "model.safetensors")),
      "model.layers.0.self_attn.k_proj.weight in "),
+    (lambda d: (d / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": 10**15})),
+     "'model.layers.1.self_attn.q_proj.weight' is missing"),  # stops at the first missing layer
 ])
 def test_damaged_or_mismatched_weights_are_found_from_the_headers(hf_dir, damage, message):
     damage(hf_dir)
@@ -78,7 +82,8 @@ def test_intact_directory_passes_and_the_trainer_refuses_a_mismatch_at_start(hf_
     from megatron.quant.training.main import main
 
     check_hf_checkpoint(str(hf_dir), dict(hf_shape(str(hf_dir)), untie_embeddings_and_output_weights=True))
-    save_file({**_tensors(), "model.layers.0.mlp.up_proj.weight": torch.zeros(12, 8)}, str(hf_dir / "model.safetensors"))
+    save_file({**_tensors(), "model.layers.0.mlp.up_proj.weight": torch.zeros(12, 8)},
+              str(hf_dir / "model.safetensors"))
     with pytest.raises(SystemExit) as exc:
         main(["--hf-checkpoint", str(hf_dir), "--mock-data", "--train-iters", "1", "--check-args"])
     err = capsys.readouterr().err.strip()

@@ -56,7 +56,8 @@ _SCRIPT = textwrap.dedent("""
 def test_broken_triton_is_hidden_on_auto_and_refused_for_triton(tmp_path, kind):
     (tmp_path / "triton").mkdir()
     (tmp_path / "triton" / "__init__.py").write_text(_BROKEN_TRITON[kind])
-    result = run_command([sys.executable, "-c", _SCRIPT, "train" if kind == "raises" else "import"], timeout=300, PYTHONPATH=f"{tmp_path}:{REPO}",
+    result = run_command([sys.executable, "-c", _SCRIPT, "train" if kind == "raises" else "import"], timeout=300,
+                         PYTHONPATH=f"{tmp_path}:{REPO}",
                          CUSTOM_QUANT_KERNELS="auto", TRITON_INTERPRET="0")
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert ("trained 1" in result.stdout) == (kind == "raises")
@@ -74,7 +75,8 @@ def test_hadamard_that_does_not_divide_the_tokens_is_refused_at_start(preset, mi
     with pytest.raises(ValueError) as error:
         check_hadamard_fit(recipe, 2, micro_batch, seq)
     assert f"applies hadamard={size} along the tokens" in str(error.value)
-    assert f"holds {micro_batch * seq} tokens (--micro-batch-size {micro_batch} x --seq-length {seq})" in str(error.value)
+    tokens = f"holds {micro_batch * seq} tokens (--micro-batch-size {micro_batch} x --seq-length {seq})"
+    assert tokens in str(error.value)
     check_hadamard_fit(recipe, 2, micro_batch, 64)  # a multiple fits
 
 

@@ -13,7 +13,7 @@ import pytest
 from megatron.quant.training import sweep
 from megatron.quant.training.preprocess import write_indexed_dataset
 from megatron.quant.training.run_lock import run_locks
-from tests.reliability._faults import REPO, run_command
+from tests.reliability._faults import run_command
 from tests.training.test_sweep import FAKE_TRAIN
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]

@@ -51,8 +51,8 @@ def backend(environ: Optional[Mapping[str, str]] = None) -> Backend:
         raise ValueError(f"{ENV}={show_value(env[ENV])} is not a kernel backend; allowed: {', '.join(BACKENDS)}")
     if value == "triton" and not triton_available():
         problem = triton_failure() or "Triton is not installed"
-        raise ValueError(f"{ENV}=triton cannot be used: {problem}; install a working Triton (pip install triton) or use "
-                         f"{ENV}=auto or torch")
+        raise ValueError(f"{ENV}=triton cannot be used: {problem}; install a working Triton (pip install triton) "
+                         f"or use {ENV}=auto or torch")
     return value
 
 

@@ -139,7 +139,9 @@ def check_resume(directory: str, args) -> None:
                               f"({int(match.group(1))}); give --train-iters {int(match.group(1))} or more, or load "
                               f"an earlier one with --ckpt-step N")
     with open(os.path.join(directory, RUN_CONFIG), encoding="utf-8") as f:
-        saved = json.load(f).get("args") or {}
+        config = json.load(f)  # parsed already by find_damage; its shape is not checked there
+    saved = config.get("args") if isinstance(config, dict) else None
+    saved = saved if isinstance(saved, dict) else {}
     now = vars(args)
     if not args.no_load_rng and None not in _layout(saved) and _layout(saved) != _layout(now):
         raise CheckpointError(

@@ -13,7 +13,7 @@ import glob
 import json
 import math
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -46,16 +46,21 @@ def _read_config(path: str) -> dict:
 def _number(cfg: dict, key: str, path: str, kind: type = int, default: Any = None) -> Any:
     """``cfg[key]``: a positive int (``kind`` int) or a positive finite number (float); HFCheckpointError
     naming config.json, the key and the value otherwise."""
+    config_file = os.path.join(path, "config.json")
     value = cfg.get(key)
     if value is None:
         value = default
     if value is None:
-        raise HFCheckpointError(f"{os.path.join(path, 'config.json')} has no {key!r}; a Llama config.json needs it")
+        raise HFCheckpointError(f"{config_file} has no {key!r}; a Llama config.json needs it")
     valid = not isinstance(value, bool) and (isinstance(value, int) if kind is int else isinstance(value, (int, float)))
-    if not (valid and math.isfinite(value) and value > 0):
-        allowed = "a positive integer" if kind is int else "a positive number"
-        raise HFCheckpointError(f"{os.path.join(path, 'config.json')}: {key} is {show_value(value)}; allowed: {allowed}")
-    return kind(value)
+    try:
+        number = kind(value) if valid else None
+    except OverflowError:  # an integer beyond any float
+        number = None
+    if number is None or (isinstance(number, float) and not math.isfinite(number)) or number <= 0:
+        allowed = "a positive integer" if kind is int else "a positive finite number"
+        raise HFCheckpointError(f"{config_file}: {key} is {show_value(value)}; allowed: {allowed}")
+    return number
 
 
 def is_hf_directory(path: str) -> bool:
@@ -72,11 +77,13 @@ def hf_shape(path: str) -> dict:
     hidden, heads = _number(cfg, "hidden_size", path), _number(cfg, "num_attention_heads", path)
     head_dim = _number(cfg, "head_dim", path, default=hidden // heads or 1)
     if head_dim * heads != hidden:
-        raise HFCheckpointError(f"head_dim {head_dim} x heads {heads} != hidden_size {hidden}: "
+        raise HFCheckpointError(f"head_dim {show_value(head_dim)} x heads {show_value(heads)} != hidden_size "
+                                f"{show_value(hidden)}: "
                                 "megatron's Llama layout needs them equal")
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rope, dict):
-        raise HFCheckpointError(f"{os.path.join(path, 'config.json')}: rope_scaling is {show_value(rope)}, not an object")
+        raise HFCheckpointError(f"{os.path.join(path, 'config.json')}: rope_scaling is {show_value(rope)}, "
+                                "not an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
         raise HFCheckpointError(f"RoPE scaling type {show_value(rope_type)} is not supported (only default and llama3)")
@@ -120,24 +127,24 @@ def _tensor_index(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     return index
 
 
-def _hf_shapes(shape: Mapping, vocab: int) -> dict[str, tuple[int, ...]]:
+def _hf_shapes(shape: Mapping, vocab: int) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Every tensor name a Llama of ``shape`` needs in its HF checkpoint, with its shape (``vocab``: the
-    checkpoint's own vocabulary, padded only when imported)."""
+    checkpoint's own vocabulary, padded only when imported), layer by layer: a checker stops at the
+    first one missing, however many layers config.json claims."""
     hidden, ffn = shape["hidden_size"], shape["ffn_hidden_size"]
     head_dim = hidden // shape["num_attention_heads"]
     kv = shape["num_query_groups"] * head_dim
-    needed = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    yield from {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}.items()
     if shape["untie_embeddings_and_output_weights"]:
-        needed["lm_head.weight"] = (vocab, hidden)
+        yield "lm_head.weight", (vocab, hidden)
     for i in range(shape["num_layers"]):
         layer = f"model.layers.{i}."
-        needed.update({
+        yield from {
             layer + "self_attn.q_proj.weight": (hidden, hidden), layer + "self_attn.k_proj.weight": (kv, hidden),
             layer + "self_attn.v_proj.weight": (kv, hidden), layer + "self_attn.o_proj.weight": (hidden, hidden),
             layer + "mlp.gate_proj.weight": (ffn, hidden), layer + "mlp.up_proj.weight": (ffn, hidden),
             layer + "mlp.down_proj.weight": (hidden, ffn), layer + "input_layernorm.weight": (hidden,),
-            layer + "post_attention_layernorm.weight": (hidden,)})
-    return needed
+            layer + "post_attention_layernorm.weight": (hidden,)}.items()
 
 
 def check_hf_checkpoint(path: str, shape: Mapping) -> None:
@@ -146,7 +153,7 @@ def check_hf_checkpoint(path: str, shape: Mapping) -> None:
     HFCheckpointError naming the first missing or misshapen tensor, or the damaged shard, before any
     process group exists."""
     index = _tensor_index(path)
-    for name, expected in _hf_shapes(shape, _number(_read_config(path), "vocab_size", path)).items():
+    for name, expected in _hf_shapes(shape, _number(_read_config(path), "vocab_size", path)):
         if name not in index:
             raise HFCheckpointError(f"{name!r} is missing from the safetensors files in {path!r}")
         file, found = index[name]
