@@ -209,7 +209,10 @@ def build_corpus(output_dir: Path, roots: Sequence[Path] = (), valid_fraction: f
                     bytes=sum(len(text.encode()) for _, text in train + valid), source=[str(root) for root in roots],
                     seed=seed, tokens=tokens, train_tokens=train_tokens, sha256=corpus_hash(output_dir, split),
                     tokenizer=list(tokenizer), max_bytes=max_bytes)
-    (output_dir / MANIFEST).write_text(json.dumps(asdict(corpus), indent=1) + "\n")
+    # whole or absent: a second study into the same directory reads it as soon as it exists
+    tmp = output_dir / f".{MANIFEST}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(asdict(corpus), indent=1) + "\n")
+    os.replace(tmp, output_dir / MANIFEST)
     return corpus
 
 
