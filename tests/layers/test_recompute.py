@@ -99,7 +99,7 @@ def test_recompute_changes_no_bit_at_tp2():
     assert run_distributed(_differences, 2, settings) == [_expected(settings)] * 2
 
 
-def test_recompute_runs_at_the_first_forwards_position():
+def test_recompute_runs_at_the_first_forwards_position(parallel):
     """The noise key directly: a layer's recomputed forward reads the position its first forward
     ran at, though the loop has moved on to another micro-batch."""
     from megatron.quant.layers import recompute
