@@ -17,6 +17,8 @@ setup(
         # 0.17 and later need Python 3.12; the differences are bridged in megatron/quant/compat.py.
         "megatron-core>=0.16,<0.17; python_version < '3.12'",
         "megatron-core>=0.16,<0.20; python_version >= '3.12'",
+        # megatron-core 0.19 imports Triton when it is imported, without declaring it (compat.core_imports_triton).
+        "triton>=3.0; python_version >= '3.12' and platform_system == 'Linux'",
         "numpy>=1.24",
         "pyyaml>=6",
         "matplotlib>=3.7",

@@ -13,6 +13,7 @@ and 0.18 were not checked. Differences absorbed elsewhere without a branch:
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import replace
 from typing import Any
 
@@ -45,3 +46,18 @@ def reads_indexed_common_state() -> bool:
     except ImportError:
         return True
     return False
+
+
+@functools.cache
+def core_imports_triton() -> bool:
+    """Whether ``import megatron.core`` itself imports Triton.
+
+    0.19 does, unconditionally (``transformer/moe/ops/paged_stash.py``, reached from the pipeline
+    schedules) and without declaring it: a missing or broken Triton then breaks megatron-core, and
+    hiding a broken one (``kernels.select.triton_failure``) cannot help. 0.16 imports it only where
+    it handles an ImportError.
+    """
+    try:
+        return importlib.util.find_spec("megatron.core.transformer.moe.ops.paged_stash") is not None
+    except ModuleNotFoundError:  # 0.16 has no moe/ops package
+        return False
