@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron.quant import formats, position, tensor_saver
-from megatron.quant.compare import run_whatif
+from megatron.quant.compare import run_whatif, whatif_report
 from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
 
 FORMATS = ["hifp8", "mxfp8", "mxfp4", "nvfp4"]
@@ -118,12 +118,25 @@ def test_best_format_per_class_has_the_highest_mean_sqnr(outcome):
 def test_output_folder_holds_tables_plots_and_summary(outcome):
     names = {path.name for path in outcome["folder"].iterdir()}
     assert {"format_comparison.csv", "best_formats.csv", "summary.md", "summary.html", "by_class.png",
-            "by_layer_fc1_forward_input.png", "by_layer_fc1_forward_weight.png"} <= names
-    assert "by_layer_fc2_backward_grad_output.png" not in names  # one layer: no line to draw
+            "by_layer.png"} <= names
     assert set(outcome["written"]) == {outcome["folder"] / name for name in names}
     summary = (outcome["folder"] / "summary.md").read_text()
     assert "| fc2/backward/grad_output |" in summary and "(by_class.png)" in summary
-    assert (outcome["folder"] / "summary.html").read_text().startswith('<section id="format-comparison">')
+    fragment = (outcome["folder"] / "summary.html").read_text()
+    assert fragment.startswith('<section id="format-comparison">')
+    assert fragment.count("<figure>") == fragment.count("<img") == 2  # every image with its caption
+    assert "<details>" in fragment  # the per-layer small multiples fold away
+
+
+def test_by_layer_panels_are_the_classes_seen_in_several_layers(outcome):
+    rows = [{**row, "layer_idx": int(row["layer_idx"]), **{key: float(row[key]) for key, _ in whatif_report.PANELS}}
+            for row in outcome["rows"]]
+    by_layer = next(job for job in whatif_report.figure_jobs(rows) if job.path.endswith("by_layer.png"))
+    layers = {}
+    for row in outcome["rows"]:
+        layers.setdefault(f"{row['role']}/{row['operation']}/{row['tensor_name']}", set()).add(row["layer_idx"])
+    assert set(by_layer.payload) == {cls for cls, seen in layers.items() if len(seen) > 1}
+    assert "fc2/backward/grad_output" not in by_layer.payload  # one layer: no line to draw
 
 
 def _rows_of_run(capture_dir: Path, output_dir: Path, *extra: str) -> list[dict]:

@@ -10,12 +10,16 @@ from typing import Mapping, Optional, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
+from megatron.quant.analysis import figure_budget  # noqa: E402
+from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
+from megatron.quant.analysis.figure_layout import label_heatmap, legend_above, one_value, room_for_row_names  # noqa: E402,F401
 from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()
@@ -75,6 +79,8 @@ def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = No
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 entries.setdefault(label, handle)
         right = max(ax.get_position().x1 for ax in shared_legend)
+        if not entries:  # panels drawn as heatmaps name their rows themselves
+            return fig
         fig.legend(list(entries.values()), list(entries), loc="upper left",
                    fontsize=_LEGEND_FONT, bbox_to_anchor=(right + 0.1 / fig.get_figwidth(),
                                                           1 - _TOP / fig.get_figheight()))
@@ -118,6 +124,13 @@ def value_histograms(ax, series: Mapping[str, np.ndarray], title: str,
     if low == high:
         low, high = low - 0.5, high + 0.5
     edges = np.linspace(low, high, bins + 1)
+    if len(series) > MAX_SERIES:
+        densities = [np.histogram(values, bins=edges, density=density)[0] for values in series.values()]
+        label_heatmap(ax, [f"{label} (n={values.size:,})" for label, values in series.items()],
+                      [f"{edge:.3g}" for edge in edges[:-1]], np.array(densities), title,
+                      DENSITY_LABEL if density else "count", log=True, written=False)
+        ax.set_xlabel(f"{xlabel} (bin start)")
+        return
     heights = []
     for label, values in series.items():
         counts, _, _ = ax.hist(values, bins=edges, density=density, histtype="step",
@@ -127,7 +140,7 @@ def value_histograms(ax, series: Mapping[str, np.ndarray], title: str,
         log_scale(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(DENSITY_LABEL if density else "count (sampled values)")
-    ax.legend(fontsize=_LEGEND_FONT)
+    legend_above(ax)
     ax.grid(alpha=0.3)
 
 
@@ -171,17 +184,24 @@ def qq_normal(ax, series: Mapping[str, np.ndarray], title: str) -> None:
     ax.plot(theoretical, theoretical, "k--", linewidth=1, label="normal")
     ax.set_xlabel("standard normal quantile")
     ax.set_ylabel("standardised sample quantile")
-    ax.legend(fontsize=_LEGEND_FONT)
+    legend_above(ax)
     ax.grid(alpha=0.3)
 
 
 def grouped_bars(ax, categories: Sequence[str], groups: Mapping[str, Sequence[float]],
                  title: str, ylabel: str, log: Optional[bool] = None) -> None:
-    """One bar per (category, group); NaN bars are left out."""
+    """One bar per (category, group); NaN bars are left out. Beyond ``MAX_SERIES`` groups: a
+    heatmap (categories x groups) with the values written in."""
     ax.set_title(title, fontsize=10)
     values = [v for vs in groups.values() for v in vs if np.isfinite(v)]
     if not categories or not values:
         no_data(ax, "no data")
+        return
+    if one_value(ax, values, ylabel):
+        return
+    if len(groups) > MAX_SERIES:
+        label_heatmap(ax, list(categories), list(groups), np.array(list(groups.values()), dtype=float).T,
+                      title, ylabel, log=log if log is not None else spans_decades(values))
         return
     width = 0.8 / max(1, len(groups))
     positions = np.arange(len(categories))
@@ -194,31 +214,41 @@ def grouped_bars(ax, categories: Sequence[str], groups: Mapping[str, Sequence[fl
         log_scale(ax)
     ax.set_ylabel(ylabel)
     if len(groups) > 1:
-        ax.legend(fontsize=_LEGEND_FONT)
+        legend_above(ax)
     ax.grid(alpha=0.3, axis="y")
 
 
 def line_panel(ax, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str,
                xlabel: str, ylabel: str, log: Optional[bool] = None, legend: bool = True) -> None:
-    """One line with markers per label, (x, y) each; log y when the values span decades.
-
-    Line styles cycle with the colours, so up to 40 series stay distinguishable."""
+    """One line with markers per label, (x, y) each; log y when the values span decades. Beyond
+    ``MAX_SERIES`` labels: a heatmap (label x x-value) with the values written in."""
     ax.set_title(title, fontsize=10)
     values = [v for _, ys in series.values() for v in ys if np.isfinite(v)]
     if not values:
         no_data(ax, "no data")
         return
+    if one_value(ax, values, ylabel):
+        return
+    log = log if log is not None else (min(values) > 0 and spans_decades(values))
+    if len(series) > MAX_SERIES:
+        columns = sorted({x for xs, _ in series.values() for x in xs})
+        cells = np.full((len(series), len(columns)), np.nan)
+        for row, (xs, ys) in enumerate(series.values()):
+            for x, y in zip(xs, ys):
+                cells[row, columns.index(x)] = y
+        label_heatmap(ax, list(series), [f"{x:g}" for x in columns], cells, title, ylabel, log=bool(log))
+        ax.set_xlabel(xlabel)
+        return
     for i, (label, (xs, ys)) in enumerate(series.items()):
-        ax.plot(xs, ys, marker="os^D"[i // 10 % 4], linestyle=("-", "--", ":", "-.")[i // 10 % 4],
-                markersize=3, linewidth=1.2, label=label, color=f"C{i % 10}")
-    if log if log is not None else (min(values) > 0 and spans_decades(values)):
+        ax.plot(xs, ys, marker="os^D"[i % 4], markersize=3, linewidth=1.2, label=label, color=f"C{i}")
+    if log:
         log_scale(ax)
     if all(float(x).is_integer() for xs, _ in series.values() for x in xs):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers, iterations
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if legend:
-        ax.legend(fontsize=7)
+        legend_above(ax)
     ax.grid(alpha=0.3)
 
 
@@ -236,8 +266,23 @@ def log2_histogram(ax, start: int, counts: np.ndarray, label: str) -> tuple[int,
 
 def log2_panel(ax, histograms: Mapping[str, tuple[int, np.ndarray]], title: str,
                xlabel: str = "log2|x| (binade)") -> None:
-    """Several log2 histograms on one axis, zoomed to the occupied binades."""
+    """Several log2 histograms on one axis, zoomed to the occupied binades; beyond
+    ``MAX_SERIES`` a heatmap (histogram x binade)."""
     ax.set_title(title, fontsize=10)
+    histograms = {label: entry for label, entry in histograms.items() if np.any(entry[1])}
+    if len(histograms) > MAX_SERIES:
+        low = min(start for start, _ in histograms.values())
+        high = max(start + len(counts) for start, counts in histograms.values())
+        cells = np.zeros((len(histograms), high - low))
+        for row, (start, counts) in enumerate(histograms.values()):
+            counts = np.asarray(counts, dtype=float)
+            cells[row, start - low:start - low + counts.size] = 100 * counts / counts.sum()
+        used = np.flatnonzero(cells.any(axis=0))
+        cells = cells[:, used[0]:used[-1] + 1]
+        label_heatmap(ax, list(histograms), list(range(low + used[0], low + used[-1] + 1)), cells, title,
+                      "% of nonzero values", log=True, written=False)
+        ax.set_xlabel(xlabel)
+        return
     ranges = [log2_histogram(ax, start, counts, label)
               for label, (start, counts) in histograms.items() if np.any(counts)]
     if not ranges:
@@ -247,7 +292,7 @@ def log2_panel(ax, histograms: Mapping[str, tuple[int, np.ndarray]], title: str,
     log_scale(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("% of nonzero values (log scale)")
-    ax.legend(fontsize=_LEGEND_FONT)
+    legend_above(ax)
     ax.grid(alpha=0.3)
 
 
@@ -261,7 +306,7 @@ def scatter_against_diagonal(ax, x: np.ndarray, y: np.ndarray, title: str, xlabe
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
+    legend_above(ax)
     ax.grid(alpha=0.3)
 
 
@@ -294,20 +339,29 @@ def draw_histogram_panels(payload: dict) -> Figure:
     return finish(fig, payload["title"])
 
 
+def save(fig: Figure, target: Path, dpi: int) -> list[str]:
+    """Draw ``fig`` once at ``dpi``, check that layout against the figure budget, write it as a
+    PNG (never half-written under the final name) and close it; returns the budget's problems
+    (the PNG is written anyway, so that a reader can see what the problem is)."""
+    try:
+        fig.set_dpi(dpi)
+        fig.canvas.draw()
+        broken = figure_budget.problems(fig)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        matplotlib.image.imsave(partial, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=dpi)
+        os.replace(partial, target)
+        return broken
+    finally:
+        plt.close(fig)
+
+
 def render(job: FigureJob, output_dir: Path, dpi: int) -> Optional[str]:
-    """Draw and save one figure; the error text if drawing failed (reported, not raised)."""
-    target = output_dir / job.path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig = None
+    """Draw and save one figure (every figure of the package goes through here): the error text
+    if drawing failed or the figure breaks the budget (reported, not raised)."""
     try:
         with plt.rc_context(_STYLE):
-            fig = job.draw(job.payload)
-            partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            fig.savefig(partial, dpi=dpi, format="png")
-        os.replace(partial, target)  # never a half-written PNG under the final name
-        return None
+            broken = save(job.draw(job.payload), output_dir / job.path, dpi)
     except Exception as error:  # one broken figure must not lose the rest of the report
         return f"{type(error).__name__}: {error}"
-    finally:
-        if fig is not None:
-            plt.close(fig)
+    return f"figure budget: {'; '.join(broken)}" if broken else None

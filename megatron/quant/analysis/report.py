@@ -113,7 +113,9 @@ body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;padding:0
 h1{margin-bottom:.2em} h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:.5em 0 1em} td,th{border:1px solid #ccc;padding:.25em .6em;
 text-align:left;font-size:.9em} th{background:#f3f3f3}
-figure{margin:1em 0 2em} figure img{max-width:100%;border:1px solid #eee}
+figure{margin:1em 0 2em} img{max-width:100%;height:auto;border:1px solid #eee}
+table{display:block;max-width:100%;overflow-x:auto} pre{white-space:pre-wrap;overflow-wrap:anywhere}
+details{margin:1em 0} summary{cursor:pointer;font-weight:600}
 figcaption{color:#555;font-size:.9em} .note{background:#fff6dd;border-left:4px solid #e0a800;
 padding:.4em .8em;margin:.4em 0} nav a{margin-right:1em} code{background:#f3f3f3;padding:0 .2em}
 """

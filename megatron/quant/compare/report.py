@@ -80,28 +80,37 @@ def format_screen_report(stats: Mapping) -> str:
     return "\n".join(lines + _summary_table(stats))
 
 
-def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[Path]:
-    """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per mode."""
-    from matplotlib.ticker import MaxNLocator
-
+def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[tuple[Path, str | None]]:
+    """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per
+    mode; (path, None when drawn within the figure budget, else what went wrong) each."""
     from megatron.quant.analysis import figures
+    from megatron.quant.analysis.plans import FigureJob
 
     others = [mode for mode in results if mode != reference]
     written = []
     for name, ref in (results[reference].items() if others else ()):
-        fig, axes = figures.subplot_grid(len(others), ncols=3, panel_size=(4.5, 3.2))
-        for ax, mode in zip(axes, others):
-            diff = (results[mode][name].astype(np.float64) - ref).reshape(-1)
-            ax.hist(diff[np.isfinite(diff)], bins=100, alpha=0.8)
-            ax.set_yscale("log")
-            ax.set_title(f"{mode} - {reference}  (MSE {np.mean(diff ** 2):.3g})", fontsize=9)
-            ax.set_xlabel("difference")
-            ax.xaxis.set_major_locator(MaxNLocator(5))
-        path = stem.with_name(f"{stem.name}_diff_{name}.png")
-        figures.finish(fig, f"{name}: difference from {reference}").savefig(path, dpi=100)
-        figures.plt.close(fig)
-        written.append(path)
+        differences = {mode: (results[mode][name].astype(np.float64) - ref).reshape(-1) for mode in others}
+        job = FigureJob(f"{stem.name}_diff_{name}.png", "", _draw_differences,
+                        {"title": f"{name}: difference from {reference}", "reference": reference,
+                         "differences": {mode: diff[np.isfinite(diff)] for mode, diff in differences.items()},
+                         "mse": {mode: float(np.mean(diff ** 2)) for mode, diff in differences.items()}})
+        written.append((stem.parent / job.path, figures.render(job, stem.parent, 100)))
     return written
+
+
+def _draw_differences(payload: dict):
+    from matplotlib.ticker import MaxNLocator
+
+    from megatron.quant.analysis import figures
+
+    fig, axes = figures.subplot_grid(len(payload["differences"]), ncols=3, panel_size=(4.5, 3.2))
+    for ax, (mode, diff) in zip(axes, payload["differences"].items()):
+        ax.hist(diff, bins=100, alpha=0.8)
+        ax.set_yscale("log")
+        ax.set_title(f"{mode} - {payload['reference']}  (MSE {payload['mse'][mode]:.3g})", fontsize=9)
+        ax.set_xlabel("difference")
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+    return figures.finish(fig, payload["title"])
 
 
 def _finite_or_null(value):

@@ -84,8 +84,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
     report.write_json(report.stats_path_for(output), stats)
     log(f"wrote {output} and {report.stats_path_for(output)}")
     if not args.no_plots:
-        for path in report.plot_difference_histograms(results, REFERENCE, output.with_suffix("")):
-            log(f"wrote {path}")
+        for path, error in report.plot_difference_histograms(results, REFERENCE, output.with_suffix("")):
+            log(f"wrote {path}" if error is None else f"error: figure {path} could not be drawn: {error}")
     return stats
 
 

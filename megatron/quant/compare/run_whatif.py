@@ -70,10 +70,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
     best = whatif.best_formats(rows)
     whatif_report.clear_previous(folder)
     written = whatif_report.write_tables(rows, best, skipped, unquantized, folder)
-    images = [] if args.no_plots else [whatif_report.plot_by_class(rows, folder),
-                                       *whatif_report.plot_by_layer(rows, folder)]
+    images = [] if args.no_plots else whatif_report.draw(rows, Path(args.output_dir), log)
     tensors = len({row["file"] for row in rows})
-    written += images + whatif_report.write_summary(best, images, tensors, skipped, unquantized, folder)
+    written += [Path(args.output_dir) / image.path for image in images]
+    written += whatif_report.write_summary(best, images, tensors, skipped, unquantized, folder)
     for row in (b for b in best if b["among_bits"] == "all"):
         log(f"best for {row['tensor_class']}: {row['format']} ({row['mean_sqnr_db']:.2f} dB)")
     log(f"wrote {len(written)} files to {folder}")

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import csv
 import html
-import re
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from megatron.quant.analysis import figures
+from megatron.quant.analysis.plans import FigureJob
+from megatron.quant.analysis.report import figure_html
 from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"
 SKIPPED_CSV = "skipped_files.csv"
 NOT_QUANTIZED_CSV = "not_quantized.csv"
+DPI = 100
 SKIPPED_SHOWN = 50  # in the summary; the CSV lists every skipped file
 STAT_COLUMNS = ("format", "operand", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
                 "overflow", "overflow_ratio", "underflow", "underflow_ratio")
@@ -27,7 +31,7 @@ PANELS = (("sqnr_db", "SQNR (dB)"), ("relative_error", "relative error"),
 
 def clear_previous(folder: Path) -> None:
     """Remove what an earlier run wrote into ``folder`` so no stale table or plot survives."""
-    for pattern in ("*.csv", "by_class.png", "by_layer_*.png", "summary.md", "summary.html"):
+    for pattern in ("*.csv", "by_class.png", "by_layer*.png", "summary.md", "summary.html"):
         for path in folder.glob(pattern):
             path.unlink()
 
@@ -57,42 +61,67 @@ def describe_not_quantized(entry: Mapping) -> str:
             f"({entry['tensors']} tensor(s)): {entry['reason']}")
 
 
-def plot_by_class(rows: Sequence[Mapping], folder: Path) -> Path:
-    """``by_class.png``: per tensor class, the mean of each statistic for each format (grouped bars)."""
+def figure_jobs(rows: Sequence[Mapping]) -> list[FigureJob]:
+    """``by_class.png``: per statistic, a heatmap of tensor class x format with the class means
+    written in (a zero overflow reads as 0, not as a missing bar); ``by_layer.png``, when a class
+    is seen in more than one layer: SQNR along the layers, one small panel per class."""
     classes = sorted({tensor_class(row) for row in rows})
     names = list(dict.fromkeys(row["format"] for row in rows))
-    width = min(24.0, max(8.0, 0.2 * len(classes) * len(names)))  # inches: about 0.2 per bar
-    fig, axes = figures.subplot_grid(len(PANELS), ncols=1, panel_size=(width, 4.0))
-    for ax, (key, title) in zip(axes, PANELS):
-        groups = {name: [_mean(r[key] for r in rows if r["format"] == name and tensor_class(r) == cls)
-                         for cls in classes] for name in names}
-        figures.grouped_bars(ax, classes, groups, title, title)
-    return _save(figures.finish(fig, "What-if re-quantization: mean per tensor class"), folder / "by_class.png")
-
-
-def plot_by_layer(rows: Sequence[Mapping], folder: Path) -> list[Path]:
-    """``by_layer_<class>.png`` per tensor class seen in more than one layer: each statistic
-    against the layer index, one line per format."""
-    from matplotlib.ticker import MaxNLocator
-
-    written = []
-    for cls in sorted({tensor_class(row) for row in rows}):
+    jobs = [FigureJob(f"{FOLDER}/by_class.png", "Mean of each statistic per tensor class (rows) and format "
+                      "(columns); a panel whose values are all equal says so instead.", draw_by_class,
+                      {"classes": classes, "formats": names, "panels": {
+                          title: [[_mean(r[key] for r in rows if r["format"] == name and tensor_class(r) == cls)
+                                   for name in names] for cls in classes] for key, title in PANELS}})]
+    curves = {}
+    for cls in classes:
         subset = [row for row in rows if tensor_class(row) == cls]
         layers = sorted({row["layer_idx"] for row in subset})
-        if len(layers) < 2:
-            continue
-        fig, axes = figures.subplot_grid(len(PANELS), ncols=4, panel_size=(4.2, 3.4))
-        for ax, (key, title) in zip(axes, PANELS):
-            series = {name: (layers, [_mean(r[key] for r in subset if r["format"] == name and r["layer_idx"] == layer)
-                                      for layer in layers])
-                      for name in dict.fromkeys(row["format"] for row in subset)}
-            figures.line_panel(ax, series, title, "layer", title)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        written.append(_save(figures.finish(fig, cls), folder / f"by_layer_{_slug(cls)}.png"))
-    return written
+        if len(layers) > 1:
+            curves[cls] = {name: (layers, [_mean(r["sqnr_db"] for r in subset if r["format"] == name
+                                                 and r["layer_idx"] == layer) for layer in layers])
+                           for name in dict.fromkeys(row["format"] for row in subset)}
+    if curves:
+        jobs.append(FigureJob(f"{FOLDER}/by_layer.png", f"SQNR along the layers, one panel per tensor class "
+                              f"({len(curves)}), one line per format; every statistic per layer is in "
+                              "format_comparison.csv.", draw_by_layer, curves))
+    return jobs
 
 
-def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int, skipped: Sequence[SkippedFile],
+def draw_by_class(payload: dict):
+    panels = payload["panels"]
+    height = 1.4 + 0.22 * len(payload["classes"])
+    fig, axes = figures.subplot_grid(len(panels), ncols=2, panel_size=(6.4, height))
+    for ax, (title, cells) in zip(axes, panels.items()):
+        values = [v for row in cells for v in row]
+        if not figures.one_value(ax, values, title):
+            figures.label_heatmap(ax, payload["classes"], payload["formats"], np.array(cells, dtype=float),
+                                  title, title, log=title != "SQNR (dB)" and figures.spans_decades(values))
+        ax.set_title(title, fontsize=10)
+    return figures.finish(fig, "What-if re-quantization: mean per tensor class")
+
+
+def draw_by_layer(payload: dict):
+    fig, axes = figures.subplot_grid(len(payload), ncols=4, panel_size=(3.1, 2.7),
+                                     legend_width=figures.legend_width(next(iter(payload.values()))))
+    for ax, (cls, series) in zip(axes, payload.items()):
+        figures.line_panel(ax, series, cls, "layer", "SQNR (dB)", log=False, legend=False)
+        ax.title.set_fontsize(8)
+    return figures.finish(fig, "SQNR along the layers per tensor class", shared_legend=axes)
+
+
+def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) -> list[FigureJob]:
+    """Draw the figures into ``output_dir``/FOLDER; returns those drawn (a failure is logged)."""
+    drawn = []
+    for job in figure_jobs(rows):
+        error = figures.render(job, output_dir, DPI)
+        if error is None:
+            drawn.append(job)
+        else:
+            log(f"error: figure {job.path} could not be drawn: {error}")
+    return drawn
+
+
+def write_summary(best: Sequence[Mapping], images: Sequence[FigureJob], tensors: int, skipped: Sequence[SkippedFile],
                   not_quantized: Sequence[Mapping], folder: Path) -> list[Path]:
     """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, the plots,
     what presets leave unquantized and the files skipped."""
@@ -107,7 +136,7 @@ def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
         widths = ", ".join(f"{b['bits']}-bit: {b['format']}" for b in by_width if b["tensor_class"] == row["tensor_class"])
         md.append(f"| {row['tensor_class']} | {row['format']} | {row['mean_sqnr_db']:.2f} | {widths} |")
     md += ["", "Tables: [format_comparison.csv](format_comparison.csv), [best_formats.csv](best_formats.csv)", ""]
-    md += [f"![{image.stem}]({image.name})" for image in images]
+    md += [f"![{image.caption}]({Path(image.path).name})" for image in images]
     if not_quantized:
         md += ["", f"Not evaluated under a preset (all in [{NOT_QUANTIZED_CSV}]({NOT_QUANTIZED_CSV})):", ""]
         md += [f"- {describe_not_quantized(entry)}" for entry in not_quantized]
@@ -120,14 +149,15 @@ def write_summary(best: Sequence[Mapping], images: Sequence[Path], tensors: int,
     cells = "".join(
         f"<tr><td>{html.escape(row['tensor_class'])}</td><td>{html.escape(row['format'])}</td>"
         f"<td>{row['mean_sqnr_db']:.2f}</td></tr>" for row in overall)
-    figures = "".join(f'<img src="{FOLDER}/{html.escape(image.name)}" alt="{html.escape(image.stem)}">'
-                      for image in images)
+    drawn = "".join(figure_html(image.path, image.caption) if Path(image.path).name != "by_layer.png" else
+                    f"<details><summary>SQNR along the layers per tensor class</summary>"
+                    f"{figure_html(image.path, image.caption)}</details>" for image in images)
     fragment = (f'<section id="format-comparison"><h2>Format comparison</h2>'
                 f"<p>What-if re-quantization of {tensors} captured tensors; best format per tensor class "
                 f'by mean SQNR. Tables: <a href="{FOLDER}/format_comparison.csv">per tensor</a>, '
                 f'<a href="{FOLDER}/best_formats.csv">best formats</a>.</p>'
                 f"<table><tr><th>tensor class</th><th>best format</th><th>SQNR (dB)</th></tr>{cells}</table>"
-                f"{figures}{_not_quantized_html(not_quantized)}{_skipped_html(skipped)}</section>\n")
+                f"{drawn}{_not_quantized_html(not_quantized)}{_skipped_html(skipped)}</section>\n")
     html_path = folder / "summary.html"
     html_path.write_text(fragment)
     return [md_path, html_path]
@@ -160,13 +190,3 @@ def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping]) -> N
 def _mean(values: Iterable[float | None]) -> float:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else float("nan")
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=100)
-    figures.plt.close(fig)
-    return path

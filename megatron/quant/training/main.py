@@ -12,25 +12,29 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import torch
-import torch.distributed as dist
+from megatron.quant.training import notices
 
-from megatron.quant import kernels, tensor_saver
-from megatron.quant.tensor_saver import SaverConfig, check_writable
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
-from megatron.quant.layers import fusions
-from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
-from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
-from megatron.quant.training import checkpoint, metrics, optimizer
-from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
-from megatron.quant.training.config import TrainingConfig
-from megatron.quant.training.data import BatchLayout, build_datasets, check_data
-from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights
-from megatron.quant.training.loop import Run, train
-from megatron.quant.training.model import build_gpt, transformer_config
-from megatron.quant.training.presets import SHAPE_KEYS
-from megatron.quant.training.recipe_fit import check_hadamard_fit
-from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size
+notices.hide_known()  # before megatron-core is imported: its import-time fallback warnings are known
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from megatron.quant import kernels, tensor_saver  # noqa: E402
+from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir  # noqa: E402
+from megatron.quant.layers import fusions  # noqa: E402
+from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags  # noqa: E402
+from megatron.quant.recipes.recipe import QuantRecipe, check_env_names  # noqa: E402
+from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
+from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args  # noqa: E402
+from megatron.quant.training.config import TrainingConfig  # noqa: E402
+from megatron.quant.training.data import BatchLayout, build_datasets, check_data  # noqa: E402
+from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights  # noqa: E402
+from megatron.quant.training.loop import Run, train  # noqa: E402
+from megatron.quant.training.model import build_gpt, transformer_config  # noqa: E402
+from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
+from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
+from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size  # noqa: E402
 
 
 def _precision(args) -> str:
@@ -126,7 +130,7 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fus
                  f"device {'cuda' if torch.cuda.is_available() else 'cpu'} | "
                  f"{kernels.describe(recipe.formats(shape['num_layers']), recipe.compile, kernels.backend(), cuda)} | "
                  f"{fused}")
-    logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e}")
+    logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e} {notices.describe_hidden()}".rstrip())
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")
 

@@ -91,6 +91,6 @@ def draw_exponents(payload: dict) -> Figure:
         figures.log_scale(ax)
         ax.set_xlabel("log2(|x| / scale) (binade)" if p["scaled"] else "log2|x| (binade)")
         ax.set_ylabel("% of nonzero values (log scale)")
-        ax.legend(fontsize=7, loc="upper left")
+        figures.legend_above(ax)
         ax.grid(alpha=0.3)
     return figures.finish(fig, payload["title"])

@@ -135,6 +135,6 @@ def draw_normal_fit(payload: dict) -> Figure:
         figures.log_scale(ax)
         ax.set_xlabel("(x - mean) / std")
         ax.set_ylabel("probability density (log scale)")
-        ax.legend(fontsize=8)
+        figures.legend_above(ax)
         ax.grid(alpha=0.3)
     return figures.finish(fig, "HiFP8 vs MXFP8: fit to a normal distribution")

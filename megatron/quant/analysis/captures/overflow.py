@@ -74,7 +74,7 @@ def draw_overview(payload: dict) -> Figure:
     scatter_ax.set_xlabel("underflow (% of elements, symlog)")
     scatter_ax.set_ylabel("overflow (% of elements, symlog)")
     scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
-    scatter_ax.legend(fontsize=8)
+    figures.legend_above(scatter_ax)
     scatter_ax.grid(alpha=0.3)
     totals = {qt: over + under for qt, (over, under) in payload["points"].items()}
     positive = np.concatenate([t[t > 0] for t in totals.values()])
@@ -92,7 +92,7 @@ def draw_overview(payload: dict) -> Figure:
             figures.log_scale(hist_ax, "x")
         hist_ax.set_xlabel("overflow + underflow (% of elements" + (", log scale)" if log else ")"))
         hist_ax.set_ylabel("captures")
-        hist_ax.legend(fontsize=8)
+        figures.legend_above(hist_ax)
         hist_ax.grid(alpha=0.3)
     else:
         figures.no_data(hist_ax, "no capture overflows or underflows")

@@ -46,6 +46,25 @@ class ReportResult:
 
 def run_report(options: ReportOptions) -> ReportResult:
     """Raises CatalogError (nothing to analyse) or FilterError (a filter matches nothing)."""
+    inp = analysis_input(options)
+    plans = [(analysis, _build(analysis, inp)) for analysis in options.analyses]
+    jobs = [job for _, plan in plans for job in plan.figures]
+    errors = dict(zip((job.path for job in jobs), parallel_map(
+        _render, [(job, options.output_dir, options.dpi) for job in jobs], options.workers,
+        "drawing figures", options.progress, chunksize=1)))
+    sections = [_section(analysis, plan, errors, options.output_dir) for analysis, plan in plans]
+    index = write_report(options.output_dir, _run_summary(options, inp), sections,
+                         order=[a.key for a in ANALYSES])
+    return ReportResult(
+        index=index,
+        figures=tuple(path for path, error in errors.items() if error is None),
+        failed=tuple((path, error) for path, error in errors.items() if error is not None),
+        skipped=inp.skipped,
+        notes=tuple(note for section in sections for note in section.notes))
+
+
+def analysis_input(options: ReportOptions) -> AnalysisInput:
+    """The selected, readable captures summarised: what every analysis plans its figures from."""
     catalog = build_catalog(options.tensor_dir)
     options.capture_filter.validate(catalog.records)
     selected = select(catalog.records, options.capture_filter, unknown_role_passes=True)
@@ -61,22 +80,8 @@ def run_report(options: ReportOptions) -> ReportResult:
         raise CatalogError(f"no readable capture under {options.tensor_dir} matches the filters"
                            + (f" ({len(skipped)} skipped, e.g. {reasons})" if skipped else ""))
     options.output_dir.mkdir(parents=True, exist_ok=True)
-    inp = AnalysisInput(tuple(summaries), options.output_dir, options.tensor_dir,
-                        options.capture_filter.describe(), skipped, options.settings)
-    plans = [(analysis, _build(analysis, inp)) for analysis in options.analyses]
-    jobs = [job for _, plan in plans for job in plan.figures]
-    errors = dict(zip((job.path for job in jobs), parallel_map(
-        _render, [(job, options.output_dir, options.dpi) for job in jobs], options.workers,
-        "drawing figures", options.progress, chunksize=1)))
-    sections = [_section(analysis, plan, errors, options.output_dir) for analysis, plan in plans]
-    index = write_report(options.output_dir, _run_summary(options, inp), sections,
-                         order=[a.key for a in ANALYSES])
-    return ReportResult(
-        index=index,
-        figures=tuple(path for path, error in errors.items() if error is None),
-        failed=tuple((path, error) for path, error in errors.items() if error is not None),
-        skipped=skipped,
-        notes=tuple(note for section in sections for note in section.notes))
+    return AnalysisInput(tuple(summaries), options.output_dir, options.tensor_dir,
+                         options.capture_filter.describe(), skipped, options.settings)
 
 
 def summary_options(options: ReportOptions) -> SummaryOptions:

@@ -14,6 +14,8 @@ from megatron.quant.analysis.runs.metrics import GAP_THRESHOLDS, smooth, relativ
 
 
 def _draw_bands(payload: dict):
+    if len(payload["loss"]) > figures.MAX_SERIES:
+        return _draw_band_panels(payload)
     labels = [f"{name} ({entry[-1]} seeds)" for name, entry in payload["loss"].items()]
     fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6),
                                                   legend_width=figures.legend_width(labels))
@@ -34,12 +36,39 @@ def _draw_bands(payload: dict):
     return figures.finish(fig, "Recipes over seeds", shared_legend=[loss_ax, gap_ax])
 
 
+def _draw_band_panels(payload: dict):
+    """Too many recipes for one panel: one small panel per recipe, its gap to the baseline's mean
+    (mean and min-max band over its seeds) over the baseline's own band, on a shared y axis."""
+    baseline = payload["baseline"]
+    names = [name for name in payload["gap"] if name != baseline]
+    fig, axes = figures.subplot_grid(len(names), ncols=4, panel_size=(3.3, 2.6))
+    everything = [100 * v for name in names for v in (*payload["gap"][name][2], *payload["gap"][name][3])]
+    base = payload["gap"].get(baseline)
+    for ax, name in zip(axes, names):
+        if base is not None:
+            ax.fill_between(base[0], 100 * np.asarray(base[2]), 100 * np.asarray(base[3]), color="0.85", linewidth=0)
+        steps, mean, low, high = payload["gap"][name]
+        ax.fill_between(steps, 100 * np.asarray(low), 100 * np.asarray(high), color="C0", alpha=0.3, linewidth=0)
+        ax.plot(steps, 100 * np.asarray(mean), color="C0", linewidth=1.2)
+        ax.axhline(0, color="0.4", linewidth=0.8)
+        if everything:
+            ax.set_ylim(min(everything), max(everything))
+        ax.set_title(f"{name} ({payload['loss'][name][-1]} seeds)", fontsize=9)
+        ax.set(xlabel="iteration", ylabel="gap (%)")
+        ax.grid(alpha=0.3)
+    return figures.finish(fig, f"Gap to the mean of {baseline} over seeds (blue: mean and min-max band; "
+                               f"grey: {baseline}'s own seeds)")
+
+
 # ---- figures --------------------------------------------------------------------------------
 def _draw_loss(payload: dict):
     fig, (loss_ax, gap_ax) = figures.subplot_grid(2, ncols=2, panel_size=(7.0, 4.6),
                                                   legend_width=figures.legend_width(payload["loss"]))
-    colors = dict(zip(payload["loss"], figures.series_colors(len(payload["loss"]))))
+    colors = _colours(payload["loss"], payload["highlighted"])
     for name, (steps, raw, smoothed) in payload["loss"].items():
+        if name not in colors:  # beyond a readable number of lines: the others in grey, unnamed
+            loss_ax.plot(steps, smoothed, color="0.8", linewidth=0.8, zorder=1)
+            continue
         loss_ax.plot(steps, raw, color=colors[name], alpha=0.25, linewidth=0.8)
         loss_ax.plot(steps, smoothed, color=colors[name], linewidth=1.6, label=name)
     loss_ax.set(title=f"training loss (faint: raw, solid: smoothed {payload['smoothing']})",
@@ -52,7 +81,10 @@ def _draw_loss(payload: dict):
         gap_ax.fill_between(band[0], 100 * np.asarray(band[1]), 100 * np.asarray(band[2]), color="0.8",
                             label=f"{payload['baseline']} seed noise")
     for name, (steps, gap) in payload["gap"].items():
-        gap_ax.plot(steps, 100 * np.asarray(gap), color=colors.get(name, "0.3"), linewidth=1.4, label=name)
+        if name in colors:
+            gap_ax.plot(steps, 100 * np.asarray(gap), color=colors[name], linewidth=1.4, label=name)
+        else:
+            gap_ax.plot(steps, 100 * np.asarray(gap), color="0.8", linewidth=0.8, zorder=1)
     for threshold in GAP_THRESHOLDS:
         gap_ax.axhline(100 * threshold, color="0.5", linestyle=":", linewidth=0.8)
     gap_ax.set(title=f"relative loss gap to {payload['baseline']} (smoothed)", xlabel="iteration",
@@ -66,17 +98,38 @@ def _draw_lines(payload: dict):
     """One panel per entry of ``payload["panels"]`` ({title: {run: (x, y)}}), one line per run."""
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(len(panels), ncols=payload.get("ncols", 3), panel_size=(5.0, 3.6),
-                                     legend_width=1.6)
+                                     legend_width=figures.legend_width(payload["highlighted"]))
+    colours = _colours(payload["runs"], payload["highlighted"])
     for ax, (title, series) in zip(axes, panels.items()):
         ax.set_title(title, fontsize=10)
         values = [v for _, ys in series.values() for v in ys]
         for name, (xs, ys) in series.items():
-            ax.plot(xs, ys, color=f"C{payload['colors'][name] % 10}", linewidth=1.2, label=name)
+            if name in colours:
+                ax.plot(xs, ys, color=colours[name], linewidth=1.2, label=name)
+            else:
+                ax.plot(xs, ys, color="0.8", linewidth=0.8, zorder=1)
         if values and min(values) > 0 and figures.spans_decades(values):
             figures.log_scale(ax)
         ax.set(xlabel="iteration", ylabel=payload["ylabel"].get(title, title))
         ax.grid(alpha=0.3)
     return figures.finish(fig, payload["title"], shared_legend=axes)
+
+
+def _colours(names, highlighted: Sequence[str]) -> dict:
+    """A colour for each highlighted run (the others are drawn grey)."""
+    chosen = [name for name in names if name in highlighted]
+    return dict(zip(chosen, figures.series_colors(len(chosen))))
+
+
+def highlighted_runs(curves: Sequence[Run], baseline: Run, smoothing: float) -> list[str]:
+    """Every run when they fit one panel (``figures.MAX_SERIES``); else the baseline and the runs
+    whose final gap to it is largest, the rest left grey."""
+    if len(curves) <= figures.MAX_SERIES:
+        return [run.name for run in curves]
+    final = {run.name: abs(gap[-1]) if (gap := relative_gap(run.series(LOSS), baseline.series(LOSS),
+                                                               smoothing)[1]).size else 0.0
+             for run in curves if run is not baseline}
+    return [baseline.name, *sorted(final, key=lambda name: -final[name])[:4]]
 
 
 def _lines(runs: Sequence[Run], tag: str) -> dict[str, tuple[list, list]]:
@@ -98,27 +151,30 @@ def stats_panels(runs: Sequence[Run]) -> dict[str, dict[str, dict]]:
 
 def figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band) -> list[FigureJob]:
     """``curves``: the runs drawn as lines (the baseline's seed runs only make the band)."""
-    colors = {run.name: i for i, run in enumerate(curves)}
+    highlighted = highlighted_runs(curves, baseline, smoothing)
+    shown = {"runs": [run.name for run in curves], "highlighted": highlighted}
+    others = "" if len(highlighted) == len(curves) else (
+        f" (in colour: {baseline.name} and the {len(highlighted) - 1} runs with the largest final gap; "
+        f"grey: the other {len(curves) - len(highlighted)})")
     loss = {run.name: (run.series(LOSS)[0].tolist(), run.series(LOSS)[1].tolist(),
                        smooth(run.series(LOSS)[1], smoothing).tolist()) for run in curves}
     gaps = {run.name: tuple(v.tolist() for v in relative_gap(run.series(LOSS), baseline.series(LOSS), smoothing))
             for run in curves}
     jobs = [FigureJob("loss.png", f"Training loss of every run (raw and smoothed) and its relative gap to "
-                                  f"{baseline.name}" + (", with the band of its seed runs" if band else ""),
+                                  f"{baseline.name}" + (", with the band of its seed runs" if band else "") + others,
                       _draw_loss, {"loss": loss, "gap": gaps, "band": None if band is None else [b.tolist() for b in band],
-                                   "baseline": baseline.name, "smoothing": smoothing})]
+                                   "baseline": baseline.name, "smoothing": smoothing, **shown})]
     training = {"grad norm": _lines(curves, GRAD_NORM), "learning rate": _lines(curves, LR),
                 "tokens/s": _lines(curves, TOKENS_PER_S)}
-    jobs.append(FigureJob("training.png", "Gradient norm, learning rate and throughput over training",
-                          _draw_lines, {"panels": training, "title": "Training dynamics", "colors": colors,
-                                        "ylabel": {}}))
+    jobs.append(FigureJob("training.png", "Gradient norm, learning rate and throughput over training" + others,
+                          _draw_lines, {"panels": training, "title": "Training dynamics", "ylabel": {}, **shown}))
     if any(run.series(VALIDATION)[0].size for run in curves):
-        jobs.append(FigureJob("validation.png", "Validation loss", _draw_lines, {
+        jobs.append(FigureJob("validation.png", "Validation loss" + others, _draw_lines, {
             "panels": {"validation lm loss": _lines(curves, VALIDATION)}, "title": "Validation loss",
-            "colors": colors, "ylabel": {}, "ncols": 1}))
+            "ylabel": {}, "ncols": 1, **shown}))
     for metric, sites in stats_panels(curves).items():
         jobs.append(FigureJob(f"stats_{metric}.png", f"{metric} per role/operand over training (stats-mode "
-                                                    "capture), one line per run", _draw_lines,
-                              {"panels": sites, "title": metric, "colors": colors,
-                               "ylabel": {site: metric for site in sites}, "ncols": 4}))
+                                                    "capture), one line per run" + others, _draw_lines,
+                              {"panels": sites, "title": metric, "ylabel": {site: metric for site in sites},
+                               "ncols": 4, **shown}))
     return jobs

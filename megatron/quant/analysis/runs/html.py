@@ -10,7 +10,7 @@ from typing import Sequence
 
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import STYLE, figure_html, link, table
-from megatron.quant.analysis.runs import seed_stats
+from megatron.quant.analysis.runs import forest, seed_stats
 from megatron.quant.analysis.runs.read import Run
 from megatron.quant.analysis.runs.metrics import SPIKE_FACTOR, SPIKE_WINDOW
 
@@ -28,10 +28,10 @@ def _recipe_number(key: str, value):
     return f"{value:.4f}" if isinstance(value, float) else value
 
 
-def recipes_html(rows: list[dict]) -> str:
-    """The recipe table and what its columns mean."""
+def recipes_html(rows: list[dict], study: str = "") -> str:
+    """The recipe table, what its columns mean, and ``study``: the forest plot's figure HTML."""
     return "\n".join([
-        "<h2 id='recipes'>Recipes over seeds</h2>",
+        "<h2 id='recipes'>Recipes over seeds</h2>", study,
         table(list(rows[0]), [_display(row, _recipe_number) for row in rows]),
         f"<p>Per seed run, loss = mean of its last {seed_stats.LAST_SHARE:.0%} of training losses; validation "
         "loss = its last one. Mean and sample std over a recipe's seeds (diverged runs, and incomplete ones "
@@ -99,8 +99,9 @@ def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[
              f"curves; last 10 %: raw. Grad-norm spikes: iterations above {SPIKE_FACTOR:g}× the median of the "
              f"previous {SPIKE_WINDOW}. Tokens/s: median. All numbers in <a href='{link(CSV_NAME)}'>"
              f"{CSV_NAME}</a>.</p>"]
+    study = next((job for job in drawn if job.path == forest.NAME), None)
     if recipes:
-        parts.append(recipes_html(list(recipes)))
+        parts.append(recipes_html(list(recipes), figure_html(study.path, study.caption) if study else ""))
     if skipped:
         parts.append("<p class='note'>Skipped (no readable event file): " + "; ".join(
             f"<b>{html.escape(name)}</b>: {html.escape(reason)}" for name, reason in skipped) + "</p>")
@@ -108,7 +109,7 @@ def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[
         parts.append(f"<p class='note'>Baseline noise at the end (spread of its seed runs): "
                      f"{100 * band[1][-1]:+.2f} % to {100 * band[2][-1]:+.2f} %.</p>")
     parts.append("<h2 id='curves'>Curves</h2>")
-    parts += [figure_html(job.path, job.caption) for job in drawn if job not in stats]
+    parts += [figure_html(job.path, job.caption) for job in drawn if job not in stats and job is not study]
     parts.append("<h2 id='stats'>Quantization statistics</h2>")
     if stats:
         parts += [figure_html(job.path, job.caption) for job in drawn if job in stats]

@@ -29,6 +29,7 @@ from megatron.quant.analysis.runs.ledger import ledger_runs
 from megatron.quant.analysis.runs.read import LOSS, Run, RunsReportError, load_runs
 from megatron.quant.analysis.runs.metrics import summarize, noise_band, recipe_groups, recipe_table, band_payload
 from megatron.quant.analysis.runs.draw import _draw_bands, figure_jobs
+from megatron.quant.analysis.runs.forest import forest_job
 from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, _write_csv, render_html
 
 
@@ -79,11 +80,8 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     groups = recipe_groups(ordered)
     recipes = recipe_table(groups, baseline_name) if len(groups) < len(ordered) else []
     report_dir.mkdir(parents=True, exist_ok=True)
-    jobs = figure_jobs(curves, baseline, smoothing, band)
+    jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes)
     if recipes:
-        jobs.insert(1, FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
-                                                   "band) and its gap to the baseline's mean", _draw_bands,
-                                 band_payload(groups, baseline_name, smoothing)))
         _write_csv(report_dir / RECIPES_CSV, recipes)
     failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
     _write_csv(report_dir / CSV_NAME, rows)
@@ -91,6 +89,18 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     index.write_text(render_html(source, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
                                  skipped), encoding="utf-8")
     return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes, skipped)
+
+
+def all_figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band, groups: dict[str, list[Run]],
+                    recipes: Sequence[dict]) -> list[FigureJob]:
+    """Every figure of the report; with a recipe table, the study's forest plot and the seed bands."""
+    jobs = figure_jobs(curves, baseline, smoothing, band)
+    if recipes:
+        bands = band_payload(groups, baseline.name, smoothing)
+        jobs[1:1] = [forest_job(recipes, baseline.name, bands["loss"]),
+                     FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
+                                                 "band) and its gap to the baseline's mean", _draw_bands, bands)]
+    return jobs
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:

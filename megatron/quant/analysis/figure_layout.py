@@ -1,0 +1,82 @@
+"""Panel layouts that keep a figure within its budget (``figure_budget``): legends that cover no
+data, and heatmaps with their values written in for panels with more series than lines can keep
+apart."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.colors import LogNorm
+import numpy as np
+
+
+def legend_above(ax: Axes, fontsize: int = 7) -> None:
+    """The panel's legend in rows between its title and its plot area, so that it never covers
+    data (as many entries a row as the panel's width holds; the title moves up to make room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not labels:
+        return
+    width = ax.get_position().width * ax.figure.get_figwidth()
+    entry = 0.35 + 0.6 * fontsize / 72 * max(len(label) for label in labels)  # inches: handle + text
+    ncols = max(1, min(len(labels), 4, int(width // entry)))
+    rows = math.ceil(len(labels) / ncols)
+    ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=ncols, fontsize=fontsize,
+              frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
+    ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), pad=4 + rows * 1.45 * fontsize)
+
+
+def room_for_row_names(ax: Axes, names: Sequence[object], fontsize: float, right: float = 0.0) -> None:
+    """Row names need more room on the left than a panel's y label: narrow the panel (inside its
+    cell of the grid) instead of letting them run into the next panel or off the figure;
+    ``right`` inches are freed on the right too."""
+    needed = 0.6 * fontsize / 72 * max((len(str(name)) for name in names), default=0)
+    box = ax.get_position()
+    figure_width = ax.figure.get_figwidth()
+    shift = max(0.0, needed - 0.7) / figure_width
+    width = max(box.width - shift - right / figure_width, 0.1 * box.width)
+    ax.set_position([box.x0 + shift, box.y0, width, box.height])
+
+
+def label_heatmap(ax: Axes, rows: Sequence[str], columns: Sequence[object], values: np.ndarray,
+                  title: str, colorbar_label: str, log: bool = False, written: bool = True,
+                  fmt: str = "{:.3g}") -> None:
+    """``values`` (rows x columns) as coloured cells, each with its value written in when
+    ``written`` (NaN cells blank): how a panel shows more series than lines can keep apart."""
+    values = np.asarray(values, dtype=float)
+    finite = values[np.isfinite(values)]
+    positive = finite[finite > 0]
+    norm = LogNorm(positive.min(), positive.max()) if log and positive.size and positive.min() < positive.max() else None
+    shown = np.where(values > 0, values, np.nan) if norm is not None else values
+    image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap="viridis", norm=norm,
+                      interpolation="nearest")
+    ax.set_title(title, fontsize=10)
+    fontsize = max(5, min(8, 260 // max(1, len(rows))))
+    ax.set_yticks(range(len(rows)), list(rows), fontsize=fontsize)
+    figure_width = ax.figure.get_figwidth()
+    room_for_row_names(ax, rows, fontsize, right=0.75)  # and the colour bar with its labels
+    labels_fit = max(2, int(ax.get_position().width * figure_width / (0.09 * max(len(str(c)) for c in columns) + 0.15)))
+    step = max(1, math.ceil(len(columns) / labels_fit))
+    ax.set_xticks(range(0, len(columns), step), [str(c) for c in list(columns)[::step]], fontsize=8)
+    if written and values.size <= 160:
+        for (i, j), value in np.ndenumerate(values):
+            if np.isfinite(value):
+                dark = not np.isfinite(shown[i, j]) or image.norm(value) < 0.5  # viridis is dark below
+                ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=6,
+                        color="white" if dark else "black")
+    bar = ax.figure.colorbar(image, cax=ax.inset_axes([1.03, 0.0, 0.04, 1.0]))
+    bar.set_label(colorbar_label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+
+
+def one_value(ax: Axes, values: Sequence[float], what: str) -> bool:
+    """When every one of several ``values`` is the same, say so in the panel instead of drawing
+    it (an all-zero overflow panel carries one number); True when it did."""
+    finite = [v for v in values if np.isfinite(v)]
+    if len(finite) < 2 or min(finite) != max(finite):
+        return False
+    ax.text(0.5, 0.5, f"{what}: all {len(finite)} values are {finite[0]:g},\nnothing to compare",
+            ha="center", va="center", transform=ax.transAxes, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return True

@@ -1,0 +1,154 @@
+"""The figure budget (analysis/figure_budget.py) holds for every figure family the package draws:
+each capture-report analysis, the format comparison, the runs comparison and the layer I/O
+differences, on the tiny capture the quickstart resembles and on a wide one (many layers, every
+tensor, five formats). One figure per family and drawing function (the one with the most data),
+at a low dpi: the budget is measured in the figure's own units, so the dpi does not change it."""
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from megatron.quant.analysis import figure_budget, figures
+from megatron.quant.analysis.captures.families import ANALYSES
+from megatron.quant.analysis.captures.loading import SummaryOptions
+from megatron.quant.analysis.captures.pipeline import ReportOptions, analysis_input
+from megatron.quant.analysis.plans import FigureJob, PlotSettings
+from megatron.quant.analysis.runs import forest, metrics, report as runs_report
+from megatron.quant.analysis.runs.read import GRAD_NORM, LOSS, LR, TOKENS_PER_S, VALIDATION, Run
+from megatron.quant.compare import whatif_report
+from megatron.quant.compare.report import plot_difference_histograms
+
+sys.path.insert(0, str(Path(__file__).parent))
+from capture_fixture import tiny_run  # noqa: E402
+
+DPI = 30
+FIVE_FORMATS = ("hifp8", "mxfp8", "mxfp4", "nvfp4", "fp8_e4m3", "bf16")
+
+
+@pytest.fixture(scope="module")
+def wide_logs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("wide_logs")
+    tiny_run(root, quant_types=FIVE_FORMATS, layers=tuple(range(8)), ranks=(0,), stats_iterations=(1, 2))
+    return root
+
+
+def _widest(jobs: list[FigureJob]) -> list[FigureJob]:
+    """One job per drawing function: the one with the largest payload."""
+    chosen: dict = {}
+    for job in jobs:
+        size = len(pickle.dumps(job.payload))
+        if job.draw not in chosen or size > chosen[job.draw][0]:
+            chosen[job.draw] = (size, job)
+    return [job for _, job in chosen.values()]
+
+
+def _broken(jobs: list[FigureJob], out: Path) -> dict[str, str]:
+    errors = {job.path: figures.render(job, out, DPI) for job in jobs}
+    return {path: error for path, error in errors.items() if error is not None}
+
+
+@pytest.mark.parametrize("capture", ["tiny_logs", "wide_logs"])
+def test_every_capture_report_family_keeps_the_budget(capture, request, tmp_path):
+    options = ReportOptions(request.getfixturevalue(capture), tmp_path, ANALYSES, progress=False,
+                            summary=SummaryOptions(sample_size=2_000), settings=PlotSettings(figure_budget=10_000))
+    inp = analysis_input(options)
+    jobs = []
+    for analysis in ANALYSES:
+        (tmp_path / analysis.folder).mkdir(parents=True, exist_ok=True)
+        jobs += _widest(analysis.build(inp).figures)
+    if capture == "tiny_logs":  # every family draws on it (the wide one has a single rank)
+        assert {job.path.split("/")[0] for job in jobs if "/" in job.path} >= {a.folder for a in ANALYSES if a.folder}
+    assert _broken(jobs, tmp_path) == {}
+
+
+def _whatif_rows(classes: int, layers: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for cls in range(classes):
+        for layer in range(layers):
+            for name in FIVE_FORMATS[:5]:
+                rows.append({"role": f"role{cls % 7}", "operation": "forward" if cls % 2 else "backward",
+                             "tensor_name": f"tensor_{cls}", "operand": "", "format": name, "layer_idx": layer,
+                             "sqnr_db": float(rng.uniform(5, 40)), "relative_error": float(rng.uniform(0.01, 0.5)),
+                             "overflow_ratio": 0.0, "underflow_ratio": float(rng.uniform(0, 1e-3))})
+    return rows
+
+
+@pytest.mark.parametrize("classes,layers", [(10, 2), (24, 12)])
+def test_the_format_comparison_keeps_the_budget(classes, layers, tmp_path):
+    jobs = whatif_report.figure_jobs(_whatif_rows(classes, layers))
+    assert [Path(job.path).name for job in jobs] == ["by_class.png", "by_layer.png"]
+    assert _broken(jobs, tmp_path) == {}
+
+
+def _study(recipes: int) -> list[Run]:
+    """``recipes`` recipes x 3 seeds of 60 logged iterations, in memory, with stats-mode tags."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 61)
+    runs = []
+    for i in range(recipes):
+        name = "bf16" if i == 0 else f"recipe-{i}-with-a-long-name"
+        for seed in ("", "-seed1", "-seed2"):
+            loss = (2 + 4 * np.exp(-steps / 20)) * (1 + 0.002 * i + 0.01 * rng.standard_normal(steps.size))
+            scalars = {LOSS: (steps, loss), GRAD_NORM: (steps, 1 + rng.random(steps.size)),
+                       LR: (steps, np.full(steps.size, 1e-3)), TOKENS_PER_S: (steps, 1e4 + rng.random(steps.size)),
+                       VALIDATION: (steps[::20], loss[::20]),
+                       **{f"train/quant/{site}/sqnr_db": (steps, 20 + rng.random(steps.size))
+                          for site in ("qkv/input", "fc1/input", "fc2/weight", "proj/grad_output")}}
+            runs.append(Run(name + seed, scalars))
+    return runs
+
+
+@pytest.mark.parametrize("recipes", [3, 12])
+def test_the_runs_comparison_keeps_the_budget(recipes, tmp_path):
+    runs = _study(recipes)
+    baseline = runs[0]
+    groups = metrics.recipe_groups(runs)
+    curves = [run for run in runs if run.seed_of is None]
+    band = metrics.noise_band(baseline, [run for run in runs if run.seed_of == "bf16"], 0.6)
+    jobs = runs_report.all_figure_jobs(curves, baseline, 0.6, band, groups, metrics.recipe_table(groups, "bf16"))
+    assert {"loss.png", forest.NAME, "loss_bands.png", "training.png", "validation.png"} <= {j.path for j in jobs}
+    assert any(job.path.startswith("stats_") for job in jobs)
+    assert _broken(_widest(jobs), tmp_path) == {}
+
+
+def test_the_study_forest_plot_draws_from_the_committed_table(tmp_path):
+    """docs/study holds the study's tables, not its runs: the README's figure comes from the CSV."""
+    table = Path(__file__).parents[2] / "docs" / "study" / "study_150_recipes.csv"
+    assert forest.draw_from_csv(table, tmp_path / "forest.png", dpi=DPI) is None
+    assert (tmp_path / "forest.png").is_file()
+
+
+def test_layer_io_differences_keep_the_budget(tmp_path):
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal(512).astype(np.float32)
+    results = {mode: {"input": reference + (i * 1e-3) * rng.standard_normal(512).astype(np.float32)}
+               for i, mode in enumerate(["bf16", "hifp8", "mxfp8", "mxfp4", "nvfp4"])}
+    [(path, error)] = plot_difference_histograms(results, "bf16", tmp_path / "io")
+    assert path.is_file() and error is None
+
+
+def _figure(draw) -> Figure:
+    fig, [ax] = figures.subplot_grid(1, ncols=1, panel_size=(4.0, 3.0))
+    draw(ax)
+    fig.canvas.draw()
+    return fig
+
+
+def test_the_budget_names_what_a_reader_cannot_see():
+    crowded = _figure(lambda ax: [ax.plot([0, 1], [i, i + 1], label=f"series {i}") for i in range(12)])
+    assert any("12 series in one panel" in p for p in figure_budget.problems(crowded))
+    covered = _figure(lambda ax: (ax.plot(np.linspace(0, 1, 50), np.linspace(0, 1, 50), label="a"),
+                                  ax.legend(loc="center")))
+    assert any("legend covers data points" in p for p in figure_budget.problems(covered))
+    dense = _figure(lambda ax: ax.set_xticks(range(40), [f"tensor class {i}" for i in range(40)], rotation=30))
+    assert any("x tick labels" in p and "overlap" in p for p in figure_budget.problems(dense))
+    clipped = _figure(lambda ax: ax.set_ylabel("a label\n" * 30))
+    assert any("runs off the figure" in p for p in figure_budget.problems(clipped))
+    clean = _figure(lambda ax: (ax.plot([0, 1], [0, 1], label="a"), figures.legend_above(ax)))
+    assert figure_budget.problems(clean) == []
