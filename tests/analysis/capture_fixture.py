@@ -30,6 +30,8 @@ ATTENTION_TENSORS = {("forward", "pre"): ("query", "key", "value"), ("forward", 
                      ("backward", "post"): ("grad_query", "grad_key", "grad_value")}
 MODULES = (("linear", LINEAR_TENSORS, "qkv"), ("linear", LINEAR_TENSORS, "fc2"),
            ("attention", ATTENTION_TENSORS, "core_attention"))
+# Every GEMM of a Llama layer, as the quickstart captures them (36 tensors a quant type).
+ALL_MODULES = MODULES + (("linear", LINEAR_TENSORS, "proj"), ("linear", LINEAR_TENSORS, "fc1"))
 QUANTIZED_OPERANDS = {"input", "weight", "grad_output", "query", "key", "value"}
 
 
@@ -142,9 +144,9 @@ def _values(rng: np.random.Generator, layer_type: str, tensor_name: str, layer_i
 
 def tiny_run(root: Path, quant_types=("hifp8", "mxfp8", "mxfp4", "bf16"), layers=(0, 1),
              ranks=(0, 1), file_iterations=(0,), stats_iterations=(1, 2, 3),
-             quantized_copies: bool = True, manifests: bool = True) -> list[Path]:
-    """A tiny run's captures: every tensor of linear and attention layers, forward and
-    backward, with files for ``file_iterations`` and statistics-only entries after that."""
+             quantized_copies: bool = True, manifests: bool = True, modules=MODULES) -> list[Path]:
+    """A tiny run's captures: every tensor of linear and attention layers (``modules``), forward
+    and backward, with files for ``file_iterations`` and statistics-only entries after that."""
     rng = np.random.default_rng(0)
     captures = []
     for quant_type in quant_types:
@@ -152,7 +154,7 @@ def tiny_run(root: Path, quant_types=("hifp8", "mxfp8", "mxfp4", "bf16"), layers
         for iteration in (*file_iterations, *stats_iterations):
             for layer_idx in layers:
                 for rank in ranks:
-                    for layer_type, tensors, role in MODULES:
+                    for layer_type, tensors, role in modules:
                         for (operation, phase), names in tensors.items():
                             for name in names:
                                 shape = _shape(layer_type, name)

@@ -2,8 +2,8 @@
 
 Checked after layout, on the renderer's extents: legends, tick labels, axis labels, titles and
 colour bars lie inside the figure; tick labels of one axis do not overlap each other; a legend
-covers no tick label, no other legend, no axes of another panel and no data point of its own
-panel; no panel draws more series than a reader can tell apart (``MAX_SERIES``: beyond that a
+covers no title, axis or tick label, no other legend, no axes of another panel and no data
+point of its own panel; no panel draws more series than a reader can tell apart (``MAX_SERIES``: beyond that a
 figure becomes small multiples, a heatmap with its values written in, or a table).
 """
 from __future__ import annotations
@@ -54,10 +54,9 @@ def problems(fig: Figure) -> list[str]:
         for ax in axes:
             if legend.axes is not ax and _overlap(box, ax.bbox):
                 found.append(f"{where}: legend covers the panel {_name(ax)}")
-            labels = [t for t in (*_tick_labels(ax.xaxis), *_tick_labels(ax.yaxis))
-                      if _overlap(box, t.get_window_extent(renderer))]
+            labels = [t for t in _texts(ax) if _overlap(box, t.get_window_extent(renderer))]
             if labels:
-                found.append(f"{where}: legend covers tick label {labels[0].get_text()!r} of {_name(ax)}")
+                found.append(f"{where}: legend covers {labels[0].get_text()!r} of {_name(ax)}")
         if legend.axes is not None and _covers_data(legend.axes, box):
             found.append(f"{where}: legend covers data points")
     for i, (where, legend) in enumerate(legends):

@@ -10,6 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import LogNorm
 import numpy as np
 
+_BAR = 0.85  # inches: a colour bar, its tick labels and its label
 
 def legend_above(ax: Axes, fontsize: int = 7) -> None:
     """The panel's legend in rows between its title and its plot area, so that it never covers
@@ -23,7 +24,18 @@ def legend_above(ax: Axes, fontsize: int = 7) -> None:
     rows = math.ceil(len(labels) / ncols)
     ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=ncols, fontsize=fontsize,
               frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
-    ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), pad=4 + rows * 1.45 * fontsize)
+    ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), pad=6 + rows * 1.75 * fontsize)
+
+
+def colour_bar(ax: Axes, image, label: str, narrow: bool = True) -> None:
+    """A colour bar beside ``ax`` inside its cell of the grid (the panel narrows by ``_BAR``
+    inches unless the caller made room), so that its tick labels and label stay on the figure."""
+    if narrow:
+        box = ax.get_position()
+        ax.set_position([box.x0, box.y0, box.width - _BAR / ax.figure.get_figwidth(), box.height])
+    bar = ax.figure.colorbar(image, cax=ax.inset_axes([1.03, 0.0, 0.04, 1.0]))
+    bar.set_label(label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
 
 
 def room_for_row_names(ax: Axes, names: Sequence[object], fontsize: float, right: float = 0.0) -> None:
@@ -54,19 +66,20 @@ def label_heatmap(ax: Axes, rows: Sequence[str], columns: Sequence[object], valu
     fontsize = max(5, min(8, 260 // max(1, len(rows))))
     ax.set_yticks(range(len(rows)), list(rows), fontsize=fontsize)
     figure_width = ax.figure.get_figwidth()
-    room_for_row_names(ax, rows, fontsize, right=0.75)  # and the colour bar with its labels
-    labels_fit = max(2, int(ax.get_position().width * figure_width / (0.09 * max(len(str(c)) for c in columns) + 0.15)))
-    step = max(1, math.ceil(len(columns) / labels_fit))
-    ax.set_xticks(range(0, len(columns), step), [str(c) for c in list(columns)[::step]], fontsize=8)
+    room_for_row_names(ax, rows, fontsize, right=_BAR)  # and the colour bar with its labels
+    width = ax.get_position().width * figure_width
+    level = int(width / (0.09 * max(len(str(c)) for c in columns) + 0.15))  # level labels that fit
+    upright = level >= len(columns)
+    step = 1 if upright else max(1, math.ceil(len(columns) / int(width / 0.2)))  # else rotated ones
+    ax.set_xticks(range(0, len(columns), step), [str(c) for c in list(columns)[::step]], fontsize=8,
+                  rotation=0 if upright else 30, ha="center" if upright else "right")
     if written and values.size <= 160:
         for (i, j), value in np.ndenumerate(values):
             if np.isfinite(value):
-                dark = not np.isfinite(shown[i, j]) or image.norm(value) < 0.5  # viridis is dark below
+                dark = np.isfinite(shown[i, j]) and image.norm(value) < 0.5  # viridis is dark below
                 ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=6,
                         color="white" if dark else "black")
-    bar = ax.figure.colorbar(image, cax=ax.inset_axes([1.03, 0.0, 0.04, 1.0]))
-    bar.set_label(colorbar_label, fontsize=8)
-    bar.ax.tick_params(labelsize=7)
+    colour_bar(ax, image, colorbar_label, narrow=False)
 
 
 def one_value(ax: Axes, values: Sequence[float], what: str) -> bool:

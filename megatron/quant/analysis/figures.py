@@ -19,7 +19,8 @@ import numpy as np  # noqa: E402
 
 from megatron.quant.analysis import figure_budget  # noqa: E402
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
-from megatron.quant.analysis.figure_layout import label_heatmap, legend_above, one_value, room_for_row_names  # noqa: E402,F401
+from megatron.quant.analysis.figure_layout import (colour_bar, label_heatmap, legend_above, one_value,  # noqa: E402,F401
+                                                   room_for_row_names)
 from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()
@@ -27,6 +28,7 @@ _STANDARD_NORMAL = statistics.NormalDist()
 _STYLE = {"axes.formatter.limits": (-3, 4), "axes.titlesize": 10}
 DENSITY_LABEL = "probability density (1/value)"
 _LEGEND_FONT = 8
+_UPRIGHT_BOXES = 12  # box plots with more boxes lie down
 
 
 # Fixed layout in inches (tight_layout measures every text and costs about a third of a
@@ -156,6 +158,17 @@ def box_plot(ax, series: Mapping[str, np.ndarray], title: str, ylabel: str,
     if log is None:
         log = all((v > 0).all() for v in series.values()) and spans_decades(
             np.concatenate(list(series.values())))
+    if len(series) > _UPRIGHT_BOXES:  # too many names to write under the boxes: boxes lie down, named on the left
+        ax.boxplot(list(series.values()), whis=(1, 99), showfliers=False, orientation="horizontal")
+        fontsize = max(5, min(8, 260 // len(series)))
+        ax.set_yticks(range(1, len(series) + 1), list(series), fontsize=fontsize)
+        ax.set_ylim(len(series) + 0.5, 0.5)
+        room_for_row_names(ax, list(series), fontsize)
+        if log:
+            log_scale(ax, "x")
+        ax.set_xlabel(ylabel + (" (log scale)" if log else ""))
+        ax.grid(alpha=0.3, axis="x")
+        return
     ax.boxplot(list(series.values()), whis=(1, 99), showfliers=False)
     ax.set_xticks(range(1, len(series) + 1), list(series), rotation=30, ha="right", fontsize=8)
     if log:

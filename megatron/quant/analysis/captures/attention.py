@@ -98,5 +98,5 @@ def draw_attention_maps(payload: dict) -> Figure:
                           norm=LogNorm(vmin=max(float(visible.min()), 1e-6), vmax=1.0))
         ax.set_xlabel("key position (token)")
         ax.set_ylabel("query position (token)")
-        fig.colorbar(image, ax=ax, label="attention probability")
+        figures.colour_bar(ax, image, "attention probability")
     return figures.finish(fig, "Attention maps (head 0)")

@@ -62,5 +62,5 @@ def draw_heatmaps(payload: dict) -> Figure:
         rows = int(np.prod(shape[:-1]))
         ax.set_xlabel(f"column block (last dim, {shape[-1]} columns)")
         ax.set_ylabel(f"row block ({rows} rows)")
-        fig.colorbar(image, ax=ax, label="max |x| in block")
+        figures.colour_bar(ax, image, "max |x| in block")
     return figures.finish(fig, payload["title"])

@@ -21,7 +21,7 @@ from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import FigureJob
 
 NAME = "study.png"
-HIGHLIGHTED = 4  # recipes in colour on the loss panel besides the baseline
+HIGHLIGHTED = 3  # recipes in colour on the loss panel besides the baseline
 _NUMBERS = ("gap to baseline", "gap ±", "baseline seed spread")
 
 
@@ -103,7 +103,7 @@ def _loss_panel(ax, curves: dict, baseline: str, highlighted: list[str]) -> None
     if losses and min(losses) > 0 and figures.spans_decades(losses, 1.0):
         figures.log_scale(ax)
     ax.set(xlabel="iteration", ylabel="lm loss (smoothed, mean over seeds)")
-    ax.set_title("Training loss (grey: the other recipes; band: min-max over seeds)", fontsize=10)
+    ax.set_title("Training loss (band: min-max over seeds; grey: the others)", fontsize=10)
     ax.grid(alpha=0.3)
     figures.legend_above(ax)
 
