@@ -59,6 +59,15 @@ def problems(fig: Figure) -> list[str]:
                 found.append(f"{where}: legend covers {labels[0].get_text()!r} of {_name(ax)}")
         if legend.axes is not None and _covers_data(legend.axes, box):
             found.append(f"{where}: legend covers data points")
+    title = [t for t in fig.texts if t.get_text() == fig.get_suptitle()] if fig.get_suptitle() else []
+    for text in title:  # the figure title: clear of every panel's title and legend
+        box = text.get_window_extent(renderer)
+        if not _inside(box, frame):
+            found.append("the figure title runs off the figure")
+        covered = [_name(ax) for ax in axes if _overlap(box, ax.title.get_window_extent(renderer))]
+        covered += [where for where, legend in legends if _overlap(box, legend.get_window_extent(renderer))]
+        if covered:
+            found.append(f"the figure title overlaps {covered[0]}")
     for i, (where, legend) in enumerate(legends):
         for other_where, other in legends[i + 1:]:
             if _overlap(legend.get_window_extent(renderer), other.get_window_extent(renderer)):

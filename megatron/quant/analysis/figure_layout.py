@@ -4,6 +4,7 @@ apart."""
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Sequence
 
 from matplotlib.axes import Axes
@@ -11,6 +12,7 @@ from matplotlib.colors import LogNorm
 import numpy as np
 
 _BAR = 0.85  # inches: a colour bar, its tick labels and its label
+_HEADROOM: "weakref.WeakKeyDictionary[Axes, float]" = weakref.WeakKeyDictionary()  # inches above a panel
 
 def legend_above(ax: Axes, fontsize: int = 7) -> None:
     """The panel's legend in rows between its title and its plot area, so that it never covers
@@ -24,7 +26,26 @@ def legend_above(ax: Axes, fontsize: int = 7) -> None:
     rows = math.ceil(len(labels) / ncols)
     ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=ncols, fontsize=fontsize,
               frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
-    ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), pad=6 + rows * 1.75 * fontsize)
+    pad = 6 + rows * 1.75 * fontsize  # points
+    ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), pad=pad)
+    _HEADROOM[ax] = pad / 72
+
+
+def make_headroom(fig) -> None:
+    """Grow the figure at the top by what the top row's legends above their panels need, every
+    panel keeping its size and its place from the bottom (so the figure title stays clear)."""
+    top = max((ax.get_position().y1 for ax in fig.axes), default=1.0)
+    extra = max((inches for ax, inches in _HEADROOM.items()
+                 if ax.figure is fig and ax.get_position().y1 >= top - 1e-6), default=0.0)
+    if not extra:
+        return
+    height = fig.get_figheight()
+    scale = height / (height + extra)
+    for ax in fig.axes:
+        if ax.get_axes_locator() is None:  # inset axes (colour bars) follow their panel
+            x0, y0, width, tall = ax.get_position().bounds
+            ax.set_position([x0, y0 * scale, width, tall * scale])
+    fig.set_figheight(height + extra)
 
 
 def colour_bar(ax: Axes, image, label: str, narrow: bool = True) -> None:

@@ -19,8 +19,8 @@ import numpy as np  # noqa: E402
 
 from megatron.quant.analysis import figure_budget  # noqa: E402
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
-from megatron.quant.analysis.figure_layout import (colour_bar, label_heatmap, legend_above, one_value,  # noqa: E402,F401
-                                                   room_for_row_names)
+from megatron.quant.analysis.figure_layout import (colour_bar, label_heatmap, legend_above,  # noqa: E402,F401
+                                                   make_headroom, one_value, room_for_row_names)
 from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()
@@ -74,6 +74,7 @@ def legend_width(labels: Sequence[str], minimum: float = 1.6) -> float:
 def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = None) -> Figure:
     """The figure title; ``shared_legend``: axes whose labels get one legend to their right
     (panels drawing the same series; make room with subplot_grid's ``legend_width``)."""
+    make_headroom(fig)
     fig.suptitle(title, fontsize=13, y=1 - 0.2 / fig.get_figheight(), va="top")
     if shared_legend:
         entries: dict = {}
@@ -128,8 +129,10 @@ def value_histograms(ax, series: Mapping[str, np.ndarray], title: str,
     edges = np.linspace(low, high, bins + 1)
     if len(series) > MAX_SERIES:
         densities = [np.histogram(values, bins=edges, density=density)[0] for values in series.values()]
-        label_heatmap(ax, [f"{label} (n={values.size:,})" for label, values in series.items()],
-                      [f"{edge:.3g}" for edge in edges[:-1]], np.array(densities), title,
+        sizes = {values.size for values in series.values()}
+        rows = list(series) if len(sizes) == 1 else [f"{label} (n={v.size:,})" for label, v in series.items()]
+        label_heatmap(ax, rows, [f"{edge:.3g}" for edge in edges[:-1]], np.array(densities),
+                      f"{title} (n={sizes.pop():,} each)" if len(sizes) == 1 else title,
                       DENSITY_LABEL if density else "count", log=True, written=False)
         ax.set_xlabel(f"{xlabel} (bin start)")
         return

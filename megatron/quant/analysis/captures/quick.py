@@ -53,9 +53,12 @@ def draw_quick(payload: dict) -> Figure:
     axes[0].grid(alpha=0.3)
     for ax, (name, counts) in zip(axes[1:], payload["pies"].items()):
         labels = sorted(counts, key=str)
+        ax.set_title(f"Captures by {name} ({sum(counts.values())} in all)", fontsize=10)
+        if len(labels) == 1:  # a one-slice pie says one thing: say it
+            figures.no_data(ax, f"all {sum(counts.values())} captures: {name} {labels[0]}")
+            continue
         ax.pie([counts[k] for k in labels], labels=[str(k) for k in labels], autopct="%1.1f%%",
                startangle=90, counterclock=False)
-        ax.set_title(f"Captures by {name} ({sum(counts.values())} in all)", fontsize=10)
     return figures.finish(fig, "Quick analysis of captured tensors")
 
 
