@@ -26,7 +26,7 @@ def legend_above(ax: Axes, fontsize: int = 7) -> None:
     rows = math.ceil(len(labels) / ncols)
     ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=ncols, fontsize=fontsize,
               frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
-    pad = 6 + rows * 1.75 * fontsize  # points
+    pad = 8 + rows * 1.75 * fontsize  # points
     ax.set_title(ax.get_title(), fontsize=ax.title.get_fontsize(), pad=pad)
     _HEADROOM[ax] = pad / 72
 
@@ -59,6 +59,12 @@ def colour_bar(ax: Axes, image, label: str, narrow: bool = True) -> None:
     bar.ax.tick_params(labelsize=7)
 
 
+def row_fontsize(ax: Axes, rows: int) -> float:
+    """Points for ``rows`` names down the panel's height: 8 when they fit, down to 5."""
+    height = ax.get_position().height * ax.figure.get_figheight() * 72
+    return max(5.0, min(8.0, height / max(1, rows) / 1.3))
+
+
 def room_for_row_names(ax: Axes, names: Sequence[object], fontsize: float, right: float = 0.0) -> None:
     """Row names need more room on the left than a panel's y label: narrow the panel (inside its
     cell of the grid) instead of letting them run into the next panel or off the figure;
@@ -84,7 +90,7 @@ def label_heatmap(ax: Axes, rows: Sequence[str], columns: Sequence[object], valu
     image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap="viridis", norm=norm,
                       interpolation="nearest")
     ax.set_title(title, fontsize=10)
-    fontsize = max(5, min(8, 260 // max(1, len(rows))))
+    fontsize = row_fontsize(ax, len(rows))
     ax.set_yticks(range(len(rows)), list(rows), fontsize=fontsize)
     figure_width = ax.figure.get_figwidth()
     room_for_row_names(ax, rows, fontsize, right=_BAR)  # and the colour bar with its labels

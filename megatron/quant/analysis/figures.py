@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from megatron.quant.analysis import figure_budget  # noqa: E402
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
 from megatron.quant.analysis.figure_layout import (colour_bar, label_heatmap, legend_above,  # noqa: E402,F401
-                                                   make_headroom, one_value, room_for_row_names)
+                                                   make_headroom, one_value, room_for_row_names, row_fontsize)
 from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()
@@ -163,7 +163,7 @@ def box_plot(ax, series: Mapping[str, np.ndarray], title: str, ylabel: str,
             np.concatenate(list(series.values())))
     if len(series) > _UPRIGHT_BOXES:  # too many names to write under the boxes: boxes lie down, named on the left
         ax.boxplot(list(series.values()), whis=(1, 99), showfliers=False, orientation="horizontal")
-        fontsize = max(5, min(8, 260 // len(series)))
+        fontsize = row_fontsize(ax, len(series))
         ax.set_yticks(range(1, len(series) + 1), list(series), fontsize=fontsize)
         ax.set_ylim(len(series) + 0.5, 0.5)
         room_for_row_names(ax, list(series), fontsize)
@@ -336,11 +336,20 @@ def draw_log2_panels(payload: dict) -> Figure:
     return finish(fig, payload["title"])
 
 
+def box_panel_size(boxes: int, size: tuple[float, float]) -> tuple[float, float]:
+    """A box-plot panel's size: ``size``, or, when its boxes lie down (``box_plot``), tall enough
+    for a readable name per box."""
+    if boxes <= _UPRIGHT_BOXES:
+        return size
+    return min(max(size[0], 6.5), 9.0), max(size[1], 1.9 + 0.15 * boxes)
+
+
 def draw_box_plot_panels(payload: dict) -> Figure:
     """A figure of box-plot panels: {"title", "ncols", "panel_size",
     "panels": [{"title", "ylabel", "log", "series"}]}."""
     panels = payload["panels"]
-    fig, axes = subplot_grid(len(panels), ncols=payload["ncols"], panel_size=payload["panel_size"])
+    boxes = max(len(panel["series"]) for panel in panels)
+    fig, axes = subplot_grid(len(panels), ncols=payload["ncols"], panel_size=box_panel_size(boxes, payload["panel_size"]))
     for ax, panel in zip(axes, panels):
         box_plot(ax, panel["series"], panel["title"], panel["ylabel"], log=panel["log"])
     return finish(fig, payload["title"])

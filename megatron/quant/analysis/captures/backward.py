@@ -51,8 +51,8 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 
 
 def draw_statistics(payload: dict) -> Figure:
-    width = max(8.0, 0.5 * max(len(series) for series in payload.values()))
-    fig, axes = figures.subplot_grid(2, ncols=1, panel_size=(width, 4.6))
+    boxes = max(len(series) for series in payload.values())
+    fig, axes = figures.subplot_grid(2, ncols=1, panel_size=figures.box_panel_size(boxes, (max(8.0, 0.5 * boxes), 4.6)))
     labels = {"std": ("Standard deviation", "std (value units)"),
               "absmax": ("Max |x|", "max |x| (value units)")}
     for ax, (stat, series) in zip(axes, payload.items()):

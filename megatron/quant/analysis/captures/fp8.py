@@ -99,7 +99,8 @@ def matched_pairs(members: dict) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
 
 
 def draw_statistics(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(5.5, 4.0))
+    boxes = max(len(series) for series in payload.values())
+    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=figures.box_panel_size(boxes, (5.5, 4.0)))
     for ax, (stat, series) in zip(axes, payload.items()):
         figures.box_plot(ax, series, f"{stat} per capture", f"{stat} (value units)", log=False)
     return figures.finish(fig, "HiFP8 vs MXFP8: capture statistics")

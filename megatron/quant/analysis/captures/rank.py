@@ -37,7 +37,8 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 
 
 def draw_statistics(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(3, ncols=3, panel_size=(5.2, 4.2))
+    boxes = max(len(payload["std"]), len(payload["absmax"]))
+    fig, axes = figures.subplot_grid(3, ncols=3, panel_size=figures.box_panel_size(boxes, (5.2, 4.2)))
     counts = payload["counts"]
     axes[0].bar(list(counts), list(counts.values()))
     axes[0].set_title("Captures per rank", fontsize=10)

@@ -104,7 +104,8 @@ def write_csv(inp: AnalysisInput, summaries: list[TensorSummary]) -> None:
 
 
 def draw_by_tensor(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=(7.0, 4.6))
+    boxes = max(len(series) for series in payload.values())
+    fig, axes = figures.subplot_grid(len(payload), ncols=2, panel_size=figures.box_panel_size(boxes, (7.0, 4.6)))
     for ax, (quant_type, series) in zip(axes, payload.items()):
         figures.box_plot(ax, series, f"{quant_type}: max |x| per capture", "max |x| (value units)")
     return figures.finish(fig, "Max |x| of each tensor by quant type")
