@@ -33,10 +33,23 @@ def reason(report: pytest.TestReport) -> str:
     return (errors or lines[-1:] or [""])[0][:REASON_CHARS]
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+class RowWriter:
+    """Appends a row per decided outcome to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        decided = outcome(report)
+        if decided is None:
+            return
+        with open(self.path, "a") as rows:
+            rows.write(json.dumps({"id": report.nodeid, "outcome": decided, "reason": reason(report)}) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # An xdist worker's config carries ``workerinput`` (xdist's documented test); the worker's own
+    # environment variable is no guide: a pytest started from inside a worker inherits it.
     path = os.environ.get(ROWS_ENV)
-    decided = outcome(report)
-    if not path or decided is None or "PYTEST_XDIST_WORKER" in os.environ:
-        return
-    with open(path, "a") as rows:
-        rows.write(json.dumps({"id": report.nodeid, "outcome": decided, "reason": reason(report)}) + "\n")
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(RowWriter(path), "gpu_check_rows")
