@@ -38,6 +38,8 @@ setup(
             "transformers>=4.45",
             # The kernel tests run Triton's interpreter on CPU; its wheel depends on nothing (no CUDA packages).
             "triton>=3.0; platform_system == 'Linux'",
+            # tests/test_lint.py: pyflakes, import order, line length (pyproject.toml's [tool.ruff]).
+            "ruff>=0.6",
         ],
         # --wandb-project: the same scalars as TensorBoard, to Weights & Biases (WANDB_MODE=offline works offline).
         "wandb": ["wandb>=0.16"],

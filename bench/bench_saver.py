@@ -48,8 +48,8 @@ MODELS = {"llama-tiny": {}, "wide": {"hidden_size": 1024, "ffn_hidden_size": 307
 
 def build_model(fmt: str, model: str, device: str = "cpu"):
     from megatron.quant.cpu import init_parallel
-    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.layers.spec import build_llama_model
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.training.model import transformer_config
     from megatron.quant.training.presets import get_preset
 

@@ -67,8 +67,8 @@ def train_argv(model: str, iters: int, micro_batch_size: int, seq_length: int | 
 
 def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]:
     """Per timed iteration: step time, MFU (when known) and the saver's wait."""
-    from megatron.quant.training.main import main
     from megatron.quant.training.env import scoped_environ
+    from megatron.quant.training.main import main
 
     env = dict(env, TENSOR_SAVE_DIR=save_dir)
     argv = train_argv(args.model, args.iters, args.micro_batch_size, args.seq_length, args.bf16)

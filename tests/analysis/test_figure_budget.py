@@ -18,7 +18,8 @@ from megatron.quant.analysis.captures.families import ANALYSES
 from megatron.quant.analysis.captures.loading import SummaryOptions
 from megatron.quant.analysis.captures.pipeline import ReportOptions, analysis_input
 from megatron.quant.analysis.plans import FigureJob, PlotSettings
-from megatron.quant.analysis.runs import forest, metrics, report as runs_report
+from megatron.quant.analysis.runs import forest, metrics
+from megatron.quant.analysis.runs import report as runs_report
 from megatron.quant.analysis.runs.read import GRAD_NORM, LOSS, LR, TOKENS_PER_S, VALIDATION, Run
 from megatron.quant.compare import whatif_report
 from megatron.quant.compare.report import plot_difference_histograms

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from megatron.quant import tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
 from tests.capture._fake_model import FakeModel, run_iteration

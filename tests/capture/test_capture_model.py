@@ -19,8 +19,8 @@ def tiny_llama():
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron.quant import cpu
-    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.layers.spec import build_llama_model
+    from megatron.quant.recipes.recipe import QuantRecipe
 
     cpu.init_parallel(seed=5)
     config = TransformerConfig(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4,

@@ -205,6 +205,7 @@ def test_quota_stops_capture_with_one_warning(tmp_path, run):
 
 def test_full_queue_makes_training_wait_without_dropping(tmp_path, monkeypatch, capture_session):
     import threading
+
     import megatron.quant.capture.writer as writer
 
     release = threading.Event()

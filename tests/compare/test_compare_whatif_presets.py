@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from megatron.quant import formats, position, tensor_saver
-from megatron.quant.recipes import presets
 from megatron.quant.analysis.captures.catalog import CaptureRecord
 from megatron.quant.analysis.captures.selection import CaptureFilter
 from megatron.quant.compare import run_whatif, whatif
+from megatron.quant.recipes import presets
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
 

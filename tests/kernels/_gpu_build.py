@@ -14,10 +14,10 @@ import traceback
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
+from triton._C.libtriton import ir  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-from triton._C.libtriton import ir  # noqa: E402
 
 from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import amax, blocks, elementwise, launch, triton_format  # noqa: E402

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from megatron.quant.stats import capture_stats, exact_fields_from_counts, pack_stats, packing
 from megatron.quant.formats import get_format
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.stats import capture_stats, exact_fields_from_counts, pack_stats, packing
 from tests.kernels._compare import assert_same_result, triton_twin, wide_values
 
 pytestmark = pytest.mark.device

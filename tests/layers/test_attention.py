@@ -8,8 +8,15 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
-from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, attention_formats, q,
-                                   transformer_config)
+from tests.layers._helpers import (
+    BLOCK_FORMAT,
+    TENSOR_FORMAT,
+    CountingFormat,
+    RecordingSaver,
+    attention_formats,
+    q,
+    transformer_config,
+)
 
 SEQ, BATCH, HEADS, GROUPS, HEAD_DIM = 64, 2, 4, 2, 64  # head_dim 64: softmax scale 1/8 is exact
 SITE = CaptureSite("attention", "FA", 0, "test.core_attention", "core_attention", "test")

@@ -188,8 +188,9 @@ def test_histories_are_in_the_state_dict_and_reconfiguring_resets_them(parallel)
 
 def test_attention_operands_keep_histories_in_its_sharded_state_dict(parallel):
     from megatron.core.transformer.enums import AttnMaskType
-    from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
+
     from megatron.quant.formats import get_format
+    from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
     from megatron.quant.recipes.operands import ATTENTION_OPERANDS
 
     config = transformer_config()

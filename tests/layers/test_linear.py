@@ -7,8 +7,17 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear, invalidate_quantized_weights
 from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.tensor_saver import CaptureSite
-from tests.layers._helpers import (BLOCK_FORMAT, TENSOR_FORMAT, CountingFormat, RecordingSaver, gemm, linear_formats,
-                                   operand, q, transformer_config)
+from tests.layers._helpers import (
+    BLOCK_FORMAT,
+    TENSOR_FORMAT,
+    CountingFormat,
+    RecordingSaver,
+    gemm,
+    linear_formats,
+    operand,
+    q,
+    transformer_config,
+)
 
 IN, OUT, SEQ, BATCH = 64, 96, 32, 2
 KINDS = {"column": (ColumnParallelLinear, QuantColumnParallelLinear, dict(gather_output=False)),
@@ -291,9 +300,9 @@ def test_square_tiles_quantize_a_weight_once_for_both_gemms(options, shared):
     """2-D tiles (TE's NVFP4 weights) scale the same elements whatever the GEMM's axis: fprop and
     dgrad share one quantization of the weight (round to nearest), which equals each axis's own."""
     from megatron.quant.formats import get_format
-    from megatron.quant.recipes.operands import OperandSpec
-    from megatron.quant.layers.weight_cache import QuantizedWeightCache
     from megatron.quant.layers.operand import same_quantization
+    from megatron.quant.layers.weight_cache import QuantizedWeightCache
+    from megatron.quant.recipes.operands import OperandSpec
 
     fmt = get_format("nvfp4", **options)
     fprop, dgrad = OperandSpec(fmt, -1, "fprop_weight"), OperandSpec(fmt, 0, "dgrad_weight")

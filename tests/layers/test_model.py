@@ -7,8 +7,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
 from megatron.quant import formats
-from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.layers.spec import build_llama_model
+from megatron.quant.recipes.recipe import QuantRecipe
 from tests._dist import run_distributed
 from tests.layers._helpers import BLOCK_FORMAT, transformer_config
 

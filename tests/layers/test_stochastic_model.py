@@ -12,8 +12,8 @@ VOCAB, SEQ = 128, 32
 @pytest.fixture(scope="module")
 def build():
     from megatron.quant import cpu
-    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.layers.spec import build_llama_model
+    from megatron.quant.recipes.recipe import QuantRecipe
     from tests.layers._helpers import transformer_config
 
     cpu.init_parallel(seed=5)

@@ -287,8 +287,8 @@ def _build_refusals(world_size: int) -> dict[str, str]:
     """Messages of the configurations refused at build time at TP>1."""
     from megatron.quant.layers.linear import QuantRowParallelLinear
     from megatron.quant.layers.linear_function import LinearQuant
-    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.layers.spec import build_llama_model
+    from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.tensor_saver import CaptureSite
     from tests.layers._helpers import linear_formats, transformer_config
 

@@ -80,8 +80,9 @@ def test_killed_run_is_resumed_and_a_second_sweep_refuses_meanwhile(tmp_path, ca
 
 
 def test_report_never_averages_a_half_trained_run(tmp_path):
-    from megatron.quant.analysis.runs.report import write_runs_report
     from torch.utils.tensorboard import SummaryWriter
+
+    from megatron.quant.analysis.runs.report import write_runs_report
 
     steps = np.arange(1, 41)
     for name, last, status in (("bf16", 40, "finished"), ("bf16-seed1", 40, "finished"),
@@ -111,8 +112,9 @@ def test_study_script_refuses_train_iters_with_shell_syntax_before_anything(tmp_
 def test_runs_table_says_what_it_could_not_compare(tmp_path):
     """Runs of different lengths, uneven seed sets, a one-point run, a run without a loss tag and a
     NaN seed run: rows and notes, never a traceback."""
-    from megatron.quant.analysis.runs.report import write_runs_report
     from torch.utils.tensorboard import SummaryWriter
+
+    from megatron.quant.analysis.runs.report import write_runs_report
 
     def run(name, steps, losses, tag="train/lm loss"):
         writer = SummaryWriter(str(tmp_path / "runs" / name / "tensorboard"))

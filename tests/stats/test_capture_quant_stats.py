@@ -17,7 +17,6 @@ from megatron.quant import formats
 from megatron.quant.stats import pack_stats, quant_stats
 from megatron.quant.stats import reference as stats_module
 
-
 _NON_SATURATING = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "hifp8": en_dtypes.hifloat8,
                    "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 _MANTISSA_BITS = {"e3m2": 2, "e2m3": 3, "e2m1": 1}

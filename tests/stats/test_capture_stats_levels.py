@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_capture_quant_stats import brute_force_overflow
 
 from megatron.quant import formats
 from megatron.quant.capture.config import SaverConfig
 from megatron.quant.stats import LOG2_EDGES, SAMPLE_ELEMENTS, capture_stats, quant_stats, tensor_stats
-from test_capture_quant_stats import brute_force_overflow
 
 
 def wide_range_tensor(rows: int = 24, cols: int = 64) -> torch.Tensor:

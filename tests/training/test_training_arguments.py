@@ -3,8 +3,8 @@ import subprocess
 
 import pytest
 
-from megatron.quant.training.main import main
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
+from megatron.quant.training.main import main
 from megatron.quant.training.presets import PRESETS
 
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from matplotlib import cbook
 from matplotlib.axes import Axes
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
-from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
-import numpy as np
 
 MAX_SERIES = 8
 _SLACK = 1.0  # pixels: extents touching at a rounded pixel are not an overlap

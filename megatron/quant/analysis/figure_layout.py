@@ -7,9 +7,9 @@ import math
 import weakref
 from typing import Sequence
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import LogNorm
-import numpy as np
 
 _BAR = 0.85  # inches: a colour bar, its tick labels and its label
 _HEADROOM: "weakref.WeakKeyDictionary[Axes, float]" = weakref.WeakKeyDictionary()  # inches above a panel

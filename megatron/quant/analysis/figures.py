@@ -12,15 +12,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
+import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
-import numpy as np  # noqa: E402
 
 from megatron.quant.analysis import figure_budget  # noqa: E402
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
-from megatron.quant.analysis.figure_layout import (colour_bar, label_heatmap, legend_above,  # noqa: E402,F401
-                                                   make_headroom, one_value, room_for_row_names, row_fontsize)
+from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
+    colour_bar,
+    label_heatmap,
+    legend_above,
+    make_headroom,
+    one_value,
+    room_for_row_names,
+    row_fontsize,
+)
 from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import secrets
 import threading
-from dataclasses import replace
 import warnings
+from dataclasses import replace
 from datetime import datetime
 from typing import Mapping, Optional, Union
 

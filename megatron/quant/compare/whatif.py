@@ -20,13 +20,17 @@ from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 import torch
 
 from megatron.quant import formats
-from megatron.quant.recipes import ablations, presets
-from megatron.quant.analysis.captures.catalog import (CaptureRecord, SkippedFile, build_catalog, enrich_from_file,
-                                                      relative_path)
+from megatron.quant.analysis.captures.catalog import (
+    CaptureRecord,
+    SkippedFile,
+    build_catalog,
+    enrich_from_file,
+    relative_path,
+)
 from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.formats.base import NumericFormat, normalize_axis
-from megatron.quant.recipes import operands
+from megatron.quant.recipes import ablations, operands, presets
 from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES, operands_for_role
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.selectors import format_indices

@@ -13,9 +13,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from megatron.quant.analysis import figures
+from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import figure_html
-from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"

@@ -8,8 +8,16 @@ import torch
 from torch import Tensor
 
 from . import hadamard
-from .base import (NONFINITE_OPTION, ROUNDING_OPTION, SEED_OPTION, NumericFormat, Option, non_negative_int,
-                   positive_int, resolve_options)
+from .base import (
+    NONFINITE_OPTION,
+    ROUNDING_OPTION,
+    SEED_OPTION,
+    NumericFormat,
+    Option,
+    non_negative_int,
+    positive_int,
+    resolve_options,
+)
 from .blocks import parse_block_shape
 from .elementwise import CastFormat, ElementwiseFormat
 from .fp8_blocks import FP8BlockFormat

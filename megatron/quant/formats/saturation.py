@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+
 import torch
 
 from . import bits

@@ -14,22 +14,21 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import torch
 import triton
 import triton.language as tl
-
-import torch
 from torch import Tensor
 
 from megatron.quant.formats import bits
-from megatron.quant.formats.grid import FP8_E4M3
-from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
+from megatron.quant.formats.grid import FP8_E4M3
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
+from megatron.quant.formats.nvfp4 import NVFP4Format
 
 from .elementwise import load, round_grid, store, stored
-from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
-from .noise import global_index, noise_args, uniform
 from .launch import EXACT_ARITHMETIC, program_elements
+from .noise import global_index, noise_args, uniform
+from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
 
 ELEMENTS_PER_PROGRAM = 1024
 

@@ -19,9 +19,9 @@ from torch import Tensor
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
-from .stats import NONE, stats_rows, write_abs_max, write_stats
-from .noise import global_index, uniform
 from .launch import EXACT_ARITHMETIC, program_elements
+from .noise import global_index, uniform
+from .stats import NONE, stats_rows, write_abs_max, write_stats
 
 BLOCK = 1024
 

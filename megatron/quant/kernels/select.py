@@ -33,7 +33,6 @@ from megatron.quant.formats.show import show_value
 
 from .launch import interpreting
 
-
 ENV = "CUSTOM_QUANT_KERNELS"
 Backend = Literal["auto", "torch", "compile", "triton"]
 """``CUSTOM_QUANT_KERNELS``'s values, described at the top of this module."""

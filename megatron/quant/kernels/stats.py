@@ -19,7 +19,6 @@ import triton.language as tl
 from torch import Tensor
 
 from megatron.quant.formats.saturation import overflow_bound
-
 from megatron.quant.stats import packing
 
 NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for

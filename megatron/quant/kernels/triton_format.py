@@ -9,25 +9,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from megatron.quant.formats.base import SUPPORTED_DTYPES, _check_input, encode_scale, normalize_axis
+from megatron.quant.formats.base import SUPPORTED_DTYPES, NumericFormat, _check_input, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
-from megatron.quant.formats.base import NumericFormat
-from megatron.quant.formats.grid import FP16, FP8_E4M3
+from megatron.quant.formats.grid import FP8_E4M3, FP16
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.mx import MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.formats.wrapper import FormatWrapper
-
 from megatron.quant.stats import packing
 
 from . import blocks, elementwise
 from .amax import abs_max as one_read_abs_max
-from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
-from .noise import noise_args
 from .launch import interpreting
+from .noise import noise_args
 from .select import supported
+from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
 
 BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFP4Format)
 

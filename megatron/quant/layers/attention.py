@@ -33,22 +33,32 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+from torch import Tensor
 
 from megatron.quant import tensor_saver
-from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group
-from megatron.quant.layers.histories import attach_histories
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.layers.bmm_function import (
+    BmmOperands,
+    BmmQuant,
+    CaptureGradients,
+    QuantBmmFunction,
+    recompute_backward,
+)
+from megatron.quant.layers.histories import attach_histories
+from megatron.quant.layers.operand import (
+    NoiseScope,
+    Quantized,
+    capturing,
+    module_noise_root,
+    noise_scope,
+    quantize_operand,
+)
+from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group
 from megatron.quant.recipes.operands import PV_OPERANDS, QK_OPERANDS
-from megatron.quant.layers.bmm_function import (BmmOperands, BmmQuant, CaptureGradients, QuantBmmFunction,
-                                                recompute_backward)
-from megatron.quant.layers.operand import (NoiseScope, Quantized, capturing, module_noise_root, noise_scope,
-                                           quantize_operand)
 from megatron.quant.tensor_saver import CaptureSite
 
 _HEADS = 2  # the heads dimension of megatron's [s, b, heads, hn]: what tensor parallelism splits

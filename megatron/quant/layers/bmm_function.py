@@ -15,11 +15,19 @@ from torch import Tensor
 
 from megatron.quant import tensor_saver
 from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.layers.operand import (
+    NoiseScope,
+    Quantized,
+    check_gemm_transforms,
+    quantize_both_axes,
+    quantize_operand,
+    reusable_amax,
+    same_quantization,
+    scaled_product,
+)
 from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.tensor_saver import CaptureSite
-from megatron.quant.layers.operand import (NoiseScope, Quantized, check_gemm_transforms, quantize_both_axes,
-                                           quantize_operand, reusable_amax, same_quantization, scaled_product)
 
 
 def _unquantized(slot: str) -> OperandSpec:

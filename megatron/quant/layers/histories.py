@@ -10,8 +10,8 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.recipes.delayed import HISTORIES, AmaxHistory, is_delayed
+from megatron.quant.recipes.operands import OperandSpec
 
 
 def attach_histories(quant: Any, owner: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> Any:

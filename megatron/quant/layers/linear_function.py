@@ -17,15 +17,23 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
-from megatron.quant.recipes import operands
-from megatron.quant.recipes.operands import OperandSpec, Parallel
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.random_bits import RandomBits
-from megatron.quant.tensor_saver import CaptureSite
-from megatron.quant.layers.operand import (Quantized, capturing, check_gemm_transforms, noise_scope,
-                                           quantize_both_axes, quantize_operand, reusable_amax, same_quantization,
-                                           scaled_product)
+from megatron.quant.layers.operand import (
+    Quantized,
+    capturing,
+    check_gemm_transforms,
+    noise_scope,
+    quantize_both_axes,
+    quantize_operand,
+    reusable_amax,
+    same_quantization,
+    scaled_product,
+)
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
+from megatron.quant.recipes import operands
+from megatron.quant.recipes.operands import OperandSpec, Parallel
+from megatron.quant.tensor_saver import CaptureSite
 
 
 @dataclass(frozen=True)

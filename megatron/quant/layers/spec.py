@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -21,9 +20,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from megatron.quant.compat import replace_mlp_submodules
+from megatron.quant.layers import recompute
 from megatron.quant.layers.attention import AttentionQuant, QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
-from megatron.quant.layers import recompute
 from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite

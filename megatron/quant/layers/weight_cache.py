@@ -7,10 +7,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from megatron.quant.layers.operand import (
+    NoiseScope,
+    Quantized,
+    quantize_both_axes,
+    quantize_operand,
+    reusable_amax,
+    same_quantization,
+)
 from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.tensor_saver import Operand
-from megatron.quant.layers.operand import (NoiseScope, Quantized, quantize_both_axes, quantize_operand, reusable_amax,
-                                           same_quantization)
 
 
 class QuantizedWeightCache:

@@ -24,10 +24,9 @@ only (tests compare the resolved per-operand formats).
 """
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from megatron.quant import formats
 from megatron.quant.recipes import presets

@@ -13,10 +13,11 @@ from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
-# Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
-from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, Selector as LayerSelector, parse_selectors
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, FormatChoice, Rule
 
+# Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
+from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, parse_selectors
+from megatron.quant.recipes.selectors import Selector as LayerSelector
 
 _TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
 _RULE_KEYS = ("match", "format", "options", "operands")

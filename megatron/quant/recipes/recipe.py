@@ -29,11 +29,25 @@ from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes.names import NAME_RULE, name_problem
 from megatron.quant.recipes.operands import ALL_OPERANDS, LINEAR_ROLES, ROLES, SCOPES, operands_for_role
+from megatron.quant.recipes.parse import (
+    _TOP_KEYS,
+    RecipeError,
+    _check_format,
+    _check_keys,
+    _check_top_format,
+    _default_name,
+    _expand_preset,
+    _load_yaml,
+    _mapping,
+    _options,
+    _parse_bool,
+    _parse_overrides,
+    _parse_rule,
+    _parse_scope,
+    _parse_seed,
+    check_env_names,
+)
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
-from megatron.quant.recipes.parse import (RecipeError, _TOP_KEYS, _check_format, _check_keys, _check_top_format,
-                                          _default_name, _expand_preset, _load_yaml, _mapping, _options, _parse_bool,
-                                          _parse_overrides, _parse_rule, _parse_scope, _parse_seed,
-                                          check_env_names)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from typing import Any, Optional
 
 from megatron.quant.recipes.selectors import Selector as LayerSelector
 
-
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"
 

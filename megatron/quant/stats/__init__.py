@@ -3,8 +3,14 @@
 ``capture_stats`` at counts, sample or full). Below ``kernels``, whose Triton statistics
 (``kernels.stats``) produce ``packing``'s layout bit for bit.
 """
-from .levels import SAMPLE_ELEMENTS, STATS_LEVELS, capture_stats, exact_fields_from_counts, kernel_stats_serve, \
-    stats_from_packed
+from .levels import (
+           SAMPLE_ELEMENTS,
+           STATS_LEVELS,
+           capture_stats,
+           exact_fields_from_counts,
+           kernel_stats_serve,
+           stats_from_packed,
+)
 from .packing import LOG2_EDGES, LOG2_LOW
 from .reference import pack_stats, quant_stats, tensor_stats, unpack_stats
 

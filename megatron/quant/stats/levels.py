@@ -15,8 +15,16 @@ import torch
 from torch import Tensor
 
 from megatron.quant.stats import packing
-from megatron.quant.stats.reference import (_BLOCK_KEYS, _QUANT_KEYS, _as_ieee, _finite_overflow_count,
-                                            _overflow_count, _quantized_operands, pack_stats, unpack_stats)
+from megatron.quant.stats.reference import (
+    _BLOCK_KEYS,
+    _QUANT_KEYS,
+    _as_ieee,
+    _finite_overflow_count,
+    _overflow_count,
+    _quantized_operands,
+    pack_stats,
+    unpack_stats,
+)
 
 if TYPE_CHECKING:
     from megatron.quant.formats.interface import QuantFormat

@@ -269,9 +269,8 @@ def load_checkpoint(path: str, model, optimizer=None, scheduler=None, *, restore
     another model shape (``shape``: this run's, to name the flag) or amax history length is a
     CheckpointError naming the tensor and both shapes.
     """
-    from torch.distributed.checkpoint.api import CheckpointException
-
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
 
     directory = verified_checkpoint_dir(path, step)
     root = os.path.dirname(os.path.normpath(directory))

@@ -20,7 +20,6 @@ import torch
 from megatron.quant.formats.show import show_value
 from megatron.quant.training.checkpoint_files import first_line
 
-
 # megatron-core's RotaryEmbedding applies Llama 3.1 scaling with these fixed values.
 _MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 

@@ -20,11 +20,11 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron.quant import kernels, tensor_saver  # noqa: E402
-from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.layers import fusions  # noqa: E402
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags  # noqa: E402
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names  # noqa: E402
+from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
 from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args  # noqa: E402
 from megatron.quant.training.config import TrainingConfig  # noqa: E402
@@ -239,6 +239,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
 def _teardown(owns_process_group: bool) -> None:
     # A caller that set up torch.distributed itself (tests, notebooks) keeps its process group.
     from megatron.core import parallel_state
+
     from megatron.quant.cpu import destroy_parallel
 
     if owns_process_group and dist.is_initialized():

@@ -44,6 +44,7 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
 def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None, sdpa: bool = True):
     """GPTModel for ``shape`` with the quantized Llama spec of ``recipe`` (``sdpa``: see ``build_llama_model``)."""
     from megatron.core import parallel_state
+
     from megatron.quant.layers.spec import build_llama_model
 
     if config.fp8:

@@ -91,7 +91,10 @@ class CpuAdamW:
         ``metadata`` (megatron-core's distributed-optimizer options) does not apply here.
         """
         from megatron.core.dist_checkpointing.optimizer import (
-            get_param_id_to_sharded_param_map, make_sharded_optimizer_tensor, optim_state_to_sharding_state)
+            get_param_id_to_sharded_param_map,
+            make_sharded_optimizer_tensor,
+            optim_state_to_sharding_state,
+        )
 
         if is_loading:
             self._init_state()

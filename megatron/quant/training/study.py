@@ -48,8 +48,8 @@ from megatron.quant.analysis.runs.read import LOSS, TOKENS_PER_S, read_scalars
 from megatron.quant.training import corpus, sweep
 from megatron.quant.training.machine import git_commit
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.sweep_plan import TENSORBOARD
 from megatron.quant.training.study_plan import PlannedRun, StudyPlan, StudyPlanError, describe, load_plan
+from megatron.quant.training.sweep_plan import TENSORBOARD
 
 CORPUS, RUNS, LEDGER = "corpus", "runs", "ledger"  # under --out
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",

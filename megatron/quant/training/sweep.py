@@ -27,17 +27,23 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
-from megatron.quant.training import checkpoint
 from megatron.quant.formats.show import show_value
+from megatron.quant.training import checkpoint
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
-from megatron.quant.training.metrics import DIVERGED
-from megatron.quant.training.slots import SlotError, run_in_slots, slot_environments, visible_gpus
 from megatron.quant.training.machine import _now, git_commit, machine
+from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.run_lock import RunLockedError, run_locks
 from megatron.quant.training.signals import FORWARDER, SweepInterrupted
-from megatron.quant.training.sweep_plan import (CHECKPOINTS, SweepError, SweepRun, check_flags, plan_runs,
-                                                print_command, train_command)
-
+from megatron.quant.training.slots import SlotError, run_in_slots, slot_environments, visible_gpus
+from megatron.quant.training.sweep_plan import (
+    CHECKPOINTS,
+    SweepError,
+    SweepRun,
+    check_flags,
+    plan_runs,
+    print_command,
+    train_command,
+)
 
 RUN_JSON = "run.json"
 

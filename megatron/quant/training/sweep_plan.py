@@ -15,7 +15,6 @@ from megatron.quant.recipes.sets import RECIPE_SUFFIXES, SETS, expand_sets
 from megatron.quant.training.arguments import parse_args
 from megatron.quant.training.data import check_data
 
-
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 

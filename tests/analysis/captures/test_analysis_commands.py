@@ -8,9 +8,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from PIL import Image
-
 from capture_fixture import FAST
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[3]
 QUANT_TYPES = ("bf16", "hifp8", "mxfp4", "mxfp8")

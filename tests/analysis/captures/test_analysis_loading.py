@@ -7,11 +7,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from capture_fixture import numpy_tensor_stats, tiny_run
+
 from megatron.quant.analysis.captures.catalog import build_catalog, record_from_file_name
-from megatron.quant.analysis.captures.loading import (CaptureLoadError, SummaryOptions, load_capture, pooled_absmax,
-                                                      sample_indices, summarize)
+from megatron.quant.analysis.captures.loading import (
+    CaptureLoadError,
+    SummaryOptions,
+    load_capture,
+    pooled_absmax,
+    sample_indices,
+    summarize,
+)
 from megatron.quant.analysis.captures.summary import pooled_moments
 from megatron.quant.formats import get_format
 from megatron.quant.stats import quant_stats, tensor_stats

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from capture_fixture import FAST, tiny_run
+
 from megatron.quant.analysis.cli import main
 
 REPO = Path(__file__).resolve().parents[3]

@@ -5,8 +5,7 @@ import csv
 import numpy as np
 import pytest
 
-from megatron.quant.analysis.runs import ledger
-from megatron.quant.analysis.runs import report
+from megatron.quant.analysis.runs import ledger, report
 from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV
 
 STEPS = list(range(10, 101, 10))

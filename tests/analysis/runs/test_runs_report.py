@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from megatron.quant.analysis import cli
-from megatron.quant.analysis.runs import metrics, read, report as runs_report
+from megatron.quant.analysis.runs import metrics, read
+from megatron.quant.analysis.runs import report as runs_report
 
 STEPS = np.arange(1, 201)
 BASE = 2 + 4 * np.exp(-STEPS / 40) * (1 + 0.01 * np.sin(STEPS))  # wiggles: smoothing matters

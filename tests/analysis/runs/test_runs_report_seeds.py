@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from test_runs_report import _write
 
-from megatron.quant.analysis.runs import html as runs_html, metrics, read, report as runs_report, seed_stats
+from megatron.quant.analysis.runs import html as runs_html
+from megatron.quant.analysis.runs import metrics, read, seed_stats
+from megatron.quant.analysis.runs import report as runs_report
 
 STEPS = np.arange(1, 101)
 BASE = 2 + 4 * np.exp(-STEPS / 30)

@@ -11,10 +11,10 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
-from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.captures.summary import group_by, sampled_series
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 
 FOLDER = "attention_analysis"
 MAX_TOKENS = 128  # attention maps show the first tokens only

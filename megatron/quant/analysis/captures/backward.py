@@ -6,8 +6,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 from megatron.quant.analysis.captures.summary import group_by, log2_histograms_by, sampled_series, tensor_label
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 
 FOLDER = "backward_analysis"
 

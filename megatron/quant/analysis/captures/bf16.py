@@ -7,8 +7,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 from megatron.quant.analysis.captures.summary import TensorSummary, finite, group_by, subsample
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 
 FOLDER = "bf16_analysis"
 

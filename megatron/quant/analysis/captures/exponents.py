@@ -10,8 +10,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 
 FOLDER = "exponent_analysis"
 _MARGIN = 12  # binades shown beyond the occupied ones

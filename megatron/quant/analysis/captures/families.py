@@ -3,9 +3,23 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from megatron.quant.analysis.captures import (attention, backward, bf16, comparisons, distributions, exponents, fp8,
-                                              heatmaps, layers, overflow, quantization, quick, rank, statistics,
-                                              trends)
+from megatron.quant.analysis.captures import (
+    attention,
+    backward,
+    bf16,
+    comparisons,
+    distributions,
+    exponents,
+    fp8,
+    heatmaps,
+    layers,
+    overflow,
+    quantization,
+    quick,
+    rank,
+    statistics,
+    trends,
+)
 from megatron.quant.analysis.captures.inputs import Analysis
 
 _FORMAT = frozenset({"format"})

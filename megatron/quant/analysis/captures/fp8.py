@@ -7,9 +7,15 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
+from megatron.quant.analysis.captures.summary import (
+    TensorSummary,
+    finite,
+    group_by,
+    pooled_sample,
+    sampled_series,
+    subsample_indices,
+)
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
-from megatron.quant.analysis.captures.summary import (TensorSummary, finite, group_by, pooled_sample, sampled_series,
-                                                      subsample_indices)
 
 FOLDER = "fp8_analysis"
 FAMILIES = ("hifp8", "mxfp8")

@@ -6,9 +6,14 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
+from megatron.quant.analysis.captures.summary import (
+    TensorSummary,
+    group_by,
+    log2_histograms_by,
+    median_curves,
+    tensor_label,
+)
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
-from megatron.quant.analysis.captures.summary import (TensorSummary, group_by, log2_histograms_by, median_curves,
-                                                      tensor_label)
 
 FOLDER = "layer_analysis"
 _TREND_METRICS = (("overflow_ratio", "Overflow", "overflow (% of elements)", 100.0),

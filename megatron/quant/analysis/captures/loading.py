@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from megatron.quant.analysis.captures.catalog import CaptureRecord, SkippedFile, enrich_from_file, relative_path
+from megatron.quant.analysis.captures.summary import LOG2_BINS, QUANT_METRICS, FormatView, TensorSummary, finite
 from megatron.quant.analysis.confine import not_regular
 from megatron.quant.analysis.parallel import parallel_map
-from megatron.quant.analysis.captures.summary import LOG2_BINS, QUANT_METRICS, FormatView, TensorSummary, finite
 from megatron.quant.formats import NumericFormat, get_format
 from megatron.quant.stats import LOG2_EDGES, quant_stats, tensor_stats
 

@@ -7,9 +7,9 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 from megatron.quant.analysis.captures.quantization import no_quant_stats_note, source_note
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by, tensor_label
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
 
 FOLDER = "overflow_analysis"
 

@@ -10,13 +10,13 @@ from typing import Optional
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.catalog import CatalogError, SkippedFile, build_catalog
 from megatron.quant.analysis.captures.families import ANALYSES
-from megatron.quant.analysis.captures.loading import SummaryOptions, summarize_all
-from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.analysis.captures.inputs import Analysis, AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, PlotSettings
-from megatron.quant.analysis.report import RunSummary, Section, write_report
+from megatron.quant.analysis.captures.loading import SummaryOptions, summarize_all
 from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by, pooled_moments
+from megatron.quant.analysis.parallel import parallel_map
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, PlotSettings
+from megatron.quant.analysis.report import RunSummary, Section, write_report
 
 NOTES_FILE = "NOTES.txt"
 

@@ -7,8 +7,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 from megatron.quant.analysis.captures.summary import TensorSummary, finite_median, group_by, subsample_indices
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "quantization_analysis"
 MAX_PAIRS = 5000  # scatter points per quant type

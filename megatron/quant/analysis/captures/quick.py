@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile
 from megatron.quant.analysis.captures.summary import TensorSummary, pooled_moments, pooled_sample
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile
 
 _COUNTED_BY: dict[str, Callable[[TensorSummary], object]] = {
     "quant type": lambda s: s.record.quant_type,

@@ -6,8 +6,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 from megatron.quant.analysis.captures.summary import finite_median, group_by
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "rank_analysis"
 

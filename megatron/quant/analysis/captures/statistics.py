@@ -8,8 +8,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path, truncation_note
 from megatron.quant.analysis.captures.summary import LOG2_BINS, LOG2_LOW, QUANT_METRICS, TensorSummary, group_by
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path, truncation_note
 
 FOLDER = "statistics"
 CSV_NAME = f"{FOLDER}/tensor_summary.csv"

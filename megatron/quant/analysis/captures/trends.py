@@ -6,8 +6,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by, median_curves, tensor_label
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "training_trends"
 # (metric, title, axis label, source, factor); source "stat" or "quant"

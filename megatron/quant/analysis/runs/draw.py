@@ -9,8 +9,8 @@ import numpy as np
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import FigureJob
-from megatron.quant.analysis.runs.read import LOSS, GRAD_NORM, LR, TOKENS_PER_S, VALIDATION, STATS_TAG, Run
-from megatron.quant.analysis.runs.metrics import GAP_THRESHOLDS, smooth, relative_gap
+from megatron.quant.analysis.runs.metrics import GAP_THRESHOLDS, relative_gap, smooth
+from megatron.quant.analysis.runs.read import GRAD_NORM, LOSS, LR, STATS_TAG, TOKENS_PER_S, VALIDATION, Run
 
 
 def _draw_bands(payload: dict):

@@ -11,9 +11,8 @@ from typing import Sequence
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import STYLE, figure_html, link, table
 from megatron.quant.analysis.runs import forest, seed_stats
-from megatron.quant.analysis.runs.read import Run
 from megatron.quant.analysis.runs.metrics import SPIKE_FACTOR, SPIKE_WINDOW
-
+from megatron.quant.analysis.runs.read import Run
 
 CSV_NAME = "runs.csv"
 RECIPES_CSV = "recipes.csv"

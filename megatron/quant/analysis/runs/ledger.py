@@ -20,8 +20,16 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis.runs.read import (DIVERGED, GRAD_NORM, LOSS, LR, TOKENS_PER_S, VALIDATION, Run,
-                                               RunsReportError)
+from megatron.quant.analysis.runs.read import (
+    DIVERGED,
+    GRAD_NORM,
+    LOSS,
+    LR,
+    TOKENS_PER_S,
+    VALIDATION,
+    Run,
+    RunsReportError,
+)
 
 SCHEMA_VERSION = 1
 TAGS = (LOSS, VALIDATION, GRAD_NORM, LR, TOKENS_PER_S, DIVERGED)  # the scalars an entry keeps

@@ -9,8 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from megatron.quant.analysis.runs import seed_stats
-from megatron.quant.analysis.runs.read import LOSS, GRAD_NORM, TOKENS_PER_S, VALIDATION, Series, Run, first_not_finite
-
+from megatron.quant.analysis.runs.read import GRAD_NORM, LOSS, TOKENS_PER_S, VALIDATION, Run, Series, first_not_finite
 
 GAP_THRESHOLDS = (0.01, 0.05)
 LAST_SHARE = 0.1          # "the last 10 %" of the common iterations

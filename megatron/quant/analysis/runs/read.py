@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-
 LOSS, GRAD_NORM, LR = "train/lm loss", "train/grad norm", "train/learning rate"
 TOKENS_PER_S, VALIDATION, DIVERGED = "train/tokens/s", "validation/lm loss", "train/diverged"
 
