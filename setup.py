@@ -7,7 +7,8 @@ from setuptools import find_namespace_packages, setup
 setup(
     name="megatron-quant",
     version="0.1.0",
-    description="Fake-quantized GEMM operands (HiFloat8, MX, NVFP4, FP8) for megatron-core Llama training, with tensor capture and analysis",
+    description="Fake-quantized GEMM operands (HiFloat8, MX, NVFP4, FP8) for megatron-core Llama training, "
+                "with tensor capture and analysis",
     # Tested on 3.11 (megatron-core 0.16) and 3.12 (megatron-core 0.19): docs/training.md#megatron-core-versions.
     python_requires=">=3.11",
     packages=find_namespace_packages(include=["megatron.quant", "megatron.quant.*"]),

@@ -146,7 +146,8 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                    f"torch threads {torch.get_num_threads()}, device "
                    f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}",
-        "format": args.format, "model": args.model, "hidden_size": shape["hidden_size"], "microbatches": args.microbatches, "batch": args.batch,
+        "format": args.format, "model": args.model, "hidden_size": shape["hidden_size"],
+        "microbatches": args.microbatches, "batch": args.batch,
         "seq_length": seq, "rounds": args.rounds, "queue_mb": args.queue_mb, "bytes_per_full_iteration": bytes_full,
         "step_s": {mode: median(mode, "step_s") for mode in MODES},
         "clock": args.clock, "step_s_by_clock": {mode: median(mode, clock) for mode in MODES},

@@ -48,7 +48,8 @@ def variant_env(spec: str) -> dict:
         elif flag in _CAPTURE:
             env.update(_CAPTURE[flag], TENSOR_SAVE_ENABLED="true")
         else:
-            raise SystemExit(f"bench_train: unknown variant flag {flag!r} in {spec!r} (allowed: compile, linear, stats, full)")
+            raise SystemExit(f"bench_train: unknown variant flag {flag!r} in {spec!r} "
+                             "(allowed: compile, linear, stats, full)")
     return env
 
 
@@ -89,12 +90,14 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--formats", default=None, help="comma-separated; default: every non-passthrough format")
     p.add_argument("--variants", default=None,
-                   help="comma-separated FORMAT[+compile][+linear][+stats|+full]; default: bf16, --formats, hifp8+stats, hifp8+full")
+                   help="comma-separated FORMAT[+compile][+linear][+stats|+full]; "
+                        "default: bf16, --formats, hifp8+stats, hifp8+full")
     p.add_argument("--model", default="llama-tiny", help="preset (default llama-tiny)")
     p.add_argument("--seq-length", type=int, default=None)
     p.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU runs)")
     args = p.parse_args()
-    names = args.formats.split(",") if args.formats else [f for f in formats.list_formats() if not formats.is_passthrough(f)]
+    names = (args.formats.split(",") if args.formats
+             else [f for f in formats.list_formats() if not formats.is_passthrough(f)])
     specs = args.variants.split(",") if args.variants else default_variants(names)
     if BASELINE not in specs:
         specs.insert(0, BASELINE)

@@ -26,8 +26,8 @@ def main() -> int:
     except BrowserCheckError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    verdict = (f"scrolls sideways: {layout.scroll_width} px wide in a {layout.client_width} px window"
-               if layout.scrolls_sideways else f"fits: {layout.scroll_width} px wide in a {layout.client_width} px window")
+    size = f"{layout.scroll_width} px wide in a {layout.client_width} px window"
+    verdict = f"scrolls sideways: {size}" if layout.scrolls_sideways else f"fits: {size}"
     print(f"{args.page} at {args.width} px: {verdict}, {layout.scroll_height} px tall; screenshot {screenshot}")
     return 1 if layout.scrolls_sideways else 0
 

@@ -110,8 +110,9 @@ def _analysis_room(module: str) -> str:
 def test_analysis_kit_below_its_reports_and_cli_on_top():
     analysis = {module: targets for module, targets in _graph().items() if _room(module) == "analysis"}
     upward = sorted(f"{module} -> {target}" for module, targets in analysis.items() for target in targets
-                    if _room(target) == "analysis" and ANALYSIS_RANK[_analysis_room(target)] > ANALYSIS_RANK[
-                        _analysis_room(module)] or {_analysis_room(module), _analysis_room(target)} == {"captures", "runs"})
+                    if _room(target) == "analysis"
+                    and ANALYSIS_RANK[_analysis_room(target)] > ANALYSIS_RANK[_analysis_room(module)]
+                    or {_analysis_room(module), _analysis_room(target)} == {"captures", "runs"})
     assert not upward
 
 

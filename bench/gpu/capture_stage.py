@@ -36,6 +36,8 @@ def summarize(record: dict) -> list[str]:
     if "off_step_s" not in record:
         return ["no result (stopped)"]
     return [f"{record['model']}, {record['format']}: step {record['off_step_s']:.3f} s without capture; statistics "
-            f"every iteration {record['stats_every_iteration_ratio']:.2f}x, every 10th {record['stats_every10_ratio']:.2f}x",
+            f"every iteration {record['stats_every_iteration_ratio']:.2f}x, "
+            f"every 10th {record['stats_every10_ratio']:.2f}x",
             f"full capture of one iteration: {record['full_bytes_per_iteration'] / 1e9:.2f} GB, the training thread "
-            f"waited {record['full_wait_pct_of_step']:.0f} % of a step; disk >= {record['full_write_gbps_at_least']:.2f} GB/s"]
+            f"waited {record['full_wait_pct_of_step']:.0f} % of a step; "
+            f"disk >= {record['full_write_gbps_at_least']:.2f} GB/s"]

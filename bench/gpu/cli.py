@@ -37,7 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stage", action="append", choices=tuple(STAGES), default=None,
                         help=f"a stage to run, repeatable, in the order given (default: {','.join(DEFAULT_STAGES)})")
     parser.add_argument("--out", type=Path, default=None,
-                        help="folder for <stage>.json, summary.md and the log (default bench/results/gpu_check_<device>)")
+                        help="folder for <stage>.json, summary.md and the log "
+                             "(default bench/results/gpu_check_<device>)")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help=f"wall budget of the whole check in seconds (default {DEFAULT_BUDGET_S}): a stage whose "
                              "estimate exceeds what is left is skipped, running commands are killed at its end")

@@ -108,7 +108,8 @@ def run(context: Context) -> dict:
     return {"plan": asdict(plan), "stopped": any(r["exit_code"] is None for r in runs),
             "mfu_of": f"the device's dense bf16 datasheet peak, {peak:g} TFLOP/s (training.metrics.PEAK_BF16_TFLOPS, "
                       "as in docs/results.md)" if peak else "none: no peak known for this device",
-            "rows": rows(runs, not context.dry_run), "runs": [{k: v for k, v in r.items() if k != "profile"} for r in runs],
+            "rows": rows(runs, not context.dry_run),
+            "runs": [{k: v for k, v in r.items() if k != "profile"} for r in runs],
             "skipped_runs": skipped, "baseline_profile": profile}
 
 

@@ -20,7 +20,8 @@ def test_the_dry_run_writes_every_stage_with_its_fields(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "correct.json", "env.json", "gpu_check.log", "kernels.json", "summary.md", "train.json"]
-    records = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("env", "correct", "kernels", "train")}
+    records = {name: json.loads((tmp_path / f"{name}.json").read_text())
+               for name in ("env", "correct", "kernels", "train")}
     for name, record in records.items():
         assert (record["stage"], record["device"], record["status"]) == (name, "cpu (dry run)", "done")
     env = records["env"]

@@ -95,7 +95,8 @@ def test_kernel_rows_carry_bandwidth_and_the_goals_against_copy_and_single_axis(
     assert single["goal"] == ">= 85 % of copy" and single["meets_goal"] is False
     assert rows["hifp8", "single-axis", "triton"]["meets_goal"] is True
     dual = rows["mxfp8_e4m3", "dual-axis", "triton"]
-    assert dual["ratio_to_single"] == pytest.approx(1.2) and dual["goal"] == "<= 1.3x single-axis" and dual["meets_goal"]
+    assert (dual["ratio_to_single"] == pytest.approx(1.2) and dual["goal"] == "<= 1.3x single-axis"
+            and dual["meets_goal"])
     assert rows["mxfp8_e4m3", "with-full-stats", "triton"]["meets_goal"] is False  # 1.2x > 1.1x
     assert rows["hifp8", "single-axis", "eager"]["goal"] is None
 
@@ -134,7 +135,8 @@ def test_the_wheels_pin_what_the_device_lacks_and_the_install_line_uses_no_index
         assert flag in argv
     assert argv[argv.index("--python-version") + 1] == "3.12" and argv[argv.index("-d") + 1] == ".whl"
     line = wheels.install_line()
-    assert line.startswith("python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && ")
+    assert line.startswith("python3 -m pip install -q --no-index --no-deps --no-compile "
+                           "--target /tmp/site .whl/*.whl && ")
     assert "--no-build-isolation --target /tmp/quant . && " in line
     assert line.endswith("export PYTHONPATH=/tmp/site:/tmp/quant:$PWD || exit")
     assert "/.whl/" in (REPO / ".gitignore").read_text().splitlines()

@@ -1,7 +1,7 @@
 """A tiny model whose GEMMs call the saver exactly as the quantized layers do (interfaces.md §2).
 
-Stands in for megatron.quant.layers (linear_function, bmm_function) in the capture tests: linear layers capture input/weight/output
-forward and grad_output/weight/grad_input/grad_weight backward; an attention core captures
+Stands in for megatron.quant.layers (linear_function, bmm_function) in the capture tests: linear layers capture
+input/weight/output forward and grad_output/weight/grad_input/grad_weight backward; an attention core captures
 query/key/value/output forward and grad_output/grad_query/grad_key/grad_value backward.
 """
 from __future__ import annotations
@@ -73,7 +73,8 @@ class CapturedAttentionFn(torch.autograd.Function):
         with torch.enable_grad():
             grads = torch.autograd.grad(_attention(q, k, v), (q, k, v), grad_out)
         if tensor_saver.is_active():
-            tensor_saver.capture(ctx.site, "backward", "post", dict(zip(("grad_query", "grad_key", "grad_value"), grads)))
+            names = ("grad_query", "grad_key", "grad_value")
+            tensor_saver.capture(ctx.site, "backward", "post", dict(zip(names, grads)))
         return (*grads, None)
 
 

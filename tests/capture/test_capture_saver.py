@@ -266,7 +266,8 @@ def test_quantized_copies_and_format_metadata(tmp_path, capture_session):
     original = entries[("linear_qkv", "backward", "weight")]
     copy = entries[("linear_qkv", "backward", "weight_quantized")]
     assert copy["metadata"]["quantized"] is True and original["metadata"]["quantized"] is False
-    assert copy["metadata"]["format"] == original["metadata"]["format"] == {"name": fmt.name, "options": json.loads(json.dumps(fmt.options))}
+    expected_format = {"name": fmt.name, "options": json.loads(json.dumps(fmt.options))}
+    assert copy["metadata"]["format"] == original["metadata"]["format"] == expected_format
     assert original["metadata"]["axis"] == 0 and FILE_NAME_RE.match(copy["file"])["tensor_name"] == "weight_quantized"
     load = lambda e: torch.load(Path(tmp_path, "bf16", e["file"]), weights_only=True)["tensor"]  # noqa: E731
     assert torch.equal(load(copy), fmt.quantize(load(original), axis=0))

@@ -100,7 +100,8 @@ def test_screen_report_has_the_original_fields(essential):
             assert shown == pytest.approx(entry["first_10"], abs=5.1e-7)
             assert float(match.group(2)) == pytest.approx(entry["mean"], abs=5.1e-7)
             assert float(match.group(3)) == pytest.approx(entry["std"], abs=5.1e-7)
-            assert (float(match.group(4)), float(match.group(5))) == pytest.approx((entry["min"], entry["max"]), abs=5.1e-7)
+            extremes = (float(match.group(4)), float(match.group(5)))
+            assert extremes == pytest.approx((entry["min"], entry["max"]), abs=5.1e-7)
         assert ("vs fp32: MSE" in block) == (mode != "fp32")
 
 

@@ -152,7 +152,8 @@ def test_filters_select_captures_and_stale_outputs_go(capture_dir, tmp_path):
     stale.parent.mkdir()
     stale.write_bytes(b"")
     rows = _rows_of_run(capture_dir, tmp_path, "--roles", "fc1", "--tensor_names", "weight")
-    assert [(r["role"], r["tensor_name"], r["layer_idx"]) for r in rows] == [("fc1", "weight", "0"), ("fc1", "weight", "1")]
+    assert ([(r["role"], r["tensor_name"], r["layer_idx"]) for r in rows]
+            == [("fc1", "weight", "0"), ("fc1", "weight", "1")])
     assert not list((tmp_path / "format_comparison").glob("*.png"))
 
 

@@ -49,7 +49,8 @@ def test_attention_runs_and_matches_unquantized_shape_on_device(parallel, device
     attn = QuantDotProductAttention(cfg, layer_number=1, attn_mask_type=AttnMaskType.causal,
                                     attention_type="self").to(device)
     g = torch.Generator().manual_seed(2)
-    qkv = [torch.randn(SEQ, BATCH, h, head_dim, generator=g).to(device).requires_grad_() for h in (heads, groups, groups)]
+    qkv = [torch.randn(SEQ, BATCH, h, head_dim, generator=g).to(device).requires_grad_()
+           for h in (heads, groups, groups)]
     outputs = {}
     for name in (None, fmt_name):
         attn.configure_quant(AttentionQuant.from_formats(attention_formats(name)),

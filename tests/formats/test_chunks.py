@@ -19,7 +19,8 @@ def test_chunked_equals_whole(name, monkeypatch):
     generator = torch.Generator().manual_seed(1)
     for dtype in (torch.float32, torch.bfloat16):
         for shape, axis in SHAPES_AND_AXES:
-            x = (torch.randn(shape, generator=generator) * 2.0 ** torch.randint(-8, 8, shape, generator=generator)).to(dtype)
+            x = (torch.randn(shape, generator=generator)
+                 * 2.0 ** torch.randint(-8, 8, shape, generator=generator)).to(dtype)
             x.view(-1)[::97] = 0.0
             assert fmt._in_chunks(x)
             whole, _ = fmt.quantize_with_scale(x, axis=axis)
@@ -29,7 +30,8 @@ def test_chunked_equals_whole(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name, options", [("nvfp4", {"hadamard": 16}), ("mxfp4", {"hadamard": 32}),
-                                           ("fp8_e4m3", {"scaling": "block"}), ("fp8_e5m2", {"margin": 1, "power_of_two_scales": True}),
+                                           ("fp8_e4m3", {"scaling": "block"}),
+                                           ("fp8_e5m2", {"margin": 1, "power_of_two_scales": True}),
                                            ("nvfp4", {"block_shape": (16, 16)})])
 def test_chunked_equals_whole_with_new_options(name, options, monkeypatch):
     monkeypatch.setattr(formats_base, "EAGER_CHUNK_ELEMENTS", 64)

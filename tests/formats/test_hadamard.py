@@ -84,8 +84,10 @@ def test_wgrad_gemm_cancels_the_transform(name, n):
     """dW = dY^T X over tokens: both operands transformed along the token axis (0)."""
     rng = np.random.default_rng(n)
     tokens, d_out, d_in = 256, 48, 64
-    dy = torch.from_numpy((rng.standard_normal((tokens, d_out)) * np.exp2(rng.integers(-4, 4, (1, d_out)))).astype(np.float32))
-    x = torch.from_numpy((rng.standard_normal((tokens, d_in)) * np.exp2(rng.integers(-4, 4, (1, d_in)))).astype(np.float32))
+    dy = torch.from_numpy((rng.standard_normal((tokens, d_out))
+                           * np.exp2(rng.integers(-4, 4, (1, d_out)))).astype(np.float32))
+    x = torch.from_numpy((rng.standard_normal((tokens, d_in))
+                          * np.exp2(rng.integers(-4, 4, (1, d_in)))).astype(np.float32))
     x[7, 3] = 300.0  # an outlier
     fmt = get_format(name, hadamard=n)
     exact = dy.double().T @ x.double()

@@ -60,7 +60,8 @@ def test_every_format_and_wrapper_offers_every_member(name, options):
         assert all(callable(getattr(candidate, m)) for m in METHODS)
         if candidate is not fmt:  # a wrapper's attributes are its format's, but for what its kernels add
             same = {m: getattr(candidate, m) == getattr(fmt, m) for m in ATTRIBUTES if m != "dual_axis"}
-            assert all(same.values()), f"{candidate!r} differs from its format in {[m for m, s in same.items() if not s]}"
+            assert all(same.values()), (f"{candidate!r} differs from its format in "
+                                        f"{[m for m, s in same.items() if not s]}")
     assert fmt.scaling in ("none", "tensor", "delayed", "block")
     assert (fmt.element is None) != (fmt.dtype is None)  # a grid, or a plain cast
     assert fmt.tiled == (fmt.block_shape is not None and fmt.block_shape[0] > 1)

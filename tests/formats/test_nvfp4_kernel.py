@@ -28,7 +28,8 @@ def _boundary_blocks(global_amax: float, seed: int) -> np.ndarray:
     factor = encode * np.float32(1 / 6)
     midpoints = (E4M3[1:] + E4M3[:-1]) / 2
     targets = np.concatenate([E4M3[1:], midpoints]).astype(np.float32)
-    amaxes = np.concatenate([targets / factor, np.nextafter(targets / factor, 0), np.nextafter(targets / factor, np.inf)])
+    amaxes = np.concatenate([targets / factor, np.nextafter(targets / factor, 0),
+                             np.nextafter(targets / factor, np.inf)])
     amaxes = amaxes[amaxes <= global_amax].astype(np.float32)
     ties = ((E2M1[1:] + E2M1[:-1]) / 2).astype(np.float32)
     blocks = rng.choice(np.concatenate([ties, -ties, E2M1, -E2M1]), (amaxes.size, 16)).astype(np.float32)
@@ -93,7 +94,8 @@ def test_the_previous_order_can_pick_another_e4m3_scale():
     x[0, 0], x[1, 0] = float(global_amax), float(amax_block)
     _, scale = get_format("nvfp4").quantize_with_scale(x)
     block_decode = scale[1, 0].item() * encode  # back to the E4M3 value (the global factors cancel)
-    assert np.isclose(block_decode, kernel[differ[0]], rtol=1e-6) and not np.isclose(block_decode, previous[differ[0]], rtol=1e-3)
+    assert (np.isclose(block_decode, kernel[differ[0]], rtol=1e-6)
+            and not np.isclose(block_decode, previous[differ[0]], rtol=1e-3))
 
 
 def test_zero_scale_blocks_are_zero_and_non_finite_blocks_nan():

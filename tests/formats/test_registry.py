@@ -13,13 +13,15 @@ from tests.formats._oracle import ELEMENT_DTYPES, MX_ELEMENTS
 
 EXPECTED = [  # name, bits, max, smallest positive, block, scaling (from the issue and the oracles)
     ("fp32", 32, np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal, None, "none"),
-    ("bf16", 16, ml_dtypes.finfo(ml_dtypes.bfloat16).max, ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal, None, "none"),
+    ("bf16", 16, ml_dtypes.finfo(ml_dtypes.bfloat16).max, ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal,
+     None, "none"),
     ("fp16", 16, np.finfo(np.float16).max, np.finfo(np.float16).smallest_subnormal, None, "none"),
     ("hifp8", 8, 32768.0, 2.0**-22, None, "none"),
     ("fp8_e4m3", 8, 448.0, 2.0**-9, None, "tensor"),
     ("fp8_e5m2", 8, 57344.0, 2.0**-16, None, "tensor"),
     *[(name, ml_dtypes.finfo(ELEMENT_DTYPES[element]).bits, ml_dtypes.finfo(ELEMENT_DTYPES[element]).max,
-       ml_dtypes.finfo(ELEMENT_DTYPES[element]).smallest_subnormal, 32, "block") for name, element in MX_ELEMENTS.items()],
+       ml_dtypes.finfo(ELEMENT_DTYPES[element]).smallest_subnormal, 32, "block")
+      for name, element in MX_ELEMENTS.items()],
     ("nvfp4", 4, 6.0, 0.5, 16, "block"),
 ]
 
@@ -114,7 +116,8 @@ def test_block_shape_spellings_and_attributes():
         assert fmt.options["block_shape"] == (16, 16) and fmt.block_size == 16 and fmt.block_shape == (16, 16)
     assert get_format("nvfp4").block_shape == (1, 16) and get_format("mxfp4").block_shape == (1, 32)
     fmt = get_format("fp8_e4m3", scaling="block")
-    assert (fmt.name, fmt.scaling, fmt.block_size, fmt.needs_tensor_amax, fmt.max_value) == ("fp8_e4m3", "block", 128, False, 448.0)
+    assert ((fmt.name, fmt.scaling, fmt.block_size, fmt.needs_tensor_amax, fmt.max_value)
+            == ("fp8_e4m3", "block", 128, False, 448.0))
     assert not get_format("nvfp4").transforms_operand and get_format("nvfp4", hadamard=16).transforms_operand
 
 
@@ -128,7 +131,8 @@ def test_block_shape_spellings_and_attributes():
     ("fp8_e4m3", {"margin": -1}, r"margin=-1 must be an integer >= 0"),
     ("fp8_e4m3", {"margin": 1.5}, r"margin=1.5 must be an integer >= 0"),
     ("fp8_e4m3", {"power_of_two_scales": 1}, r"power_of_two_scales=1 must be true or false"),
-    ("fp8_e4m3", {"scaling": "block", "margin": 1}, r"margin needs scaling in \['tensor', 'delayed'\], not scaling='block'"),
+    ("fp8_e4m3", {"scaling": "block", "margin": 1},
+     r"margin needs scaling in \['tensor', 'delayed'\], not scaling='block'"),
     ("fp8_e4m3", {"block_shape": (1, 128)}, r"block_shape needs scaling='block', not scaling='tensor'"),
     ("fp8_e4m3", {"scaling": "block", "overflow": "inf"}, r"overflow needs scaling in \['none', 'tensor', 'delayed'\]"),
     ("fp8_e5m2", {"scaling": "none", "power_of_two_scales": True}, r"power_of_two_scales needs scaling in"),
@@ -151,5 +155,6 @@ def test_list_cli_shows_the_options(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for text in ("block_shape=(1, 16)", "hadamard=- (power of two", "scale_mode=floor (floor|ceil|even|rceil)",
-                 "scaling=tensor (tensor|none|block|delayed)", "margin=0 (integer >= 0)", "power_of_two_scales=- (true|false)"):
+                 "scaling=tensor (tensor|none|block|delayed)", "margin=0 (integer >= 0)",
+                 "power_of_two_scales=- (true|false)"):
         assert text in out, text

@@ -134,7 +134,8 @@ def test_attention_products_take_both_axes_of_their_gradient_from_one_read(name,
     expected = grads(fmt)
     calls = []
     launch_dual = blocks.launch_dual
-    monkeypatch.setattr(blocks, "launch_dual", lambda *args, **kw: calls.append(args[0].shape) or launch_dual(*args, **kw))
+    monkeypatch.setattr(blocks, "launch_dual",
+                        lambda *args, **kw: calls.append(args[0].shape) or launch_dual(*args, **kw))
     ours = grads(kernels.wrap(fmt, compile=False, chosen="triton"))
     assert calls == [(3, 40, 72)]
     for a, b in zip(ours, expected):

@@ -14,7 +14,8 @@ needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="triton
 def test_backend_from_environment():
     assert kernels.backend({}) == "auto"
     assert kernels.backend({"CUSTOM_QUANT_KERNELS": " Torch "}) == "torch"
-    with pytest.raises(ValueError, match="CUSTOM_QUANT_KERNELS='cuda' is not a kernel backend; allowed: auto, torch, compile, triton"):
+    with pytest.raises(ValueError, match="CUSTOM_QUANT_KERNELS='cuda' is not a kernel backend; "
+                                         "allowed: auto, torch, compile, triton"):
         kernels.backend({"CUSTOM_QUANT_KERNELS": "cuda"})
 
 

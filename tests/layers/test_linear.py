@@ -71,7 +71,8 @@ def _reference(x, w, b, grad, fmts):
     """Y = q(X) q(W)^T along in; dX = q(dY) q(W) along out; dW = q(dY)^T q(X) along tokens; each
     GEMM on the formats' operands with their per-tensor scales applied to the FP32 product."""
     f = fmts
-    y = gemm(lambda a, c: torch.matmul(a, c.t()), operand(x, f["fprop.input"], -1), operand(w, f["fprop.weight"], 1)) + b
+    y = gemm(lambda a, c: torch.matmul(a, c.t()), operand(x, f["fprop.input"], -1),
+             operand(w, f["fprop.weight"], 1)) + b
     dx = gemm(torch.matmul, operand(grad, f["dgrad.grad_output"], -1), operand(w, f["dgrad.weight"], 0))
     dy2, x2 = grad.reshape(-1, OUT), x.reshape(-1, IN)
     dw = gemm(lambda a, c: a.t().matmul(c), operand(dy2, f["wgrad.grad_output"], 0), operand(x2, f["wgrad.input"], 0))

@@ -18,7 +18,8 @@ def test_start_error_leaves_no_thread_process_or_group(tmp_path, monkeypatch, ca
     monkeypatch.setenv("CUSTOM_QUANT_TYPE", "mxfp8")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    threads, children = set(threading.enumerate()), set(multiprocessing.active_children())  # earlier tests' in this worker
+    # earlier tests' threads and children in this worker
+    threads, children = set(threading.enumerate()), set(multiprocessing.active_children())
     with pytest.raises(SystemExit) as exc:
         main(["--model", "llama-tiny", "--num-layers", "2", "--mock-data", "--train-iters", "1"])
     err = capsys.readouterr().err.strip()

@@ -65,9 +65,11 @@ def load_across_recipes(world_size: int, plain_ckpt: str, delayed_ckpt: str) -> 
     weights, theirs = delayed.state_dict(), plain.state_dict()
     histories = {k: v for k, v in weights.items() if ".amax_histories." in k}
     destroy_parallel()
-    return {"same_weights": all(torch.equal(v, weights[k]) for k, v in theirs.items() if not k.endswith("_extra_state")),
+    return {"same_weights": all(torch.equal(v, weights[k]) for k, v in theirs.items()
+                                if not k.endswith("_extra_state")),
             "histories": len(histories),
-            "fresh": all(not v.any() if k.endswith("amax_history") else bool(torch.isinf(v)) for k, v in histories.items())}
+            "fresh": all(not v.any() if k.endswith("amax_history") else bool(torch.isinf(v))
+                         for k, v in histories.items())}
 
 
 TASKS = {"train": train, "hf_logits": hf_logits, "model_accounting": model_accounting,

@@ -103,8 +103,9 @@ def one_rank(corpus, built_corpus, hf_models, stochastic_env, tmp_path_factory) 
     tmp = tmp_path_factory.mktemp("one_rank")
     cache, ckpt, sr_ckpt, delayed_ckpt = (str(tmp / name) for name in ("cache", "ckpt", "sr_ckpt", "delayed_ckpt"))
     argv = train_argv(corpus, cache)
-    capture_env = {"CUSTOM_QUANT_TYPE": "mxfp8_e4m3", "TENSOR_SAVE_ENABLED": "true", "TENSOR_SAVE_DIR": str(tmp / "tensors"),
-                   "TENSOR_SAVER_ITERATION": "2", "TENSOR_SAVE_EXIT_AFTER": "true", "TENSOR_SAVE_ROLES": "qkv"}
+    capture_env = {"CUSTOM_QUANT_TYPE": "mxfp8_e4m3", "TENSOR_SAVE_ENABLED": "true",
+                   "TENSOR_SAVE_DIR": str(tmp / "tensors"), "TENSOR_SAVER_ITERATION": "2",
+                   "TENSOR_SAVE_EXIT_AFTER": "true", "TENSOR_SAVE_ROLES": "qkv"}
     plan = [
         ("fp32", "train", ({}, argv + ["--tensorboard-dir", str(tmp / "tb")])),
         ("capture", "train", (capture_env, argv + ["--eval-interval", "3"])),  # validates inside the window

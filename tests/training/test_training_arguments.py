@@ -12,8 +12,9 @@ TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]
 
 def test_presets_have_published_shapes():
     one_b, eight_b = PRESETS["llama3.2-1b"], PRESETS["llama3.1-8b"]
-    assert (one_b["num_layers"], one_b["hidden_size"], one_b["ffn_hidden_size"], one_b["num_attention_heads"],
-            one_b["num_query_groups"], one_b["vocab_size"], one_b["rotary_base"]) == (16, 2048, 8192, 32, 8, 128256, 500000.0)
+    assert ((one_b["num_layers"], one_b["hidden_size"], one_b["ffn_hidden_size"], one_b["num_attention_heads"],
+             one_b["num_query_groups"], one_b["vocab_size"], one_b["rotary_base"])
+            == (16, 2048, 8192, 32, 8, 128256, 500000.0))
     assert not one_b["untie_embeddings_and_output_weights"]
     assert (eight_b["num_layers"], eight_b["hidden_size"], eight_b["ffn_hidden_size"], eight_b["num_attention_heads"],
             eight_b["num_query_groups"]) == (32, 4096, 14336, 32, 8)

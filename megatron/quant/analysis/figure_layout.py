@@ -85,7 +85,8 @@ def label_heatmap(ax: Axes, rows: Sequence[str], columns: Sequence[object], valu
     values = np.asarray(values, dtype=float)
     finite = values[np.isfinite(values)]
     positive = finite[finite > 0]
-    norm = LogNorm(positive.min(), positive.max()) if log and positive.size and positive.min() < positive.max() else None
+    norm = (LogNorm(positive.min(), positive.max())
+            if log and positive.size and positive.min() < positive.max() else None)
     shown = np.where(values > 0, values, np.nan) if norm is not None else values
     image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap="viridis", norm=norm,
                       interpolation="nearest")

@@ -354,9 +354,9 @@ def box_panel_size(boxes: int, size: tuple[float, float]) -> tuple[float, float]
 def draw_box_plot_panels(payload: dict) -> Figure:
     """A figure of box-plot panels: {"title", "ncols", "panel_size",
     "panels": [{"title", "ylabel", "log", "series"}]}."""
-    panels = payload["panels"]
+    panels, size = payload["panels"], payload["panel_size"]
     boxes = max(len(panel["series"]) for panel in panels)
-    fig, axes = subplot_grid(len(panels), ncols=payload["ncols"], panel_size=box_panel_size(boxes, payload["panel_size"]))
+    fig, axes = subplot_grid(len(panels), ncols=payload["ncols"], panel_size=box_panel_size(boxes, size))
     for ax, panel in zip(axes, panels):
         box_plot(ax, panel["series"], panel["title"], panel["ylabel"], log=panel["log"])
     return finish(fig, payload["title"])

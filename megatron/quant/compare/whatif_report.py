@@ -133,7 +133,8 @@ def write_summary(best: Sequence[Mapping], images: Sequence[FigureJob], tensors:
           "captured tensor as the weight-gradient GEMM uses it (blocked along tokens).", "",
           "| tensor class | best overall | SQNR (dB) | best per bit width |", "|---|---|---|---|"]
     for row in overall:
-        widths = ", ".join(f"{b['bits']}-bit: {b['format']}" for b in by_width if b["tensor_class"] == row["tensor_class"])
+        widths = ", ".join(f"{b['bits']}-bit: {b['format']}" for b in by_width
+                           if b["tensor_class"] == row["tensor_class"])
         md.append(f"| {row['tensor_class']} | {row['format']} | {row['mean_sqnr_db']:.2f} | {widths} |")
     md += ["", "Tables: [format_comparison.csv](format_comparison.csv), [best_formats.csv](best_formats.csv)", ""]
     md += [f"![{image.caption}]({Path(image.path).name})" for image in images]

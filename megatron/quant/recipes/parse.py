@@ -180,7 +180,8 @@ def _parse_seed(value: Any, source: str) -> Optional[int]:
 def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
     items = value if isinstance(value, (list, tuple)) else [value]
     if not items or not all(isinstance(s, str) and s in SCOPES for s in items):
-        raise RecipeError(f"{source}: {path}: invalid scope {show_value(value)}; allowed (comma list): {', '.join(SCOPES)}")
+        raise RecipeError(f"{source}: {path}: invalid scope {show_value(value)}; "
+                          f"allowed (comma list): {', '.join(SCOPES)}")
     return frozenset(items)
 
 

@@ -22,7 +22,8 @@ describe signs re-drawn every iteration, which is not emulated.
 
 Merge rule (``merge_preset``): keys given next to a preset override the preset's, except
 ``options`` and ``operands``, merged key by key (the given ones win; an operand's options merge
-while it keeps the preset's format), and ``rules``, appended after the preset's. This module imports nothing of ours: ``recipe`` imports it.
+while it keeps the preset's format), and ``rules``, appended after the preset's. This module
+imports nothing of ours: ``recipe`` imports it.
 """
 from __future__ import annotations
 

@@ -234,7 +234,8 @@ def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dty
     if n_finite:
         mean = f["sum"] / n_finite
         absmax = max(abs(f["min"]), abs(f["max"]))
-        result.update(min=f["min"], max=f["max"], mean=mean, std=math.sqrt(max(f["sum_squares"] / n_finite - mean * mean, 0.0)),
+        variance = max(f["sum_squares"] / n_finite - mean * mean, 0.0)
+        result.update(min=f["min"], max=f["max"], mean=mean, std=math.sqrt(variance),
                       absmax=absmax, dynamic_range_log2=_log2_ratio(absmax, f["min_nonzero"]))
     else:
         result.update(dict.fromkeys(("min", "max", "mean", "std", "absmax", "dynamic_range_log2")))

@@ -206,7 +206,8 @@ def megatron_state_dict(path: str, shape: Mapping, *, vocab_size: int, model_key
     read = _tensor_reader(path)
     heads, groups = shape["num_attention_heads"], shape["num_query_groups"]
     out = {
-        "embedding.word_embeddings.weight": _shard(_pad_vocab(read("model.embed_tokens.weight"), vocab_size), 0, tp_rank, tp_size),
+        "embedding.word_embeddings.weight": _shard(_pad_vocab(read("model.embed_tokens.weight"), vocab_size),
+                                                   0, tp_rank, tp_size),
         "decoder.final_layernorm.weight": read("model.norm.weight"),
     }
     if shape["untie_embeddings_and_output_weights"]:
@@ -217,8 +218,10 @@ def megatron_state_dict(path: str, shape: Mapping, *, vocab_size: int, model_key
                        read(hf + "self_attn.v_proj.weight"), heads, groups)
         gate, up = read(hf + "mlp.gate_proj.weight"), read(hf + "mlp.up_proj.weight")
         out[mg + "self_attention.linear_qkv.weight"] = _shard(qkv, 0, tp_rank, tp_size)
-        out[mg + "self_attention.linear_proj.weight"] = _shard(read(hf + "self_attn.o_proj.weight"), 1, tp_rank, tp_size)
-        out[mg + "mlp.linear_fc1.weight"] = torch.cat([_shard(gate, 0, tp_rank, tp_size), _shard(up, 0, tp_rank, tp_size)])
+        out[mg + "self_attention.linear_proj.weight"] = _shard(read(hf + "self_attn.o_proj.weight"),
+                                                               1, tp_rank, tp_size)
+        out[mg + "mlp.linear_fc1.weight"] = torch.cat([_shard(gate, 0, tp_rank, tp_size),
+                                                       _shard(up, 0, tp_rank, tp_size)])
         out[mg + "mlp.linear_fc2.weight"] = _shard(read(hf + "mlp.down_proj.weight"), 1, tp_rank, tp_size)
         for hf_norm, separate, fused in (
                 ("input_layernorm", "input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"),
@@ -236,10 +239,11 @@ def load_hf_weights(model: torch.nn.Module, path: str, shape: Mapping) -> None:
         raise ValueError("importing a Hugging Face checkpoint needs --pipeline-model-parallel-size 1; "
                          "import with PP 1 and --save, then --load with --no-load-rng at the new layout")
     own = model.state_dict()
-    vocab_size = own["embedding.word_embeddings.weight"].shape[0] * parallel_state.get_tensor_model_parallel_world_size()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    vocab_size = own["embedding.word_embeddings.weight"].shape[0] * tp_size
     state = megatron_state_dict(path, shape, vocab_size=vocab_size, model_keys=set(own),
                                 tp_rank=parallel_state.get_tensor_model_parallel_rank(),
-                                tp_size=parallel_state.get_tensor_model_parallel_world_size())
+                                tp_size=tp_size)
     missing = [k for k in own if k not in state and not k.endswith("_extra_state")]
     if missing:
         raise ValueError(f"the HF checkpoint in {path!r} gives no value for {missing[:5]}")

@@ -88,7 +88,8 @@ def _check_fp8_recipe(args, recipe) -> None:
     simulated = not formats.is_passthrough(recipe.format.name) or recipe.operands or recipe.rules
     if _te_fp8_format(args) and simulated:
         raise ArgumentError(f"DTYPE=fp8 (--fp8-format) runs real FP8 GEMMs in Transformer Engine; it cannot be "
-                            f"combined with the simulated format {recipe.name!r}: unset CUSTOM_QUANT_TYPE or use DTYPE=bf16")
+                            f"combined with the simulated format {recipe.name!r}: "
+                            "unset CUSTOM_QUANT_TYPE or use DTYPE=bf16")
 
 
 def _wrap(args, config, gpt, cuda: bool) -> list:

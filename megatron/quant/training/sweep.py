@@ -98,7 +98,8 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
                                    "start_time": _now(), "attempts": []}
     attempt = {"start_time": _now(), "command": command, "git_commit": git_commit(), "machine": machine()}
-    record.update(flags=[*flags, *run.extra_flags], git_commit=attempt["git_commit"], machine=attempt["machine"], status=RUNNING)
+    record.update(flags=[*flags, *run.extra_flags], git_commit=attempt["git_commit"], machine=attempt["machine"],
+                  status=RUNNING)
     record["attempts"].append(attempt)
     _write_run(run_dir, record)
     status = INTERRUPTED

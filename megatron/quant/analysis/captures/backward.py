@@ -46,7 +46,8 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
             figures.draw_histogram_panels,
             {"title": "Backward-pass tensors",
              "panels": [{"title": quant_type,
-                         "series": sampled_series(group_by(items, tensor_label), budget)} for quant_type, items in kept]}))
+                         "series": sampled_series(group_by(items, tensor_label), budget)}
+                        for quant_type, items in kept]}))
     return plan
 
 

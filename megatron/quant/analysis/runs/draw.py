@@ -162,7 +162,8 @@ def figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band) ->
             for run in curves}
     jobs = [FigureJob("loss.png", f"Training loss of every run (raw and smoothed) and its relative gap to "
                                   f"{baseline.name}" + (", with the band of its seed runs" if band else "") + others,
-                      _draw_loss, {"loss": loss, "gap": gaps, "band": None if band is None else [b.tolist() for b in band],
+                      _draw_loss, {"loss": loss, "gap": gaps,
+                                   "band": None if band is None else [b.tolist() for b in band],
                                    "baseline": baseline.name, "smoothing": smoothing, **shown})]
     training = {"grad norm": _lines(curves, GRAD_NORM), "learning rate": _lines(curves, LR),
                 "tokens/s": _lines(curves, TOKENS_PER_S)}
