@@ -223,11 +223,10 @@ def test_dropout_runs_unfused_with_megatron_rng(parallel):
     assert module.uses_fused_path(qkv[0], qkv[1], None)
 
 
-def test_capture_names_and_numerics_unchanged(parallel, monkeypatch):
-    module = _attention(QuantDotProductAttention)
-    formats = attention_formats(BLOCK_FORMAT)
-    module.configure_quant(AttentionQuant.from_formats(formats), SITE)
-    qkv, grad = _inputs(seed=4)
+def _captured_without_change(module, seed: int, monkeypatch):
+    """Runs ``module`` without and with a recording saver: the results are the same bits and the
+    saver sees attention's four capture points; returns the inputs, the saver and the captured run."""
+    qkv, grad = _inputs(seed=seed)
     out_off, grads_off = _run(module, qkv, grad)
     saver = RecordingSaver().install(monkeypatch)
     out_on, grads_on = _run(module, qkv, grad)
@@ -235,6 +234,14 @@ def test_capture_names_and_numerics_unchanged(parallel, monkeypatch):
     assert saver.names() == [("forward", "pre", ("key", "query", "value")), ("forward", "post", ("output",)),
                              ("backward", "pre", ("grad_output",)),
                              ("backward", "post", ("grad_key", "grad_query", "grad_value"))]
+    return qkv, saver, out_on, grads_on
+
+
+def test_capture_names_and_numerics_unchanged(parallel, monkeypatch):
+    module = _attention(QuantDotProductAttention)
+    formats = attention_formats(BLOCK_FORMAT)
+    module.configure_quant(AttentionQuant.from_formats(formats), SITE)
+    qkv, saver, out_on, grads_on = _captured_without_change(module, 4, monkeypatch)
     pre = saver.calls[0][3]
     torch.testing.assert_close(pre["query"].quantized, q(qkv[0], formats["qk.query"], -1), rtol=0, atol=0)
     assert pre["value"].axis == 0 and pre["value"].quantized is not None
@@ -244,13 +251,6 @@ def test_capture_names_and_numerics_unchanged(parallel, monkeypatch):
 def test_capture_on_the_sdpa_path_records_the_same_names(parallel, monkeypatch):
     module = _passthrough(torch.float32, allow_fused=True)
     assert module.path() == "sdpa"
-    qkv, grad = _inputs(seed=8)
-    out_off, grads_off = _run(module, qkv, grad)
-    saver = RecordingSaver().install(monkeypatch)
-    out_on, grads_on = _run(module, qkv, grad)
-    assert torch.equal(out_off, out_on) and all(torch.equal(a, b) for a, b in zip(grads_off, grads_on))
-    assert saver.names() == [("forward", "pre", ("key", "query", "value")), ("forward", "post", ("output",)),
-                             ("backward", "pre", ("grad_output",)),
-                             ("backward", "post", ("grad_key", "grad_query", "grad_value"))]
+    qkv, saver, out_on, grads_on = _captured_without_change(module, 8, monkeypatch)
     assert torch.equal(saver.calls[0][3]["query"].tensor, qkv[0]) and torch.equal(saver.calls[1][3]["output"], out_on)
     assert torch.equal(saver.calls[3][3]["grad_query"], grads_on[0])
