@@ -31,21 +31,20 @@ early, 2 bad input (one line).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
-import os
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS, TOKENS_PER_S, read_scalars
 from megatron.quant.training import corpus, sweep
+from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.machine import git_commit
 from megatron.quant.training.presets import get_preset
 from megatron.quant.training.study_plan import PlannedRun, StudyPlan, StudyPlanError, describe, load_plan
@@ -227,20 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@contextlib.contextmanager
-def _environment(updates: Mapping[str, str]) -> Iterator[None]:
-    before = {key: os.environ.get(key) for key in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _say(line: str) -> None:
     print(f"study: {line}", flush=True)
 
@@ -293,7 +278,7 @@ def run_chosen(plan: StudyPlan, chosen: Sequence[PlannedRun], seconds: Callable[
             _say(f"stopping before {run.name}: {left:.0f} s left, it would take ~{seconds(run.recipe) * slower:.0f} s")
             break
         began = time.monotonic()
-        with _environment(plan.environment):  # the sweep passes its environment on to the run
+        with scoped_environ(plan.environment):  # the sweep passes its environment on to the run
             status = run_one(plan, run, args.out / RUNS, flags, args.launcher)
         slower = max(slower, (time.monotonic() - began) / seconds(run.recipe))
         statuses.append(status)
