@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.quant.training import sweep
+from megatron.quant.training import sweep, sweep_plan
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
@@ -111,8 +111,16 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, recipes, fl
 def test_unknown_baseline_and_only_name_the_runs(tmp_path, capsys):
     assert sweep.main(["--seeds", "1", "--baseline", "fp8", str(tmp_path), "bf16 hifp8", "--", *FLAGS]) == 2
     assert "baseline 'fp8' is not one of the sweep's recipes: bf16, hifp8" in capsys.readouterr().err
-    assert sweep.main(["--only", "nvfp4", str(tmp_path), "bf16 hifp8", "--", *FLAGS]) == 2
-    assert "--only 'nvfp4' is not one of the sweep's runs: bf16, hifp8" in capsys.readouterr().err
+    assert sweep.main(["--only", "bf16,nvfp4", str(tmp_path), "bf16 hifp8", "--", *FLAGS]) == 2
+    assert "--only 'bf16,nvfp4': 'nvfp4' is not one of the sweep's runs: bf16, hifp8" in capsys.readouterr().err
+    assert sweep.main(["--runs-per-gpu", "2", str(tmp_path), "bf16 hifp8", "--", *FLAGS]) == 2
+    assert "--runs-per-gpu 2: runs share a GPU only when several go at once; give --parallel N" in (
+        capsys.readouterr().err)
+
+
+def test_only_takes_a_list_in_the_sweeps_order():
+    runs = sweep_plan.plan_runs("bf16 mxfp8 hifp8")
+    assert [run.name for run in sweep.only_runs(runs, "hifp8, bf16")] == ["bf16", "hifp8"]
 
 
 @pytest.mark.slow

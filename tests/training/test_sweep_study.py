@@ -83,6 +83,18 @@ def test_slots_share_the_gpus_or_the_cores():
     assert visible_gpus({}, 2) == ["0", "1"] and visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, 2) == []
     with pytest.raises(SlotError, match="needs 4 GPUs; 2 visible"):
         slot_environments(4, ["0", "1"], 16)
+
+
+def test_runs_per_gpu_puts_that_many_slots_on_each_gpu():
+    assert slot_environments(3, ["0", "1"], 16, runs_per_gpu=2) == [
+        {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    assert slot_environments(4, ["0", "1", "2", "3"], 16, gpus_per_run=2, runs_per_gpu=2) == [
+        {"CUDA_VISIBLE_DEVICES": "0,1"}] * 2 + [{"CUDA_VISIBLE_DEVICES": "2,3"}] * 2
+    assert slot_environments(4, [], 8, runs_per_gpu=4) == [{"OMP_NUM_THREADS": "2"}] * 4  # no GPUs: the cores
+    with pytest.raises(SlotError, match="2 runs per GPU needs 3 GPUs; 2 visible"):
+        slot_environments(5, ["0", "1"], 16, runs_per_gpu=2)
+    with pytest.raises(SlotError, match="--runs-per-gpu must be at least 1, got 0"):
+        slot_environments(2, ["0"], 16, runs_per_gpu=0)
     with pytest.raises(SlotError, match="one CPU core per run; this machine has 2"):
         slot_environments(3, [], 2)
 

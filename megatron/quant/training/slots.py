@@ -1,9 +1,10 @@
 """Running several sweep runs at once, each in its own slot of the machine (``--parallel N``).
 
 A slot is the environment its runs start with: on a machine with GPUs, its share of the visible
-devices (``CUDA_VISIBLE_DEVICES``); on a CPU-only machine, its share of the cores
-(``OMP_NUM_THREADS``, which torch takes as its thread count). A run holds its slot until it ends;
-the next waiting run takes it.
+devices (``CUDA_VISIBLE_DEVICES``), which ``runs_per_gpu`` runs may share (small models leave a GPU
+idle between one process's kernel launches, which another process's kernels fill); on a CPU-only
+machine, its share of the cores (``OMP_NUM_THREADS``, which torch takes as its thread count). A run
+holds its slot until it ends; the next waiting run takes it.
 """
 from __future__ import annotations
 
@@ -26,15 +27,22 @@ def visible_gpus(environ: Mapping[str, str], device_count: int) -> list[str]:
     return [str(i) for i in range(device_count)]
 
 
-def slot_environments(parallel: int, gpus: Sequence[str], cpus: int, gpus_per_run: int = 1) -> list[dict[str, str]]:
-    """One environment per slot: ``gpus_per_run`` GPUs each, or (no GPUs) ``cpus // parallel`` threads each."""
+def slot_environments(parallel: int, gpus: Sequence[str], cpus: int, gpus_per_run: int = 1,
+                      runs_per_gpu: int = 1) -> list[dict[str, str]]:
+    """One environment per slot: ``gpus_per_run`` GPUs each, ``runs_per_gpu`` slots on the same GPUs
+    (slots ``0 .. runs_per_gpu - 1`` on the first ones), or (no GPUs) ``cpus // parallel`` threads each."""
     if parallel < 1:
         raise SlotError(f"--parallel must be at least 1, got {parallel}")
+    if runs_per_gpu < 1:
+        raise SlotError(f"--runs-per-gpu must be at least 1, got {runs_per_gpu}")
     if gpus:
-        if parallel * gpus_per_run > len(gpus):
-            raise SlotError(f"--parallel {parallel} with {gpus_per_run} GPU(s) per run needs "
-                            f"{parallel * gpus_per_run} GPUs; {len(gpus)} visible ({','.join(gpus)})")
-        return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_per_run:(i + 1) * gpus_per_run])}
+        groups = -(-parallel // runs_per_gpu)  # GPU groups the slots fill, runs_per_gpu to a group
+        if groups * gpus_per_run > len(gpus):
+            sharing = f", {runs_per_gpu} runs per GPU" if runs_per_gpu > 1 else ""
+            raise SlotError(f"--parallel {parallel} with {gpus_per_run} GPU(s) per run{sharing} needs "
+                            f"{groups * gpus_per_run} GPUs; {len(gpus)} visible ({','.join(gpus)})")
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i // runs_per_gpu * gpus_per_run:
+                                                       (i // runs_per_gpu + 1) * gpus_per_run])}
                 for i in range(parallel)]
     if parallel > cpus:
         raise SlotError(f"--parallel {parallel} needs at least one CPU core per run; this machine has {cpus}")

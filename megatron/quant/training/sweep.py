@@ -12,8 +12,9 @@ from their checkpoints. ``--seeds`` adds runs ``<recipe>-seed<N>`` of every reci
 PRESET`` adds the preset and its variants with one component removed or added
 (``recipes.ablations``); ``--parallel N`` runs N at once, each in its own slot (GPUs or CPU
 threads, ``training.slots``) with its output in ``OUTPUT_DIR/NAME/train.log`` and, without
-``--data-cache-path``, its own dataset index cache ``OUTPUT_DIR/NAME/data_cache``; ``--print``
-prints one command per run (a job array) instead of running them; ``--only NAME`` runs one of them.
+``--data-cache-path``, its own dataset index cache ``OUTPUT_DIR/NAME/data_cache`` (``--runs-per-gpu
+K``: K of them share each GPU); ``--print`` prints one command per run (a job array) instead of
+running them; ``--only NAME[,NAME...]`` runs those of them.
 """
 from __future__ import annotations
 
@@ -127,8 +128,9 @@ def _launcher_value(launcher: Sequence[str], *names: str) -> str | None:
     return None
 
 
-def parallel_slots(parallel: int, launcher: Sequence[str]) -> list[dict[str, str]]:
-    """``--parallel``'s slots on this machine: its GPUs shared by processes per run, else its cores."""
+def parallel_slots(parallel: int, launcher: Sequence[str], runs_per_gpu: int = 1) -> list[dict[str, str]]:
+    """``--parallel``'s slots on this machine: its GPUs shared by processes per run (and by
+    ``runs_per_gpu`` runs), else its cores."""
     import torch
 
     if _launcher_value(launcher, "--master-port", "--master_port") is not None:
@@ -139,7 +141,7 @@ def parallel_slots(parallel: int, launcher: Sequence[str]) -> list[dict[str, str
         raise SweepError(f"--parallel {parallel}: the launcher's --nproc-per-node {per_run!r} must be a number")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     gpus = visible_gpus(os.environ, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    return slot_environments(parallel, gpus, cpus, int(per_run))
+    return slot_environments(parallel, gpus, cpus, int(per_run), runs_per_gpu)
 
 
 def _say(line: str) -> None:
@@ -176,8 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=1, metavar="N",
                    help="run N at once, each on its share of the GPUs (CUDA_VISIBLE_DEVICES) or, without GPUs, "
                         "of the CPU cores (OMP_NUM_THREADS); output in OUTPUT_DIR/NAME/train.log")
+    p.add_argument("--runs-per-gpu", type=int, default=1, metavar="K",
+                   help="with --parallel on GPUs: K runs share each slot's GPUs (small models leave a GPU idle "
+                        "between one process's launches); without GPUs it does not apply (default: %(default)s)")
     p.add_argument("--print", action="store_true", help="print one command per run instead of running")
-    p.add_argument("--only", default=None, metavar="NAME", help="run only this one of the sweep's runs")
+    p.add_argument("--only", default=None, metavar="NAME[,NAME...]", help="run only these of the sweep's runs")
     return p
 
 
@@ -193,6 +198,17 @@ def parse_seeds(text: str) -> list[int]:
             raise SweepError(f"--seeds {show_value(text)}: seed {int(token)} is given twice")
         seeds.append(int(token))
     return seeds
+
+
+def only_runs(runs: Sequence[SweepRun], only: str) -> list[SweepRun]:
+    """The runs ``--only`` names (comma-separated), in the sweep's order; SweepError for a name that
+    is not one of them."""
+    names = [name.strip() for name in only.split(",") if name.strip()]
+    unknown = [name for name in names if name not in {run.name for run in runs}]
+    if unknown or not names:
+        raise SweepError(f"--only {only!r}: {', '.join(map(repr, unknown)) or 'no name'} is not one of the sweep's "
+                         f"runs: {', '.join(run.name for run in runs)}")
+    return [run for run in runs if run.name in names]
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -214,11 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "run has already; drop it")
         runs = plan_runs(options.recipes, options.seeds, options.baseline, options.ablate)
         if options.only is not None:
-            chosen = [run for run in runs if run.name == options.only]
-            if not chosen:
-                raise SweepError(f"--only {options.only!r} is not one of the sweep's runs: "
-                                 f"{', '.join(run.name for run in runs)}")
-            runs = chosen
+            runs = only_runs(runs, options.only)
+        if options.runs_per_gpu != 1 and options.parallel == 1:
+            raise SweepError(f"--runs-per-gpu {options.runs_per_gpu}: runs share a GPU only when several go at "
+                             f"once; give --parallel N too")
         check_output_dir(options.output_dir, "OUTPUT_DIR")
     except (SweepError, ArgumentError, OutputDirError) as error:
         print(f"sweep: error: {error}", file=sys.stderr)
@@ -229,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     launcher = shlex.split(options.launcher)
     try:
-        slots = parallel_slots(options.parallel, launcher) if options.parallel > 1 else None
+        slots = parallel_slots(options.parallel, launcher, options.runs_per_gpu) if options.parallel > 1 else None
         with run_locks(options.output_dir, [run.name for run in runs]):  # read the statuses under the locks
             statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
             return _sweep(options, args, runs, statuses, launcher, slots)
