@@ -30,13 +30,13 @@ def run(context: Context) -> dict:
 def summarize(record: dict) -> list[str]:
     lines = [f"runner exit code {record['exit_code']} in a budget of {record['budget_s']} s; "
              f"{len(record['entries'])} runs finished:", "",
-             "| run | status | final loss | step (s) | run (s) | corpus |", "|---|---|---|---|---|---|"]
+             "| run | status | final loss | step (s) | run (s) | at once | corpus |", "|---|---|---|---|---|---|---|"]
     for entry in record["entries"]:
         loss = entry["scalars"].get("train/lm loss", {}).get("values") or [None]
         final = f"{loss[-1]:.4f}" if loss[-1] is not None else "-"
         step = f"{entry['step_s']:.4f}" if entry["step_s"] else "-"
         lines.append(f"| {entry['run']} | {entry['status']} | {final} | {step} | {entry['wall_s']:.0f} | "
-                     f"{entry['corpus']['sha256'][:8]} |")
+                     f"{entry.get('runs_at_once', 1)} | {entry['corpus']['sha256'][:8]} |")
     lines += ["", *[f"    {line}" for line in record["runner"]],
               "", "Into the ledger: `python -m megatron.quant.training.study --plan docs/study/plan.yaml --add "
                   "study.json --ledger docs/study/ledger`."]

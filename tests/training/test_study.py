@@ -17,6 +17,11 @@ PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
 COST = {"bf16": 100.0, "te-nvfp4": 200.0, "mxfp4": 150.0, "te-mxfp8": 150.0}
 
 
+def _cost(recipes, slowdown=1.5):
+    """A wave's seconds: its slowest run, 1.5x as long when it shares the GPU."""
+    return max(COST[recipe] for recipe in recipes) * (slowdown if len(recipes) > 1 else 1.0)
+
+
 def _runs(*names):
     return [PlannedRun(name.split("-seed")[0], 1, name) for name in names]
 
@@ -26,12 +31,37 @@ def _runs(*names):
 ])
 def test_select_runs_takes_the_longest_prefix_that_fits(budget, chosen):
     pending = _runs("bf16", "te-nvfp4", "mxfp4")
-    assert [run.name for run in study.select_runs(pending, budget, COST.__getitem__)] == chosen
+    assert [run.name for run in study.select_runs(pending, budget, _cost)] == chosen
 
 
 def test_a_cheap_later_run_does_not_jump_the_queue():
     pending = _runs("te-nvfp4", "bf16")
-    assert study.select_runs(pending, 150, COST.__getitem__) == []  # bf16 would fit alone, but te-nvfp4 goes first
+    assert study.select_runs(pending, 150, _cost) == []  # bf16 would fit alone, but te-nvfp4 goes first
+
+
+@pytest.mark.parametrize("budget, chosen", [
+    (299, ["bf16"]), (300, ["bf16", "te-nvfp4"]), (449, ["bf16", "te-nvfp4"]), (450, ["bf16", "te-nvfp4", "mxfp4"]),
+    (525, ["bf16", "te-nvfp4", "mxfp4", "te-mxfp8"]),
+])
+def test_runs_at_once_are_chosen_in_waves_that_share_the_gpu(budget, chosen):
+    """Waves of two: (bf16, te-nvfp4) 200 x 1.5 = 300 s, then mxfp4 alone 150 s or with te-mxfp8 225 s."""
+    pending = _runs("bf16", "te-nvfp4", "mxfp4", "te-mxfp8")
+    assert [run.name for run in study.select_runs(pending, budget, _cost, at_once=2)] == chosen
+
+
+def test_a_wave_goes_to_the_sweep_at_once_on_one_gpu_with_its_own_caches(tmp_path, monkeypatch):
+    plan = load_plan(PLAN)
+    calls = []
+    monkeypatch.setattr(study.sweep, "main", calls.append)
+    built = corpus.Corpus(data_path="d", split="1,1,0", train_documents=1, valid_documents=1, bytes=1, source=[],
+                          seed=1, tokens=2, train_tokens=1, sha256="c" * 64)
+    flags = study.training_flags(plan, built, None, dry_run=False)
+    assert "--data-cache-path" not in flags  # the sweep gives each run at once its own
+    assert study.run_wave(plan, plan.order[:2], tmp_path, flags, "python") == ["crashed", "crashed"]  # no run.json
+    [argv] = calls
+    assert argv[:8] == ["--only", "bf16,te-nvfp4", "--launcher", "python", "--parallel", "2", "--runs-per-gpu", "2"]
+    study.run_wave(plan, plan.order[:1], tmp_path, [*flags, "--data-cache-path", "c"], "python")
+    assert "--parallel" not in calls[1] and calls[1][:2] == ["--only", "bf16"]
 
 
 def _entry(run, recipe, sha="a" * 64, study_name="s", status="finished", device="NVIDIA H100 80GB HBM3"):
@@ -62,6 +92,9 @@ def test_a_ledger_entry_round_trips_through_its_file(tmp_path):
     assert again.scalars["train/lm loss"][1][0] == 5.0 and again.scalars["train/lm loss"][1][1] != again.scalars[
         "train/lm loss"][1][1]  # NaN again
     assert ledger.read_ledger(tmp_path)[0].run == "bf16-seed2"
+    older = {key: value for key, value in data.items() if key != "runs_at_once"}  # written before runs shared a GPU
+    path.write_text(json.dumps(older))
+    assert ledger.read_entry(path).runs_at_once == 1
 
 
 @pytest.mark.parametrize("change, message", [
@@ -69,6 +102,7 @@ def test_a_ledger_entry_round_trips_through_its_file(tmp_path):
     ({"seed": "one"}, "seed: expected an integer, got 'one'"),
     ({"colour": "blue"}, "unknown key(s) colour"),
     ({"scalars": {"train/lm loss": {"iterations": [1], "values": []}}}, "expected {iterations, values} of equal"),
+    ({"runs_at_once": 0}, "runs_at_once: expected an integer >= 1, got 0"),
 ])
 def test_bad_entries_are_one_line(tmp_path, change, message):
     path = ledger.write_entry(_entry("bf16", "bf16"), tmp_path)
@@ -89,11 +123,16 @@ def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
         (source / f"m{i}.py").write_text(f'"""Module {i}: the quick brown fox jumps over the lazy dog."""\n' * 4)
     out = tmp_path / "out"
     monkeypatch.delenv("CUSTOM_QUANT_SCOPE", raising=False)
-    monkeypatch.setattr(study, "DRY_RUN_RUN_S", 600.0)  # one toy run fits 1000 s (after the corpus), two do not
+    # Two toy runs at once take 2 x 450 s (the sharing is assumed to gain nothing until measured): the
+    # first wave fits 1000 s (after the corpus), a third run after it does not.
+    monkeypatch.setattr(study, "DRY_RUN_RUN_S", 450.0)
     argv = ["--plan", str(PLAN), "--out", str(out), "--dry-run", "--corpus-source", str(source)]
-    assert study.main([*argv, "--budget-s", "1000"]) == 0
-    [path] = sorted((out / study.LEDGER).iterdir())
+    assert study.main([*argv, "--budget-s", "1000", "--runs-at-once", "2"]) == 0
+    assert "2 fit the budget (2 at once): bf16, te-nvfp4" in capsys.readouterr().out
+    path, other = sorted((out / study.LEDGER).iterdir())
     entry = ledger.read_entry(path)
+    assert ledger.read_entry(other).run == "te-nvfp4" and {entry.runs_at_once, ledger.read_entry(other).runs_at_once} == {2}
+    assert (out / study.RUNS / "te-nvfp4" / "data_cache").is_dir()  # runs at once: a cache each, no race
     manifest = json.loads((out / study.CORPUS / "corpus.json").read_text())
     assert (entry.run, entry.status, entry.dry_run, entry.device) == ("bf16", "finished", True, "cpu")
     assert entry.corpus["sha256"] == manifest["sha256"] and (out / study.CORPUS / "tokenizer.json").is_file()
@@ -102,10 +141,10 @@ def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
     assert entry.recipe_resolved[0].startswith("recipe bf16") and "CUSTOM_QUANT_SCOPE" not in os.environ
     # The entry as the runs report reads it.
     assert runs_report.main(["--ledger", str(out / study.LEDGER), "--output_dir", str(tmp_path / "report")]) == 0
-    assert "1 runs compared" in capsys.readouterr().out and (tmp_path / "report" / "index.html").is_file()
-    # Again with the new entry as the ledger: bf16 is done, te-nvfp4 is next and does not fit.
-    assert study.main([*argv, "--budget-s", "500", "--ledger", str(out / study.LEDGER)]) == 0
-    assert "26 of 27 runs pending on this corpus; 0 fit the budget" in capsys.readouterr().out
+    assert "2 runs compared" in capsys.readouterr().out and (tmp_path / "report" / "index.html").is_file()
+    # Again with the new entries as the ledger: bf16 and te-nvfp4 are done, mxfp4 is next and does not fit.
+    assert study.main([*argv, "--budget-s", "400", "--ledger", str(out / study.LEDGER)]) == 0
+    assert "25 of 27 runs pending on this corpus; 0 fit the budget" in capsys.readouterr().out
 
 
 def test_bad_runner_input_is_one_line(tmp_path, capsys):
@@ -142,19 +181,20 @@ def test_runs_stop_when_this_sessions_pace_says_the_next_would_not_fit(tmp_path,
     clock = [0.0]
     ran = []
 
-    def run_one(plan_, run, runs_dir, flags, launcher):
+    def run_wave(plan_, wave, runs_dir, flags, launcher):
+        [run] = wave
         ran.append(run.name)
         clock[0] += 2 * plan.run_seconds(run.recipe)
-        return "crashed"
+        return ["crashed"]
 
     built = corpus.Corpus(data_path="d", split="1,1,0", train_documents=1, valid_documents=1, bytes=1, source=[],
                           seed=1, tokens=2, train_tokens=1, sha256="c" * 64)
     monkeypatch.setattr(study, "ensure_corpus", lambda *args: built)
-    monkeypatch.setattr(study, "run_one", run_one)
+    monkeypatch.setattr(study, "run_wave", run_wave)
     monkeypatch.setattr(study.time, "monotonic", lambda: clock[0])
     assert study.main(["--plan", str(PLAN), "--budget-s", str(budget), "--out", str(tmp_path)]) == 1
     assert ran == [run.name for run in first]
-    chosen = study.select_runs(plan.order, budget, plan.run_seconds)
+    chosen = study.select_runs(plan.order, budget, plan.wave_seconds)
     out = capsys.readouterr().out
     assert len(chosen) > 4 and f"{len(chosen)} fit the budget" in out
     assert f"stopping before {fourth.name}: {plan.run_seconds(fourth.recipe) / 2:.0f} s left" in out

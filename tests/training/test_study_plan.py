@@ -55,6 +55,22 @@ def test_run_times_are_the_estimate_until_a_gpu_measured_them(raw):
     assert "te-nvfp4         0.050 s/iteration" in describe(plan) and "(measured)" in describe(plan)
 
 
+def test_runs_at_once_share_the_gpu_in_waves_gaining_nothing_until_measured(raw):
+    shared = copy.deepcopy(raw)
+    shared["runs_at_once"] = 2
+    plan = parse_plan(shared, PLAN)
+    assert plan.slowdown(1) == 1.0 and plan.slowdown(2) == 2.0 and plan.slowdown(3) == 3.0
+    assert plan.wave_seconds(["bf16", "te-nvfp4"]) == 2 * plan.run_seconds("te-nvfp4")
+    assert "2 runs at once share the GPU, each taking 2.00x as long as alone (assumed until measured)" in (
+        describe(plan))
+    shared["step_time"]["measured"] = {"device": "NVIDIA H100 80GB HBM3", "shared_slowdown": {2: 1.25}}
+    plan = parse_plan(shared, PLAN)
+    assert plan.wave_seconds(["bf16", "te-nvfp4"]) == pytest.approx(1.25 * plan.run_seconds("te-nvfp4"))
+    assert "1.25x as long as alone (measured): 1.60x the throughput" in describe(plan)
+    sequential = sum(plan.run_seconds(run.recipe) for run in plan.order) / 60
+    assert f"all runs: {sequential:.0f} minutes" not in describe(plan)  # the waves' time, shorter
+
+
 def test_every_recipe_is_one_recipes_show_knows(plan, capsys):
     for recipe in plan.recipes:
         assert recipes_cli.main(["show", recipe]) == 0, recipe
@@ -89,6 +105,10 @@ def _edit(raw, path, value):
     (["data", "colour"], "blue", "data: unknown key(s) colour"),
     (["version"], 2, "version: this code reads plan version 1, got 2"),
     (["step_time", "measured"], {"device": None, "step_s": {"bf16": 0.1}}, "measured step times need the device"),
+    (["step_time", "measured"], {"device": "H100", "shared_slowdown": {1: 1.2}},
+     "step_time.measured.shared_slowdown: expected an integer >= 2, got 1"),
+    (["runs_at_once"], 0, "runs_at_once: expected an integer >= 1, got 0"),
+    (["runs_at_once"], 9, "runs_at_once: expected at most 8 runs sharing the GPU, got 9"),
 ])
 def test_bad_plans_are_one_line_naming_the_key(raw, path, value, message):
     with pytest.raises(StudyPlanError) as error:

@@ -7,11 +7,12 @@ sweep, each finished one written as a ledger entry.
 1. builds the plan's corpus in ``DIR/corpus`` (or reuses the one there): the Python
    installation's text, the plan's tokenizer trained on it (``corpus``, ``bpe``);
 2. takes the plan's runs in order, leaves out those the ledger already holds on this corpus
-   (same study, same corpus hash), and keeps the first ones whose estimated times
-   (``StudyPlan.run_seconds``) fit what is left of the budget (``select_runs``);
-3. trains each through the sweep (``DIR/runs/NAME``: run.json, checkpoints, event files; a re-run
-   skips finished runs and resumes the others), checking before each that it still fits (the
-   estimate scaled by how much slower this session's runs were than estimated);
+   (same study, same corpus hash), and keeps the first ones whose estimated times fit what is
+   left of the budget (``select_runs``), in waves of ``--runs-at-once`` (the plan's
+   ``runs_at_once``) that share the GPU (``StudyPlan.wave_seconds``);
+3. trains each wave through the sweep (``DIR/runs/NAME``: run.json, checkpoints, event files; a
+   re-run skips finished runs and resumes the others), checking before each that it still fits
+   (the estimate scaled by how much slower this session's waves were than estimated);
 4. writes a ledger entry per finished or diverged run into ``DIR/ledger`` (``--add`` puts them
    into the committed ledger, ``docs/study/ledger/<study>/``).
 
@@ -47,7 +48,15 @@ from megatron.quant.training import corpus, sweep
 from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.machine import git_commit
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_plan import PlannedRun, StudyPlan, StudyPlanError, describe, load_plan
+from megatron.quant.training.study_plan import (
+    MAX_RUNS_AT_ONCE,
+    PlannedRun,
+    StudyPlan,
+    StudyPlanError,
+    describe,
+    load_plan,
+    waves,
+)
 from megatron.quant.training.sweep_plan import TENSORBOARD
 
 CORPUS, RUNS, LEDGER = "corpus", "runs", "ledger"  # under --out
@@ -67,16 +76,20 @@ def pending_runs(plan: StudyPlan, done: set[str]) -> list[PlannedRun]:
     return [run for run in plan.order if run.name not in done]
 
 
-def select_runs(pending: Sequence[PlannedRun], budget_s: float,
-                seconds: Callable[[str], float]) -> list[PlannedRun]:
-    """The longest prefix of ``pending`` whose runs' ``seconds(recipe)`` add up to at most ``budget_s``
-    (a prefix: the plan's order is its priority, so a later, shorter run never jumps the queue)."""
-    chosen, total = [], 0.0
+WaveSeconds = Callable[[Sequence[str]], float]  # a wave's recipes -> its seconds
+
+
+def select_runs(pending: Sequence[PlannedRun], budget_s: float, wave_seconds: WaveSeconds,
+                at_once: int = 1) -> list[PlannedRun]:
+    """The longest prefix of ``pending`` whose waves of ``at_once`` runs (``wave_seconds`` each) add up
+    to at most ``budget_s`` (a prefix: the plan's order is its priority, so a later, shorter run
+    never jumps the queue)."""
+    chosen: list[PlannedRun] = []
     for run in pending:
-        total += seconds(run.recipe)
-        if total > budget_s:
+        trial = [*chosen, run]
+        if sum(wave_seconds([r.recipe for r in wave]) for wave in waves(trial, at_once)) > budget_s:
             break
-        chosen.append(run)
+        chosen = trial
     return chosen
 
 
@@ -113,10 +126,11 @@ def ensure_corpus(plan: StudyPlan, directory: Path, source: Path | None, dry_run
                                tokenizer_vocab=vocab, tokenizer_train_bytes=plan.data.tokenizer_train_bytes)
 
 
-def training_flags(plan: StudyPlan, built: corpus.Corpus, cache: Path, dry_run: bool) -> list[str]:
-    """The flags every run of the plan gets (the sweep adds the seed runs' --seed)."""
+def training_flags(plan: StudyPlan, built: corpus.Corpus, cache: Path | None, dry_run: bool) -> list[str]:
+    """The flags every run of the plan gets (the sweep adds the seed runs' --seed). Without ``cache``
+    (runs at once, which would race on building one) the sweep gives each run its own."""
     return [*plan.model_flags(), *plan.training_flags, "--data-path", built.data_path, "--split", built.split,
-            *built.tokenizer, "--data-cache-path", str(cache), "--seed", str(plan.seeds[0]),
+            *built.tokenizer, *(["--data-cache-path", str(cache)] if cache else []), "--seed", str(plan.seeds[0]),
             *(DRY_RUN_FLAGS if dry_run else ())]
 
 
@@ -144,8 +158,9 @@ def resolved_recipe(recipe_env: Mapping[str, str], environment: Mapping[str, str
 
 
 def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.Corpus,
-                 dry_run: bool) -> ledger.LedgerEntry:
-    """The ledger entry of the run in ``run_dir`` (its run.json and event files)."""
+                 dry_run: bool, runs_at_once: int = 1) -> ledger.LedgerEntry:
+    """The ledger entry of the run in ``run_dir`` (its run.json and event files), trained in a wave
+    of ``runs_at_once``."""
     record = sweep.read_run(run_dir)
     flags = record["flags"]
     iterations = int(_flag(flags, "--train-iters"))
@@ -165,7 +180,7 @@ def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.
                 "source": built.source, "tokenizer_vocab": DRY_RUN_VOCAB if dry_run else plan.data.tokenizer_vocab},
         recipe_env={**plan.environment, **record["recipe_env"]},
         recipe_resolved=resolved_recipe(record["recipe_env"], plan.environment, _num_layers(flags)),
-        flags=flags, machine=record["machine"], scalars=kept, dry_run=dry_run)
+        flags=flags, machine=record["machine"], scalars=kept, dry_run=dry_run, runs_at_once=runs_at_once)
 
 
 def entries_in(path: Path) -> list[ledger.LedgerEntry]:
@@ -197,13 +212,17 @@ def add_entries(plan: StudyPlan, paths: Sequence[Path], directory: Path) -> list
                                directory / plan.name) for entry in entries]
 
 
-def run_one(plan: StudyPlan, run: PlannedRun, runs_dir: Path, flags: Sequence[str], launcher: str) -> str:
-    """Train ``run`` through the sweep (its run directory, run.json, skip and resume); its status."""
-    argv = ["--only", run.name, "--launcher", launcher]
+def run_wave(plan: StudyPlan, wave: Sequence[PlannedRun], runs_dir: Path, flags: Sequence[str],
+             launcher: str) -> list[str]:
+    """Train ``wave`` through the sweep, its runs at once on the same GPU (their run directories,
+    run.json, skip and resume); their statuses."""
+    argv = ["--only", ",".join(run.name for run in wave), "--launcher", launcher]
+    if len(wave) > 1:
+        argv += ["--parallel", str(len(wave)), "--runs-per-gpu", str(len(wave))]
     if len(plan.seeds) > 1:
         argv += ["--seeds", " ".join(map(str, plan.seeds[1:]))]
     sweep.main([*argv, str(runs_dir), " ".join(plan.recipes), "--", *flags])
-    return (sweep.read_run(runs_dir / run.name) or {}).get("status", sweep.CRASHED)
+    return [(sweep.read_run(runs_dir / run.name) or {}).get("status", sweep.CRASHED) for run in wave]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="put these entries (entry files, or the GPU check's study.json) into --ledger; run nothing")
     p.add_argument("--launcher", default=shlex.quote(sys.executable),
                    help="runs '-m ...' for each run (default: this Python, %(default)s; a device may have no 'python')")
+    p.add_argument("--runs-at-once", type=int, default=None, metavar="K",
+                   help="runs sharing the GPU at a time (default: the plan's runs_at_once)")
     p.add_argument("--corpus-source", type=Path, default=None, help="build the corpus from this directory instead")
     p.add_argument("--dry-run", action="store_true", help="a toy model on a small corpus: the whole path in seconds")
     p.add_argument("--show", action="store_true", help="print the plan's sizes and per-run estimates; train nothing")
@@ -248,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StudyError("give --budget-s and --out (or --show, or --add)")
         if args.budget_s <= 0:
             raise StudyError(f"--budget-s must be positive, got {args.budget_s:g}")
+        if args.runs_at_once is not None and not 1 <= args.runs_at_once <= MAX_RUNS_AT_ONCE:
+            raise StudyError(f"--runs-at-once must be 1 to {MAX_RUNS_AT_ONCE}, got {args.runs_at_once}")
+        at_once = args.runs_at_once or plan.runs_at_once
         entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
         _say(describe(plan).replace("\n", "\nstudy: "))
         built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
@@ -258,41 +282,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say(f"corpus {built.sha256[:ledger.HASH_PREFIX]}: {built.train_tokens:,} training tokens{epochs}, ready after "
          f"{time.monotonic() - started:.0f} s")
     pending = pending_runs(plan, done_in_ledger(entries, plan.name, built.sha256, args.dry_run))
-    seconds = (lambda recipe: DRY_RUN_RUN_S) if args.dry_run else plan.run_seconds
-    chosen = select_runs(pending, args.budget_s - (time.monotonic() - started), seconds)
-    _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget: "
+    wave_seconds = ((lambda recipes: DRY_RUN_RUN_S * plan.slowdown(len(recipes))) if args.dry_run
+                    else plan.wave_seconds)
+    chosen = select_runs(pending, args.budget_s - (time.monotonic() - started), wave_seconds, at_once)
+    _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget"
+         + (f" ({at_once} at once)" if at_once > 1 else "") + ": "
          + (", ".join(run.name for run in chosen) or "none"))
-    statuses = run_chosen(plan, chosen, seconds, built, args, deadline=started + args.budget_s)
+    statuses = run_chosen(plan, waves(chosen, at_once), wave_seconds, built, args, deadline=started + args.budget_s)
     return 0 if all(status in sweep.DONE for status in statuses) else 1
 
 
-def run_chosen(plan: StudyPlan, chosen: Sequence[PlannedRun], seconds: Callable[[str], float],
+def run_chosen(plan: StudyPlan, chosen: Sequence[Sequence[PlannedRun]], wave_seconds: WaveSeconds,
                built: corpus.Corpus, args: argparse.Namespace, deadline: float) -> list[str]:
-    """Train ``chosen`` in order while each still fits before ``deadline`` (its estimate scaled by how
-    much longer this session's runs took than estimated); write the finished ones' entries. Their statuses."""
-    flags = training_flags(plan, built, args.out / "data_cache", args.dry_run)
+    """Train the waves ``chosen`` in order while each still fits before ``deadline`` (its estimate
+    scaled by how much longer this session's waves took than estimated); write the finished runs'
+    entries. Their statuses."""
     slower, statuses = 1.0, []
-    for run in chosen:
+    for wave in chosen:
+        names, estimate = ", ".join(run.name for run in wave), wave_seconds([run.recipe for run in wave])
         left = deadline - time.monotonic()
-        if seconds(run.recipe) * slower > left:
-            _say(f"stopping before {run.name}: {left:.0f} s left, it would take ~{seconds(run.recipe) * slower:.0f} s")
+        if estimate * slower > left:
+            _say(f"stopping before {names}: {left:.0f} s left, it would take ~{estimate * slower:.0f} s")
             break
+        flags = training_flags(plan, built, args.out / "data_cache" if len(wave) == 1 else None, args.dry_run)
         began = time.monotonic()
-        with scoped_environ(plan.environment):  # the sweep passes its environment on to the run
-            status = run_one(plan, run, args.out / RUNS, flags, args.launcher)
-        slower = max(slower, (time.monotonic() - began) / seconds(run.recipe))
-        statuses.append(status)
-        if status not in sweep.DONE:
-            _say(f"{run.name}: {status}, no ledger entry")
-            continue
-        entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run)
-        path = ledger.write_entry(entry, args.out / LEDGER)
-        last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
-        step = (f", {entry.step_s:.4f} s/iteration (plan: {plan.step_seconds(run.recipe):.4f})"
-                if entry.step_s else "")
-        _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s (plan: {seconds(run.recipe):.0f} s)"
-             f"{step} -> {path}")
+        with scoped_environ(plan.environment):  # the sweep passes its environment on to the runs
+            wave_statuses = run_wave(plan, wave, args.out / RUNS, flags, args.launcher)
+        slower = max(slower, (time.monotonic() - began) / estimate)
+        statuses += wave_statuses
+        for run, status in zip(wave, wave_statuses):
+            _report(plan, run, status, built, args, len(wave), estimate)
     return statuses
+
+
+def _report(plan: StudyPlan, run: PlannedRun, status: str, built: corpus.Corpus, args: argparse.Namespace,
+            at_once: int, estimate: float) -> None:
+    """Write a finished run's ledger entry and say how it went against the plan."""
+    if status not in sweep.DONE:
+        _say(f"{run.name}: {status}, no ledger entry")
+        return
+    entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run, at_once)
+    path = ledger.write_entry(entry, args.out / LEDGER)
+    last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
+    planned = plan.step_seconds(run.recipe) * plan.slowdown(at_once)
+    step = f", {entry.step_s:.4f} s/iteration (plan: {planned:.4f})" if entry.step_s else ""
+    shared = f", {at_once} at once" if at_once > 1 else ""
+    _say(f"{run.name}: {status}, loss {last:.4f}, {entry.wall_s:.0f} s (plan: {estimate:.0f} s{shared}){step} -> "
+         f"{path}")
 
 
 if __name__ == "__main__":

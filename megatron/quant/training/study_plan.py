@@ -6,7 +6,9 @@ A run is (recipe, seed), named as the sweep names it: the plan's first seed's ru
 of stages ``{recipes: [...] | all, seeds: [...]}``, each run seed by seed, and must name every run
 of the plan exactly once. A run's time is estimated from the FLOPs of an iteration, an assumed
 throughput and a per-recipe overhead, or taken from ``step_time.measured.step_s`` once a GPU has
-measured the recipe. Bad plans raise ``StudyPlanError``, one line naming the key and the value.
+measured the recipe. ``runs_at_once`` runs share the GPU at a time, in waves of the order; each
+takes ``step_time.measured.shared_slowdown[K]`` times as long as alone, assumed K (no gain) until
+measured. Bad plans raise ``StudyPlanError``, one line naming the key and the value.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ VERSION = 1
 ALL = "all"
 _KEYS = ("version", "name", "model", "micro_batch_size", "global_batch_size", "train_iters", "log_interval",
          "eval_interval", "eval_iters", "training_flags", "environment", "data", "recipes", "seeds", "order",
-         "step_time")
+         "step_time", "runs_at_once")
+MAX_RUNS_AT_ONCE = 8  # processes sharing one GPU; beyond that the study model's memory and the CPU cores run out
 _DATA_KEYS = ("site_packages", "max_bytes", "valid_fraction", "seed", "tokenizer_vocab", "tokenizer_train_bytes")
 # Flags the plan sets from its own keys (or the runner per run): refused in training_flags.
 _OWN_FLAGS = ("--model", "--seq-length", "--max-position-embeddings", "--micro-batch-size", "--global-batch-size",
@@ -61,6 +64,7 @@ class StepEstimate:
     overhead: Mapping[str, float]
     measured_device: str | None
     measured_step_s: Mapping[str, float]
+    shared_slowdown: Mapping[int, float]  # K runs at once -> how many times as long each takes as alone
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class StudyPlan:
     seeds: tuple[int, ...]
     order: tuple[PlannedRun, ...]
     step_time: StepEstimate
+    runs_at_once: int = 1
 
     @property
     def shape(self) -> dict:
@@ -125,12 +130,26 @@ class StudyPlan:
         evaluations = self.train_iters // self.eval_interval * self.eval_iters
         return self.step_time.startup_s + (self.train_iters + evaluations / 3) * self.step_seconds(recipe)
 
+    def slowdown(self, at_once: int) -> float:
+        """How many times as long a run takes when ``at_once`` runs share the GPU: measured, else
+        ``at_once`` (no gain assumed)."""
+        return 1.0 if at_once == 1 else self.step_time.shared_slowdown.get(at_once, float(at_once))
+
+    def wave_seconds(self, recipes: Sequence[str]) -> float:
+        """A wave of runs that share the GPU: its slowest run, slowed by the sharing."""
+        return max(self.run_seconds(recipe) for recipe in recipes) * self.slowdown(len(recipes))
+
     def model_flags(self) -> list[str]:
         return ["--model", self.preset, "--seq-length", str(self.seq_length), "--max-position-embeddings",
                 str(self.seq_length), "--micro-batch-size", str(self.micro_batch_size), "--global-batch-size",
                 str(self.global_batch_size), "--train-iters", str(self.train_iters), "--log-interval",
                 str(self.log_interval), "--eval-interval", str(self.eval_interval), "--eval-iters",
                 str(self.eval_iters), "--save-interval", str(self.train_iters)]
+
+
+def waves(runs: Sequence[PlannedRun], at_once: int) -> list[list[PlannedRun]]:
+    """``runs`` in order, ``at_once`` to a wave (the last may be smaller)."""
+    return [list(runs[i:i + at_once]) for i in range(0, len(runs), at_once)]
 
 
 def run_name(recipe: str, seed: int, seeds: Sequence[int]) -> str:
@@ -238,21 +257,25 @@ def _step_time(read: _Reader, value: Any) -> StepEstimate:
     value = read.mapping(value, "step_time", ("estimate", "measured"))
     estimate = read.mapping(value.get("estimate"), "step_time.estimate",
                             ("tflops", "startup_s", "default_overhead", "overhead"))
-    measured = read.mapping(value.get("measured") or {}, "step_time.measured", ("device", "step_s"))
+    measured = read.mapping(value.get("measured") or {}, "step_time.measured", ("device", "step_s", "shared_slowdown"))
     overhead = read.mapping(estimate.get("overhead") or {}, "step_time.estimate.overhead")
     step_s = read.mapping(measured.get("step_s") or {}, "step_time.measured.step_s")
     device = measured.get("device")
     if device is not None and not isinstance(device, str):
         raise read.fail("step_time.measured.device", f"expected a device name or null, got {device!r}")
-    if step_s and device is None:
+    shared = read.mapping(measured.get("shared_slowdown") or {}, "step_time.measured.shared_slowdown")
+    if (step_s or shared) and device is None:
         raise read.fail("step_time.measured.device", "measured step times need the device they were measured on")
+    for at_once in shared:
+        read.integer(at_once, "step_time.measured.shared_slowdown", minimum=2)
     return StepEstimate(
         tflops=read.number(estimate.get("tflops"), "step_time.estimate.tflops"),
         startup_s=read.number(estimate.get("startup_s"), "step_time.estimate.startup_s"),
         default_overhead=read.number(estimate.get("default_overhead"), "step_time.estimate.default_overhead"),
         overhead={str(k): read.number(v, f"step_time.estimate.overhead.{k}") for k, v in overhead.items()},
         measured_device=device,
-        measured_step_s={str(k): read.number(v, f"step_time.measured.step_s.{k}") for k, v in step_s.items()})
+        measured_step_s={str(k): read.number(v, f"step_time.measured.step_s.{k}") for k, v in step_s.items()},
+        shared_slowdown={k: read.number(v, f"step_time.measured.shared_slowdown.{k}") for k, v in shared.items()})
 
 
 def _data(read: _Reader, value: Any) -> DataSpec:
@@ -299,6 +322,9 @@ def parse_plan(raw: Any, path: Path) -> StudyPlan:
         _check_recipe(read, recipe)
     seeds = _seeds(read, raw.get("seeds"), "seeds")
     environment = read.mapping(raw.get("environment") or {}, "environment")
+    at_once = read.integer(raw.get("runs_at_once", 1), "runs_at_once")
+    if at_once > MAX_RUNS_AT_ONCE:
+        raise read.fail("runs_at_once", f"expected at most {MAX_RUNS_AT_ONCE} runs sharing the GPU, got {at_once}")
     return StudyPlan(
         path=path, name=name, preset=str(model["preset"]), seq_length=seq_length, micro_batch_size=micro,
         global_batch_size=batch, train_iters=train_iters,
@@ -307,7 +333,7 @@ def parse_plan(raw: Any, path: Path) -> StudyPlan:
         training_flags=_flags(read, raw.get("training_flags") or []),
         environment={str(k): str(v) for k, v in environment.items()}, data=_data(read, raw.get("data")),
         recipes=tuple(recipes), seeds=tuple(seeds), order=tuple(_order(read, raw.get("order"), recipes, seeds)),
-        step_time=_step_time(read, raw.get("step_time")))
+        step_time=_step_time(read, raw.get("step_time")), runs_at_once=at_once)
 
 
 def load_plan(path: Path) -> StudyPlan:
@@ -333,6 +359,11 @@ def describe(plan: StudyPlan) -> str:
                 if plan.step_time.measured_device else "(estimated: no GPU measurement yet):")]
     lines += [f"  {recipe:<16} {plan.step_seconds(recipe):.3f} s/iteration, {plan.run_seconds(recipe):.0f} s a run"
               + (" (measured)" if recipe in plan.step_time.measured_step_s else "") for recipe in plan.recipes]
-    total = sum(plan.run_seconds(run.recipe) for run in plan.order)
+    if plan.runs_at_once > 1:
+        slowdown = plan.slowdown(plan.runs_at_once)
+        how = "measured" if plan.runs_at_once in plan.step_time.shared_slowdown else "assumed until measured"
+        lines.append(f"{plan.runs_at_once} runs at once share the GPU, each taking {slowdown:.2f}x as long as alone "
+                     f"({how}): {plan.runs_at_once / slowdown:.2f}x the throughput")
+    total = sum(plan.wave_seconds([run.recipe for run in wave]) for wave in waves(plan.order, plan.runs_at_once))
     lines.append(f"all runs: {total / 60:.0f} minutes")
     return "\n".join(lines)

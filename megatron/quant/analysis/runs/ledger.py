@@ -63,6 +63,7 @@ class LedgerEntry:
     machine: Mapping[str, Any]
     scalars: Mapping[str, tuple[list[int], list[float]]]
     dry_run: bool = False
+    runs_at_once: int = 1         # runs sharing the device while this one trained (its step_s is theirs too)
     schema: int = field(default=SCHEMA_VERSION)
 
     @property
@@ -115,7 +116,10 @@ def from_json(data: Any, source: str) -> LedgerEntry:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise LedgerError(f"{source}: unknown key(s) {', '.join(unknown)} for schema {SCHEMA_VERSION}")
-    missing = sorted(set(fields) - set(data) - {"dry_run"})
+    at_once = data.get("runs_at_once", 1)
+    if not isinstance(at_once, int) or isinstance(at_once, bool) or at_once < 1:
+        raise LedgerError(f"{source}: runs_at_once: expected an integer >= 1, got {at_once!r:.60}")
+    missing = sorted(set(fields) - set(data) - {"dry_run", "runs_at_once"})  # older entries ran alone
     if missing:
         raise LedgerError(f"{source}: missing key(s) {', '.join(missing)} (null where unknown)")
     return LedgerEntry(**{**data, "scalars": scalars})
