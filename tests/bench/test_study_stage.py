@@ -37,5 +37,6 @@ def test_the_stage_gives_the_runner_its_time_and_returns_the_entries(tmp_path):
     assert record["runner"] == ["1 of 27 runs pending on this corpus; 1 fit the budget: x"]
     assert [entry["run"] for entry in record["entries"]] == ["mxfp4+sr+rht"] and not record["stopped"]
     summary = "\n".join(study_stage.summarize(record))
-    assert "| mxfp4+sr+rht | finished | 3.5100 | 0.0310 | 190 | 1 | abababab |" in summary and "--add study.json" in summary
+    assert "| mxfp4+sr+rht | finished | 3.5100 | 0.0310 | 190 | 1 | abababab |" in summary
+    assert "--add study.json" in summary
     assert STAGES["study"].run is study_stage.run

@@ -129,9 +129,8 @@ def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
     argv = ["--plan", str(PLAN), "--out", str(out), "--dry-run", "--corpus-source", str(source)]
     assert study.main([*argv, "--budget-s", "1000", "--runs-at-once", "2"]) == 0
     assert "2 fit the budget (2 at once): bf16, te-nvfp4" in capsys.readouterr().out
-    path, other = sorted((out / study.LEDGER).iterdir())
-    entry = ledger.read_entry(path)
-    assert ledger.read_entry(other).run == "te-nvfp4" and {entry.runs_at_once, ledger.read_entry(other).runs_at_once} == {2}
+    entry, other = [ledger.read_entry(path) for path in sorted((out / study.LEDGER).iterdir())]
+    assert other.run == "te-nvfp4" and entry.runs_at_once == other.runs_at_once == 2
     assert (out / study.RUNS / "te-nvfp4" / "data_cache").is_dir()  # runs at once: a cache each, no race
     manifest = json.loads((out / study.CORPUS / "corpus.json").read_text())
     assert (entry.run, entry.status, entry.dry_run, entry.device) == ("bf16", "finished", True, "cpu")
