@@ -21,6 +21,10 @@ sweep, each finished one written as a ledger entry.
 ``entries``); entries of another study or of runs the plan does not have are refused, and an
 entry without a commit (the device's copy of the tree has no git) gets this checkout's.
 
+``--measured``: instead of running, print what the ledger measured per device (each recipe's step
+time alone, the slowdown of runs at once, the start-up) as the plan's ``step_time.measured`` block,
+and the ``train_iters`` that fit a run into ``--target-s`` (``study_measure``).
+
 ``--dry-run``: the same path on CPU in seconds: a toy model (``DRY_RUN_FLAGS``, the plan's model
 and sizes overridden), a small corpus (``--corpus-source`` or the standard library's first
 ``DRY_RUN_BYTES``, a ``DRY_RUN_VOCAB``-token tokenizer); the runs chosen in the plan's order with
@@ -48,6 +52,7 @@ from megatron.quant.training import corpus, sweep
 from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.machine import git_commit
 from megatron.quant.training.presets import get_preset
+from megatron.quant.training.study_measure import describe_measured, measure
 from megatron.quant.training.study_plan import (
     MAX_RUNS_AT_ONCE,
     PlannedRun,
@@ -244,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-source", type=Path, default=None, help="build the corpus from this directory instead")
     p.add_argument("--dry-run", action="store_true", help="a toy model on a small corpus: the whole path in seconds")
     p.add_argument("--show", action="store_true", help="print the plan's sizes and per-run estimates; train nothing")
+    p.add_argument("--measured", action="store_true",
+                   help="print what --ledger measured per device as the plan's step_time.measured block, and the "
+                        "train_iters that fit a run into --target-s; train nothing")
+    p.add_argument("--target-s", type=float, default=120.0, help="a run's time to size for (default: %(default)s)")
     return p
 
 
@@ -265,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.show:
             _say(describe(plan).replace("\n", "\nstudy: "))
             return 0
+        if args.measured:
+            return _print_measured(plan, args)
         if args.budget_s is None or args.out is None:
             raise StudyError("give --budget-s and --out (or --show, or --add)")
         if args.budget_s <= 0:
@@ -290,6 +301,19 @@ def main(argv: Sequence[str] | None = None) -> int:
          + (", ".join(run.name for run in chosen) or "none"))
     statuses = run_chosen(plan, waves(chosen, at_once), wave_seconds, built, args, deadline=started + args.budget_s)
     return 0 if all(status in sweep.DONE for status in statuses) else 1
+
+
+def _print_measured(plan: StudyPlan, args: argparse.Namespace) -> int:
+    if args.ledger is None:
+        raise StudyError("--measured needs --ledger, the ledger directory to read the runs' times from")
+    if args.target_s <= 0:
+        raise StudyError(f"--target-s must be positive, got {args.target_s:g}")
+    found = measure(plan, ledger.read_ledger(args.ledger))
+    if not found:
+        _say(f"{args.ledger} holds no timed, finished runs of study {plan.name} yet")
+    for device in found:
+        print(describe_measured(plan, device, args.target_s))
+    return 0
 
 
 def run_chosen(plan: StudyPlan, chosen: Sequence[Sequence[PlannedRun]], wave_seconds: WaveSeconds,
