@@ -8,7 +8,8 @@
 # command per run (a job array) instead of running; SWEEP_SEEDS="1 2": extra seeds of every recipe
 # (runs <recipe>-seed<N>; SWEEP_BASELINE=NAME: of that recipe only); SWEEP_ABLATE="te-nvfp4 mxfp4":
 # add each preset and its variants with one component removed or added; SWEEP_PARALLEL=N: N runs
-# at once, each on its own GPUs or share of the cores; SWEEP_LAUNCHER replaces the torchrun command
+# at once, each on its own GPUs or share of the cores (SWEEP_RUNS_PER_GPU=K: K of them share each
+# GPU); SWEEP_LAUNCHER replaces the torchrun command
 # (MASTER_PORT fixes torchrun's port; unset, torchrun picks a free one, as parallel runs need).
 set -euo pipefail
 if [ $# -lt 2 ]; then
@@ -19,7 +20,8 @@ out=$1 recipes=$2
 shift 2
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 launcher=${SWEEP_LAUNCHER:-torchrun --nproc-per-node ${NPROC:-1}${MASTER_PORT:+ --master-port $MASTER_PORT}}
-options=(--launcher "$launcher" --seeds "${SWEEP_SEEDS:-}" --parallel "${SWEEP_PARALLEL:-1}")
+options=(--launcher "$launcher" --seeds "${SWEEP_SEEDS:-}" --parallel "${SWEEP_PARALLEL:-1}"
+         --runs-per-gpu "${SWEEP_RUNS_PER_GPU:-1}")
 for preset in ${SWEEP_ABLATE:-}; do
     options+=(--ablate "$preset")
 done

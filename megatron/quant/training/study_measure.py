@@ -16,7 +16,7 @@ from typing import Sequence
 
 from megatron.quant.analysis.runs.ledger import LedgerEntry
 from megatron.quant.training import sweep
-from megatron.quant.training.study_plan import StudyPlan
+from megatron.quant.training.study_plan import VALIDATION_COST, StudyPlan
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,6 @@ class Measured:
     step_s: dict[str, float]           # recipe -> seconds per iteration, alone
     shared_slowdown: dict[int, float]  # K at once -> times as long as alone
     startup_s: float | None            # a run's wall time less its iterations, alone
-
-
-def _iteration_equivalents(plan: StudyPlan, iterations: int) -> float:
-    """Training iterations plus the validation ones (a third of a training one each: forward only)."""
-    return iterations + iterations // plan.eval_interval * plan.eval_iters / 3
 
 
 def measure(plan: StudyPlan, entries: Sequence[LedgerEntry]) -> list[Measured]:
@@ -49,7 +44,7 @@ def measure(plan: StudyPlan, entries: Sequence[LedgerEntry]) -> list[Measured]:
         for (recipe, k), times in steps.items():
             if k > 1 and recipe in alone:
                 ratios[k].append(statistics.median(times) / alone[recipe])
-        startups = [e.wall_s - _iteration_equivalents(plan, e.iterations) * e.step_s
+        startups = [e.wall_s - plan.iteration_equivalents(e.iterations) * e.step_s
                     for e in runs if e.runs_at_once == 1]
         found.append(Measured(device=device, runs=len(runs), step_s=dict(sorted(alone.items())),
                               shared_slowdown={k: statistics.median(r) for k, r in sorted(ratios.items())},
@@ -59,7 +54,7 @@ def measure(plan: StudyPlan, entries: Sequence[LedgerEntry]) -> list[Measured]:
 
 def fitting_iterations(plan: StudyPlan, step_s: float, startup_s: float, target_s: float) -> int:
     """The ``train_iters`` whose run (start-up, training, validation) takes ``target_s`` at ``step_s``."""
-    per_iteration = step_s * (1 + plan.eval_iters / (3 * plan.eval_interval))
+    per_iteration = step_s * (1 + plan.eval_iters / plan.eval_interval * VALIDATION_COST)
     return max(0, int((target_s - startup_s) / per_iteration))
 
 

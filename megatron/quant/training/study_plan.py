@@ -27,6 +27,7 @@ ALL = "all"
 _KEYS = ("version", "name", "model", "micro_batch_size", "global_batch_size", "train_iters", "log_interval",
          "eval_interval", "eval_iters", "training_flags", "environment", "data", "recipes", "seeds", "order",
          "step_time", "runs_at_once")
+VALIDATION_COST = 1 / 3  # of a training iteration: forward only
 MAX_RUNS_AT_ONCE = 8  # processes sharing one GPU; beyond that the study model's memory and the CPU cores run out
 _DATA_KEYS = ("site_packages", "max_bytes", "valid_fraction", "seed", "tokenizer_vocab", "tokenizer_train_bytes")
 # Flags the plan sets from its own keys (or the runner per run): refused in training_flags.
@@ -124,11 +125,14 @@ class StudyPlan:
         overhead = self.step_time.overhead.get(recipe, self.step_time.default_overhead)
         return self.flops_per_iteration / (self.step_time.tflops * 1e12) * overhead
 
+    def iteration_equivalents(self, iterations: int) -> float:
+        """``iterations`` training iterations and their validations, in training iterations (a
+        validation iteration costs ``VALIDATION_COST`` of one)."""
+        return iterations + iterations // self.eval_interval * self.eval_iters * VALIDATION_COST
+
     def run_seconds(self, recipe: str) -> float:
-        """A whole run of ``recipe``: start-up, training and validation (a validation iteration costs
-        about a third of a training one: forward only)."""
-        evaluations = self.train_iters // self.eval_interval * self.eval_iters
-        return self.step_time.startup_s + (self.train_iters + evaluations / 3) * self.step_seconds(recipe)
+        """A whole run of ``recipe``: start-up, training and validation."""
+        return self.step_time.startup_s + self.iteration_equivalents(self.train_iters) * self.step_seconds(recipe)
 
     def slowdown(self, at_once: int) -> float:
         """How many times as long a run takes when ``at_once`` runs share the GPU: measured, else
