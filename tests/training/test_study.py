@@ -149,8 +149,12 @@ def test_dry_run_end_to_end(tmp_path, capsys, monkeypatch):
 def test_bad_runner_input_is_one_line(tmp_path, capsys):
     assert study.main(["--plan", str(tmp_path / "none.yaml"), "--budget-s", "10", "--out", str(tmp_path)]) == 2
     assert study.main(["--plan", str(PLAN), "--budget-s", "0", "--out", str(tmp_path)]) == 2
+    assert study.main(["--plan", str(PLAN), "--budget-s", "9", "--out", str(tmp_path), "--runs-at-once", "9"]) == 2
+    assert study.main(["--plan", str(PLAN), "--ledger", str(tmp_path), "--measured", "--target-s", "-1"]) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert len(errors) == 2 and "cannot read the plan" in errors[0] and "--budget-s must be positive" in errors[1]
+    assert len(errors) == 4 and "cannot read the plan" in errors[0] and "--budget-s must be positive" in errors[1]
+    assert "--runs-at-once must be 1 to 8, got 9" in errors[2] and "--target-s must be positive, got -1" in errors[3]
+    assert not (tmp_path / study.CORPUS).exists()  # nothing built
 
 
 def test_add_puts_finished_runs_of_the_plan_into_the_ledger(tmp_path, capsys):
