@@ -122,6 +122,13 @@ def test_relative_imports_are_counted():
     assert "megatron.quant.kernels.blocks" in graph["megatron.quant.kernels.triton_format"]  # from . import blocks
 
 
+def test_no_module_imports_another_modules_private_names():
+    """A leading underscore says the name is its module's own: what another module needs is public."""
+    private = sorted(f"{_module_name(path)} imports {name}" for path in PACKAGE.rglob("*.py") for name in _imports(path)
+                     if name.rsplit(".", 1)[1].startswith("_") and not name.rsplit(".", 1)[1].startswith("__"))
+    assert not private, "make these public (no underscore) or keep them in their module"
+
+
 def test_no_module_over_the_line_limit():
     long = sorted(f"{path.relative_to(PACKAGE)}: {n}" for path in PACKAGE.rglob("*.py")
                   if (n := len(path.read_text().splitlines())) > MAX_LINES)

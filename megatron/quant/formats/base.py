@@ -144,7 +144,7 @@ class NumericFormat(QuantFormat):
         (stateless, keyed per element: what the layers pass), else from ``generator``, else from
         the format's ``seed`` keyed by element index (so repeated calls give the same result).
         With a Hadamard transform the result is back in x's domain (inverse applied)."""
-        _check_input(self.name, x)
+        check_input(self.name, x)
         if x.numel() == 0:
             return x.clone()
         xt = self.transform(x, axis)
@@ -160,7 +160,7 @@ class NumericFormat(QuantFormat):
         """(fake-quantized x, float32 scale broadcastable to x): the element grid was applied
         to ``x / scale`` (ones for unscaled formats); with a Hadamard transform, to
         ``transform(x, axis) / scale``."""
-        _check_input(self.name, x)
+        check_input(self.name, x)
         if x.numel() == 0:
             return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
         xt = self.transform(x, axis)
@@ -180,7 +180,7 @@ class NumericFormat(QuantFormat):
         """
         if not (self.needs_tensor_amax or self.transforms_operand):
             return self.quantize(x, axis, amax, noise=noise, generator=generator), None
-        _check_input(self.name, x)
+        check_input(self.name, x)
         if x.numel() == 0:
             one = torch.ones((), dtype=torch.float32, device=x.device)
             return x.clone(), one if self.needs_tensor_amax else None
@@ -292,7 +292,7 @@ def normalize_axis(name: str, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def _check_input(name: str, x: Tensor) -> None:
+def check_input(name: str, x: Tensor) -> None:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in SUPPORTED_DTYPES:

@@ -31,7 +31,7 @@ _MIX_2 = -2073254261    # 0x846CA68B as int32
 _UNIFORM_BITS = 24      # float32 holds a 24-bit fraction exactly
 
 
-def _as_int32(word: int) -> int:
+def as_int32(word: int) -> int:
     """A 32-bit word as the signed int32 with the same bits."""
     word &= 0xFFFFFFFF
     return word - (1 << 32) if word >= 1 << 31 else word
@@ -118,8 +118,8 @@ class RandomBits:
         """float32 noise in [0, 1) with 24-bit resolution, one value per element of ``shape``."""
         x = global_index(tuple(shape), torch.device(device), self.shard)
         scratch = torch.empty_like(x)
-        x.mul_(_GOLDEN).bitwise_xor_(_as_int32(self.key))
-        _mix_(x, scratch).bitwise_xor_(_as_int32(self.key >> 32))
+        x.mul_(_GOLDEN).bitwise_xor_(as_int32(self.key))
+        _mix_(x, scratch).bitwise_xor_(as_int32(self.key >> 32))
         _mix_(x, scratch)
         top = _shift_right_(x, 32 - _UNIFORM_BITS, scratch)
         return top.to(torch.float32).mul_(2.0**-_UNIFORM_BITS)

@@ -8,7 +8,7 @@ from typing import Optional
 import triton
 import triton.language as tl
 
-from megatron.quant.formats.random_bits import RandomBits, _as_int32
+from megatron.quant.formats.random_bits import RandomBits, as_int32
 
 
 @triton.jit
@@ -62,4 +62,4 @@ def noise_args(bits: Optional[RandomBits], shape: tuple[int, ...]) -> tuple[int,
             raise ValueError(f"dimension {dim} of {tuple(shape)} does not split into {shard.groups} groups")
         local = shape[dim] // shard.groups
         rank_offset, row_stride = shard.rank * local, shard.world * local * after
-    return _as_int32(bits.key), _as_int32(bits.key >> 32), after, local, rank_offset, row_stride
+    return as_int32(bits.key), as_int32(bits.key >> 32), after, local, rank_offset, row_stride

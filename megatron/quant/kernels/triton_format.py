@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from megatron.quant.formats.base import SUPPORTED_DTYPES, NumericFormat, _check_input, encode_scale, normalize_axis
+from megatron.quant.formats.base import SUPPORTED_DTYPES, NumericFormat, check_input, encode_scale, normalize_axis
 from megatron.quant.formats.elementwise import CastFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.grid import FP8_E4M3, FP16
@@ -55,7 +55,7 @@ class TritonFormat(FormatWrapper):
         """As ``NumericFormat.quantize``."""
         if not self.serves(x, generator):
             return self.fallback.quantize(x, axis, amax, noise=noise, generator=generator)
-        _check_input(self.name, x)
+        check_input(self.name, x)
         return self._kernel(x, axis, amax, noise, split=False, back=True)[0]
 
     def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
@@ -75,7 +75,7 @@ class TritonFormat(FormatWrapper):
         fmt = self.fmt
         if not self.serves(x, generator):
             return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
-        _check_input(self.name, x)
+        check_input(self.name, x)
         q, _, (scale, rows) = self._kernel(x, axis, amax, noise, split=False, back=True,
                                            stats=FULL if full else COUNTS)
         packed = packing.combine(rows) if self._sees_operand else None
@@ -90,7 +90,7 @@ class TritonFormat(FormatWrapper):
             return self.fallback.quantize_for_gemm(x, axis, amax, noise=noise, generator=generator)
         if not (fmt.needs_tensor_amax or fmt.transforms_operand):
             return self.quantize(x, axis, amax, noise=noise), None
-        _check_input(self.name, x)
+        check_input(self.name, x)
         q, tensor_scale, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
@@ -104,7 +104,7 @@ class TritonFormat(FormatWrapper):
         if not (self.serves(x) and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
                 and not isinstance(fmt, BLOCK_FORMATS)):
             return super().quantize_for_gemm_with_amax(x, axis, amax, noise=noise)
-        _check_input(self.name, x)
+        check_input(self.name, x)
         rows = abs_max_rows(elementwise.programs(x), x.device)
         q, decode, _ = self._kernel(x, axis, amax, noise, split=True, back=False, amax_rows=rows)
         return q, decode, fold_abs_max(rows, self._skips_nan).to(x.dtype)
@@ -157,7 +157,7 @@ class TritonFormat(FormatWrapper):
         fmt = self.fmt
         if not (self.dual_axis and x.dim() >= 2 and self.serves(x)):
             return super().quantize_for_gemm_both(x, amax, noises=noises)
-        _check_input(self.name, x)
+        check_input(self.name, x)
         x = x.contiguous()
         stochastic = fmt.rounding == "stochastic"
         args = tuple(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))

@@ -19,7 +19,7 @@ from megatron.quant.recipes.rules import DEFAULT_SCOPE, FormatChoice, Rule
 from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.recipes.selectors import Selector as LayerSelector
 
-_TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
+TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
@@ -61,7 +61,7 @@ def _yaml_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     return sizes[key]
 
 
-def _load_yaml(text: str, source: str) -> Any:
+def load_yaml(text: str, source: str) -> Any:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -85,18 +85,18 @@ def _freeze(value: Any) -> Any:
     return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
 
 
-def _options(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def frozen_options(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple((k, _freeze(v)) for k, v in options.items())
 
 
-def _check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str) -> None:
+def check_keys(data: Mapping, allowed: tuple[str, ...], path: str, source: str) -> None:
     for key in data:
         if key not in allowed:
             raise RecipeError(f"{source}: {_where(path + '.' + str(key) if path else str(key))}: "
                               f"unknown key {key!r}; allowed: {', '.join(allowed)}")
 
 
-def _mapping(value: Any, path: str, source: str) -> dict:
+def as_mapping(value: Any, path: str, source: str) -> dict:
     if not isinstance(value, Mapping):
         raise RecipeError(f"{source}: {path}: expected a mapping, got {show_value(value)}")
     return dict(value)
@@ -114,16 +114,16 @@ def _is_format_name(name: str) -> bool:
     return True
 
 
-def _check_top_format(name: Any, options: Mapping, source: str) -> str:
+def check_top_format(name: Any, options: Mapping, source: str) -> str:
     """The top-level format, where an unknown name's message also lists the presets."""
     if isinstance(name, str) and not _is_format_name(name):
         raise RecipeError(f"{source}: format: unknown format or preset {show_value(name)}; valid: "
                           f"{', '.join(_valid_format_names() + presets.preset_names())}, or a variant "
                           f"(PRESET-no-COMPONENT, FORMAT+COMPONENT; components: {', '.join(ablations.COMPONENTS)})")
-    return _check_format(name, options, "format", source)
+    return check_format(name, options, "format", source)
 
 
-def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
+def expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
     """``data`` with a preset ``format`` replaced by the preset's recipe, ``data``'s other keys merged
     over it; named after the preset (plus ``-<scopes>`` when ``scope`` changes the preset's)."""
     name = data.get("format")
@@ -137,13 +137,13 @@ def _expand_preset(data: dict[str, Any], source: str) -> dict[str, Any]:
     rest = {k: v for k, v in data.items() if k != "format"}
     merged = presets.merge_preset(preset, rest)
     if not merged.get("name"):
-        scopes = _parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
+        scopes = parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
         changed = scopes != frozenset(preset.get("scope", DEFAULT_SCOPE))
         merged["name"] = key + ("-" + "+".join(sorted(scopes)) if changed else "")
     return merged
 
 
-def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
+def check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     """Build the format once to validate name and options; return the name as given."""
     if not isinstance(name, str):
         raise RecipeError(f"{source}: {path}: format must be a string, got {show_value(name)}; "
@@ -162,14 +162,14 @@ def _check_format(name: Any, options: Mapping, path: str, source: str) -> str:
     return name
 
 
-def _parse_bool(value: Any, path: str, source: str) -> bool:
+def parse_bool(value: Any, path: str, source: str) -> bool:
     switch = value if isinstance(value, bool) else switch_value(str(value))
     if switch is not None:
         return switch
     raise RecipeError(f"{source}: {path}: {show_value(value)} is not a boolean; use true/false, 1/0, yes/no or on/off")
 
 
-def _parse_seed(value: Any, source: str) -> Optional[int]:
+def parse_seed(value: Any, source: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
@@ -177,7 +177,7 @@ def _parse_seed(value: Any, source: str) -> Optional[int]:
     return value
 
 
-def _parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
+def parse_scope(value: Any, path: str, source: str) -> frozenset[str]:
     items = value if isinstance(value, (list, tuple)) else [value]
     if not items or not all(isinstance(s, str) and s in SCOPES for s in items):
         raise RecipeError(f"{source}: {path}: invalid scope {show_value(value)}; "
@@ -189,19 +189,19 @@ def _parse_choice(value: Any, path: str, source: str, base: FormatChoice) -> For
     """``{format:, options:}`` or a bare format name; validated against the inherited format."""
     if isinstance(value, str):
         value = {"format": value}
-    data = _mapping(value, path, source)
-    _check_keys(data, _OVERRIDE_KEYS, path, source)
-    options = _mapping(data.get("options", {}), path + ".options", source)
-    choice = FormatChoice(data.get("format"), _options(options))
+    data = as_mapping(value, path, source)
+    check_keys(data, _OVERRIDE_KEYS, path, source)
+    options = as_mapping(data.get("options", {}), path + ".options", source)
+    choice = FormatChoice(data.get("format"), frozen_options(options))
     effective = choice.over(base)
-    _check_format(effective.name, dict(effective.options), path, source)
+    check_format(effective.name, dict(effective.options), path, source)
     return FormatChoice(None if choice.name is None else str(choice.name).strip().lower(), choice.options)
 
 
-def _parse_overrides(value: Any, allowed: tuple[str, ...], path: str, source: str,
+def parse_overrides(value: Any, allowed: tuple[str, ...], path: str, source: str,
                      base: FormatChoice) -> tuple[tuple[str, FormatChoice], ...]:
-    data = _mapping(value, path, source)
-    _check_keys(data, allowed, path, source)
+    data = as_mapping(value, path, source)
+    check_keys(data, allowed, path, source)
     return tuple((k, _parse_choice(v, f"{path}.{k}", source, base)) for k, v in data.items())
 
 
@@ -216,11 +216,11 @@ def _parse_layers(value: Any, path: str, source: str) -> tuple[LayerSelector, ..
     return tuple(selectors)
 
 
-def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Rule:
-    data = _mapping(value, path, source)
-    _check_keys(data, _RULE_KEYS, path, source)
-    match = _mapping(data.get("match", {}), path + ".match", source)
-    _check_keys(match, _MATCH_KEYS, path + ".match", source)
+def parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Rule:
+    data = as_mapping(value, path, source)
+    check_keys(data, _RULE_KEYS, path, source)
+    match = as_mapping(data.get("match", {}), path + ".match", source)
+    check_keys(match, _MATCH_KEYS, path + ".match", source)
     roles = None
     if "roles" in match:
         roles_value = match["roles"] if isinstance(match["roles"], list) else [match["roles"]]
@@ -232,17 +232,17 @@ def _parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Ru
     layers = _parse_layers(match["layers"], path + ".match.layers", source) if "layers" in match else None
     fmt = None
     if "format" in data or "options" in data:
-        options = _mapping(data.get("options", {}), path + ".options", source)
-        fmt = FormatChoice(_check_format(data.get("format", default.name), options, path + ".format", source),
-                           _options(options))
-    operands = _parse_overrides(data.get("operands", {}), ALL_OPERANDS, path + ".operands", source,
+        options = as_mapping(data.get("options", {}), path + ".options", source)
+        fmt = FormatChoice(check_format(data.get("format", default.name), options, path + ".format", source),
+                           frozen_options(options))
+    operands = parse_overrides(data.get("operands", {}), ALL_OPERANDS, path + ".operands", source,
                                 fmt or default)
     if fmt is None and not operands:
         raise RecipeError(f"{source}: {path}: a rule needs 'format'/'options' or 'operands'")
     return Rule(roles=roles, layers=layers, format=fmt, operands=operands)
 
 
-def _default_name(fmt_name: str, scopes: frozenset[str]) -> str:
+def default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
     return fmt_name + "-" + "+".join(sorted(scopes))

@@ -30,22 +30,22 @@ from megatron.quant.formats.show import show_value
 from megatron.quant.recipes.names import NAME_RULE, name_problem
 from megatron.quant.recipes.operands import ALL_OPERANDS, LINEAR_ROLES, ROLES, SCOPES, operands_for_role
 from megatron.quant.recipes.parse import (
-    _TOP_KEYS,
+    TOP_KEYS,
     RecipeError,
-    _check_format,
-    _check_keys,
-    _check_top_format,
-    _default_name,
-    _expand_preset,
-    _load_yaml,
-    _mapping,
-    _options,
-    _parse_bool,
-    _parse_overrides,
-    _parse_rule,
-    _parse_scope,
-    _parse_seed,
+    as_mapping,
     check_env_names,
+    check_format,
+    check_keys,
+    check_top_format,
+    default_name,
+    expand_preset,
+    frozen_options,
+    load_yaml,
+    parse_bool,
+    parse_overrides,
+    parse_rule,
+    parse_scope,
+    parse_seed,
 )
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 
@@ -67,10 +67,10 @@ class QuantRecipe:
     def uniform(cls, fmt_name: str, scope: Iterable[str] = DEFAULT_SCOPE, *, compile: bool = False,
                 **options: Any) -> "QuantRecipe":
         """One format (with ``options``) for every operand in ``scope``."""
-        scopes = _parse_scope(list(scope), "scope", "<python>")
-        name = _check_format(str(fmt_name).lower(), options, "format", "<python>")
-        return cls(name=_default_name(name, scopes), format=FormatChoice(name, _options(options)),
-                   scope=scopes, compile=_parse_bool(compile, "compile", "<python>"))
+        scopes = parse_scope(list(scope), "scope", "<python>")
+        name = check_format(str(fmt_name).lower(), options, "format", "<python>")
+        return cls(name=default_name(name, scopes), format=FormatChoice(name, frozen_options(options)),
+                   scope=scopes, compile=parse_bool(compile, "compile", "<python>"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>",
@@ -78,24 +78,24 @@ class QuantRecipe:
         """Parse the recipe schema (see docs/recipes.md); ``defaults`` fill keys ``data`` omits."""
         if not isinstance(data, Mapping):
             raise RecipeError(f"{source}: a recipe must be a mapping, got {type(data).__name__}")
-        _check_keys(data, _TOP_KEYS, "", source)
-        merged = _expand_preset({**(defaults or {}), **data}, source)
-        scopes = _parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
-        options = _mapping(merged.get("options", {}), "options", source)
-        fmt_name = _check_top_format(merged.get("format", PASSTHROUGH_DEFAULT), options, source)
-        default = FormatChoice(fmt_name, _options(options))
-        overrides = _parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
+        check_keys(data, TOP_KEYS, "", source)
+        merged = expand_preset({**(defaults or {}), **data}, source)
+        scopes = parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
+        options = as_mapping(merged.get("options", {}), "options", source)
+        fmt_name = check_top_format(merged.get("format", PASSTHROUGH_DEFAULT), options, source)
+        default = FormatChoice(fmt_name, frozen_options(options))
+        overrides = parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
         rules = merged.get("rules", [])
         if not isinstance(rules, list):
             raise RecipeError(f"{source}: rules: expected a list of rules, got {show_value(rules)}")
-        parsed_rules = tuple(_parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
-        name = merged.get("name") or _default_name(fmt_name, scopes)
+        parsed_rules = tuple(parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
+        name = merged.get("name") or default_name(fmt_name, scopes)
         problem = name_problem(name)
         if problem is not None:
             raise RecipeError(f"{source}: name: {show_value(name)} is invalid ({problem}); allowed: {NAME_RULE}")
         return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
-                   compile=_parse_bool(merged.get("compile", False), "compile", source),
-                   seed=_parse_seed(merged.get("seed"), source))
+                   compile=parse_bool(merged.get("compile", False), "compile", source),
+                   seed=parse_seed(merged.get("seed"), source))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None,
@@ -115,7 +115,7 @@ class QuantRecipe:
             raise RecipeError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                               f"{exc.start}); save the recipe as UTF-8") from None
         try:
-            data = json.loads(text) if suffix == ".json" else _load_yaml(text, source)
+            data = json.loads(text) if suffix == ".json" else load_yaml(text, source)
         except RecursionError:
             raise RecipeError(f"{source}: nested too deeply to be a recipe") from None
         except (ValueError, yaml.YAMLError) as exc:

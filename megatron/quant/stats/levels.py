@@ -16,13 +16,13 @@ from torch import Tensor
 
 from megatron.quant.stats import packing
 from megatron.quant.stats.reference import (
-    _BLOCK_KEYS,
-    _QUANT_KEYS,
-    _as_ieee,
-    _finite_overflow_count,
-    _overflow_count,
-    _quantized_operands,
+    BLOCK_KEYS,
+    QUANT_KEYS,
+    as_ieee,
+    finite_overflow_count,
+    overflow_count,
     pack_stats,
+    quantized_operands,
     unpack_stats,
 )
 
@@ -68,7 +68,7 @@ def _exact_counts(v: Tensor, fmt: Optional["QuantFormat"], axis: int, qv: Option
     """The fields every level gives exactly, with as few passes as the data allows: when x is
     all finite (seen from its min and max), nothing is masked, underflow is
     nonzero(x) - nonzero(q) (a zero never quantizes to nonzero), and overflow is looked for
-    only where an absmax overflows (``_finite_overflow_count``)."""
+    only where an absmax overflows (``finite_overflow_count``)."""
     numel = v.numel()
     lo, hi = (float(bound) for bound in torch.aminmax(v))
     nonzero = int(torch.count_nonzero(v))
@@ -83,10 +83,10 @@ def _exact_counts(v: Tensor, fmt: Optional["QuantFormat"], axis: int, qv: Option
         return _exact_fields(numel, lo, hi, nonzero, nans, infs)
     if finite:
         underflow = nonzero - int(torch.count_nonzero(qv))
-        overflow = _finite_overflow_count(v, scale, fmt, axis, max(abs(lo), abs(hi)))
+        overflow = finite_overflow_count(v, scale, fmt, axis, max(abs(lo), abs(hi)))
     else:
         underflow = int(torch.count_nonzero((qv == 0) & (v != 0)))
-        overflow = int(_overflow_count(v, scale, fmt))
+        overflow = int(overflow_count(v, scale, fmt))
     return _exact_fields(numel, lo, hi, nonzero, nans, infs, (overflow, underflow))
 
 
@@ -134,9 +134,9 @@ def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1
         return stats_from_packed(kernel_stats.tolist(), x.shape, x.dtype, fmt, level)
     qv = v_scale = None
     if fmt is not None and x.numel():
-        v, qv, v_scale = _quantized_operands(x, fmt, axis, amax, q, scale)
+        v, qv, v_scale = quantized_operands(x, fmt, axis, amax, q, scale)
     else:
-        v = _as_ieee(x)
+        v = as_ieee(x)
     if level == "full" or x.numel() == 0:
         result = unpack_stats(pack_stats(x, fmt, axis, amax, qv, v_scale).tolist(), x.shape, x.dtype, fmt)
         return {**result, "stats_level": level, "stats_sampled": x.numel()}
@@ -159,7 +159,7 @@ def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1
 
 def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
     """Every key of ``capture_stats``' result, None (the counts level fills in the exact ones)."""
-    return dict.fromkeys((*unpack_stats([], [0], dtype), *((*_QUANT_KEYS, *_BLOCK_KEYS) if quantized else ())))
+    return dict.fromkeys((*unpack_stats([], [0], dtype), *((*QUANT_KEYS, *BLOCK_KEYS) if quantized else ())))
 
 
 def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["QuantFormat"], level: StatsLevel) -> bool:

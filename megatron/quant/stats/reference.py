@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 # The exponent field of a normal value is floor(log2|x|) + bias: exact, and far cheaper than
 # log2 or frexp. Narrower float types are widened to float32 first (exactly).
 _LAYOUTS = {torch.float32: (torch.int32, 23, 0xFF, 127), torch.float64: (torch.int64, 52, 0x7FF, 1023)}
-_QUANT_KEYS = ("overflow", "overflow_ratio", "underflow", "underflow_ratio", "rel_mse", "sqnr_db", "cosine", "mse")
-_BLOCK_KEYS = ("block_dynamic_range_log2_max", "block_scale_min", "block_scale_max", "block_scale_spread_log2",
+QUANT_KEYS = ("overflow", "overflow_ratio", "underflow", "underflow_ratio", "rel_mse", "sqnr_db", "cosine", "mse")
+BLOCK_KEYS = ("block_dynamic_range_log2_max", "block_scale_min", "block_scale_max", "block_scale_spread_log2",
                "block_scale_hist")
 _TILE_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 22}  # elements per tile of the torch path (memory, launches)
 
@@ -45,7 +45,7 @@ def _ieee_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in _LAYOUTS else torch.float32
 
 
-def _as_ieee(x: Tensor) -> Tensor:
+def as_ieee(x: Tensor) -> Tensor:
     return x.to(_ieee_dtype(x.dtype))
 
 
@@ -69,7 +69,7 @@ def _log2_ratio(high: float, low: float) -> Optional[float]:
     return math.log2(high) - math.log2(low)
 
 
-def _overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat") -> Tensor:
+def overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat") -> Tensor:
     """Elements not representable without saturation: Inf, and finite x whose x / scale (the
     division the format does) rounds beyond max. A zero scale (an NVFP4 block whose E4M3
     scale underflowed) quantizes its block to zero: underflow, not overflow; a NaN scale (a
@@ -87,14 +87,14 @@ def _beyond(ratio: Tensor, fmt: "QuantFormat") -> Tensor:
     return ratio >= bound if inclusive else ratio > bound
 
 
-def _finite_overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat", axis: int, absmax: float) -> int:
-    """``_overflow_count`` of an all-finite v, element by element only where it can be nonzero:
+def finite_overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat", axis: int, absmax: float) -> int:
+    """``overflow_count`` of an all-finite v, element by element only where it can be nonzero:
     division is monotonic, so nothing overflows unless absmax / scale does (per tensor, or
     per block for block formats: then only the blocks whose absmax overflows are counted)."""
     if scale.numel() == 1:
-        return 0 if not _beyond(v.new_tensor(absmax) / scale, fmt) else int(_overflow_count(v, scale, fmt))
+        return 0 if not _beyond(v.new_tensor(absmax) / scale, fmt) else int(overflow_count(v, scale, fmt))
     if fmt.block_size is None:
-        return int(_overflow_count(v, scale, fmt))
+        return int(overflow_count(v, scale, fmt))
     axis = normalize_axis(fmt.name, axis, v.dim())
     blocks = split_blocks(v, axis, fmt.block_size)
     block_scale = split_blocks(scale.expand(v.shape), axis, fmt.block_size).select(axis + 1, 0)
@@ -168,7 +168,7 @@ def _stack_scalars(fields: dict) -> Tensor:
     return torch.stack([fields[name].double() for name in packing.SCALARS])
 
 
-def _quantized_operands(x: Tensor, fmt: "QuantFormat", axis: int, amax: Optional[Tensor],
+def quantized_operands(x: Tensor, fmt: "QuantFormat", axis: int, amax: Optional[Tensor],
                         q: Optional[Tensor], scale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
     """x, q and the scale in x's IEEE dtype; quantizes only when q or scale is missing."""
     if q is None or scale is None:
@@ -176,7 +176,7 @@ def _quantized_operands(x: Tensor, fmt: "QuantFormat", axis: int, amax: Optional
         fmt_q, fmt_scale = fmt.quantize_with_scale(x.detach(), axis=axis, amax=amax)
         q = fmt_q if q is None else q
         scale = fmt_scale if scale is None else scale
-    v = _as_ieee(x)
+    v = as_ieee(x)
     return v, q.detach().to(v.dtype), scale.detach().to(v.dtype)
 
 
@@ -194,12 +194,12 @@ def pack_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1, a
     x = x.detach()
     if x.numel() == 0:
         return torch.zeros(0, dtype=torch.float64, device=x.device)
-    v = _as_ieee(x)
+    v = as_ieee(x)
     parts = [v, None]
     if fmt is not None:
-        v, qv, scale = _quantized_operands(x, fmt, axis, amax, q, scale)
+        v, qv, scale = quantized_operands(x, fmt, axis, amax, q, scale)
         # A transformed format's scale belongs to the transformed values (its quantization domain).
-        xt = _as_ieee(fmt.transform(x.detach(), axis)) if fmt.transforms_operand else None
+        xt = as_ieee(fmt.transform(x.detach(), axis)) if fmt.transforms_operand else None
         per_element = scale.dim() or fmt.block_size is not None
         parts += [qv, xt, scale.expand(v.shape) if per_element else scale]
     ordered = [p if p is None or p.dim() == 0 else blocks_in_order(p, fmt, axis) for p in parts]
@@ -225,8 +225,8 @@ def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dty
         result.update(dict.fromkeys(("min", "max", "mean", "std", "absmax", "dynamic_range_log2")), zeros=0, nans=0,
                       infs=0, log2_hist={"edges": LOG2_EDGES, "counts": [0] * packing.N_BINS})
         if fmt is not None:
-            result.update(dict(zip(_QUANT_KEYS, (0, None, 0, None, None, None, None, None))),
-                          **dict.fromkeys(_BLOCK_KEYS))
+            result.update(dict(zip(QUANT_KEYS, (0, None, 0, None, None, None, None, None))),
+                          **dict.fromkeys(BLOCK_KEYS))
         return result
     f = dict(zip(packing.SCALARS, packed))
     nans, infs = int(f["nans"]), int(f["infs"])
@@ -250,7 +250,7 @@ def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dty
         rel_mse=noise / signal if signal > 0 else None,
         sqnr_db=(10 * math.log10(signal / noise) if noise > 0 else math.inf) if signal > 0 else None,
         cosine=f["dot"] / math.sqrt(signal * q_power) if signal > 0 and q_power > 0 else None,
-        mse=noise / f["both_finite"] if f["both_finite"] > 0 else None, **dict.fromkeys(_BLOCK_KEYS))
+        mse=noise / f["both_finite"] if f["both_finite"] > 0 else None, **dict.fromkeys(BLOCK_KEYS))
     if fmt.block_size is None:
         return result
     result["block_scale_hist"] = {"edges": LOG2_EDGES, "counts": [int(c) for c in packed[packing.SCALE_HIST]]}
@@ -289,4 +289,4 @@ def quant_stats(x: Tensor, fmt: "QuantFormat", axis: int = -1, amax: Optional[Te
     for other formats.
     """
     stats = unpack_stats(pack_stats(x, fmt, axis, amax, q, scale).tolist(), x.shape, x.dtype, fmt)
-    return {key: stats[key] for key in (*_QUANT_KEYS, *_BLOCK_KEYS)}
+    return {key: stats[key] for key in (*QUANT_KEYS, *BLOCK_KEYS)}

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 

@@ -31,7 +31,7 @@ from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.formats.show import show_value
 from megatron.quant.training import checkpoint
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
-from megatron.quant.training.machine import _now, git_commit, machine
+from megatron.quant.training.machine import git_commit, machine, utc_now
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.run_lock import RunLockedError, run_locks
 from megatron.quant.training.signals import FORWARDER, SweepInterrupted
@@ -97,8 +97,8 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     env.update(slot or {})
     env.setdefault("TENSOR_SAVE_DIR", str(run_dir / "tensor_logs"))  # captures, when enabled, stay with the run
     record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
-                                   "start_time": _now(), "attempts": []}
-    attempt = {"start_time": _now(), "command": command, "git_commit": git_commit(), "machine": machine()}
+                                   "start_time": utc_now(), "attempts": []}
+    attempt = {"start_time": utc_now(), "command": command, "git_commit": git_commit(), "machine": machine()}
     record.update(flags=[*flags, *run.extra_flags], git_commit=attempt["git_commit"], machine=attempt["machine"],
                   status=RUNNING)
     record["attempts"].append(attempt)
@@ -109,7 +109,7 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
         status = outcome(run_dir, returncode, train_iters)
         attempt["returncode"] = returncode
     finally:  # an interrupted sweep still records it, and the next one resumes the run
-        attempt.update(end_time=_now(), status=status)
+        attempt.update(end_time=utc_now(), status=status)
         record.update(status=status, end_time=attempt["end_time"])
         if status == DIVERGED_STATUS:
             record["divergence"] = json.loads((run_dir / CHECKPOINTS / DIVERGED).read_text())

@@ -13,7 +13,7 @@ from megatron.quant.analysis.runs.metrics import GAP_THRESHOLDS, relative_gap, s
 from megatron.quant.analysis.runs.read import GRAD_NORM, LOSS, LR, STATS_TAG, TOKENS_PER_S, VALIDATION, Run
 
 
-def _draw_bands(payload: dict):
+def draw_bands(payload: dict):
     if len(payload["loss"]) > figures.MAX_SERIES:
         return _draw_band_panels(payload)
     labels = [f"{name} ({entry[-1]} seeds)" for name, entry in payload["loss"].items()]

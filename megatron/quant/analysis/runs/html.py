@@ -42,7 +42,7 @@ def recipes_html(rows: list[dict], study: str = "") -> str:
         f"<a href='{link(RECIPES_CSV)}'>{RECIPES_CSV}</a>.</p>"])
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv_rows(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -25,9 +25,9 @@ from typing import Optional, Sequence
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.plans import FigureJob
-from megatron.quant.analysis.runs.draw import _draw_bands, figure_jobs
+from megatron.quant.analysis.runs.draw import draw_bands, figure_jobs
 from megatron.quant.analysis.runs.forest import forest_job
-from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, _write_csv, render_html
+from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, render_html, write_csv_rows
 from megatron.quant.analysis.runs.ledger import ledger_runs
 from megatron.quant.analysis.runs.metrics import band_payload, noise_band, recipe_groups, recipe_table, summarize
 from megatron.quant.analysis.runs.read import LOSS, Run, RunsReportError, load_runs
@@ -82,9 +82,9 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     report_dir.mkdir(parents=True, exist_ok=True)
     jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes)
     if recipes:
-        _write_csv(report_dir / RECIPES_CSV, recipes)
+        write_csv_rows(report_dir / RECIPES_CSV, recipes)
     failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
-    _write_csv(report_dir / CSV_NAME, rows)
+    write_csv_rows(report_dir / CSV_NAME, rows)
     index = report_dir / "index.html"
     index.write_text(render_html(source, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
                                  skipped), encoding="utf-8")
@@ -99,7 +99,7 @@ def all_figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band
         bands = band_payload(groups, baseline.name, smoothing)
         jobs[1:1] = [forest_job(recipes, baseline.name, bands["loss"]),
                      FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
-                                                 "band) and its gap to the baseline's mean", _draw_bands, bands)]
+                                                 "band) and its gap to the baseline's mean", draw_bands, bands)]
     return jobs
 
 
