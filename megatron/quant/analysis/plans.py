@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,14 @@ class AnalysisPlan:
     files: list[OutputFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was not drawn, and why
 
+    def first_panels(self, what: str, groups: Iterable[T], limit: int) -> list[T]:
+        """The first ``limit`` of ``groups``, one panel each; a note names ``what`` when some are left out."""
+        groups = list(groups)
+        if len(groups) > limit:
+            self.notes.append(f"{what}: only the first {limit} of {len(groups)} groups are drawn "
+                              f"(--max_panels; use filters to choose others).")
+        return groups[:limit]
+
 
 @dataclass(frozen=True)
 class PlotSettings:
@@ -47,9 +57,3 @@ def figure_path(folder: str, *parts: object) -> str:
     return f"{folder}/{stem}.png" if folder else f"{stem}.png"
 
 
-def truncation_note(what: str, kept: int, total: int) -> list[str]:
-    """A note when only the first ``kept`` of ``total`` groups got a panel."""
-    if total <= kept:
-        return []
-    return [f"{what}: only the first {kept} of {total} groups are drawn "
-            f"(--max_panels; use filters to choose others)."]

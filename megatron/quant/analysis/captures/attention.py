@@ -14,7 +14,7 @@ from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.captures.summary import group_by, sampled_series
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "attention_analysis"
 MAX_TOKENS = 128  # attention maps show the first tokens only
@@ -28,8 +28,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
                           "(layer_type 'attention' in the capture names).")
         return plan
     by_tensor = list(group_by(attention, lambda s: s.record.tensor_key).items())
-    kept = by_tensor[:inp.settings.max_panels]
-    plan.notes += truncation_note("attention distributions", len(kept), len(by_tensor))
+    kept = plan.first_panels("attention distributions", by_tensor, inp.settings.max_panels)
     budget = inp.settings.figure_budget // max(1, len(kept))
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "attention_distributions"),

@@ -6,8 +6,8 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.captures.summary import group_by, log2_histograms_by, sampled_series, tensor_label
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.captures.summary import group_by, log2_panels, sampled_series, tensor_label
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "backward_analysis"
 
@@ -25,9 +25,8 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         "Share of values per binade (all elements of every capture) in the forward and the "
         "backward pass, per layer type.", figures.draw_log2_panels,
         {"title": "Forward vs backward magnitudes",
-         "panels": [{"title": f"{layer_type} layers",
-                     "histograms": log2_histograms_by(items, lambda s: s.record.operation)}
-                    for layer_type, items in by_layer_type.items()]}))
+         "panels": log2_panels(((f"{layer_type} layers", items) for layer_type, items in by_layer_type.items()),
+                               lambda s: s.record.operation)}))
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "backward_statistics"),
         "Per-capture std and max |x| of every forward and backward tensor.", draw_statistics,
@@ -36,8 +35,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
          for stat in ("std", "absmax")}))
     gradients = [s for s in inp.with_values if s.record.operation == "backward"]
     by_quant = list(group_by(gradients, lambda s: s.record.quant_type).items())
-    kept = by_quant[:inp.settings.max_panels]
-    plan.notes += truncation_note("gradient distributions", len(kept), len(by_quant))
+    kept = plan.first_panels("gradient distributions", by_quant, inp.settings.max_panels)
     if kept:
         budget = inp.settings.figure_budget // len(kept)
         plan.figures.append(FigureJob(

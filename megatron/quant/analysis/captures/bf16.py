@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import TensorSummary, finite, group_by, subsample
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "bf16_analysis"
 
@@ -22,8 +22,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
                           f"{', '.join(present) or 'none'}).")
         return plan
     by_tensor = list(group_by(members, lambda s: s.record.tensor_key).items())
-    kept = by_tensor[:inp.settings.max_panels]
-    plan.notes += truncation_note("bf16 tensors", len(kept), len(by_tensor))
+    kept = plan.first_panels("bf16 tensors", by_tensor, inp.settings.max_panels)
     share = max(1, inp.settings.figure_budget // len(kept))
     raw = {k.label: subsample(np.concatenate([finite(s.sample) for s in v]), share)
            for k, v in kept}

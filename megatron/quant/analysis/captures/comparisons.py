@@ -6,7 +6,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import TensorSummary, finite_median, group_by, sampled_series
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "comparisons"
 
@@ -26,9 +26,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         return plan
     per_pass = group_by(shared.items(), lambda kv: (kv[0].layer_type, kv[0].operation))
     for (layer_type, operation), entries in per_pass.items():
-        kept = entries[:inp.settings.max_panels]
-        plan.notes += truncation_note(f"comparisons {layer_type} {operation}", len(kept),
-                                      len(entries))
+        kept = plan.first_panels(f"comparisons {layer_type} {operation}", entries, inp.settings.max_panels)
         budget = inp.settings.figure_budget // max(1, len(kept))
         panels = [{"title": " ".join(filter(None, (key.role, key.phase, key.tensor_name))),
                    "series": sampled_series(group_by(items, lambda s: s.record.quant_type),

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "exponent_analysis"
 _MARGIN = 12  # binades shown beyond the occupied ones
@@ -34,8 +34,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         # Formats the layers applied first, then the reference views of the other tensors.
         panels = list(group_by(items, lambda s: (not s.format_view.applied, s.record.tensor_key,
                                                  s.format_view.format_name)).items())
-        kept = panels[:inp.settings.max_panels]
-        plan.notes += truncation_note(f"exponent histograms {quant_type}", len(kept), len(panels))
+        kept = plan.first_panels(f"exponent histograms {quant_type}", panels, inp.settings.max_panels)
         plan.figures.append(FigureJob(
             figure_path(FOLDER, quant_type),
             f"{quant_type}: share of sampled values per binade of |x| / scale, with the format's "

@@ -15,7 +15,7 @@ from megatron.quant.analysis.captures.summary import (
     sampled_series,
     subsample_indices,
 )
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "fp8_analysis"
 FAMILIES = ("hifp8", "mxfp8")
@@ -47,8 +47,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     shared = [(key, items) for key, items in by_tensor.items()
               if {family(s) for s in items} == set(FAMILIES)]
     if shared:
-        kept = shared[:settings.max_panels]
-        plan.notes += truncation_note("HiFP8 vs MXFP8 distributions", len(kept), len(shared))
+        kept = plan.first_panels("HiFP8 vs MXFP8 distributions", shared, settings.max_panels)
         budget = settings.figure_budget // len(kept)
         plan.figures.append(FigureJob(
             figure_path(FOLDER, "hifp8_vs_mxfp8_distributions"),
@@ -67,8 +66,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
          for stat in ("mean", "std", "min", "max")}))
     pairs = matched_pairs(members)
     if pairs:
-        kept = list(pairs.items())[:settings.max_panels]
-        plan.notes += truncation_note("HiFP8 vs MXFP8 correlation", len(kept), len(pairs))
+        kept = plan.first_panels("HiFP8 vs MXFP8 correlation", pairs.items(), settings.max_panels)
         plan.figures.append(FigureJob(
             figure_path(FOLDER, "hifp8_vs_mxfp8_correlation"),
             "The same capture point (tensor, layer, iteration, rank, sample) under HiFP8 and "

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import group_by
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "heatmaps"
 
@@ -28,9 +28,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         first = [min(captures, key=lambda s: (s.record.iteration, s.record.layer_idx,
                                               s.record.rank, s.record.sample))
                  for captures in by_tensor.values()]
-        kept = first[:inp.settings.max_panels]
-        plan.notes += truncation_note(f"heatmaps {quant_type} {layer_type} {operation}",
-                                      len(kept), len(first))
+        kept = plan.first_panels(f"heatmaps {quant_type} {layer_type} {operation}", first, inp.settings.max_panels)
         panels = [{"title": f"{s.record.phase} {s.record.tensor_name}, L{s.record.layer_idx} "
                             f"iter {s.record.iteration}\nshape {list(s.record.shape or ())}",
                    "grid": s.heatmap, "shape": s.record.shape} for s in kept]

@@ -9,11 +9,11 @@ from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import (
     TensorSummary,
     group_by,
-    log2_histograms_by,
+    log2_panels,
     median_curves,
     tensor_label,
 )
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "layer_analysis"
 _TREND_METRICS = (("overflow_ratio", "Overflow", "overflow (% of elements)", 100.0),
@@ -24,16 +24,14 @@ _TREND_METRICS = (("overflow_ratio", "Overflow", "overflow (% of elements)", 100
 def build(inp: AnalysisInput) -> AnalysisPlan:
     plan = AnalysisPlan()
     by_quant = list(group_by(inp.originals, lambda s: s.record.quant_type).items())
-    kept = by_quant[:inp.settings.max_panels]
-    plan.notes += truncation_note("layer analysis quant types", len(kept), len(by_quant))
+    kept = plan.first_panels("layer analysis quant types", by_quant, inp.settings.max_panels)
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "attention_vs_linear"),
         "Share of values per binade in attention and linear layers (all elements), per quant "
         "type.", figures.draw_log2_panels,
         {"title": "Attention vs linear layer magnitudes",
-         "panels": [{"title": f"{qt}: attention vs linear",
-                     "histograms": log2_histograms_by(items, lambda s: s.record.layer_type)}
-                    for qt, items in kept]}))
+         "panels": log2_panels(((f"{qt}: attention vs linear", items) for qt, items in kept),
+                               lambda s: s.record.layer_type)}))
     for quant_type, items in kept:
         passes = group_by(items, lambda s: (s.record.layer_type, s.record.operation))
         plan.figures.append(FigureJob(

@@ -9,7 +9,7 @@ from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.quantization import no_quant_stats_note, source_note
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by, tensor_label
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "overflow_analysis"
 
@@ -31,8 +31,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
          "by_layer_type": _shares({f"{qt} {lt}": items for (qt, lt), items in by_layer_type.items()}),
          "points": {qt: (_percent(items, "overflow_ratio"), _percent(items, "underflow_ratio"))
                     for qt, items in by_quant.items()}}))
-    kept = list(by_quant.items())[:inp.settings.max_panels]
-    plan.notes += truncation_note("overflow by tensor", len(kept), len(by_quant))
+    kept = plan.first_panels("overflow by tensor", by_quant.items(), inp.settings.max_panels)
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "overflow_by_tensor"),
         "Overflow and underflow of each tensor, per quant type (% of all its elements).",

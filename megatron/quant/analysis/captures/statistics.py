@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import LOG2_BINS, LOG2_LOW, QUANT_METRICS, TensorSummary, group_by
-from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path, truncation_note
+from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path
 
 FOLDER = "statistics"
 CSV_NAME = f"{FOLDER}/tensor_summary.csv"
@@ -39,8 +39,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
                         ("std", "Standard deviation", "std (value units)", None),
                         ("absmax", "Max |x|", "max |x| (value units)", None),
                         ("zero_share", "Exact zeros", "zeros (% of elements)", False))]}))
-    kept = list(by_quant.items())[:inp.settings.max_panels]
-    plan.notes += truncation_note("statistics by tensor", len(kept), len(by_quant))
+    kept = plan.first_panels("statistics by tensor", by_quant.items(), inp.settings.max_panels)
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "absmax_by_tensor"),
         "Max |x| of each tensor over layers, iterations and ranks, per quant type.",

@@ -154,6 +154,13 @@ def log2_histograms_by(summaries: Iterable[TensorSummary], key: Callable[[Tensor
     return {group: (LOG2_LOW - 1, summed_log2_counts(items)) for group, items in group_by(summaries, key).items()}
 
 
+def log2_panels(groups: Iterable[tuple[str, Iterable[TensorSummary]]], key: Callable[[TensorSummary], Hashable]
+                ) -> list[dict]:
+    """One panel per (title, summaries) of ``groups``: its ``log2_histograms_by(summaries, key)``, as
+    figures.draw_log2_panels takes."""
+    return [{"title": title, "histograms": log2_histograms_by(items, key)} for title, items in groups]
+
+
 def pooled_moments(summaries: Sequence[TensorSummary]) -> dict[str, float]:
     """Exact numel, min, max, mean and std over the union of the tensors' finite elements."""
     rows = [(s.stat("numel") - s.stat("nans") - s.stat("infs"), s.stat("mean"), s.stat("std"),
