@@ -12,7 +12,7 @@ import pytest
 def test_every_kernel_specialization_builds_for_sm90():
     pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA backend")
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-m", "tests.kernels._gpu_build"], cwd=root, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_build"], cwd=root, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert "0 failed" in run.stdout

@@ -3,7 +3,7 @@ without a GPU: each kernel's Python is type-checked and lowered as the GPU compi
 Triton's interpreter (the CPU tests) does not do. Run by test_gpu_build.py in a process of its own
 (TRITON_INTERPRET unset, so the kernels are decorated for compilation):
 
-    python -m tests.kernels._gpu_build
+    python -m bench.gpu.kernel_build
 
 Prints one line per specialization and exits 1 when one does not build.
 """
@@ -52,6 +52,8 @@ def record_launches() -> list:
     for module, name in KERNELS:
         setattr(module, name, Recorder(getattr(module, name), launches))
     launch.interpreting = triton_format.interpreting = lambda: True  # serve CPU tensors
+    for module in (amax, blocks, elementwise):  # ... with the programs a GPU launches, not the interpreter's
+        module.program_elements = lambda on_device: on_device
     for name, options in FORMATS:
         fmt = get_format(name, **options)
         twin = triton_format.TritonFormat(fmt, fmt)
