@@ -1,19 +1,31 @@
-"""Build every kernel specialization the formats launch into Triton IR for a Hopper (sm_90) target,
-without a GPU: each kernel's Python is type-checked and lowered as the GPU compiler does, which
-Triton's interpreter (the CPU tests) does not do. Run by test_gpu_build.py in a process of its own
-(TRITON_INTERPRET unset, so the kernels are decorated for compilation):
+"""Build every kernel specialization the formats launch for a Hopper (sm_90) target, without a GPU:
+each kernel's Python is type-checked and lowered as the GPU compiler does, which Triton's
+interpreter (the CPU tests) does not do. By default to Triton IR (seconds; test_gpu_build.py runs
+it); with ``--cubin`` all the way through Triton's GPU passes, LLVM, PTX and ptxas (the ptxas in
+Triton's wheel), reporting each specialization's registers, stack (spilled registers and local
+arrays, in bytes per thread) and shared memory as ``cuobjdump -res-usage`` reads them from the
+cubin (minutes):
 
-    python -m bench.gpu.kernel_build
+    python -m bench.gpu.kernel_build [--cubin] [--limit N] [--json PATH]
 
-Prints one line per specialization and exits 1 when one does not build.
+Runs in a process of its own (TRITON_INTERPRET unset, so the kernels are decorated for
+compilation). Prints one line per specialization and exits 1 when one does not build.
 """
+import argparse
+import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
+import time
 import traceback
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 from triton._C.libtriton import ir  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
@@ -22,6 +34,10 @@ from triton.compiler import ASTSource  # noqa: E402
 from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import amax, blocks, elementwise, launch, triton_format  # noqa: E402
 
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+LAUNCH_OPTIONS = launch.launch_options(1)  # the keyword arguments of a launch that are compile options
+RESOURCE = re.compile(r"\b(REG|STACK|SHARED|LOCAL):(\d+)")
 KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_kernel"),
            (elementwise, "_elementwise_kernel"))
 FORMATS = [("bf16", {}), ("fp16", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scaling": "none"}),
@@ -37,35 +53,42 @@ POINTERS = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp
 
 
 class Recorder:
-    """Stands in for a kernel: records each launch instead of running it."""
+    """Stands in for a kernel: records each launch, with the call that made it, instead of running it."""
 
-    def __init__(self, fn, launches: list) -> None:
-        self.fn, self.launches = fn, launches
+    def __init__(self, fn, launches: list, caller: list) -> None:
+        self.fn, self.launches, self.caller = fn, launches, caller
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((self.fn, args, kwargs))
+        return lambda *args, **kwargs: self.launches.append((self.caller[0], self.fn, args, kwargs))
+
+
+CALLS = {"quantize axis -1": lambda f, x: f.quantize(x, -1), "quantize axis 0": lambda f, x: f.quantize(x, 0),
+         "with counts": lambda f, x: f.quantize_with_stats(x, -1),
+         "with full statistics": lambda f, x: f.quantize_with_stats(x, 0, full=True),
+         "both axes": lambda f, x: f.quantize_for_gemm_both(x),
+         "with amax": lambda f, x: f.quantize_for_gemm_with_amax(x, -1, torch.ones(())),
+         "for the GEMM": lambda f, x: f.quantize_for_gemm(x, -1)}
 
 
 def record_launches() -> list:
-    """The launches of every format's calls on small CPU tensors (which the kernels then serve)."""
+    """(call, kernel, args, kwargs) of every format's calls on small CPU tensors (which the kernels
+    then serve), with the programs a GPU launches, not the interpreter's larger ones."""
     launches: list = []
+    caller = [""]
     for module, name in KERNELS:
-        setattr(module, name, Recorder(getattr(module, name), launches))
-    launch.interpreting = triton_format.interpreting = lambda: True  # serve CPU tensors
-    for module in (amax, blocks, elementwise):  # ... with the programs a GPU launches, not the interpreter's
+        setattr(module, name, Recorder(getattr(module, name), launches, caller))
+    launch.interpreting = triton_format.interpreting = lambda: True  # serve CPU tensors ...
+    for module in (amax, blocks, elementwise):  # ... with the programs a GPU launches
         module.program_elements = lambda on_device: on_device
     for name, options in FORMATS:
         fmt = get_format(name, **options)
         twin = triton_format.TritonFormat(fmt, fmt)
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(64, 256).to(dtype)
-            for call in (lambda: twin.quantize(x, -1), lambda: twin.quantize(x, 0),
-                         lambda: twin.quantize_with_stats(x, -1), lambda: twin.quantize_with_stats(x, 0, full=True),
-                         lambda: twin.quantize_for_gemm_both(x),
-                         lambda: twin.quantize_for_gemm_with_amax(x, -1, torch.ones(())),
-                         lambda: twin.quantize_for_gemm(x, -1)):
+            for call_name, call in CALLS.items():
+                caller[0] = f"{fmt.name} {str(dtype).removeprefix('torch.')} {call_name}"
                 try:
-                    call()
+                    call(twin, x)
                 except (RuntimeError, ValueError):  # the recorder wrote no outputs: later torch steps may fail
                     pass
     return launches
@@ -89,28 +112,75 @@ def signature(fn, args, kwargs) -> tuple[dict, dict]:
     return types, constants
 
 
-def main() -> int:
-    target = GPUTarget("cuda", 90, 32)
-    backend = CUDABackend(target)
-    launches, built, failed = record_launches(), set(), 0
-    for fn, args, kwargs in launches:
-        types, constants = signature(fn, args, kwargs)
+def build_ir(fn, types: dict, constants: dict, options: dict) -> dict:
+    """Lower one specialization to Triton IR (front end only)."""
+    backend = CUDABackend(TARGET)
+    parsed = backend.parse_options(options)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    ASTSource(fn=fn, signature=types, constexprs=constants).make_ir(
+        TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(), context)
+    return {}
+
+
+def build_cubin(fn, types: dict, constants: dict, options: dict) -> dict:
+    """Compile one specialization to a cubin; its resources per thread as ``cuobjdump`` reads them."""
+    kernel = triton.compile(ASTSource(fn=fn, signature=types, constexprs=constants), target=TARGET, options=options)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "-res-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    found = {key.lower(): int(value) for key, value in RESOURCE.findall(usage)}
+    return {"registers": found["reg"], "stack_bytes": found["stack"], "local_bytes": found["local"],
+            "shared_bytes": found["shared"], "num_warps": kernel.metadata.num_warps}
+
+
+def _label(constants: dict) -> str:
+    """The specialization's constexprs that say what it does, shortly."""
+    return " ".join(f"{k}={v}" for k, v in constants.items()
+                    if k in ("GRID", "STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "SIDE", "COLS", "TILED",
+                             "HADAMARD", "KIND", "AMAX_OUT", "BLOCK"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cubin", action="store_true", help="compile to cubins and report their resources")
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="build only the first N specializations")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write one row per specialization")
+    args = parser.parse_args(argv)
+    build = build_cubin if args.cubin else build_ir
+    launches, built, rows = record_launches(), set(), []
+    sizes = {kwargs["BLOCK_SIZE"] for _, fn, _, kwargs in launches if fn.__name__ == "_elementwise_kernel"}
+    if sizes != {elementwise.BLOCK}:
+        print(f"FAILED: elementwise programs of {sorted(sizes)} elements recorded, not the GPU's {elementwise.BLOCK}")
+        return 1
+    for call, fn, fn_args, kwargs in launches:
+        types, constants = signature(fn, fn_args, kwargs)
         key = (fn.__name__, tuple(types.items()), tuple((k, repr(v)) for k, v in constants.items()))
-        if key in built:
+        if key in built or (args.limit is not None and len(built) >= args.limit):
             continue
         built.add(key)
-        options = backend.parse_options({key: kwargs[key] for key in launch.EXACT_ARITHMETIC})
-        context = ir.context()
-        ir.load_dialects(context)
-        backend.load_dialects(context)
+        row = {"kernel": fn.__name__, "first_launched_by": call, "constexprs": _label(constants)}
+        started = time.monotonic()
         try:
-            ASTSource(fn=fn, signature=types, constexprs=constants).make_ir(
-                target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
-            print(f"built  {fn.__name__} {constants}")
+            row.update(build(fn, types, constants, {k: kwargs[k] for k in LAUNCH_OPTIONS if k in kwargs}))
+            resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B"
+                         if args.cubin else "")
+            print(f"built  {fn.__name__} ({call}){resources}  {row['constexprs']}", flush=True)
         except Exception:
-            failed += 1
-            print(f"FAILED {fn.__name__} {constants}\n{traceback.format_exc()}")
-    print(f"{len(built)} specializations, {failed} failed")
+            row["error"] = traceback.format_exc()[-3000:]
+            print(f"FAILED {fn.__name__} ({call}) {constants}\n{row['error']}", flush=True)
+        row["seconds"] = round(time.monotonic() - started, 1)
+        rows.append(row)
+    failed = sum("error" in row for row in rows)
+    spilling = [row for row in rows if row.get("stack_bytes")]
+    print(f"{len(built)} specializations, {failed} failed" + (
+        f"; {len(spilling)} use stack (registers spilled or local arrays)" if args.cubin else ""))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"triton": triton.__version__, "target": "sm_90", "cubin": args.cubin,
+                                         "rows": rows}, indent=1) + "\n")
     return 1 if failed or not built else 0
 
 

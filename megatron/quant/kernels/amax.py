@@ -11,7 +11,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .elementwise import load
-from .launch import EXACT_ARITHMETIC, program_elements
+from .launch import launch_options, program_elements
 from .stats import abs_max_rows, fold_abs_max, write_abs_max
 
 BLOCK = 4096
@@ -31,5 +31,5 @@ def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     block = program_elements(BLOCK)
     programs = math.ceil(x.numel() / block)
     rows = abs_max_rows(programs, x.device)
-    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, **EXACT_ARITHMETIC)
+    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, **launch_options(block))
     return fold_abs_max(rows, skip_nan).to(x.dtype)

@@ -26,7 +26,7 @@ from megatron.quant.formats.mx import SCALE_MODES, MXFormat
 from megatron.quant.formats.nvfp4 import NVFP4Format
 
 from .elementwise import load, round_grid, store, stored
-from .launch import EXACT_ARITHMETIC, program_elements
+from .launch import launch_options, program_elements
 from .noise import global_index, noise_args, uniform
 from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
 
@@ -250,7 +250,7 @@ def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor]
         **_format_constants(fmt, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
         **bound_constants(fmt), WIDTH=stats_out.shape[-1] if stats else 0,
         LOG2=(layout["BP"] * layout["COLS"]).bit_length() - 1, **_transform_args(fmt, x, transform),
-        AMAX_ONLY=False, **EXACT_ARITHMETIC)
+        AMAX_ONLY=False, **launch_options(layout["BP"] * layout["COLS"]))
     return (scales, stats_out) if stats else None
 
 
@@ -264,7 +264,8 @@ def transformed_abs_max(x, fmt, axis: int, skip_nan: bool) -> Tensor:
     _block_kernel[(programs,)](
         x, x, x, *_layout_args(layout), *noise_args(None, tuple(x.shape)), **_layout_constants(layout),
         **_format_constants(fmt, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE, **bound_constants(fmt),
-        WIDTH=0, LOG2=0, **_transform_args(fmt, x, "forward"), AMAX_ONLY=True, **EXACT_ARITHMETIC)
+        WIDTH=0, LOG2=0, **_transform_args(fmt, x, "forward"), AMAX_ONLY=True,
+        **launch_options(layout["BP"] * layout["COLS"]))
     return fold_abs_max(rows, skip_nan).to(torch.float32)
 
 
@@ -331,7 +332,8 @@ def launch_dual(x, out0, out1, fmt, noises: tuple[tuple, tuple], tensor: Optiona
     matrices = x.numel() // (rows * cols)
     _dual_kernel[(matrices * triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
         x, out0, out1, x if tensor is None else tensor, rows, cols, *noises[0], *noises[1], B=size,
-        BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split), **EXACT_ARITHMETIC)
+        BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split),
+        **launch_options(triton.next_power_of_2(size) ** 2))
 
 
 def _format_constants(fmt, dtype, split: bool) -> dict:

@@ -19,7 +19,7 @@ from torch import Tensor
 from megatron.quant.formats.grid import Minifloat
 from megatron.quant.formats.hifloat8 import HiFloat8Grid
 
-from .launch import EXACT_ARITHMETIC, program_elements
+from .launch import launch_options, program_elements
 from .noise import global_index, uniform
 from .stats import NONE, stats_rows, write_abs_max, write_stats
 
@@ -184,7 +184,7 @@ def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bo
         SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows, STATS=stats,
         **(bounds or dict(BOUND=0.0, INCLUSIVE=False)), WIDTH=rows.shape[-1] if stats else 0,
         LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
-        AMAX_OUT=amax_rows is not None, **EXACT_ARITHMETIC)
+        AMAX_OUT=amax_rows is not None, **launch_options(block))
     return rows if stats else None
 
 

@@ -18,6 +18,15 @@ def interpreting() -> bool:
 EXACT_ARITHMETIC = {"enable_fp_fusion": False}
 
 
+def launch_options(elements: int) -> dict:
+    """Every launch's options for programs of ``elements`` values: exact arithmetic, and warps enough
+    that a thread holds at most about 32 of them (Triton's own rule of thumb: 4 warps up to 2048, 8
+    up to 8192, then 16). With 4 warps a 128 x 128 FP8 tile spilled 4-9 KB a thread to local memory
+    (Triton 3.6, sm_90; ``python -m bench.gpu.kernel_build --cubin``). The warps change no bits:
+    every reduction in the kernels is a max, a min, an integer count or a sum in a fixed order."""
+    return {**EXACT_ARITHMETIC, "num_warps": 4 if elements <= 2048 else 8 if elements <= 8192 else 16}
+
+
 def program_elements(on_device: int) -> int:
     """Elements per kernel program: ``on_device`` on a GPU; many more in the interpreter, which runs
     programs one after another in Python (the results do not depend on it: blocks never straddle)."""

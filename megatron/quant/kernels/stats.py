@@ -45,12 +45,13 @@ def in_block_order(t, BLOCKED: tl.constexpr):
 
 @triton.jit
 def tree_sum(t, LOG2: tl.constexpr):
-    """The sum of a 1-D run of 2**LOG2 (>= 2) values as a tree of adjacent pairs."""
+    """The sum of a 1-D run of 2**LOG2 (>= 2) values as a tree of adjacent pairs: each level sums
+    the rows of a [n / 2, 2] reshape, one addition a pair, the same bits in whatever lanes hold
+    them. Not ``tl.split``: its layout has every thread hold the whole run (Triton 3.6, sm_90:
+    about 40 KB of stack per thread in the full-statistics kernels; ``bench.gpu.kernel_build``)."""
     for _ in tl.static_range(LOG2 - 1):
-        a, b = tl.split(tl.reshape(t, (t.shape[0] // 2, 2)))
-        t = a + b
-    a, b = tl.split(t)
-    return a + b
+        t = tl.sum(tl.reshape(t, (t.shape[0] // 2, 2)), axis=1)
+    return tl.sum(t, axis=0)
 
 
 @triton.jit
