@@ -6,7 +6,7 @@ Triton's wheel), reporting each specialization's registers, stack (spilled regis
 arrays, in bytes per thread) and shared memory as ``cuobjdump -res-usage`` reads them from the
 cubin (minutes):
 
-    python -m bench.gpu.kernel_build [--cubin] [--limit N] [--json PATH]
+    python -m bench.gpu.kernel_build [--cubin] [--limit N] [--select TEXT ...] [--json PATH]
 
 Runs in a process of its own (TRITON_INTERPRET unset, so the kernels are decorated for
 compilation). Prints one line per specialization and exits 1 when one does not build.
@@ -148,6 +148,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cubin", action="store_true", help="compile to cubins and report their resources")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="build only the first N specializations")
+    parser.add_argument("--select", nargs="+", default=None, metavar="TEXT",
+                        help="build only specializations launched by a call whose label (format, input dtype, call) "
+                             "starts with one of these, e.g. 'nvfp4 bfloat16' or 'fp8_e4m3 bfloat16 both axes'")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write one row per specialization")
     args = parser.parse_args(argv)
     build = build_cubin if args.cubin else build_ir
@@ -160,6 +163,8 @@ def main(argv=None) -> int:
         types, constants = signature(fn, fn_args, kwargs)
         key = (fn.__name__, tuple(types.items()), tuple((k, repr(v)) for k, v in constants.items()))
         if key in built or (args.limit is not None and len(built) >= args.limit):
+            continue
+        if args.select is not None and not any(call.startswith(text) for text in args.select):
             continue
         built.add(key)
         row = {"kernel": fn.__name__, "first_launched_by": call, "constexprs": _label(constants)}

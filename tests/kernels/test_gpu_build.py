@@ -1,7 +1,9 @@
 """Every kernel specialization the formats launch builds for a Hopper GPU (Triton IR, sm_90), checked
 on any machine: the interpreter runs the kernels' Python without the GPU compiler's type checks (a
 function returning differently shaped tensors from two branches ran in the interpreter and failed to
-compile on a GPU)."""
+compile on a GPU). The heaviest ones compile to cubins through ptxas, where a thread's registers and
+spills show (``python -m bench.gpu.kernel_build --cubin``)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,3 +18,24 @@ def test_every_kernel_specialization_builds_for_sm90():
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert "0 failed" in run.stdout
+
+
+# The specializations that spilled: the full statistics' tree sums (every thread held the whole run:
+# 9 KB of stack a thread with Triton 3.9, 40 KB with 3.6) and 128 x 128 FP8 tiles on 4 warps (4-9 KB).
+HEAVIEST = ("bf16 float32 with full statistics", "fp8_e4m3 bfloat16 both axes",
+            "fp8_e4m3 bfloat16 with full statistics")
+MAX_STACK = 4096  # bytes a thread; those kernels need 0 to 2 KB now
+
+
+def test_the_heaviest_specializations_compile_to_cubins_without_large_spills(tmp_path):
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA backend")
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_build", "--cubin", "--json", str(tmp_path / "k.json"),
+                          "--select", *HEAVIEST], cwd=root, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    rows = json.loads((tmp_path / "k.json").read_text())["rows"]
+    kernels = {row["kernel"] for row in rows}
+    assert {"_elementwise_kernel", "_block_kernel", "_dual_kernel"} <= kernels, kernels
+    spilling = [f"{row['first_launched_by']}: {row['stack_bytes']} B ({row['constexprs']})" for row in rows
+                if row["stack_bytes"] > MAX_STACK]
+    assert not spilling, spilling
