@@ -14,6 +14,13 @@ warnings.warn("something new and unknown")
 dataset = logging.getLogger("megatron.core.datasets.gpt_dataset")
 dataset.warning("Unable to save MockGPTDataset indexes because path_to_cache is None")
 dataset.warning("a dataset problem nobody knows")
+# megatron-core 0.19's, word for word
+logging.getLogger("megatron.core.models.gpt.gpt_model").warning(
+    "GPTModel IS DEPRECATED. GPTModel is only accepting critical bug fixes, no new features. Please reference the "
+    "migration guide `docs/user-guide/hybrid-model-migration.md` for details on how to use `HybridModel`")
+logging.getLogger("megatron.core.dist_checkpointing.strategies.torch").warning(
+    "MCore's async save is deprecated and will be removed in the future releases. Please, use NVRx async solution "
+    "by setting `async_strategy` to `nvrx`.")
 print(notices.describe_hidden())
 """
 
@@ -21,6 +28,7 @@ print(notices.describe_hidden())
 def test_known_notices_are_counted_not_shown_and_others_still_show():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True)
     assert "something new and unknown" in done.stderr and "a dataset problem nobody knows" in done.stderr
-    assert "Apex" not in done.stderr and "path_to_cache" not in done.stderr
-    assert done.stdout.strip() == ("(3 known megatron-core notices hidden: Transformer Engine/Apex fallbacks x2, "
-                                   "mock-data index cache x1)")
+    assert "Apex" not in done.stderr and "path_to_cache" not in done.stderr and "DEPRECATED" not in done.stderr
+    assert "async save" not in done.stderr
+    assert done.stdout.strip() == ("(5 known megatron-core notices hidden: Transformer Engine/Apex fallbacks x2, "
+                                   "mock-data index cache x1, GPTModel deprecation x1, async-save deprecation x1)")

@@ -4,8 +4,10 @@ imported; ``describe_hidden`` for the start line). Any other warning still shows
 
 On a machine without Transformer Engine and Apex, megatron-core warns at import that it falls
 back to its own implementations (seven times on CPU); ``--mock-data`` datasets log that they
-have no index cache to save to; and megatron-core's own default ``cuda_graph_scope`` warns that
-it is deprecated.
+have no index cache to save to; megatron-core's own default ``cuda_graph_scope`` warns that it
+is deprecated; and megatron-core 0.19 logs that GPTModel is deprecated for HybridModel (which
+would change every parameter name: docs/training.md) and, at every save, that its own async save
+is deprecated, which a synchronous save does not use.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ KNOWN = (
     Notice("cuda_graph_scope deprecation", re.compile(r"full scope is deprecated")),
     Notice("mock-data index cache", re.compile(r"Unable to save \w+ indexes because path_to_cache is None"),
            "megatron.core.datasets.gpt_dataset"),
+    Notice("GPTModel deprecation", re.compile(r"GPTModel IS DEPRECATED"), "megatron.core.models.gpt.gpt_model"),
+    Notice("async-save deprecation", re.compile(r"MCore's async save is deprecated"),
+           "megatron.core.dist_checkpointing.strategies.torch"),
 )
 hidden: Counter = Counter()
 _installed = False
