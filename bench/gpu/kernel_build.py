@@ -4,7 +4,7 @@ interpreter (the CPU tests) does not do. By default to Triton IR (seconds; test_
 it); with ``--cubin`` all the way through Triton's GPU passes, LLVM, PTX and ptxas (the ptxas in
 Triton's wheel), reporting each specialization's registers, stack (spilled registers and local
 arrays, in bytes per thread) and shared memory as ``cuobjdump -res-usage`` reads them from the
-cubin (minutes):
+cubin, and how many of its global loads and stores are vectorised (minutes):
 
     python -m bench.gpu.kernel_build [--cubin] [--limit N] [--select TEXT ...] [--json PATH]
 
@@ -30,13 +30,16 @@ from triton._C.libtriton import ir  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import amax, blocks, elementwise, launch, triton_format  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = CUDABackend(TARGET)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 LAUNCH_OPTIONS = launch.launch_options(1)  # the keyword arguments of a launch that are compile options
+GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.[\w:]+)*?(\.v[24])?\.[bfsu]\d+")  # PTX loads and stores
 RESOURCE = re.compile(r"\b(REG|STACK|SHARED|LOCAL):(\d+)")
 KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_kernel"),
            (elementwise, "_elementwise_kernel"))
@@ -49,7 +52,6 @@ FORMATS = [("bf16", {}), ("fp16", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scaling"
            ("nvfp4", {"block_shape": (16, 16)}), ("nvfp4", {"hadamard": 16, "nonfinite": "te"}),
            ("fp8_e4m3", {"scaling": "block"}), ("fp8_e4m3", {"scaling": "block", "power_of_two_scales": False}),
            ("fp8_e4m3", {"scaling": "block", "block_shape": (128, 128)})]
-POINTERS = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float64: "*fp64"}
 
 
 class Recorder:
@@ -94,47 +96,52 @@ def record_launches() -> list:
     return launches
 
 
-def signature(fn, args, kwargs) -> tuple[dict, dict]:
+def specialization(fn, args, kwargs) -> tuple[dict, dict, dict]:
+    """The signature, constexprs and attributes Triton's launcher compiles this launch under (its
+    ``native_specialize_impl``: an integer equal to 1 becomes a constant, one divisible by 16 and a
+    16-byte aligned pointer get ``tt.divisibility``, which lets loads and stores vectorise)."""
     values = {**dict(zip(fn.arg_names, args)), **kwargs}
-    types, constants = {}, {}
-    for param in fn.params:
+    types, constants, attrs = {}, {}, {}
+    for index, param in enumerate(fn.params):
         value = values[param.name]
         if param.is_constexpr:
             types[param.name], constants[param.name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            types[param.name] = POINTERS[value.dtype]
-        elif isinstance(value, bool):
-            types[param.name] = "i1"
-        elif isinstance(value, int):
-            types[param.name] = "i64" if abs(value) >= 2**31 else "i32"
-        else:
-            types[param.name] = "fp32"
-    return types, constants
+            continue
+        kind, key = native_specialize_impl(BACKEND, value, param.is_const, not param.do_not_specialize,
+                                           not param.do_not_specialize_on_alignment)
+        types[param.name] = kind
+        if kind == "constexpr":
+            constants[param.name] = value
+        elif isinstance(key, str) and key:
+            attrs[(index,)] = BACKEND.parse_attr(key)
+    return types, constants, attrs
 
 
-def build_ir(fn, types: dict, constants: dict, options: dict) -> dict:
+def build_ir(fn, types: dict, constants: dict, attrs: dict, options: dict) -> dict:
     """Lower one specialization to Triton IR (front end only)."""
-    backend = CUDABackend(TARGET)
-    parsed = backend.parse_options(options)
+    parsed = BACKEND.parse_options(options)
     context = ir.context()
     ir.load_dialects(context)
-    backend.load_dialects(context)
-    ASTSource(fn=fn, signature=types, constexprs=constants).make_ir(
-        TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(), context)
+    BACKEND.load_dialects(context)
+    ASTSource(fn=fn, signature=types, constexprs=constants, attrs=attrs).make_ir(
+        TARGET, parsed, BACKEND.get_codegen_implementation(parsed), BACKEND.get_module_map(), context)
     return {}
 
 
-def build_cubin(fn, types: dict, constants: dict, options: dict) -> dict:
+def build_cubin(fn, types: dict, constants: dict, attrs: dict, options: dict) -> dict:
     """Compile one specialization to a cubin; its resources per thread as ``cuobjdump`` reads them."""
-    kernel = triton.compile(ASTSource(fn=fn, signature=types, constexprs=constants), target=TARGET, options=options)
+    kernel = triton.compile(ASTSource(fn=fn, signature=types, constexprs=constants, attrs=attrs), target=TARGET,
+                            options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
         usage = subprocess.run([str(CUOBJDUMP), "-res-usage", cubin.name], capture_output=True, text=True,
                                check=True).stdout
     found = {key.lower(): int(value) for key, value in RESOURCE.findall(usage)}
+    memory = GLOBAL_ACCESS.findall(kernel.asm["ptx"])  # vectorised (.v2/.v4) or not: what bandwidth needs
     return {"registers": found["reg"], "stack_bytes": found["stack"], "local_bytes": found["local"],
-            "shared_bytes": found["shared"], "num_warps": kernel.metadata.num_warps}
+            "shared_bytes": found["shared"], "num_warps": kernel.metadata.num_warps,
+            "global_accesses": len(memory), "vector_accesses": sum(1 for vector in memory if vector)}
 
 
 def _label(constants: dict) -> str:
@@ -160,8 +167,8 @@ def main(argv=None) -> int:
         print(f"FAILED: elementwise programs of {sorted(sizes)} elements recorded, not the GPU's {elementwise.BLOCK}")
         return 1
     for call, fn, fn_args, kwargs in launches:
-        types, constants = signature(fn, fn_args, kwargs)
-        key = (fn.__name__, tuple(types.items()), tuple((k, repr(v)) for k, v in constants.items()))
+        types, constants, attrs = specialization(fn, fn_args, kwargs)
+        key = (fn.__name__, tuple(types.items()), tuple((k, repr(v)) for k, v in constants.items()), repr(attrs))
         if key in built or (args.limit is not None and len(built) >= args.limit):
             continue
         if args.select is not None and not any(call.startswith(text) for text in args.select):
@@ -170,9 +177,9 @@ def main(argv=None) -> int:
         row = {"kernel": fn.__name__, "first_launched_by": call, "constexprs": _label(constants)}
         started = time.monotonic()
         try:
-            row.update(build(fn, types, constants, {k: kwargs[k] for k in LAUNCH_OPTIONS if k in kwargs}))
-            resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B"
-                         if args.cubin else "")
+            row.update(build(fn, types, constants, attrs, {k: kwargs[k] for k in LAUNCH_OPTIONS if k in kwargs}))
+            resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B "
+                         f"vector accesses {row['vector_accesses']}/{row['global_accesses']}" if args.cubin else "")
             print(f"built  {fn.__name__} ({call}){resources}  {row['constexprs']}", flush=True)
         except Exception:
             row["error"] = traceback.format_exc()[-3000:]

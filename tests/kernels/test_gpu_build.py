@@ -24,7 +24,7 @@ def test_every_kernel_specialization_builds_for_sm90():
 # 9 KB of stack a thread with Triton 3.9, 40 KB with 3.6) and 128 x 128 FP8 tiles on 4 warps (4-9 KB).
 HEAVIEST = ("bf16 float32 with full statistics", "fp8_e4m3 bfloat16 both axes",
             "fp8_e4m3 bfloat16 with full statistics")
-MAX_STACK = 4096  # bytes a thread; those kernels need 0 to 2 KB now
+MAX_STACK = 4096  # bytes a thread; those kernels need 0 to 2.3 KB now
 
 
 def test_the_heaviest_specializations_compile_to_cubins_without_large_spills(tmp_path):
