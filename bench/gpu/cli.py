@@ -43,6 +43,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"wall budget of the whole check in seconds (default {DEFAULT_BUDGET_S}): a stage whose "
                              "estimate exceeds what is left is skipped, running commands are killed at its end")
     parser.add_argument("--dry-run", action="store_true", help="every stage on the CPU at toy sizes")
+    parser.add_argument("--study-plan", type=Path, default=None,
+                        help="the study stage's plan (default docs/study/plan.yaml; docs/study/first-tier.yaml: the "
+                             "first tier, sized on the device)")
     args = parser.parse_args(argv)
     if args.budget_s <= 0:
         parser.error(f"--budget-s must be positive, not {args.budget_s:g}")
@@ -56,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     names = list(dict.fromkeys(args.stage or DEFAULT_STAGES))
     out = args.out or REPO / "bench" / "results" / f"gpu_check_{slug(args.device)}"
-    records = run_stages(names, STAGES, out, args.budget_s, args.dry_run, args.device)
+    records = run_stages(names, STAGES, out, args.budget_s, args.dry_run, args.device, study_plan=args.study_plan)
     print((out / SUMMARY_NAME).read_text())
     print(f"wrote {out}")
     return 1 if any(record["status"] == "error" for record in records.values()) else 0

@@ -21,7 +21,8 @@ SUMMARY_NAME = "summary.md"
 
 
 def run_stages(names: Sequence[str], stages: Mapping[str, Stage], out: Path, budget_s: float, dry_run: bool,
-               device: str, clock: Callable[[], float] = time.monotonic) -> dict[str, dict]:
+               device: str, clock: Callable[[], float] = time.monotonic,
+               study_plan: Path | None = None) -> dict[str, dict]:
     """Run ``names`` (keys of ``stages``) in order; returns each stage's record as written to ``<name>.json``."""
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(budget_s, clock)
@@ -40,7 +41,7 @@ def run_stages(names: Sequence[str], stages: Mapping[str, Stage], out: Path, bud
             else:
                 deadline = min(budget.end, clock() + OVERRUN * estimate)
                 (Path(scratch) / name).mkdir()
-                context = Context(out, Path(scratch) / name, dry_run, device, deadline, log, clock)
+                context = Context(out, Path(scratch) / name, dry_run, device, deadline, log, clock, study_plan)
                 record.update(_run_one(stage, context, log, clock))
             print(f"[{name}] {record['status']} after {record['seconds']:.0f} s", flush=True)
             (out / f"{name}.json").write_text(json.dumps(record, indent=1))

@@ -18,13 +18,16 @@ PREFIX = "study: "  # the runner's lines
 
 def run(context: Context) -> dict:
     out = context.scratch / "study"
+    plan = context.study_plan or PLAN
     budget = context.remaining() - MARGIN_S
-    args = ["--plan", str(PLAN), "--ledger", str(LEDGER), "--budget-s", f"{budget:.0f}", "--out", str(out)]
+    args = ["--plan", str(plan), "--ledger", str(LEDGER), "--budget-s", f"{budget:.0f}", "--out", str(out)]
     result = context.python("megatron.quant.training.study", *args, *(["--dry-run"] if context.dry_run else []))
     entries = [json.loads(path.read_text()) for path in sorted((out / "ledger").glob("*.json"))]
-    return {"stopped": result.killed, "exit_code": result.returncode, "budget_s": round(budget),
+    sized = out / "plan.yaml"  # a plan sized here (its sizing block): the text to commit, and the measurements
+    return {"stopped": result.killed, "exit_code": result.returncode, "budget_s": round(budget), "plan": str(plan),
             "runner": [line[len(PREFIX):] for line in result.output.splitlines() if line.startswith(PREFIX)],
-            "entries": entries}
+            "entries": entries, "sized_plan": sized.read_text() if sized.is_file() else None,
+            "sizing": json.loads((out / "sizing.json").read_text()) if (out / "sizing.json").is_file() else None}
 
 
 def summarize(record: dict) -> list[str]:
@@ -37,6 +40,12 @@ def summarize(record: dict) -> list[str]:
         step = f"{entry['step_s']:.4f}" if entry["step_s"] else "-"
         lines.append(f"| {entry['run']} | {entry['status']} | {final} | {step} | {entry['wall_s']:.0f} | "
                      f"{entry.get('runs_at_once', 1)} | {entry['corpus']['sha256'][:8]} |")
+    if record.get("sizing") and record["sizing"]["chosen"]:
+        chosen = record["sizing"]["chosen"]
+        lines += ["", f"sized: {chosen['preset']} ({chosen['parameters'] / 1e6:.2f}M parameters, "
+                      f"{chosen['train_iters']} iterations), the tier ~{chosen['tier_s']:.0f} s; "
+                      f"{record['sizing']['measurements'][0]['at_once']} at once: each step "
+                      f"{record['sizing']['shared_slowdown']:.2f}x alone"]
     lines += ["", *[f"    {line}" for line in record["runner"]],
               "", "Into the ledger: `python -m megatron.quant.training.study --plan docs/study/plan.yaml --add "
                   "study.json --ledger docs/study/ledger`."]

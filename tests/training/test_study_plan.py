@@ -8,7 +8,8 @@ import yaml
 
 from megatron.quant.recipes import cli as recipes_cli
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_plan import StudyPlanError, describe, load_plan, parse_plan
+from megatron.quant.training.study_measure import describe
+from megatron.quant.training.study_plan import StudyPlanError, load_plan, parse_plan
 
 PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
 HEADLINE = ["bf16", "te-nvfp4", "mxfp4", "te-mxfp8"]

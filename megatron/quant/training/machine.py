@@ -12,6 +12,11 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def seconds_between(start: str, end: str) -> float:
+    """Seconds from one ``utc_now`` time to another."""
+    return (datetime.datetime.fromisoformat(end) - datetime.datetime.fromisoformat(start)).total_seconds()
+
+
 def git_commit() -> str | None:
     """HEAD of the checkout this package runs from (``+dirty`` with local changes); None outside git."""
     root = Path(__file__).resolve().parents[3]

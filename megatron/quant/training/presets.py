@@ -42,6 +42,30 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
         num_query_groups=5, vocab_size=8192, seq_length=512, max_position_embeddings=512,
         rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
     )),
+    # The first GPU tier's candidate sizes (docs/study/first-tier.yaml): the study model narrowed until a
+    # run of 20 tokens per parameter finishes in well under a minute; the tier measures two of them on the
+    # device and keeps the largest whose 15 runs fit (training/study_sizing.py). GEMM dimensions are
+    # multiples of 64, as above.
+    "llama-study-0.4m": MappingProxyType(dict(
+        _LLAMA3, num_layers=2, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2,
+        num_query_groups=2, vocab_size=8192, seq_length=512, max_position_embeddings=512,
+        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+    )),
+    "llama-study-1m": MappingProxyType(dict(
+        _LLAMA3, num_layers=4, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2,
+        num_query_groups=2, vocab_size=8192, seq_length=512, max_position_embeddings=512,
+        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+    )),
+    "llama-study-2m": MappingProxyType(dict(
+        _LLAMA3, num_layers=4, hidden_size=192, ffn_hidden_size=512, num_attention_heads=3,
+        num_query_groups=3, vocab_size=8192, seq_length=512, max_position_embeddings=512,
+        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+    )),
+    "llama-study-3m": MappingProxyType(dict(
+        _LLAMA3, num_layers=4, hidden_size=256, ffn_hidden_size=640, num_attention_heads=4,
+        num_query_groups=4, vocab_size=8192, seq_length=512, max_position_embeddings=512,
+        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+    )),
 })
 
 SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",

@@ -36,8 +36,8 @@ early, 2 bad input (one line).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
+import dataclasses
 import json
 import shlex
 import statistics
@@ -50,21 +50,21 @@ from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS, TOKENS_PER_S, read_scalars
 from megatron.quant.training import corpus, sweep
 from megatron.quant.training.env import scoped_environ
-from megatron.quant.training.machine import git_commit
+from megatron.quant.training.machine import git_commit, seconds_between
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_measure import describe_measured, measure
+from megatron.quant.training.study_measure import describe, describe_measured, measure
+from megatron.quant.training.study_sizing import Measurement, measurement_flags, read_measurement, size, sized_plan_text
 from megatron.quant.training.study_plan import (
     MAX_RUNS_AT_ONCE,
     PlannedRun,
     StudyPlan,
     StudyPlanError,
-    describe,
     load_plan,
     waves,
 )
 from megatron.quant.training.sweep_plan import TENSORBOARD
 
-CORPUS, RUNS, LEDGER = "corpus", "runs", "ledger"  # under --out
+CORPUS, RUNS, LEDGER, SIZING = "corpus", "runs", "ledger", "sizing"  # under --out; and sizing.json, plan.yaml
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
                  "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr-warmup-iters", "0",
                  "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2")
@@ -150,10 +150,6 @@ def _num_layers(flags: Sequence[str]) -> int:
     return get_preset(_flag(flags, "--model"))["num_layers"]
 
 
-def _seconds(start: str, end: str) -> float:
-    return (datetime.datetime.fromisoformat(end) - datetime.datetime.fromisoformat(start)).total_seconds()
-
-
 def resolved_recipe(recipe_env: Mapping[str, str], environment: Mapping[str, str], num_layers: int) -> list[str]:
     """``python -m megatron.quant.recipes show`` of the recipe as the run built it from its environment."""
     from megatron.quant.recipes.cli import describe as describe_recipe
@@ -177,7 +173,7 @@ def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.
     return ledger.LedgerEntry(
         study=plan.name, run=run.name, recipe=run.recipe, seed=run.seed, status=record["status"],
         device=gpus[0] if gpus else "cpu", start_time=record["attempts"][0]["start_time"], end_time=record["end_time"],
-        wall_s=round(sum(_seconds(a["start_time"], a["end_time"]) for a in record["attempts"] if "end_time" in a), 1),
+        wall_s=round(sum(seconds_between(a["start_time"], a["end_time"]) for a in record["attempts"] if "end_time" in a), 1),
         step_s=round(tokens_per_iteration / statistics.median(speed), 5) if len(speed) else None,
         iterations=iterations, tokens=iterations * tokens_per_iteration, commit=record.get("git_commit"),
         corpus={"sha256": built.sha256, "tokens": built.tokens, "train_tokens": built.train_tokens,
@@ -282,13 +278,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StudyError(f"--budget-s must be positive, got {args.budget_s:g}")
         if args.runs_at_once is not None and not 1 <= args.runs_at_once <= MAX_RUNS_AT_ONCE:
             raise StudyError(f"--runs-at-once must be 1 to {MAX_RUNS_AT_ONCE}, got {args.runs_at_once}")
-        at_once = args.runs_at_once or plan.runs_at_once
+        plan = dataclasses.replace(plan, runs_at_once=args.runs_at_once or plan.runs_at_once)
+        at_once = plan.runs_at_once
         entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
         _say(describe(plan).replace("\n", "\nstudy: "))
         built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
     except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError) as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
+    if plan.sizing is not None and plan.sizing.fixed_on is None:
+        try:
+            plan = size_tier(plan, built, args, deadline=started + args.budget_s)
+        except StudyPlanError as error:
+            print(f"study: error: {error}", file=sys.stderr)
+            return 1
+        if plan is None:
+            return 1
     epochs = "" if args.dry_run else f" ({plan.tokens_per_run / built.train_tokens:.1f} epochs a run)"
     _say(f"corpus {built.sha256[:ledger.HASH_PREFIX]}: {built.train_tokens:,} training tokens{epochs}, ready after "
          f"{time.monotonic() - started:.0f} s")
@@ -314,6 +319,46 @@ def _print_measured(plan: StudyPlan, args: argparse.Namespace) -> int:
     for device in found:
         print(describe_measured(plan, device, args.target_s))
     return 0
+
+
+def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, deadline: float) -> StudyPlan | None:
+    """Measure and size the tier (study_sizing); write ``--out``'s sizing.json and plan.yaml, and the
+    size into ``--plan`` itself (not for a dry run, whose toy model measures nothing of the device).
+    The sized plan, its step times the measured ones; None when no candidate fits."""
+
+    def measure(preset: str, recipes: Sequence[str], at_once: int) -> Measurement:
+        runs_dir = args.out / SIZING / f"{preset}-k{at_once}"
+        cache = args.out / "data_cache" if at_once == 1 else None
+        flags = measurement_flags(plan, training_flags(plan, built, cache, args.dry_run), preset, args.dry_run)
+        with scoped_environ(plan.environment):
+            for wave in waves([PlannedRun(recipe, plan.seeds[0], recipe) for recipe in recipes], at_once):
+                run_wave(plan, wave, runs_dir, flags, args.launcher)
+        tokens = int(_flag(flags, "--global-batch-size")) * int(_flag(flags, "--seq-length"))
+        return read_measurement(runs_dir, {recipe: recipe for recipe in recipes}, preset, at_once, tokens,
+                                plan.sizing.measure_iters)
+
+    device = _device()
+    result = size(plan, measure, device, lambda: (float("inf") if args.dry_run else deadline - time.monotonic()), _say)
+    (args.out / "sizing.json").write_text(json.dumps(result.as_json(), indent=1) + "\n")
+    if result.chosen is None:
+        _say("no candidate size fits the time left: nothing trained (a run that cannot finish is no result)")
+        return None
+    fixed_on = f"{device}, {datetime.date.today().isoformat()}"
+    text = sized_plan_text(args.plan.read_text(encoding="utf-8"), result.chosen.preset, result.plan.train_iters,
+                           result.plan.eval_interval, fixed_on)
+    (args.out / "plan.yaml").write_text(text, encoding="utf-8")
+    if not args.dry_run:
+        args.plan.write_text(text, encoding="utf-8")
+    _say(f"sized: {result.chosen.preset}, {result.plan.train_iters} iterations, ~{result.chosen.tier_s:.0f} s for "
+         f"all {len(plan.order)} runs; written into {args.out / 'plan.yaml'}" + ("" if args.dry_run else
+                                                                                 f" and {args.plan}"))
+    return result.plan
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def run_chosen(plan: StudyPlan, chosen: Sequence[Sequence[PlannedRun]], wave_seconds: WaveSeconds,

@@ -1,4 +1,4 @@
-"""What the ledger has measured, per device: each recipe's step time alone, how much longer a run
+"""A plan's sizes and estimated times (``describe``), and what the ledger has measured, per device: each recipe's step time alone, how much longer a run
 takes when K runs share the GPU, the start-up, and the plan's size that fits a run into a target
 time. ``python -m megatron.quant.training.study --plan PLAN --ledger LEDGER --measured`` prints it
 with the plan's ``step_time.measured`` block to paste (docs/comparing.md).
@@ -16,7 +16,7 @@ from typing import Sequence
 
 from megatron.quant.analysis.runs.ledger import LedgerEntry
 from megatron.quant.training import sweep
-from megatron.quant.training.study_plan import VALIDATION_COST, StudyPlan
+from megatron.quant.training.study_plan import VALIDATION_COST, StudyPlan, waves
 
 
 @dataclass(frozen=True)
@@ -79,4 +79,25 @@ def describe_measured(plan: StudyPlan, found: Measured, target_s: float) -> str:
                  f"train_iters {iterations} = {tokens / 1e6:.0f}M tokens, "
                  f"{tokens / plan.non_embedding_parameters:.1f} per parameter (the plan: {plan.train_iters}, "
                  f"{plan.tokens_per_parameter:.1f})")
+    return "\n".join(lines)
+
+
+def describe(plan: StudyPlan) -> str:
+    """The plan's sizes and per-run estimates, one line each."""
+    lines = [f"study {plan.name}: {plan.preset}, {plan.non_embedding_parameters / 1e6:.2f}M non-embedding "
+             f"parameters, {plan.train_iters} iterations x {plan.tokens_per_iteration:,} tokens = "
+             f"{plan.tokens_per_run / 1e6:.0f}M tokens ({plan.tokens_per_parameter:.1f} per parameter), "
+             f"{plan.flops_per_iteration / 1e12:.2f} TFLOP per iteration",
+             f"{len(plan.order)} runs: {len(plan.recipes)} recipes x {len(plan.seeds)} seeds; per run "
+             + ("(measured on " + plan.step_time.measured_device + " where given, else estimated):"
+                if plan.step_time.measured_device else "(estimated: no GPU measurement yet):")]
+    lines += [f"  {recipe:<16} {plan.step_seconds(recipe):.3f} s/iteration, {plan.run_seconds(recipe):.0f} s a run"
+              + (" (measured)" if recipe in plan.step_time.measured_step_s else "") for recipe in plan.recipes]
+    if plan.runs_at_once > 1:
+        slowdown = plan.slowdown(plan.runs_at_once)
+        how = "measured" if plan.runs_at_once in plan.step_time.shared_slowdown else "assumed until measured"
+        lines.append(f"{plan.runs_at_once} runs at once share the GPU, each taking {slowdown:.2f}x as long as alone "
+                     f"({how}): {plan.runs_at_once / slowdown:.2f}x the throughput")
+    total = sum(plan.wave_seconds([run.recipe for run in wave]) for wave in waves(plan.order, plan.runs_at_once))
+    lines.append(f"all runs: {total / 60:.0f} minutes")
     return "\n".join(lines)

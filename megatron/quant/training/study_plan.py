@@ -26,7 +26,7 @@ VERSION = 1
 ALL = "all"
 _KEYS = ("version", "name", "model", "micro_batch_size", "global_batch_size", "train_iters", "log_interval",
          "eval_interval", "eval_iters", "training_flags", "environment", "data", "recipes", "seeds", "order",
-         "step_time", "runs_at_once")
+         "step_time", "runs_at_once", "sizing")
 VALIDATION_COST = 1 / 3  # of a training iteration: forward only
 MAX_RUNS_AT_ONCE = 8  # processes sharing one GPU; beyond that the study model's memory and the CPU cores run out
 _DATA_KEYS = ("site_packages", "max_bytes", "valid_fraction", "seed", "tokenizer_vocab", "tokenizer_train_bytes")
@@ -55,6 +55,18 @@ class DataSpec:
     seed: int
     tokenizer_vocab: int
     tokenizer_train_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A tier sized on the device (training/study_sizing.py): ``candidates`` smallest first, two of them
+    ``measured``, ``alone`` the recipe also measured without company; ``fixed_on`` once a device sized it."""
+    candidates: tuple[str, ...]
+    measured: tuple[str, str]
+    alone: str
+    tokens_per_parameter: float
+    measure_iters: int
+    fixed_on: str | None
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,7 @@ class StudyPlan:
     order: tuple[PlannedRun, ...]
     step_time: StepEstimate
     runs_at_once: int = 1
+    sizing: Sizing | None = None
 
     @property
     def shape(self) -> dict:
@@ -103,10 +116,7 @@ class StudyPlan:
 
     @property
     def non_embedding_parameters(self) -> int:
-        shape = self.shape
-        embeddings = shape["vocab_size"] * shape["hidden_size"] * (
-            2 if shape["untie_embeddings_and_output_weights"] else 1)
-        return metrics.num_parameters(shape) - embeddings
+        return non_embedding_parameters(self.shape)
 
     @property
     def tokens_per_parameter(self) -> float:
@@ -149,6 +159,12 @@ class StudyPlan:
                 str(self.global_batch_size), "--train-iters", str(self.train_iters), "--log-interval",
                 str(self.log_interval), "--eval-interval", str(self.eval_interval), "--eval-iters",
                 str(self.eval_iters), "--save-interval", str(self.train_iters)]
+
+
+def non_embedding_parameters(shape: Mapping) -> int:
+    """Parameters outside the embeddings (and untied output layer): what tokens per parameter count."""
+    embeddings = shape["vocab_size"] * shape["hidden_size"] * (2 if shape["untie_embeddings_and_output_weights"] else 1)
+    return metrics.num_parameters(shape) - embeddings
 
 
 def waves(runs: Sequence[PlannedRun], at_once: int) -> list[list[PlannedRun]]:
@@ -295,6 +311,36 @@ def _data(read: _Reader, value: Any) -> DataSpec:
                     **optional)
 
 
+def _sizing(read: _Reader, value: Any, preset: str, seq_length: int, recipes: list[str], vocab: int) -> Sizing:
+    value = read.mapping(value, "sizing", ("candidates", "measured", "alone", "tokens_per_parameter", "measure_iters",
+                                           "fixed_on"))
+    candidates = read.names(value.get("candidates"), "sizing.candidates")
+    try:
+        shapes = {name: get_preset(name) for name in candidates}
+    except ValueError as error:
+        raise read.fail("sizing.candidates", str(error)) from error
+    for name in candidates:
+        if shapes[name]["vocab_size"] != vocab or shapes[name]["max_position_embeddings"] < seq_length:
+            raise read.fail("sizing.candidates", f"{name} needs vocab {vocab} (data.tokenizer_vocab) and at least "
+                                                 f"{seq_length} positions")
+    sizes = [non_embedding_parameters(shapes[name]) for name in candidates]
+    if sizes != sorted(set(sizes)) or preset not in candidates:
+        raise read.fail("sizing.candidates", f"expected presets of growing size ({sizes}) holding model.preset {preset}, "
+                                             f"got {candidates}")
+    measured = read.names(value.get("measured"), "sizing.measured")
+    if len(measured) != 2 or not set(measured) <= set(candidates) or candidates.index(measured[0]) > candidates.index(
+            measured[1]):
+        raise read.fail("sizing.measured", f"expected two of the candidates, smaller first; got {measured}")
+    alone = value.get("alone")
+    if alone not in recipes:
+        raise read.fail("sizing.alone", f"expected one of the plan's recipes ({', '.join(recipes)}), got {alone!r}")
+    if not isinstance(fixed_on := value.get("fixed_on"), (str, type(None))):
+        raise read.fail("sizing.fixed_on", f"expected the device and date it was sized on, or null; got {fixed_on!r}")
+    return Sizing(candidates=tuple(candidates), measured=(measured[0], measured[1]), alone=alone, fixed_on=fixed_on,
+                  tokens_per_parameter=read.number(value.get("tokens_per_parameter"), "sizing.tokens_per_parameter"),
+                  measure_iters=read.integer(value.get("measure_iters"), "sizing.measure_iters", minimum=10))
+
+
 def parse_plan(raw: Any, path: Path) -> StudyPlan:
     """The checked plan from its parsed YAML."""
     read = _Reader(path)
@@ -337,7 +383,9 @@ def parse_plan(raw: Any, path: Path) -> StudyPlan:
         training_flags=_flags(read, raw.get("training_flags") or []),
         environment={str(k): str(v) for k, v in environment.items()}, data=_data(read, raw.get("data")),
         recipes=tuple(recipes), seeds=tuple(seeds), order=tuple(_order(read, raw.get("order"), recipes, seeds)),
-        step_time=_step_time(read, raw.get("step_time")), runs_at_once=at_once)
+        step_time=_step_time(read, raw.get("step_time")), runs_at_once=at_once,
+        sizing=None if raw.get("sizing") is None else _sizing(read, raw["sizing"], str(model["preset"]), seq_length,
+                                                               recipes, _data(read, raw.get("data")).tokenizer_vocab))
 
 
 def load_plan(path: Path) -> StudyPlan:
@@ -350,24 +398,3 @@ def load_plan(path: Path) -> StudyPlan:
     except yaml.YAMLError as error:
         raise StudyPlanError(f"{path}: not YAML ({str(error).splitlines()[0]})") from error
     return parse_plan(raw, path)
-
-
-def describe(plan: StudyPlan) -> str:
-    """The plan's sizes and per-run estimates, one line each."""
-    lines = [f"study {plan.name}: {plan.preset}, {plan.non_embedding_parameters / 1e6:.2f}M non-embedding "
-             f"parameters, {plan.train_iters} iterations x {plan.tokens_per_iteration:,} tokens = "
-             f"{plan.tokens_per_run / 1e6:.0f}M tokens ({plan.tokens_per_parameter:.1f} per parameter), "
-             f"{plan.flops_per_iteration / 1e12:.2f} TFLOP per iteration",
-             f"{len(plan.order)} runs: {len(plan.recipes)} recipes x {len(plan.seeds)} seeds; per run "
-             + ("(measured on " + plan.step_time.measured_device + " where given, else estimated):"
-                if plan.step_time.measured_device else "(estimated: no GPU measurement yet):")]
-    lines += [f"  {recipe:<16} {plan.step_seconds(recipe):.3f} s/iteration, {plan.run_seconds(recipe):.0f} s a run"
-              + (" (measured)" if recipe in plan.step_time.measured_step_s else "") for recipe in plan.recipes]
-    if plan.runs_at_once > 1:
-        slowdown = plan.slowdown(plan.runs_at_once)
-        how = "measured" if plan.runs_at_once in plan.step_time.shared_slowdown else "assumed until measured"
-        lines.append(f"{plan.runs_at_once} runs at once share the GPU, each taking {slowdown:.2f}x as long as alone "
-                     f"({how}): {plan.runs_at_once / slowdown:.2f}x the throughput")
-    total = sum(plan.wave_seconds([run.recipe for run in wave]) for wave in waves(plan.order, plan.runs_at_once))
-    lines.append(f"all runs: {total / 60:.0f} minutes")
-    return "\n".join(lines)
