@@ -40,3 +40,31 @@ def test_the_stage_gives_the_runner_its_time_and_returns_the_entries(tmp_path):
     assert "| mxfp4+sr+rht | finished | 3.5100 | 0.0310 | 190 | 1 | abababab |" in summary
     assert "--add study.json" in summary
     assert STAGES["study"].run is study_stage.run
+
+
+@dataclass(frozen=True)
+class FakeSizingRunner(Context):
+    """A runner that sized the first tier: its plan.yaml and sizing.json in the stage's out folder."""
+
+    def python(self, module, *args, env=None):
+        out = self.scratch / "study"
+        out.mkdir(parents=True)
+        (out / "plan.yaml").write_text("name: gpu-tier1-d20\n")
+        sizing = {"measurements": [{"preset": "llama-study-1m", "at_once": 5}], "shared_slowdown": 1.8,
+                  "chosen": {"preset": "llama-study-1m", "parameters": 853120, "train_iters": 521, "tier_s": 120.0}}
+        (out / "sizing.json").write_text(json.dumps(sizing))
+        (self.scratch / "argv.json").write_text(json.dumps([module, *args]))
+        return CommandResult(0, 150.0, "study: sized: llama-study-1m\n")
+
+
+def test_the_stage_runs_the_plan_given_and_carries_the_sized_plan_back(tmp_path):
+    tier = study_stage.REPO / "docs" / "study" / "first-tier.yaml"
+    context = FakeSizingRunner(tmp_path, tmp_path, dry_run=False, device="GPU", deadline=1300.0, log=io.StringIO(),
+                               clock=iter([1000.0] * 10).__next__, study_plan=tier)
+    record = study_stage.run(context)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[argv.index("--plan") + 1] == str(tier) and record["plan"] == str(tier)
+    assert record["sized_plan"] == "name: gpu-tier1-d20\n" and record["sizing"]["chosen"]["train_iters"] == 521
+    summary = "\n".join(study_stage.summarize(record))
+    assert "sized: llama-study-1m (0.85M parameters, 521 iterations), the tier ~120 s; 5 at once: each step 1.80x" \
+        in summary

@@ -69,7 +69,8 @@ class SizingResult:
     def as_json(self) -> dict:
         return {"measurements": [{**dataclasses.asdict(m), "step_s": dict(m.step_s), "startup_s": dict(m.startup_s)}
                                  for m in self.measurements],
-                "shared_slowdown": self.shared_slowdown, "budget_s": round(self.budget_s),
+                "shared_slowdown": self.shared_slowdown,
+                "budget_s": round(self.budget_s) if math.isfinite(self.budget_s) else None,
                 "choices": [dataclasses.asdict(c) for c in self.choices],
                 "chosen": dataclasses.asdict(self.chosen) if self.chosen else None}
 
@@ -94,7 +95,7 @@ def read_measurement(runs_dir: Path, names: Mapping[str, str], preset: str, at_o
         speeds = read_scalars(runs_dir / name / TENSORBOARD).get(TOKENS_PER_S, (None, []))[1]
         if len(speeds) < 2:
             continue
-        step[recipe] = tokens_per_iteration / statistics.median(list(speeds)[1:])
+        step[recipe] = tokens_per_iteration / float(statistics.median(list(speeds)[1:]))
         attempt = record["attempts"][-1]
         wall = seconds_between(attempt["start_time"], attempt["end_time"])
         startup[recipe] = max(0.0, wall - iterations * step[recipe])
@@ -165,7 +166,7 @@ def choose(plan: StudyPlan, models: Mapping[str, Callable[[float], float]], slow
         sized = with_size(plan, preset, models, slowdown, startup_s, device)
         tier = tier_seconds(sized)
         choices.append((Choice(preset=preset, train_iters=sized.train_iters, parameters=sized.non_embedding_parameters,
-                               tier_s=round(tier, 1), fits=tier <= SAFETY * budget_s), sized))
+                               tier_s=round(float(tier), 1), fits=bool(tier <= SAFETY * budget_s)), sized))
     return choices
 
 
