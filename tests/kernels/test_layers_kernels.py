@@ -89,6 +89,7 @@ def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, lev
     """The captured operands are quantized by the kernels, which take the statistics in the same pass
     (the exact fields; at the full level all of them), TE's 2-D weights and RHT operands included, and
     every recorded statistic is the torch path's, to the bit."""
+    from megatron.quant.capture import snapshot
     from megatron.quant.stats import levels
 
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")
@@ -96,8 +97,10 @@ def test_capture_statistics_on_the_kernel_path_equal_the_torch_paths(preset, lev
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")
     computed, spied = [], "pack_stats" if level == "full" else "_exact_counts"
     original = getattr(levels, spied)
-    monkeypatch.setattr(levels, spied, lambda *a, **kw: computed.append(a[1] if len(a) > 1 else kw.get("fmt"))
-                        or original(*a, **kw))
+    spy = lambda *a, **kw: computed.append(a[1] if len(a) > 1 else kw.get("fmt")) or original(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(levels, spied, spy)
+    if level == "full":  # on CUDA the capture packs the full statistics on the device itself
+        monkeypatch.setattr(snapshot, "pack_stats", spy)
     ours = _captured_stats(capture_session, preset, level, tmp_path / "triton", kernel_device)
     assert ours.keys() == expected.keys() and len(ours) >= 4
     assert ours == expected

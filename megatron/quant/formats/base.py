@@ -312,7 +312,9 @@ def encode_scale(amax: Tensor, target: float, power_of_two: bool = False, value_
     """
     amax = amax.detach().to(torch.float32)
     # A tensor numerator: torch computes number / tensor as reciprocal(tensor) * number, two roundings.
-    encode = amax.new_tensor(target) / amax
+    # Filled on amax's device: a tensor made from host data would be a host-to-device copy, which
+    # waits for the device (a stream sync) on every quantization.
+    encode = torch.full_like(amax, target) / amax
     encode = torch.where(torch.isinf(encode), value_for_inf, encode)
     encode = torch.where((amax > 0) & (encode > 0), encode, 1.0)  # amax 0 or NaN; Inf gives encode 0
     return bits.floor_pow2(encode) if power_of_two else encode

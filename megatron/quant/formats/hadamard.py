@@ -74,6 +74,14 @@ class Hadamard:
         self.size = len(signs)
         self.signs = torch.tensor(signs, dtype=torch.float32)
         self.norm = 1 / math.sqrt(self.size)  # exact for n = 4**k; else rounded to float32 in the product
+        self._signs_on: dict[torch.device, Tensor] = {}
+
+    def signs_on(self, device: torch.device) -> Tensor:
+        """The signs on ``device``, copied there once: a host-to-device copy per quantization would
+        wait for the device (a stream sync) and stall the kernel launches queued behind it."""
+        if device not in self._signs_on:
+            self._signs_on[device] = self.signs.to(device)
+        return self._signs_on[device]
 
     @property
     def matrix(self) -> Tensor:
@@ -98,7 +106,7 @@ class Hadamard:
     def _apply(self, x: Tensor, axis: int, name: str, inverse: bool) -> Tensor:
         self.check(x.shape[axis], axis, name)
         groups = x.float().movedim(axis, -1).unflatten(-1, (-1, self.size))
-        signs = self.signs.to(x.device)
+        signs = self.signs_on(x.device)
         if inverse:
             groups = walsh_hadamard(groups).mul_(self.norm).mul_(signs)
         else:

@@ -280,7 +280,7 @@ def _transform_args(fmt, x, transform: Optional[str]) -> dict:
     if transform is None:
         return dict(signs_ptr=x, HADAMARD=0, NORM=1.0, INVERSE=False)
     hadamard = fmt.hadamard
-    return dict(signs_ptr=hadamard.signs.to(x.device), HADAMARD=hadamard.size.bit_length() - 1, NORM=hadamard.norm,
+    return dict(signs_ptr=hadamard.signs_on(x.device), HADAMARD=hadamard.size.bit_length() - 1, NORM=hadamard.norm,
                 INVERSE=transform == "inverse")
 
 
