@@ -10,6 +10,10 @@ import pytest
 
 ROWS_ENV = "GPU_CHECK_TEST_ROWS"
 REASON_CHARS = 300
+# A failure's traceback tail: where it was raised, and the frames just above, so that a failure seen
+# only on the device can be followed up on a CPU (one line each said too little: 40 failures of the
+# compiled formats on an H200 named an AttributeError and no frame).
+TRACE_LINES, TRACE_CHARS = 24, 2400
 
 
 def outcome(report: pytest.TestReport) -> str | None:
@@ -33,6 +37,14 @@ def reason(report: pytest.TestReport) -> str:
     return (errors or lines[-1:] or [""])[0][:REASON_CHARS]
 
 
+def trace(report: pytest.TestReport) -> str:
+    """The last ``TRACE_LINES`` non-blank lines of a failure's traceback (at most ``TRACE_CHARS``)."""
+    if report.passed or report.skipped:
+        return ""
+    lines = [line for line in report.longreprtext.splitlines() if line.strip()]
+    return "\n".join(lines[-TRACE_LINES:])[-TRACE_CHARS:]
+
+
 class RowWriter:
     """Appends a row per decided outcome to ``path``."""
 
@@ -44,7 +56,8 @@ class RowWriter:
         if decided is None:
             return
         with open(self.path, "a") as rows:
-            rows.write(json.dumps({"id": report.nodeid, "outcome": decided, "reason": reason(report)}) + "\n")
+            row = {"id": report.nodeid, "outcome": decided, "reason": reason(report)}
+            rows.write(json.dumps({**row, "trace": trace(report)} if decided in ("failed", "error") else row) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:

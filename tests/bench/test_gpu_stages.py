@@ -126,6 +126,9 @@ def test_the_pytest_plugin_writes_each_outcome_and_its_reason(tmp_path):
         "test_passes": "passed", "test_fails": "failed", "test_skips": "skipped", "test_errors": "error"}
     assert "one is not two" in rows["test_fails"]["reason"] and rows["test_skips"]["reason"] == "Skipped: not here"
     assert "fixture broke" in rows["test_errors"]["reason"] and rows["test_passes"]["reason"] == ""
+    # a failure carries its traceback's tail (the frame that raised, with its file and line); a pass none
+    assert "test_sample.py:3: AssertionError" in rows["test_fails"]["trace"] and "trace" not in rows["test_passes"]
+    assert "RuntimeError: fixture broke" in rows["test_errors"]["trace"]
 
 
 def test_the_wheels_pin_what_the_device_lacks_and_the_install_line_uses_no_index():
