@@ -5,25 +5,25 @@ Adding a stage is one line here: ``Stage(name, run, summarize, estimate_s, dry_e
 runner of issue #33 plugs in this way). The out folder holds a JSON per stage, summary.md and the log:
 at most 8 files, so at most 6 stages.
 
-The estimates are estimates, for a cold device machine (one H100, 16 cores, empty Triton and inductor
-caches), derived from docs/results.md's H100 figures and the test counts:
-- env: a process start with torch and CUDA (~10 s), our dependencies' imports (~5 s), a 1 GiB copy
-  and an 8192^3 bf16 GEMM, 11 times each (< 1 s).
-- correct: 478 tests marked ``device`` in tests/device and tests/kernels over 16 xdist workers, ~30 each:
-  ~15 s of worker start, then compile-bound (cold Triton specializations, inductor for the compiled
-  formats), ~4 s a test.
-- kernels: 16 formats and variants x fp32/bf16; Triton and eager torch 4 cases each (mostly cached
-  Triton compiles after ``correct``, ~0.3 s a row), torch.compile single-axis (a cold compile each,
-  ~2 s); rows past the stage's deadline are listed as not reached.
-- train: 9 runs (the baseline twice, 7 presets) of Llama 3.2 1B, ~23 s each: ~12 s to start and build
-  the model and optimizer, ~5 s of cold kernel compiles, 6 steps of 0.5-0.9 s (bf16 0.514 s on
-  2026-11-23), 2 profiled steps.
-- capture: bench_saver at 1B widths and 2 layers, 3 rounds of 6 modes (one full iteration is ~5 GB
-  at ~1.3 GB/s of disk) after a ~15 s start.
+The estimates are the stage times measured on a cold device machine (one H200, 16 cores, empty Triton
+and inductor caches; bench/results/gpu_check_nvidia-h200/, 2026-11-27), rounded up:
+- env: 22 s (a process start with torch and CUDA, our dependencies' imports, a 1 GiB copy and an
+  8192^3 bf16 GEMM, 11 times each).
+- correct: stopped at 226 s after about 89 % of the tests marked ``device`` in tests/device and
+  tests/kernels over 16 xdist workers: about 260 s, compile-bound (cold Triton specializations in
+  every worker, inductor for the compiled formats).
+- kernels: 172 s for 32 formats and variants x 9 cases (Triton, eager torch, torch.compile).
+- train: 234 s for 9 runs of Llama 3.2 1B (the baseline twice, 7 presets; ~26 s each: start-up, model
+  and optimizer, cold compiles, 6 steps) and 2 profiled steps.
+- capture (not measured yet): bench_saver at 1B widths and 2 layers, 3 rounds of 6 modes after a ~15 s start.
 - study: what the stage asks for, not what it needs: the runner fits its runs to the time the stage is
   given (up to 1.5x this estimate). The anchor plan (docs/study/plan.yaml: a corpus of ~90 s, runs of
-  132-197 s estimated) gets about one run in it; the first tier (--study-plan docs/study/first-tier.yaml:
-  a 150 MB corpus, ~30 s, then the sizing's measuring waves, ~45 s) the rest for its 15 runs.
+  132-197 s estimated) gets about one run in it; the first tier (--study-plan docs/study/first-tier.yaml)
+  needs about 400 s: a corpus (~20 s), the sizing's three measuring waves (~45 s each on a cold
+  machine, mostly start-up) and its 15 runs in 3 waves (~200 s at the smallest size).
+
+env, correct, kernels and train take about 12 minutes, more than one device call of 10: the default is
+env, kernels and train (how fast), and ``--stage correct`` is a second call (docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -32,13 +32,15 @@ from .stage import Stage
 
 # The dry run's estimates are generous: a shared 2-core machine under load takes several times a quiet one's.
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (
-    Stage("env", env_stage.run, env_stage.summarize, estimate_s=20, dry_estimate_s=30),
-    Stage("correct", correct_stage.run, correct_stage.summarize, estimate_s=150, dry_estimate_s=30),
-    Stage("kernels", kernels_stage.run, kernels_stage.summarize, estimate_s=120, dry_estimate_s=30),
-    Stage("train", train_stage.run, train_stage.summarize, estimate_s=210, dry_estimate_s=60),
+    Stage("env", env_stage.run, env_stage.summarize, estimate_s=25, dry_estimate_s=30),
+    Stage("correct", correct_stage.run, correct_stage.summarize, estimate_s=260, dry_estimate_s=30),
+    Stage("kernels", kernels_stage.run, kernels_stage.summarize, estimate_s=180, dry_estimate_s=30),
+    Stage("train", train_stage.run, train_stage.summarize, estimate_s=240, dry_estimate_s=60),
     Stage("capture", capture_stage.run, capture_stage.summarize, estimate_s=60, dry_estimate_s=60),
-    Stage("study", study_stage.run, study_stage.summarize, estimate_s=200, dry_estimate_s=90),
+    Stage("study", study_stage.run, study_stage.summarize, estimate_s=400, dry_estimate_s=90),
 )}
-DEFAULT_STAGES = ("env", "correct", "kernels", "train")
-# what one device call holds: the default stages' estimates (500 s) and room for a stage to overrun
+# One device call: how fast (kernels first, on a machine nothing else has used yet, then the presets'
+# training steps); the correct stage (about 260 s) is the second call.
+DEFAULT_STAGES = ("env", "kernels", "train")
+# what one device call holds: the default stages' estimates (445 s) and room for a stage to overrun
 DEFAULT_BUDGET_S = 570
