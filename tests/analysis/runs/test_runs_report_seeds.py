@@ -96,3 +96,34 @@ def test_a_dozen_recipes_get_distinct_colours_and_a_legend_wide_enough():
     assert figures.series_colors(3) == ["C0", "C1", "C2"]
     assert figures.legend_width(["bf16"]) == 1.6
     assert figures.legend_width(["te-nvfp4+bf16-layers (3 seeds)"]) > 2.5
+
+
+def test_paired_gaps_cancel_what_the_seed_moves(seeded):
+    """Each recipe's seeds move exactly as bf16's do: paired with the bf16 run of the same seed, the
+    0.5 % gap of 'near' stands out, where unpaired it hides in bf16's 2 % seed spread."""
+    rows = {row["recipe"]: row for row in seeded[2].recipes}
+    near, far = rows["near"], rows["far"]
+    assert near["beyond noise"] is False and near["beyond noise, paired"] is True
+    assert near["paired pairs"] == 3 and near["paired gap"] == pytest.approx(0.005, rel=1e-5)  # seed3 incomplete
+    assert near["paired gap std"] == pytest.approx(0.0, abs=1e-6) and far["paired gap"] == pytest.approx(0.05, rel=1e-5)
+    assert rows["bf16"]["paired gap"] == 0.0 and rows["bf16"]["beyond noise, paired"] is False
+    assert rows["single"]["paired pairs"] == 0 and rows["single"]["beyond noise, paired"] is None  # no validation
+
+
+def _run(pair, *validations):
+    series = (np.arange(1, len(validations) + 1), np.asarray(validations, dtype=float))
+    return seed_stats.SeedRun(loss=series, validation=series, pair=pair)
+
+
+def test_a_paired_interval_by_hand():
+    """Gaps 1 %, 2 %, 3 % over three pairs (the last three validations averaged, an earlier one left
+    out): mean 2 %, std 1 %, 95 % half-width t(0.975, 2) = 4.3027 x 1 % / sqrt(3) = 2.484 %: not beyond 0."""
+    baseline = [_run("", 9.0, 1.0, 1.0, 1.0), _run("1", 2.0, 2.0, 2.0), _run("2", 4.0, 4.0, 4.0)]
+    runs = [_run("", 5.0, 1.01, 1.01, 1.01), _run("1", 2.04, 2.04, 2.04), _run("2", 4.12, 4.12, 4.12),
+            _run("7", 1.0, 1.0, 1.0)]  # no twin: left out
+    gap = seed_stats.paired_gap(runs, baseline)
+    assert gap.n == 3 and gap.mean == pytest.approx(0.02) and gap.std == pytest.approx(0.01)
+    assert gap.half_width == pytest.approx(4.302652729911275 * 0.01 / math.sqrt(3))
+    assert gap.beyond_noise is False
+    tighter = seed_stats.paired_gap([_run("", 1.02), _run("1", 2.04), _run("2", 4.08)], baseline)
+    assert tighter.std == pytest.approx(0.0, abs=1e-12) and tighter.beyond_noise is True

@@ -23,6 +23,7 @@ from megatron.quant.analysis.plans import FigureJob
 NAME = "study.png"
 HIGHLIGHTED = 3  # recipes in colour on the loss panel besides the baseline
 _NUMBERS = ("gap to baseline", "gap ±", "baseline seed spread")
+_PAIRED = ("paired gap", "paired 95% ±")  # absent from tables written before paired gaps: drawn without them
 
 
 def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = None,
@@ -31,13 +32,16 @@ def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = 
     ``metrics.band_payload``'s ``loss`` (recipe -> iterations, mean, min, max, seeds) for the
     loss panel."""
     rows = [{"recipe": row["recipe"], "seeds": int(row["seeds"]), "beyond": row["beyond noise"],
-             **{key: _number(row[key]) for key in _NUMBERS}} for row in recipes]
+             "beyond paired": row.get("beyond noise, paired"),
+             **{key: _number(row[key]) for key in _NUMBERS}, **{key: _number(row.get(key)) for key in _PAIRED}}
+            for row in recipes]
     rows = [row for row in rows if math.isfinite(row["gap to baseline"])]
     rows.sort(key=lambda row: row["gap to baseline"])
     payload = {"rows": rows, "baseline": baseline, "curves": curves or {},
                "highlighted": _highlighted(rows, baseline)}
     caption = (f"Final-loss gap of each recipe to {baseline} (dot: mean over seeds; bar: ± one std; shaded: "
-               f"{baseline}'s own seed spread, outside it a gap is beyond noise)"
+               f"{baseline}'s own seed spread, outside it a gap is beyond noise; square: the paired gap to the "
+               f"{baseline} run of the same seed, validation loss, with its 95 % interval)"
                + (", and the loss curves with the baseline and the selected recipes in colour" if curves else ""))
     return FigureJob(path, caption, draw_forest, payload)
 
@@ -46,8 +50,8 @@ def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: 
     """The forest plot of a saved recipe table (``recipes.csv``) into ``target``; the error text
     when it could not be drawn within the figure budget."""
     with open(recipes_csv, newline="") as handle:
-        rows = [{**row, "beyond noise": {"True": True, "False": False}.get(row["beyond noise"])}
-                for row in csv.DictReader(handle)]
+        rows = [{**row, **{key: {"True": True, "False": False}.get(row.get(key) or "")
+                           for key in ("beyond noise", "beyond noise, paired")}} for row in csv.DictReader(handle)]
     if not any(row["recipe"] == baseline for row in rows):
         raise ValueError(f"baseline {baseline!r} is not a recipe of {str(recipes_csv)!r}: "
                          f"{', '.join(row['recipe'] for row in rows)}")
@@ -63,6 +67,10 @@ def draw_forest(payload: dict):
         _loss_panel(axes[1], curves, payload["baseline"], payload["highlighted"])
     others = [row for row in rows if row["recipe"] != payload["baseline"]]
     beyond = sum(bool(row["beyond"]) for row in others)
+    paired = [row for row in others if row["beyond paired"] is not None]
+    if paired:
+        return figures.finish(fig, f"{beyond} of {len(others)} recipes beyond {payload['baseline']}'s seed noise; "
+                                   f"{sum(bool(row['beyond paired']) for row in paired)} of {len(paired)} paired")
     return figures.finish(fig, f"{beyond} of {len(others)} recipes differ from {payload['baseline']} "
                                "beyond its seed noise")
 
@@ -78,6 +86,13 @@ def _forest(ax, rows: list[dict], baseline: str) -> None:
         spread = 100 * row["gap ±"] if math.isfinite(row["gap ±"]) else 0.0
         ax.errorbar(100 * row["gap to baseline"], y, xerr=spread, fmt="o", color=colour, markersize=5,
                     capsize=3, linewidth=1.4)
+    paired = [(y, row) for y, row in zip(positions, rows) if math.isfinite(row["paired gap"])
+              and row["recipe"] != baseline]
+    for y, row in paired:
+        colour = "C3" if row["beyond paired"] else "0.15"
+        interval = 100 * row["paired 95% ±"] if math.isfinite(row["paired 95% ±"]) else 0.0
+        ax.errorbar(100 * row["paired gap"], y + 0.22, xerr=interval, fmt="s", color=colour, markersize=4,
+                    capsize=2, linewidth=1.0, label="paired, 95 %" if (y, row) == paired[0] else None)
     labels = [f"{row['recipe']} ({row['seeds']})" for row in rows]
     ax.set_yticks(positions, labels, fontsize=8)
     figures.room_for_row_names(ax, labels, 8)
@@ -86,6 +101,8 @@ def _forest(ax, rows: list[dict], baseline: str) -> None:
     ax.set_title(f"Final-loss gap, ± one std over seeds\n(shaded: {baseline} seed spread; red: beyond it)",
                  fontsize=10)
     ax.grid(alpha=0.3, axis="x")
+    if paired:
+        figures.legend_above(ax)
 
 
 def _loss_panel(ax, curves: dict, baseline: str, highlighted: list[str]) -> None:

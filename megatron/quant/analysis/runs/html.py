@@ -20,9 +20,9 @@ RECIPES_CSV = "recipes.csv"
 
 def _recipe_number(key: str, value):
     """A recipe-table cell: the gap signed in %, its ± and the noise in %, other floats to 4 digits."""
-    if key == "gap to baseline":
+    if key in ("gap to baseline", "paired gap"):
         return f"{100 * value:+.2f} %"
-    if key in ("gap ±", "baseline seed spread"):
+    if key in ("gap ±", "baseline seed spread", "paired gap std", "paired 95% ±"):
         return f"{100 * value:.2f} %"
     return f"{value:.4f}" if isinstance(value, float) else value
 
@@ -38,7 +38,10 @@ def recipes_html(rows: list[dict], study: str = "") -> str:
         "study's last iteration) counted, not averaged; seeds that end at different iterations are not averaged, "
         "and a recipe that ends elsewhere than the baseline gets no gap: the notes say so). "
         "Gap = mean / baseline mean − 1; ± = one std combined from both recipes' seed spreads. Beyond noise: "
-        "|gap| exceeds the baseline's seed spread ((max − min) / mean of its seeds). All numbers in "
+        "|gap| exceeds the baseline's seed spread ((max − min) / mean of its seeds). Paired: each run against "
+        "its baseline twin of the same seed (same initialisation and data order), on the validation loss "
+        f"averaged over the last {seed_stats.PAIRED_EVALUATIONS} evaluations; mean over the pairs, their std, "
+        "and the 95 % Student-t interval of the mean (beyond noise, paired: the interval leaves 0). All numbers in "
         f"<a href='{link(RECIPES_CSV)}'>{RECIPES_CSV}</a>.</p>"])
 
 

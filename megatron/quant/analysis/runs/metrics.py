@@ -141,7 +141,7 @@ def _complete(run: Run, end: int) -> bool:
 def _seed_runs(runs: Sequence[Run], end: int) -> list[seed_stats.SeedRun]:
     """Runs not trained to their end (still running, interrupted, or logging no loss) are incomplete."""
     return [seed_stats.SeedRun(run.series(LOSS), run.series(VALIDATION), run.diverged,
-                               _complete(run, end) and bool(run.series(LOSS)[0].size)) for run in runs]
+                               _complete(run, end) and bool(run.series(LOSS)[0].size), run.seed_slot) for run in runs]
 
 
 def recipe_table(groups: dict[str, list[Run]], baseline: str) -> list[dict]:

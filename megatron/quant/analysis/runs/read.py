@@ -51,6 +51,13 @@ class Run:
         match = SEED_RUN.match(self.name)
         return match["recipe"] if match else None
 
+    @property
+    def seed_slot(self) -> str:
+        """The seed this run shares with the other recipes' runs: "" for the first seed's (named after
+        its recipe), else the N of ``-seed<N>``."""
+        match = SEED_RUN.match(self.name)
+        return match["seed"] if match else ""
+
 
 # ---- reading --------------------------------------------------------------------------------
 def read_scalars(event_dir: Path) -> dict[str, Series]:

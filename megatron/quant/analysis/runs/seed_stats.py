@@ -9,6 +9,12 @@ recipes' seed standard deviations (how far one pair of runs may move with the se
 standard error of the means). The gap is *beyond noise* when it exceeds the baseline's own seed
 spread ((max - min) / mean over the baseline's seeds); with fewer than two baseline seeds that is
 unknown.
+
+Paired gaps: a recipe's run and its baseline twin share the seed, hence the initialisation and the
+data order (``SeedRun.pair``: the sweep's seed slot), so most of what the seed moves cancels in
+their difference. Per pair, the gap of the validation loss averaged over the last
+``PAIRED_EVALUATIONS`` evaluations; over the pairs, its mean and a 95 % Student-t interval
+(mean ± t(0.975, n - 1) · std / √n). The gap is *beyond noise, paired* when that interval leaves 0.
 """
 from __future__ import annotations
 
@@ -17,9 +23,11 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 Series = tuple[np.ndarray, np.ndarray]  # (iterations, values)
 LAST_SHARE = 0.1
+PAIRED_EVALUATIONS = 3  # validations averaged per run for a paired gap
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,7 @@ class SeedRun:
     validation: Series
     diverged: bool = False
     complete: bool = True  # trained as far as the study's runs do (not still running, not stopped early)
+    pair: str = ""  # the seed slot a recipe's run shares with its baseline twin ("" the first seed, else N)
 
     @property
     def usable(self) -> bool:
@@ -71,6 +80,36 @@ def gap(recipe: Spread, baseline: Spread) -> tuple[float, float]:
     return ratio - 1.0, ratio * math.hypot(recipe.std / recipe.mean, baseline.std / baseline.mean)
 
 
+@dataclass(frozen=True)
+class PairedGap:
+    n: int           # seed pairs
+    mean: float      # mean over the pairs of (recipe / twin - 1)
+    std: float       # their sample standard deviation; nan below two pairs
+    half_width: float  # of the 95 % Student-t interval of the mean; nan below two pairs
+
+    @property
+    def beyond_noise(self) -> Optional[bool]:
+        """The interval leaves 0; None below two pairs."""
+        return None if not math.isfinite(self.half_width) else abs(self.mean) > self.half_width
+
+
+def paired_gap(runs: Sequence[SeedRun], baseline: Sequence[SeedRun]) -> PairedGap:
+    """The gap of each usable run to its usable baseline twin (same ``pair``) on the validation loss
+    averaged over the last ``PAIRED_EVALUATIONS`` evaluations, over the pairs."""
+    twins = {run.pair: run for run in baseline if run.usable and run.validation[1].size}
+    gaps = [_last_validations(run) / _last_validations(twins[run.pair]) - 1.0 for run in runs
+            if run.usable and run.validation[1].size and run.pair in twins]
+    found = spread(gaps)
+    if found.n < 2:
+        return PairedGap(found.n, found.mean, math.nan, math.nan)
+    t = float(scipy_stats.t.ppf(0.975, found.n - 1))
+    return PairedGap(found.n, found.mean, found.std, t * found.std / math.sqrt(found.n))
+
+
+def _last_validations(run: SeedRun) -> float:
+    return float(run.validation[1][-PAIRED_EVALUATIONS:].mean())
+
+
 def recipe_row(recipe: str, runs: Sequence[SeedRun], baseline: Sequence[SeedRun]) -> dict:
     """The recipe table's row: loss and validation loss over seeds, gap to the baseline and whether
     it is beyond the baseline's seed spread. Diverged and incomplete runs are counted, not averaged
@@ -90,11 +129,16 @@ def recipe_row(recipe: str, runs: Sequence[SeedRun], baseline: Sequence[SeedRun]
     if any(not run.loss[0].size for run in runs):
         notes.append(f"{sum(not run.loss[0].size for run in runs)} run(s) logged no training loss")
     noise = base.relative_range
+    paired = paired_gap(finished, [run for run in baseline if run.usable] if len(base_ends) == 1 else [])
+    if math.isnan(relative):
+        paired = PairedGap(0, math.nan, math.nan, math.nan)
     return {"recipe": recipe, "seeds": len(runs), "diverged": sum(run.diverged for run in runs),
             "incomplete": sum(not run.complete and not run.diverged for run in runs),
             "loss mean": loss.mean, "loss std": loss.std, "gap to baseline": relative, "gap ±": uncertainty,
             "baseline seed spread": noise,
             "beyond noise": None if math.isnan(noise) or math.isnan(relative) else bool(abs(relative) > noise),
+            "paired pairs": paired.n, "paired gap": paired.mean, "paired gap std": paired.std,
+            "paired 95% ±": paired.half_width, "beyond noise, paired": paired.beyond_noise,
             "validation loss mean": validation.mean, "validation loss std": validation.std, "notes": "; ".join(notes)}
 
 
