@@ -49,8 +49,8 @@ def _fake_measure(steps):
 
     def measure(preset, recipes, at_once):
         calls.append((preset, tuple(recipes), at_once))
-        return Measurement(preset, at_once, {r: steps[preset, at_once][r] for r in recipes},
-                           {r: 10.0 for r in recipes})
+        measured = {r: steps[preset, at_once][r] for r in recipes if r in steps[preset, at_once]}
+        return Measurement(preset, at_once, measured, {r: 10.0 for r in measured})
     return measure, calls
 
 
@@ -110,3 +110,15 @@ def test_bad_sizing_blocks_are_one_line(change, message):
     with pytest.raises(StudyPlanError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         parse_plan(raw, TIER)
     assert "\n" not in str(info.value) and "sizing" in str(info.value)
+
+
+def test_without_the_alone_measurement_the_tier_is_still_sized_from_its_own_waves(plan):
+    steps = {("llama-study-1m", 5): {r: 0.02 for r in HEADLINE}, ("llama-study-3m", 5): {r: 0.03 for r in HEADLINE},
+             ("llama-study-3m", 1): {}}  # its wave ran out of time
+    said = []
+    result = size(plan, _fake_measure(steps)[0], "GPU", lambda: 1e6, said.append)
+    assert any("te-nvfp4 alone was not measured" in line for line in said)
+    assert result.chosen.preset == "llama-study-3m"
+    assert result.chosen.tier_s == pytest.approx(3 * (10 + (iterations_for(plan, "llama-study-3m") + iterations_for(
+        plan, "llama-study-3m") // max(1, iterations_for(plan, "llama-study-3m") // 5) * plan.eval_iters / 3) * 0.03),
+        rel=1e-3)

@@ -327,6 +327,10 @@ def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, d
     The sized plan, its step times the measured ones; None when no candidate fits."""
 
     def measure(preset: str, recipes: Sequence[str], at_once: int) -> Measurement:
+        left = deadline - time.monotonic()
+        if left < plan.step_time.startup_s and not args.dry_run:  # a wave cut short measures nothing
+            _say(f"{left:.0f} s left: not enough for a measuring wave at {preset} ({at_once} at once)")
+            return Measurement(preset, at_once, {}, {})
         runs_dir = args.out / SIZING / f"{preset}-k{at_once}"
         cache = args.out / "data_cache" if at_once == 1 else None
         flags = measurement_flags(plan, training_flags(plan, built, cache, args.dry_run), preset, args.dry_run)

@@ -183,11 +183,14 @@ def size(plan: StudyPlan, measure: Callable[[str, Sequence[str], int], Measureme
     recipe = plan.sizing.alone
     alone = measure(large_preset, (recipe,), 1)
     say(_describe(alone))
-    slowdown = (large.step_s[recipe] / alone.step_s[recipe]
-                if recipe in large.step_s and recipe in alone.step_s else float(plan.runs_at_once))
-    say(f"{plan.runs_at_once} runs at once: each step {slowdown:.2f}x the step alone ({recipe} at {large_preset}), "
-        f"{plan.runs_at_once / slowdown:.2f}x the throughput of one run"
-        + ("" if plan.runs_at_once / slowdown > 1.05 else ": no better than one run at a time"))
+    if recipe in large.step_s and recipe in alone.step_s:
+        slowdown = large.step_s[recipe] / alone.step_s[recipe]
+        say(f"{plan.runs_at_once} runs at once: each step {slowdown:.2f}x the step alone ({recipe} at {large_preset}), "
+            f"{plan.runs_at_once / slowdown:.2f}x the throughput of one run"
+            + ("" if plan.runs_at_once / slowdown > 1.05 else ": no better than one run at a time"))
+    else:  # the tier's time comes from the steps measured at its runs at once; only the report lacks this
+        slowdown = float(plan.runs_at_once)
+        say(f"{recipe} alone was not measured: the gain of {plan.runs_at_once} runs at once is unknown")
     startups = [*small.startup_s.values(), *large.startup_s.values()]
     startup = max(startups) if startups else plan.step_time.startup_s
     budget = budget_left()
