@@ -102,6 +102,13 @@ def test_kernel_rows_carry_bandwidth_and_the_goals_against_copy_and_single_axis(
     assert rows["hifp8", "single-axis", "eager"]["goal"] is None
 
 
+def test_a_cast_to_the_inputs_own_dtype_answers_no_goal():
+    rows = kernels_stage.checked([_row("fp32", "single-axis", 0.1), _row("fp32", "dual-axis", 0.15),
+                                  _row("bf16", "single-axis", 0.5)])  # inputs are float32
+    assert [(r["goal"], r.get("note")) for r in rows[:2]] == [(None, kernels_stage.NO_WORK)] * 2
+    assert rows[2]["goal"] == ">= 85 % of copy" and "note" not in rows[2]
+
+
 def test_correct_runs_the_device_suite_on_cuda_with_a_worker_per_core():
     argv = correct_stage.pytest_argv(dry_run=False, workers=16)
     assert argv[:2] == ["--device", "cuda"] and argv[argv.index("-m") + 1] == "device"
