@@ -12,6 +12,9 @@ from typing import Mapping
 _LLAMA3 = dict(
     normalization="RMSNorm", swiglu=True, norm_epsilon=1e-5, group_query_attention=True,
 )
+# The GPU study's models: Llama 3 blocks, the study's own 8,192-token vocabulary, 512 positions, untied.
+_STUDY = dict(_LLAMA3, vocab_size=8192, seq_length=512, max_position_embeddings=512, rotary_base=10000.0,
+              rope_scaling_factor=None, untie_embeddings_and_output_weights=True)
 
 PRESETS: Mapping[str, Mapping] = MappingProxyType({
     # https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json
@@ -38,33 +41,23 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
     # parameter fits about 2 minutes of one H100 (the plan's estimate). Every GEMM dimension is a
     # multiple of 64: 32-element MX blocks and 16x16 NVFP4 tiles never straddle a boundary.
     "llama-study-8m": MappingProxyType(dict(
-        _LLAMA3, num_layers=6, hidden_size=320, ffn_hidden_size=896, num_attention_heads=5,
-        num_query_groups=5, vocab_size=8192, seq_length=512, max_position_embeddings=512,
-        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+        _STUDY, num_layers=6, hidden_size=320, ffn_hidden_size=896, num_attention_heads=5, num_query_groups=5,
     )),
     # The first GPU tier's candidate sizes (docs/study/first-tier.yaml): the study model narrowed until a
     # run of 20 tokens per parameter finishes in well under a minute; the tier measures two of them on the
     # device and keeps the largest whose 15 runs fit (training/study_sizing.py). GEMM dimensions are
     # multiples of 64, as above.
     "llama-study-0.4m": MappingProxyType(dict(
-        _LLAMA3, num_layers=2, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2,
-        num_query_groups=2, vocab_size=8192, seq_length=512, max_position_embeddings=512,
-        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+        _STUDY, num_layers=2, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2, num_query_groups=2,
     )),
     "llama-study-1m": MappingProxyType(dict(
-        _LLAMA3, num_layers=4, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2,
-        num_query_groups=2, vocab_size=8192, seq_length=512, max_position_embeddings=512,
-        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+        _STUDY, num_layers=4, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2, num_query_groups=2,
     )),
     "llama-study-2m": MappingProxyType(dict(
-        _LLAMA3, num_layers=4, hidden_size=192, ffn_hidden_size=512, num_attention_heads=3,
-        num_query_groups=3, vocab_size=8192, seq_length=512, max_position_embeddings=512,
-        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+        _STUDY, num_layers=4, hidden_size=192, ffn_hidden_size=512, num_attention_heads=3, num_query_groups=3,
     )),
     "llama-study-3m": MappingProxyType(dict(
-        _LLAMA3, num_layers=4, hidden_size=256, ffn_hidden_size=640, num_attention_heads=4,
-        num_query_groups=4, vocab_size=8192, seq_length=512, max_position_embeddings=512,
-        rotary_base=10000.0, rope_scaling_factor=None, untie_embeddings_and_output_weights=True,
+        _STUDY, num_layers=4, hidden_size=256, ffn_hidden_size=640, num_attention_heads=4, num_query_groups=4,
     )),
 })
 
