@@ -36,7 +36,6 @@ early, 2 bad input (one line).
 from __future__ import annotations
 
 import argparse
-import datetime
 import dataclasses
 import json
 import shlex
@@ -53,7 +52,6 @@ from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.machine import git_commit, seconds_between
 from megatron.quant.training.presets import get_preset
 from megatron.quant.training.study_measure import describe, describe_measured, measure
-from megatron.quant.training.study_sizing import Measurement, measurement_flags, read_measurement, size, sized_plan_text
 from megatron.quant.training.study_plan import (
     MAX_RUNS_AT_ONCE,
     PlannedRun,
@@ -61,6 +59,14 @@ from megatron.quant.training.study_plan import (
     StudyPlanError,
     load_plan,
     waves,
+)
+from megatron.quant.training.study_sizing import (
+    Measurement,
+    device_name,
+    measurement_flags,
+    read_measurement,
+    size,
+    write_sizing,
 )
 from megatron.quant.training.sweep_plan import TENSORBOARD
 
@@ -173,7 +179,8 @@ def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.
     return ledger.LedgerEntry(
         study=plan.name, run=run.name, recipe=run.recipe, seed=run.seed, status=record["status"],
         device=gpus[0] if gpus else "cpu", start_time=record["attempts"][0]["start_time"], end_time=record["end_time"],
-        wall_s=round(sum(seconds_between(a["start_time"], a["end_time"]) for a in record["attempts"] if "end_time" in a), 1),
+        wall_s=round(sum(seconds_between(a["start_time"], a["end_time"]) for a in record["attempts"]
+                         if "end_time" in a), 1),
         step_s=round(tokens_per_iteration / statistics.median(speed), 5) if len(speed) else None,
         iterations=iterations, tokens=iterations * tokens_per_iteration, commit=record.get("git_commit"),
         corpus={"sha256": built.sha256, "tokens": built.tokens, "train_tokens": built.train_tokens,
@@ -322,9 +329,8 @@ def _print_measured(plan: StudyPlan, args: argparse.Namespace) -> int:
 
 
 def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, deadline: float) -> StudyPlan | None:
-    """Measure and size the tier (study_sizing); write ``--out``'s sizing.json and plan.yaml, and the
-    size into ``--plan`` itself (not for a dry run, whose toy model measures nothing of the device).
-    The sized plan, its step times the measured ones; None when no candidate fits."""
+    """Measure and size the tier through the sweep (``study_sizing.size``, ``write_sizing``): the sized
+    plan, its step times the measured ones; None when no candidate fits."""
 
     def measure(preset: str, recipes: Sequence[str], at_once: int) -> Measurement:
         left = deadline - time.monotonic()
@@ -341,28 +347,9 @@ def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, d
         return read_measurement(runs_dir, {recipe: recipe for recipe in recipes}, preset, at_once, tokens,
                                 plan.sizing.measure_iters)
 
-    device = _device()
-    result = size(plan, measure, device, lambda: (float("inf") if args.dry_run else deadline - time.monotonic()), _say)
-    (args.out / "sizing.json").write_text(json.dumps(result.as_json(), indent=1) + "\n")
-    if result.chosen is None:
-        _say("no candidate size fits the time left: nothing trained (a run that cannot finish is no result)")
-        return None
-    fixed_on = f"{device}, {datetime.date.today().isoformat()}"
-    text = sized_plan_text(args.plan.read_text(encoding="utf-8"), result.chosen.preset, result.plan.train_iters,
-                           result.plan.eval_interval, fixed_on)
-    (args.out / "plan.yaml").write_text(text, encoding="utf-8")
-    if not args.dry_run:
-        args.plan.write_text(text, encoding="utf-8")
-    _say(f"sized: {result.chosen.preset}, {result.plan.train_iters} iterations, ~{result.chosen.tier_s:.0f} s for "
-         f"all {len(plan.order)} runs; written into {args.out / 'plan.yaml'}" + ("" if args.dry_run else
-                                                                                 f" and {args.plan}"))
-    return result.plan
-
-
-def _device() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    budget_left = (lambda: float("inf")) if args.dry_run else (lambda: deadline - time.monotonic())
+    result = size(plan, measure, device_name(), budget_left, _say)
+    return write_sizing(result, args.plan, args.out, args.dry_run, _say)
 
 
 def run_chosen(plan: StudyPlan, chosen: Sequence[Sequence[PlannedRun]], wave_seconds: WaveSeconds,

@@ -1,7 +1,8 @@
-"""A plan's sizes and estimated times (``describe``), and what the ledger has measured, per device: each recipe's step time alone, how much longer a run
-takes when K runs share the GPU, the start-up, and the plan's size that fits a run into a target
-time. ``python -m megatron.quant.training.study --plan PLAN --ledger LEDGER --measured`` prints it
-with the plan's ``step_time.measured`` block to paste (docs/comparing.md).
+"""A plan's sizes and estimated times (``describe``), and what the ledger has measured, per device:
+each recipe's step time alone, how much longer a run takes when K runs share the GPU, the start-up,
+and the plan's size that fits a run into a target time. ``python -m megatron.quant.training.study
+--plan PLAN --ledger LEDGER --measured`` prints it with the plan's ``step_time.measured`` block to
+paste (docs/comparing.md).
 
 Step times are the entries' own (``step_s``: the median over a run's log intervals); a recipe's
 figure is the median over its runs on that device. A slowdown compares runs of the same recipe at

@@ -325,8 +325,8 @@ def _sizing(read: _Reader, value: Any, preset: str, seq_length: int, recipes: li
                                                  f"{seq_length} positions")
     sizes = [non_embedding_parameters(shapes[name]) for name in candidates]
     if sizes != sorted(set(sizes)) or preset not in candidates:
-        raise read.fail("sizing.candidates", f"expected presets of growing size ({sizes}) holding model.preset {preset}, "
-                                             f"got {candidates}")
+        raise read.fail("sizing.candidates", f"expected presets of growing size ({sizes}) holding model.preset "
+                                             f"{preset}, got {candidates}")
     measured = read.names(value.get("measured"), "sizing.measured")
     if len(measured) != 2 or not set(measured) <= set(candidates) or candidates.index(measured[0]) > candidates.index(
             measured[1]):

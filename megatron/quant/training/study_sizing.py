@@ -12,6 +12,8 @@ first (which holds the kernels' compilation), its start-up the rest of its wall 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 import math
 import re
 import statistics
@@ -24,7 +26,6 @@ from megatron.quant.training import metrics, sweep
 from megatron.quant.training.machine import seconds_between
 from megatron.quant.training.presets import get_preset
 from megatron.quant.training.study_plan import (
-    Sizing,
     StudyPlan,
     StudyPlanError,
     non_embedding_parameters,
@@ -225,3 +226,30 @@ def sized_plan_text(text: str, preset: str, train_iters: int, eval_interval: int
         if count != 1:
             raise StudyPlanError(f"cannot write the size into the plan: no line for {key} ({pattern})")
     return text
+
+
+def device_name() -> str:
+    """The GPU the runs train on, or ``cpu``."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def write_sizing(result: SizingResult, plan_path: Path, out: Path, dry_run: bool,
+                 say: Callable[[str], None]) -> StudyPlan | None:
+    """Write ``out/sizing.json`` and, when a size was chosen, the plan with it as ``out/plan.yaml`` and
+    into ``plan_path`` itself (not for a dry run: a toy model measures nothing of the device). The
+    sized plan; None when no candidate fits."""
+    (out / "sizing.json").write_text(json.dumps(result.as_json(), indent=1) + "\n")
+    if result.chosen is None:
+        say("no candidate size fits the time left: nothing trained (a run that cannot finish is no result)")
+        return None
+    device = result.plan.step_time.measured_device
+    text = sized_plan_text(plan_path.read_text(encoding="utf-8"), result.chosen.preset, result.plan.train_iters,
+                           result.plan.eval_interval, f"{device}, {datetime.date.today().isoformat()}")
+    (out / "plan.yaml").write_text(text, encoding="utf-8")
+    if not dry_run:
+        plan_path.write_text(text, encoding="utf-8")
+    say(f"sized: {result.chosen.preset}, {result.plan.train_iters} iterations, ~{result.chosen.tier_s:.0f} s for all "
+        f"{len(result.plan.order)} runs; written into {out / 'plan.yaml'}" + ("" if dry_run else f" and {plan_path}"))
+    return result.plan
