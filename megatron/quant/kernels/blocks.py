@@ -1,6 +1,6 @@
 """Triton kernel of the block-scaled formats: MX (``formats.mx``, every E8M0 scale mode), FP8
 blockwise (``formats.fp8_blocks``, with or without power-of-two scales) and NVFP4
-(``formats.nvfp4``: E4M3 block scales under an FP32 tensor scale, TE's arithmetic);
+(``formats.nvfp``: E4M3 block scales under an FP32 tensor scale, TE's arithmetic);
 blocks along any axis (first, middle, last; a ragged last block counts as shorter) or square
 tiles of the last two dimensions, round to nearest or stochastic. One pass: each program loads whole blocks,
 reduces their amax, and writes the quantized values.
@@ -23,7 +23,7 @@ from megatron.quant.formats import bits
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.grid import FP8_E4M3
 from megatron.quant.formats.mx import SCALE_MODES, MXFormat
-from megatron.quant.formats.nvfp4 import NVFP4Format
+from megatron.quant.formats.nvfp import NVFPFormat
 
 from .elementwise import load, round_grid, store, stored
 from .launch import launch_options, program_elements
@@ -272,7 +272,7 @@ def transformed_abs_max(x, fmt, axis: int, skip_nan: bool) -> Tensor:
 def fuses_transform(fmt) -> bool:
     """True when the block kernel applies ``fmt``'s Hadamard transform itself: its groups are its
     blocks along an axis (te-nvfp4's 16, MX's 32)."""
-    return (isinstance(fmt, (MXFormat, NVFP4Format, FP8BlockFormat)) and fmt.transforms_operand and not fmt.tiled
+    return (isinstance(fmt, (MXFormat, NVFPFormat, FP8BlockFormat)) and fmt.transforms_operand and not fmt.tiled
             and fmt.hadamard.size == fmt.block_size)
 
 
@@ -341,7 +341,7 @@ def _format_constants(fmt, dtype, split: bool) -> dict:
     element = fmt.element
     mx = isinstance(fmt, MXFormat)
     return dict(
-        KIND=0 if mx else 2 if isinstance(fmt, NVFP4Format) else 1,
+        KIND=0 if mx else 2 if isinstance(fmt, NVFPFormat) else 1,
         POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
         EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]) if mx else 0,
         HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),

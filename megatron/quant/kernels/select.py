@@ -28,7 +28,7 @@ from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
 from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.mx import MXFormat
-from megatron.quant.formats.nvfp4 import NVFP4Format
+from megatron.quant.formats.nvfp import NVFPFormat
 from megatron.quant.formats.show import show_value
 
 from .launch import interpreting
@@ -91,7 +91,7 @@ def triton_available() -> bool:
 
 def supported(fmt: NumericFormat) -> bool:
     """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
-    kernels = (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)
+    kernels = (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFPFormat)
     return isinstance(fmt, kernels) and fmt.dtype != torch.float32
 
 

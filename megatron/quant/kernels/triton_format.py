@@ -15,7 +15,7 @@ from megatron.quant.formats.fp8_blocks import FP8BlockFormat
 from megatron.quant.formats.grid import FP8_E4M3, FP16
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.mx import MXFormat
-from megatron.quant.formats.nvfp4 import NVFP4Format
+from megatron.quant.formats.nvfp import NVFPFormat
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.formats.wrapper import FormatWrapper
 from megatron.quant.stats import packing
@@ -27,7 +27,7 @@ from .noise import noise_args
 from .select import supported
 from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
 
-BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFP4Format)
+BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFPFormat)
 
 
 class TritonFormat(FormatWrapper):
@@ -168,11 +168,11 @@ class TritonFormat(FormatWrapper):
         return (out0, decode), (out1, decode)
 
     def _nvfp4_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
-        """NVFP4's FP32 tensor scale as ``NVFP4Format`` computes it (x in the quantization domain, or
+        """NVFP4's FP32 tensor scale as ``NVFPFormat`` computes it (x in the quantization domain, or
         ``amax`` of it): (global encode / 6 and global decode for the kernel, global decode); (None,
         None) for other formats."""
         fmt = self.fmt
-        if not isinstance(fmt, NVFP4Format):
+        if not isinstance(fmt, NVFPFormat):
             return None, None
         amax = self._abs_max(x) if amax is None else amax
         encode = encode_scale(amax, FP8_E4M3.max_value * fmt.element.max_value)
@@ -198,7 +198,7 @@ class TritonFormat(FormatWrapper):
             axis = normalize_axis(fmt.name, axis, x.dim())
             if fused:
                 fmt.hadamard.check(x.shape[axis], axis, fmt.name)
-            if amax is None and fused and isinstance(fmt, NVFP4Format):
+            if amax is None and fused and isinstance(fmt, NVFPFormat):
                 amax = self._transformed_abs_max(x, axis)
             tensor, decode = self._nvfp4_tensor_scale(xt, amax)
             captured = blocks.launch_blocks(xt, out, fmt, axis, noise, tensor, split, stats,
