@@ -34,6 +34,7 @@ from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import amax, blocks, elementwise, launch, triton_format  # noqa: E402
+from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -145,10 +146,15 @@ def build_cubin(fn, types: dict, constants: dict, attrs: dict, options: dict) ->
 
 
 def _label(constants: dict) -> str:
-    """The specialization's constexprs that say what it does, shortly."""
-    return " ".join(f"{k}={v}" for k, v in constants.items()
-                    if k in ("GRID", "STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "SIDE", "COLS", "TILED",
-                             "HADAMARD", "KIND", "AMAX_OUT", "BLOCK"))
+    """The specialization's constexprs that say what it does, shortly (grouped constants by their kind)."""
+    grid = lambda g: kernel_constants.GRID_KINDS[g.kind]  # noqa: E731
+    words = {"GRID": grid, "ELEMENT": grid,
+             "SCALE": lambda s: kernel_constants.SCALE_KINDS[s.kind],
+             "LAYOUT": lambda lay: f"{lay.block}x{lay.columns}{' tiled' if lay.tiled else ''}",
+             "RHT": lambda r: 1 << r.log2 if r.log2 else None}
+    shown = {k: words[k](v) if k in words else v for k, v in constants.items()
+             if k in words or k in ("STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "AMAX_OUT")}
+    return " ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Literal, Optional, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from .contract import KernelContract
 from .grid import ElementGrid
 from .random_bits import RandomBits
 from .rounding import Rounding
@@ -68,6 +69,8 @@ class QuantFormat(Protocol):
     """The torch dtype a plain cast rounds to (fp32, bf16, fp16); None for grid formats (``element``)."""
     dual_axis: bool
     """True when ``quantize_for_gemm_both`` quantizes along both axes from one read (a kernel does)."""
+    kernel_contract: Optional[KernelContract]
+    """What a quantization kernel needs of the format (``contract.py``); None where no kernel serves it."""
 
     @abstractmethod
     def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,

@@ -26,6 +26,7 @@ import torch
 
 from .base import encode_scale
 from .blocks import GridBlockFormat
+from .contract import BlockScale, TensorScale
 from .grid import FP8_E4M3
 
 NVFP_BLOCK_SIZE = 16
@@ -38,11 +39,17 @@ class NVFPFormat(GridBlockFormat):
     needs_tensor_amax = True
     block_scale_format = FP8_E4M3
 
+    def _block_scale(self) -> BlockScale:
+        return BlockScale("grid", grid=self.block_scale_format.rule)
+
+    def _tensor_scale(self) -> TensorScale:
+        return TensorScale(self.block_scale_format.max_value * self.element.max_value)
+
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
         block_amax = self._abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
-        element_max, scale_max = self.element.max_value, self.block_scale_format.max_value
-        global_encode = encode_scale(global_amax, scale_max * element_max)
+        element_max = self.element.max_value
+        global_encode = encode_scale(global_amax, self._tensor_scale().target)
         block_decode = self.block_scale_format.round(block_amax * (global_encode * (1 / element_max)))
         if self.options["nonfinite"] == "propagate":  # "te": an Inf amax saturates to E4M3's 448
             block_decode = torch.where(torch.isfinite(block_amax), block_decode, torch.nan)

@@ -37,6 +37,7 @@ class FormatWrapper(QuantFormat):
     tiled = property(attrgetter("fmt.tiled"))
     element = property(attrgetter("fmt.element"))
     dtype = property(attrgetter("fmt.dtype"))
+    kernel_contract = property(attrgetter("fmt.kernel_contract"))
     dual_axis = False
 
     def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
