@@ -130,6 +130,7 @@ _REGISTRY: dict[str, _Entry] = {
     "mxfp6_e2m3": _mx("mxfp6_e2m3", FP6_E2M3),
     "mxfp4_e2m1": _mx("mxfp4_e2m1", FP4_E2M1),
     "nvfp4": _nvfp("nvfp4", FP4_E2M1),
+    "nvfp6": _nvfp("nvfp6", FP6_E2M3),
 }
 
 
