@@ -1,7 +1,6 @@
 """NVFP6 in the Triton kernels (the block kernel reads the format's contract: E2M3 elements, an E4M3
 block scale under the FP32 tensor scale), against the independent reference of tests/formats/test_nvfp6.py
 and, for stochastic rounding, 16 x 16 tiles and both axes at once, against the torch path."""
-import numpy as np
 import pytest
 import torch
 
