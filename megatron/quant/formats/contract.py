@@ -5,10 +5,14 @@ the kernels and their launchers read the contract, never the format's class. The
 how values are rounded (the element grid as a ``GridRule``, the overflow rule, the rounding), how
 they are grouped (``block_shape``), where their scales come from (``BlockScale``, ``TensorScale``)
 and what is applied first (``Transform``). ``kernels.constants`` turns it into the kernels'
-constants, in one place.
+constants, in one place; ``to_json`` is how it travels through a torch operator's schema
+(``kernels.ops``).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -93,3 +97,26 @@ class KernelContract:
         """True when one kernel quantizes along both of the last two axes from one read: blocks
         along an axis and no transform (the blocks of both axes are in every square tile)."""
         return self.blocked and not self.tiled and self.transform is None
+
+    def to_json(self) -> str:
+        """The contract as a JSON string (``from_json`` reads it back)."""
+        fields = dataclasses.asdict(self)
+        fields["unchanged_dtype"] = None if self.unchanged_dtype is None else str(self.unchanged_dtype)
+        return json.dumps(fields, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=None)
+def from_json(text: str) -> KernelContract:
+    """The ``KernelContract`` that ``KernelContract.to_json`` wrote (JSON's lists back to tuples)."""
+    fields = json.loads(text)
+    scale, tensor, transform = fields["block_scale"], fields["tensor_scale"], fields["transform"]
+    dtype = fields["unchanged_dtype"]
+    return KernelContract(**{
+        **fields, "element": GridRule(**fields["element"]), "overflow_bound": tuple(fields["overflow_bound"]),
+        "block_shape": None if fields["block_shape"] is None else tuple(fields["block_shape"]),
+        "block_scale": None if scale is None else BlockScale(**{
+            **scale, "grid": None if scale["grid"] is None else GridRule(**scale["grid"])}),
+        "tensor_scale": None if tensor is None else TensorScale(**tensor),
+        "transform": None if transform is None else Transform(transform["size"], tuple(transform["signs"]),
+                                                              transform["norm"]),
+        "unchanged_dtype": None if dtype is None else getattr(torch, dtype.removeprefix("torch."))})

@@ -223,7 +223,7 @@ def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, ten
     of statistics). ``transform``: the contract's Hadamard transform applied by the kernel
     (``fused_transform``), out holding the quantized values in the transformed domain ("forward") or
     transformed back ("inverse"); None: x is quantized as it is."""
-    shape, layout = _layout(x, contract, axis)
+    shape, layout = block_walk(x, contract, axis)
     programs = triton.cdiv(shape[0], layout.columns)
     scales, stats_out = ((torch.empty(shape[0], dtype=torch.float32, device=x.device),
                           stats_rows(programs, stats, x.device)) if stats else (x, x))
@@ -240,7 +240,7 @@ def transformed_abs_max(x, contract: KernelContract, axis: int) -> Tensor:
     """``amax.abs_max`` (the same rows: ``stats.write_abs_max``) of the contract's Hadamard transform of
     contiguous x, in one read of x (the transform is applied in the kernel, never stored): the
     float32 0-d amax the format's ``amax_of`` gives."""
-    shape, layout = _layout(x, contract, axis)
+    shape, layout = block_walk(x, contract, axis)
     programs = triton.cdiv(shape[0], layout.columns)
     rows = abs_max_rows(programs, x.device)
     _block_kernel[(programs,)](
@@ -256,7 +256,7 @@ def _transform_args(contract: KernelContract, x, transform: Optional[str]) -> di
     return dict(signs_ptr=signs, RHT=constants.rht(contract, transform))
 
 
-def _layout(x, contract: KernelContract, axis: int) -> tuple[tuple[int, ...], Layout]:
+def block_walk(x, contract: KernelContract, axis: int) -> tuple[tuple[int, ...], Layout]:
     """How ``_block_kernel`` walks x's blocks: its shape arguments (blocks in all, length, after,
     blocks along the axis, rows, cols) and its ``Layout``."""
     size = contract.block_size

@@ -16,7 +16,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .constants import Grid
+from megatron.quant.formats.contract import KernelContract
+
+from . import constants
 from .launch import launch_options, program_elements
 from .noise import global_index, uniform
 from .stats import NONE, stats_rows, write_abs_max, write_stats
@@ -146,21 +148,21 @@ def stored(y, pointers):
     return y.to(pointers.dtype.element_ty).to(tl.float32)
 
 
-def launch(x, out, encode, decode, noise: tuple, grid: Grid, stochastic: bool, stats: int = NONE,
-           bounds: Optional[dict] = None, amax_rows: Optional[Tensor] = None) -> Optional[Tensor]:
-    """Run the elementwise kernel over contiguous x into out, rounding onto ``grid``; ``encode``/``decode``:
-    0-d float32 device tensors or None (unscaled; decode None also for the split GEMM operand). ``stats``
-    (``stats.COUNTS`` or ``FULL``, with the format's ``constants.stats_bound`` as ``bounds``): also
-    return the programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``):
-    filled with x's amax rows too."""
+def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats: int = NONE,
+           amax_rows: Optional[Tensor] = None) -> Optional[Tensor]:
+    """Run the elementwise kernel over contiguous x into out, rounding by an elementwise format's
+    ``contract``; ``encode``/``decode``: 0-d float32 device tensors or None (unscaled; decode None
+    also for the split GEMM operand). ``stats`` (``stats.COUNTS`` or ``FULL``): also return the
+    programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``): filled
+    with x's amax rows too."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
     block = program_elements(BLOCK)
     rows = stats_rows(programs(x), stats, x.device) if stats else x
     _elementwise_kernel[(programs(x),)](
-        x, out, encode if scaled else x, decode if dec else x, n, *noise, GRID=grid, STOCHASTIC=stochastic,
-        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows, STATS=stats,
-        **(bounds or dict(BOUND=0.0, INCLUSIVE=False)), WIDTH=rows.shape[-1] if stats else 0,
+        x, out, encode if scaled else x, decode if dec else x, n, *noise, GRID=constants.element_grid(contract),
+        STOCHASTIC=contract.rounding == "stochastic", SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows,
+        STATS=stats, **constants.stats_bound(contract), WIDTH=rows.shape[-1] if stats else 0,
         LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
         AMAX_OUT=amax_rows is not None, **launch_options(block))
     return rows if stats else None

@@ -16,12 +16,12 @@ from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.formats.wrapper import FormatWrapper
 from megatron.quant.stats import packing
 
-from . import blocks, constants, elementwise
-from .amax import abs_max as one_read_abs_max
+from . import blocks, ops
 from .launch import interpreting
 from .noise import noise_args
+from .ops import abs_max as one_read_abs_max
 from .select import supported
-from .stats import COUNTS, FULL, NONE, abs_max_rows, fold_abs_max
+from .stats import COUNTS, FULL, NONE, fold_abs_max
 
 
 class TritonFormat(FormatWrapper):
@@ -36,6 +36,7 @@ class TritonFormat(FormatWrapper):
         super().__init__(fmt)
         self.fallback = fallback
         self.contract: KernelContract = fmt.kernel_contract
+        self._contract_json = self.contract.to_json()  # how the operators (``ops``) take it
 
     def serves(self, x: Tensor, generator: Optional[torch.Generator] = None) -> bool:
         """True when the kernels quantize x (generator-drawn noise stays with the torch path)."""
@@ -71,7 +72,7 @@ class TritonFormat(FormatWrapper):
         if not self.serves(x, generator):
             return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
         check_input(self.name, x)
-        q, _, (scale, rows) = self._kernel(x, axis, amax, noise, split=False, back=True,
+        q, _, (scale, rows), _ = self._kernel(x, axis, amax, noise, split=False, back=True,
                                            stats=FULL if full else COUNTS)
         packed = packing.combine(rows) if self._sees_operand else None
         return q, fmt._scale_like_input(scale, x, axis), packed
@@ -86,7 +87,7 @@ class TritonFormat(FormatWrapper):
         if not (fmt.needs_tensor_amax or fmt.transforms_operand):
             return self.quantize(x, axis, amax, noise=noise), None
         check_input(self.name, x)
-        q, tensor_scale, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
+        q, tensor_scale, _, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
     def quantize_for_gemm_with_amax(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
@@ -100,8 +101,7 @@ class TritonFormat(FormatWrapper):
                 and not self.contract.blocked):
             return super().quantize_for_gemm_with_amax(x, axis, amax, noise=noise)
         check_input(self.name, x)
-        rows = abs_max_rows(elementwise.programs(x), x.device)
-        q, decode, _ = self._kernel(x, axis, amax, noise, split=True, back=False, amax_rows=rows)
+        q, decode, _, rows = self._kernel(x, axis, amax, noise, split=True, back=False, take_amax=True)
         return q, decode, fold_abs_max(rows, self._skips_nan).to(x.dtype)
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
@@ -115,13 +115,13 @@ class TritonFormat(FormatWrapper):
 
     def _abs_max(self, x: Tensor) -> Tensor:
         """The format's ``_abs_max`` of a tensor the kernels serve (NaN skipped under nonfinite='te')."""
-        return one_read_abs_max(x, skip_nan=self._skips_nan)
+        return one_read_abs_max(x.contiguous(), self._skips_nan)
 
     def _transformed_abs_max(self, x: Tensor, axis: int) -> Tensor:
         fmt = self.fmt
         axis = normalize_axis(fmt.name, axis, x.dim())
         fmt.hadamard.check(x.shape[axis], axis, fmt.name)
-        return blocks.transformed_abs_max(x.contiguous(), self.contract, axis)
+        return ops.transformed_abs_max(x.contiguous(), self._contract_json, axis)
 
     @property
     def _skips_nan(self) -> bool:
@@ -155,9 +155,9 @@ class TritonFormat(FormatWrapper):
         stochastic = fmt.rounding == "stochastic"
         args = tuple(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
                      for noise in noises)
-        out0, out1 = torch.empty_like(x), torch.empty_like(x)
         tensor, decode = self._block_tensor_scale(x, amax)
-        blocks.launch_dual(x, out0, out1, self.contract, args, tensor, split=fmt.needs_tensor_amax)
+        out0, out1 = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
+                                                   fmt.needs_tensor_amax)
         return (out0, decode), (out1, decode)
 
     def _block_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
@@ -173,21 +173,20 @@ class TritonFormat(FormatWrapper):
         return torch.stack([encode * (1 / contract.element.max_value), decode]).to(torch.float32), decode
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
-                back: bool, stats: int = NONE, amax_rows: Optional[Tensor] = None
-                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+                back: bool, stats: int = NONE, take_amax: bool = False
+                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]], Optional[Tensor]]:
         """(x quantized, the per-tensor decode factor or None, with ``stats`` (``COUNTS`` or ``FULL``):
-        (the scale in the format's own layout, the programs' rows of statistics)). With a Hadamard
-        transform the values are in the transformed domain, or with ``back`` transformed back to x's;
-        in x's dtype either way. ``split``: leave the decode factor out of the values. ``amax_rows``
-        (elementwise formats): filled with x's amax rows in the same pass."""
-        fmt = self.fmt
+        (the scale in the format's own layout, the programs' rows of statistics), with ``take_amax``
+        (elementwise formats): x's amax rows from the same pass). With a Hadamard transform the values
+        are in the transformed domain, or with ``back`` transformed back to x's; in x's dtype either
+        way. ``split``: leave the decode factor out of the values."""
+        fmt, contract = self.fmt, self.contract
         stochastic = fmt.rounding == "stochastic"
-        noise = noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
+        noise = list(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape)))
         fused = self._fused_transform
-        xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis)
+        xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis).contiguous()
         inverse = back and fmt.transforms_operand and not fused  # in torch, after the kernel
-        out = torch.empty(xt.shape, dtype=torch.float32 if inverse else x.dtype, device=x.device)
-        contract = self.contract
+        out_dtype = torch.float32 if inverse else x.dtype
         if contract.blocked:
             axis = normalize_axis(fmt.name, axis, x.dim())
             if fused:
@@ -195,20 +194,19 @@ class TritonFormat(FormatWrapper):
             if amax is None and fused and contract.tensor_scale is not None:
                 amax = self._transformed_abs_max(x, axis)
             tensor, decode = self._block_tensor_scale(xt, amax)
-            captured = blocks.launch_blocks(xt, out, contract, axis, noise, tensor, split, stats,
-                                            ("inverse" if back else "forward") if fused else None)
-            if captured is not None:
-                captured = (captured[0].view(blocks.scale_layout(contract, x.shape, axis)), captured[1])
-            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured
+            out, scales, rows = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
+                                                    ("inverse" if back else "forward") if fused else None, out_dtype)
+            captured = (scales.view(blocks.scale_layout(contract, x.shape, axis)), rows) if stats else None
+            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
         encode = decode = None
         if contract.tensor_scale is not None:
             amax = self._abs_max(xt) if amax is None else amax
             encode = encode_scale(amax, contract.tensor_scale.target, contract.tensor_scale.power_of_two)
             decode = 1 / encode
-        rows = elementwise.launch(xt, out, encode, None if split else decode, noise, constants.element_grid(contract),
-                                  stochastic, stats, constants.stats_bound(contract), amax_rows)
+        out, rows, amax_rows = ops.quantize_elementwise(xt, encode, None if split else decode, noise,
+                                                        self._contract_json, out_dtype, stats, take_amax)
         out = fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out
         if not stats:
-            return out, decode, None
+            return out, decode, None, amax_rows if take_amax else None
         scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode
-        return out, decode, (scale, rows)
+        return out, decode, (scale, rows), amax_rows if take_amax else None
