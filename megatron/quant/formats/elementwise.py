@@ -78,7 +78,7 @@ class ElementwiseFormat(NumericFormat):
     ``scaling="tensor"``: the amax is x's own (TE's current scaling); ``power_of_two_scales``
     (Float8CurrentScaling's option) rounds ``encode`` down to a power of two.
     ``scaling="delayed"`` (TE's DelayedScaling): the amax comes from the operand's amax history,
-    which the layers keep (``megatron.quant.recipes.delayed``) and pass as ``amax``; called without one
+    which the layers keep (``megatron.quant.layers.delayed``) and pass as ``amax``; called without one
     (outside a layer) x's own amax stands in, as for a history of one current value.
     """
 

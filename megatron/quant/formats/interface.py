@@ -28,7 +28,7 @@ from .rounding import Rounding
 Scaling = Literal["none", "tensor", "delayed", "block"]
 """Where a format's scale comes from. ``"none"``: no scale (plain casts, unscaled grids);
 ``"tensor"``: one scale per tensor from its own amax (TE's current scaling); ``"delayed"``: one scale
-per tensor from the operand's amax history (TE's ``DelayedScaling``, ``recipes.delayed``);
+per tensor from the operand's amax history (TE's ``DelayedScaling``, ``layers.delayed``);
 ``"block"``: one scale per block or tile (MX, NVFP4, FP8 blocks; NVFP4 adds a per-tensor factor)."""
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, Optional
 
 if TYPE_CHECKING:
     from megatron.quant.formats.interface import QuantFormat
-    from megatron.quant.recipes.delayed import AmaxHistory
+    from megatron.quant.layers.delayed import AmaxHistory
 
 Parallel = Literal["column", "row"]
 """How tensor parallelism splits a linear layer's weight: ``"column"`` along out_features
