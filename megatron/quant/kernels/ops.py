@@ -32,22 +32,22 @@ def _empty(x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 @torch.library.custom_op("megatron_quant::elementwise", mutates_args=())
 def quantize_elementwise(x: Tensor, encode: Optional[Tensor], decode: Optional[Tensor], noise: list[int],
-                         contract: str, out_dtype: torch.dtype, stats: int, amax: bool
+                         contract: str, out_dtype: torch.dtype, stats: int, take_amax: bool
                          ) -> tuple[Tensor, Tensor, Tensor]:
     """(contiguous x quantized by the contract in ``out_dtype``, the programs' rows of statistics
-    with ``stats``, x's amax rows with ``amax``): ``elementwise.launch``."""
+    with ``stats``, x's amax rows with ``take_amax``): ``elementwise.launch``."""
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    amax_rows = abs_max_rows(elementwise.programs(x), x.device) if amax else None
+    amax_rows = abs_max_rows(elementwise.programs(x), x.device) if take_amax else None
     rows = elementwise.launch(x, out, from_json(contract), encode, decode, tuple(noise), stats, amax_rows)
     return out, _empty(x, torch.float64) if rows is None else rows, _empty(x) if amax_rows is None else amax_rows
 
 
 @quantize_elementwise.register_fake
-def _(x, encode, decode, noise, contract, out_dtype, stats, amax):
+def _(x, encode, decode, noise, contract, out_dtype, stats, take_amax):
     programs = elementwise.programs(x)
     return (x.new_empty(x.shape, dtype=out_dtype),
             stats_rows(programs, stats, x.device) if stats else _empty(x, torch.float64),
-            abs_max_rows(programs, x.device) if amax else _empty(x))
+            abs_max_rows(programs, x.device) if take_amax else _empty(x))
 
 
 # --- block formats -------------------------------------------------------------------------------
