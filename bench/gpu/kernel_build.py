@@ -33,7 +33,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from megatron.quant.formats import get_format  # noqa: E402
-from megatron.quant.kernels import amax, blocks, elementwise, launch, triton_format  # noqa: E402
+from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
+from megatron.quant.kernels import elementwise, launch, registry, triton_format  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -41,8 +42,6 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 LAUNCH_OPTIONS = launch.launch_options(1)  # the keyword arguments of a launch that are compile options
 GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.[\w:]+)*?(\.v[24])?\.[bfsu]\d+")  # PTX loads and stores
 RESOURCE = re.compile(r"\b(REG|STACK|SHARED|LOCAL):(\d+)")
-KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_kernel"),
-           (elementwise, "_elementwise_kernel"))
 FORMATS = [("bf16", {}), ("fp16", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scaling": "none"}),
            ("fp8_e4m3", {"scaling": "delayed"}),
            ("fp8_e5m2", {"rounding": "stochastic"}), ("hifp8", {}),
@@ -77,11 +76,12 @@ def record_launches() -> list:
     then serve), with the programs a GPU launches, not the interpreter's larger ones."""
     launches: list = []
     caller = [""]
-    for module, name in KERNELS:
-        setattr(module, name, Recorder(getattr(module, name), launches, caller))
+    for kernel in registry.KERNELS:
+        module = kernel.module()
+        setattr(module, kernel.name, Recorder(getattr(module, kernel.name), launches, caller))
     launch.interpreting = triton_format.interpreting = lambda: True  # serve CPU tensors ...
-    for module in (amax, blocks, elementwise):  # ... with the programs a GPU launches
-        module.program_elements = lambda on_device: on_device
+    for kernel in registry.KERNELS:  # ... with the programs a GPU launches
+        kernel.module().program_elements = lambda on_device: on_device
     for name, options in FORMATS:
         fmt = get_format(name, **options)
         twin = triton_format.TritonFormat(fmt, fmt)
@@ -145,10 +145,15 @@ def build_cubin(fn, types: dict, constants: dict, attrs: dict, options: dict) ->
 
 
 def _label(constants: dict) -> str:
-    """The specialization's constexprs that say what it does, shortly."""
-    return " ".join(f"{k}={v}" for k, v in constants.items()
-                    if k in ("GRID", "STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "SIDE", "COLS", "TILED",
-                             "HADAMARD", "KIND", "AMAX_OUT", "BLOCK"))
+    """The specialization's constexprs that say what it does, shortly (grouped constants by their kind)."""
+    grid = lambda g: kernel_constants.GRID_KINDS[g.kind]  # noqa: E731
+    words = {"GRID": grid, "ELEMENT": grid,
+             "SCALE": lambda s: kernel_constants.SCALE_KINDS[s.kind],
+             "LAYOUT": lambda lay: f"{lay.block}x{lay.columns}{' tiled' if lay.tiled else ''}",
+             "RHT": lambda r: 1 << r.log2 if r.log2 else None}
+    shown = {k: words[k](v) if k in words else v for k, v in constants.items()
+             if k in words or k in ("STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "AMAX_OUT")}
+    return " ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
 
 
 def main(argv=None) -> int:

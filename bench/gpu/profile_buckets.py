@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from megatron.quant.kernels import registry
+
 # megatron.quant.kernels' Triton kernels, named exactly (torch's own kernels contain "elementwise_kernel")
-OUR_KERNELS = frozenset({"_block_kernel", "_dual_kernel", "_elementwise_kernel", "_amax_kernel"})
+OUR_KERNELS = registry.NAMES
 # bucket -> lower-case name fragments, tried in this order
 RULES = (
     ("quantization", ("quant",)),

@@ -23,6 +23,7 @@ EXPECTED = [  # name, bits, max, smallest positive, block, scaling (from the iss
        ml_dtypes.finfo(ELEMENT_DTYPES[element]).smallest_subnormal, 32, "block")
       for name, element in MX_ELEMENTS.items()],
     ("nvfp4", 4, 6.0, 0.5, 16, "block"),
+    ("nvfp6", 6, 7.5, 0.125, 16, "block"),
 ]
 
 
@@ -31,7 +32,7 @@ def test_attributes(name, bits, max_value, min_positive, block_size, scaling):
     fmt = get_format(name)
     assert (fmt.name, fmt.bits, fmt.block_size, fmt.scaling) == (name, bits, block_size, scaling)
     assert fmt.max_value == float(max_value) and fmt.min_positive == float(min_positive)
-    assert fmt.needs_tensor_amax == (scaling == "tensor" or name == "nvfp4")
+    assert fmt.needs_tensor_amax == (scaling == "tensor" or name.startswith("nvfp"))
     json.dumps(fmt.options)
 
 

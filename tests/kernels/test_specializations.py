@@ -16,10 +16,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.jit import JITFunction, native_specialize_impl  # noqa: E402
 
-from megatron.quant.kernels import amax, blocks, elementwise  # noqa: E402
+from megatron.quant.kernels.registry import KERNELS  # noqa: E402
 
-KERNELS = ((amax, "_amax_kernel"), (blocks, "_block_kernel"), (blocks, "_dual_kernel"),
-           (elementwise, "_elementwise_kernel"))
 ARGV = ["--model", "llama-tiny", "--mock-data", "--num-layers", "1", "--hidden-size", "64", "--ffn-hidden-size",
         "128", "--num-attention-heads", "2", "--num-query-groups", "1", "--seq-length", "32",
         "--micro-batch-size", "1", "--global-batch-size", "1", "--train-iters", "2", "--log-interval", "2",
@@ -55,8 +53,9 @@ def test_no_kernel_specialisation_is_new_after_the_first_iteration(monkeypatch, 
     keys: dict = {}  # specialisation -> the iteration that first launched it
     iteration = [0]
     backend = CUDABackend(GPUTarget("cuda", 90, 32))
-    for module, name in KERNELS:
-        monkeypatch.setattr(module, name, Specialising(getattr(module, name), keys, iteration, backend))
+    for kernel in KERNELS:
+        module = kernel.module()
+        monkeypatch.setattr(module, kernel.name, Specialising(getattr(module, kernel.name), keys, iteration, backend))
     step = loop.train_step
 
     def train_step(run, i):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant.recipes.delayed import AmaxHistory, updated_history
+from megatron.quant.layers.delayed import AmaxHistory, updated_history
 from tests.layers._helpers import gemm, transformer_config
 
 TARGET = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}

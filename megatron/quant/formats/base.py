@@ -11,11 +11,13 @@ import torch
 from torch import Tensor
 
 from . import bits
-from .grid import ElementGrid
+from .contract import KernelContract, Transform
+from .grid import ElementGrid, GridRule, Overflow
 from .hadamard import Hadamard
 from .interface import QuantFormat, Scaling
 from .random_bits import RandomBits
 from .rounding import ROUNDING_MODES, Rounding
+from .saturation import overflow_bound
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Eager CPU work runs in pieces of this many elements so that the temporaries of the
@@ -122,6 +124,7 @@ class NumericFormat(QuantFormat):
     element: ElementGrid | None = None
     dtype: torch.dtype | None = None
     dual_axis: bool = False  # the torch path quantizes one axis per call
+    kernel_contract: KernelContract | None = None  # formats with a kernel declare theirs (``_contract``)
     eager_chunks: bool = True  # False where chunking cannot help (plain casts)
 
     def __init__(self, options: dict[str, Any]):
@@ -131,6 +134,14 @@ class NumericFormat(QuantFormat):
         # Stochastic rounding without an explicit key: noise is a pure function of the seed
         # and the element index, so the same call gives the same result in any process.
         self._default_bits = RandomBits.derive("format", options.get("seed", 0))
+
+    def _contract(self, element: GridRule, overflow: Overflow, **fields: Any) -> KernelContract:
+        """This format's ``KernelContract``: what every format shares (name, rounding, the nonfinite
+        rule, the overflow bound, the Hadamard transform) and the format's own ``fields``."""
+        transform = None if self.hadamard is None else Transform(
+            self.hadamard.size, tuple(self.options["hadamard_signs"]), float(self.hadamard.norm))
+        return KernelContract(self.name, element, overflow, self.rounding, self.options.get("nonfinite") == "te",
+                              overflow_bound(self), transform=transform, **fields)
 
     def _describe_elements(self, name: str, element) -> None:
         """Name the format; bits, max and min positive are those of its element grid."""

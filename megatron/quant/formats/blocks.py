@@ -2,6 +2,7 @@
 in square n x n tiles of the last two dimensions, share a scale."""
 from __future__ import annotations
 
+import functools
 import numbers
 from abc import abstractmethod
 from typing import Any, Optional
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .base import NumericFormat, normalize_axis
+from .contract import BlockScale, KernelContract, TensorScale
 from .interface import QuantFormat
 
 
@@ -98,6 +100,19 @@ class BlockFormat(NumericFormat):
         self.block_size = self.block_shape[1]
         self.tiled = self.block_shape[0] > 1
         self.eager_chunks = not self.tiled  # the chunking cuts rows, which would split tiles
+
+    @functools.cached_property
+    def kernel_contract(self) -> KernelContract:
+        return self._contract(self.element.rule, "saturate", block_shape=self.block_shape,
+                              block_scale=self._block_scale(), tensor_scale=self._tensor_scale())
+
+    @abstractmethod
+    def _block_scale(self) -> BlockScale:
+        """How a block's scale is encoded (the kernels' rule of it)."""
+
+    def _tensor_scale(self) -> TensorScale | None:
+        """The per-tensor scale above the block scales (None: blocks alone)."""
+        return None
 
     def _quantize(self, x, axis, amax, uniform, split):
         axis = normalize_axis(self.name, axis, x.dim())

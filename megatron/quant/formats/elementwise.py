@@ -2,13 +2,15 @@
 with optional per-tensor scaling."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .base import NumericFormat, encode_scale, float32_copy
-from .grid import FP16, ElementGrid
+from .contract import KernelContract, TensorScale
+from .grid import BF16_RULE, FP16, ElementGrid
 
 _BF16_DROPPED_BITS = 16  # bfloat16 is the top half of a float32
 
@@ -30,6 +32,14 @@ class CastFormat(NumericFormat):
         self.bits = finfo.bits
         self.max_value = float(finfo.max)
         self.min_positive = float(finfo.smallest_normal * finfo.eps)
+
+    @functools.cached_property
+    def kernel_contract(self) -> KernelContract | None:
+        """bf16 by its bit rounding, fp16 as IEEE's grid (overflow to Inf); fp32 needs no kernel."""
+        if self.dtype == torch.float32:
+            return None
+        rule, overflow = (BF16_RULE, "saturate") if self.dtype == torch.bfloat16 else (FP16.rule, "inf")
+        return self._contract(rule, overflow, unchanged_dtype=self.dtype)
 
     def _quantize(self, x, axis, amax, uniform, split):
         if self.dtype == torch.float32 or x.dtype == self.dtype:  # already representable
@@ -68,7 +78,7 @@ class ElementwiseFormat(NumericFormat):
     ``scaling="tensor"``: the amax is x's own (TE's current scaling); ``power_of_two_scales``
     (Float8CurrentScaling's option) rounds ``encode`` down to a power of two.
     ``scaling="delayed"`` (TE's DelayedScaling): the amax comes from the operand's amax history,
-    which the layers keep (``megatron.quant.recipes.delayed``) and pass as ``amax``; called without one
+    which the layers keep (``megatron.quant.layers.delayed``) and pass as ``amax``; called without one
     (outside a layer) x's own amax stands in, as for a history of one current value.
     """
 
@@ -79,6 +89,12 @@ class ElementwiseFormat(NumericFormat):
         self.needs_tensor_amax = self.scaling in ("tensor", "delayed")
         target = options.get("scale_target") or element.max_value
         self.scale_target = target * 2.0 ** -options.get("margin", 0)  # exact
+
+    @functools.cached_property
+    def kernel_contract(self) -> KernelContract:
+        tensor = TensorScale(self.scale_target, bool(self.options.get("power_of_two_scales")))
+        return self._contract(self.element.rule, self.options["overflow"],
+                              tensor_scale=tensor if self.needs_tensor_amax else None)
 
     def _quantize(self, x, axis, amax, uniform, split):
         if self.scaling == "none":

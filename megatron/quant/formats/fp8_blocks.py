@@ -19,10 +19,14 @@ import torch
 
 from .base import encode_scale
 from .blocks import GridBlockFormat
+from .contract import BlockScale
 
 
 class FP8BlockFormat(GridBlockFormat):
     scale_encoding = "FP32 per block (a power of two with power_of_two_scales)"
+
+    def _block_scale(self) -> BlockScale:
+        return BlockScale("fp32", power_of_two=self.options["power_of_two_scales"])
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
         block_amax = self._abs_max(blocks, dim=block_dim)

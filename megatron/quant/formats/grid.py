@@ -35,6 +35,27 @@ OVERFLOW_MODES: tuple[Overflow, ...] = get_args(Overflow)
 _NEGATE_FIELD = (2 * bits.EXPONENT_BIAS) << bits.MANTISSA_BITS
 
 
+GridKind = Literal["bf16", "minifloat", "hifloat8"]
+"""The rounding routines a kernel has: bfloat16's bit rounding, a minifloat grid's binades, HiFloat8's."""
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """An element grid as a kernel rounds onto it: which routine (``kind``) and its constants, all
+    a kernel may know of the grid (``kernels.constants.grid``)."""
+
+    kind: GridKind
+    mbits: int = 0
+    min_exponent: int = 0  # of the smallest normal binade (minifloat)
+    max_exponent: int = 0  # of the largest finite value (minifloat)
+    max_value: float = 0.0
+    has_inf: bool = True
+    signed_zero: bool = True
+
+
+BF16_RULE = GridRule("bf16")  # bfloat16 is float32 with its low 16 bits rounded off: no grid constants
+
+
 class ElementGrid(ABC):
     """Representable values of one element format (unscaled)."""
 
@@ -57,6 +78,11 @@ class ElementGrid(ABC):
     @abstractmethod
     def code_values(self) -> list[tuple[int, float]]:
         """Every code of the format with its value (NaN codes included), by code."""
+
+    @property
+    @abstractmethod
+    def rule(self) -> GridRule:
+        """The grid as a kernel rounds onto it."""
 
     def round(self, x: Tensor, rounding: Rounding = "nearest", overflow: Overflow = "saturate",
               uniform: Tensor | None = None) -> Tensor:
@@ -167,6 +193,11 @@ class Minifloat(ElementGrid):
 
     def code_values(self) -> list[tuple[int, float]]:
         return [(code, self.decode(code)) for code in range(1 << self.bits)]
+
+    @property
+    def rule(self) -> GridRule:
+        return GridRule("minifloat", self.mbits, self.min_exponent, self.max_exponent, self.max_value, self.has_inf,
+                        self.signed_zero)
 
 
 FP8_E4M3 = Minifloat("e4m3", ebits=4, mbits=3, bias=7, special="fn")

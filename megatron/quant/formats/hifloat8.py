@@ -26,7 +26,7 @@ from torch import Tensor
 from . import bits
 from .base import float32_copy
 from .elementwise import ElementwiseFormat
-from .grid import ElementGrid
+from .grid import ElementGrid, GridRule
 from .random_bits import RandomBits
 
 NAN_CODE = 0x80
@@ -92,6 +92,11 @@ class HiFloat8Grid(ElementGrid):
 
     def code_values(self) -> list[tuple[int, float]]:
         return [(code, decode_code(code)) for code in range(256)]
+
+    @property
+    def rule(self) -> GridRule:
+        """HiF8's own routine (its spacing per binade is fixed: no constants but the max)."""
+        return GridRule("hifloat8", max_value=self.max_value, has_inf=self.has_inf, signed_zero=self.signed_zero)
 
 
 def codes_of(values: Tensor) -> Tensor:

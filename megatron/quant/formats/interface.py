@@ -20,6 +20,7 @@ from typing import Any, Literal, Optional, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from .contract import KernelContract
 from .grid import ElementGrid
 from .random_bits import RandomBits
 from .rounding import Rounding
@@ -27,7 +28,7 @@ from .rounding import Rounding
 Scaling = Literal["none", "tensor", "delayed", "block"]
 """Where a format's scale comes from. ``"none"``: no scale (plain casts, unscaled grids);
 ``"tensor"``: one scale per tensor from its own amax (TE's current scaling); ``"delayed"``: one scale
-per tensor from the operand's amax history (TE's ``DelayedScaling``, ``recipes.delayed``);
+per tensor from the operand's amax history (TE's ``DelayedScaling``, ``layers.delayed``);
 ``"block"``: one scale per block or tile (MX, NVFP4, FP8 blocks; NVFP4 adds a per-tensor factor)."""
 
 
@@ -68,6 +69,8 @@ class QuantFormat(Protocol):
     """The torch dtype a plain cast rounds to (fp32, bf16, fp16); None for grid formats (``element``)."""
     dual_axis: bool
     """True when ``quantize_for_gemm_both`` quantizes along both axes from one read (a kernel does)."""
+    kernel_contract: Optional[KernelContract]
+    """What a quantization kernel needs of the format (``contract.py``); None where no kernel serves it."""
 
     @abstractmethod
     def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from . import bits
 from .blocks import GridBlockFormat
+from .contract import BlockScale
 from .grid import Minifloat
 
 ScaleMode = Literal["floor", "ceil", "even", "rceil"]
@@ -60,6 +61,9 @@ def mx_scale_exponent(block_amax: Tensor, element: Minifloat, scale_mode: ScaleM
 
 class MXFormat(GridBlockFormat):
     scale_encoding = "E8M0 (a power of two, 2**-127 .. 2**127) per block"
+
+    def _block_scale(self) -> BlockScale:
+        return BlockScale("e8m0", scale_mode=self.options["scale_mode"])
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
         block_amax = self._abs_max(blocks, dim=block_dim)

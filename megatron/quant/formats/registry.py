@@ -24,7 +24,7 @@ from .fp8_blocks import FP8BlockFormat
 from .grid import FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, OVERFLOW_MODES
 from .hifloat8 import HiFloat8Format
 from .mx import MX_BLOCK_SIZE, SCALE_MODES, MXFormat
-from .nvfp4 import NVFP4_BLOCK_SIZE, NVFP4Format
+from .nvfp import NVFP_BLOCK_SIZE, NVFPFormat
 from .show import show_value
 
 PASSTHROUGH = ("fp32", "bf16", "fp16")
@@ -111,9 +111,11 @@ _HIFP8 = _Entry(
                       "delayed": {"scale_target": 32768.0, **_DELAYED_DEFAULTS}},
 )
 
-_NVFP4 = _Entry(NVFP4Format, {
-    "block_shape": Option((1, NVFP4_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
-    "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC})
+def _nvfp(name: str, element) -> _Entry:
+    options = {"block_shape": Option((1, NVFP_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
+               "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC}
+    return _Entry(lambda resolved: NVFPFormat(name, element, resolved), options)
+
 
 _REGISTRY: dict[str, _Entry] = {
     "fp32": _cast("fp32", torch.float32, {}),
@@ -127,7 +129,8 @@ _REGISTRY: dict[str, _Entry] = {
     "mxfp6_e3m2": _mx("mxfp6_e3m2", FP6_E3M2),
     "mxfp6_e2m3": _mx("mxfp6_e2m3", FP6_E2M3),
     "mxfp4_e2m1": _mx("mxfp4_e2m1", FP4_E2M1),
-    "nvfp4": _NVFP4,
+    "nvfp4": _nvfp("nvfp4", FP4_E2M1),
+    "nvfp6": _nvfp("nvfp6", FP6_E2M3),
 }
 
 

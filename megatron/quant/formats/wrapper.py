@@ -1,13 +1,13 @@
 """``FormatWrapper``: a ``QuantFormat`` that runs a format another way (compiled, Triton kernels).
 
-Every member of the interface is forwarded to the wrapped format one by one, so a wrapper offers
+Every member of the interface is forwarded to the wrapped format one by one (plain functions, which
+``torch.compile`` traces through), so a wrapper offers
 exactly ``QuantFormat`` (nothing reaches the format's internals through it); subclasses replace the
 methods they run differently. ``dual_axis``, ``serves`` and the composite methods keep the interface's
 defaults, which call this object's own methods.
 """
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Optional
 
 import torch
@@ -23,20 +23,21 @@ class FormatWrapper(QuantFormat):
     def __init__(self, fmt: QuantFormat) -> None:
         self.fmt = fmt
 
-    name = property(attrgetter("fmt.name"))
-    bits = property(attrgetter("fmt.bits"))
-    max_value = property(attrgetter("fmt.max_value"))
-    min_positive = property(attrgetter("fmt.min_positive"))
-    options = property(attrgetter("fmt.options"))
-    rounding = property(attrgetter("fmt.rounding"))
-    scaling = property(attrgetter("fmt.scaling"))
-    needs_tensor_amax = property(attrgetter("fmt.needs_tensor_amax"))
-    transforms_operand = property(attrgetter("fmt.transforms_operand"))
-    block_size = property(attrgetter("fmt.block_size"))
-    block_shape = property(attrgetter("fmt.block_shape"))
-    tiled = property(attrgetter("fmt.tiled"))
-    element = property(attrgetter("fmt.element"))
-    dtype = property(attrgetter("fmt.dtype"))
+    name = property(lambda self: self.fmt.name)
+    bits = property(lambda self: self.fmt.bits)
+    max_value = property(lambda self: self.fmt.max_value)
+    min_positive = property(lambda self: self.fmt.min_positive)
+    options = property(lambda self: self.fmt.options)
+    rounding = property(lambda self: self.fmt.rounding)
+    scaling = property(lambda self: self.fmt.scaling)
+    needs_tensor_amax = property(lambda self: self.fmt.needs_tensor_amax)
+    transforms_operand = property(lambda self: self.fmt.transforms_operand)
+    block_size = property(lambda self: self.fmt.block_size)
+    block_shape = property(lambda self: self.fmt.block_shape)
+    tiled = property(lambda self: self.fmt.tiled)
+    element = property(lambda self: self.fmt.element)
+    dtype = property(lambda self: self.fmt.dtype)
+    kernel_contract = property(lambda self: self.fmt.kernel_contract)
     dual_axis = False
 
     def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,

@@ -1,6 +1,7 @@
-"""Triton kernel of the block-scaled formats: MX (``formats.mx``, every E8M0 scale mode), FP8
-blockwise (``formats.fp8_blocks``, with or without power-of-two scales) and NVFP4
-(``formats.nvfp4``: E4M3 block scales under an FP32 tensor scale, TE's arithmetic);
+"""Triton kernel of the block-scaled formats, by their ``KernelContract``'s block scale: E8M0 (MX,
+``formats.mx``, every scale mode), FP32 (FP8 blockwise, ``formats.fp8_blocks``, with or without
+power-of-two scales) and a grid's value under a tensor scale (NVFP4 and NVFP6, ``formats.nvfp``:
+E4M3 block scales under an FP32 tensor scale, TE's arithmetic);
 blocks along any axis (first, middle, last; a ragged last block counts as shorter) or square
 tiles of the last two dimensions, round to nearest or stochastic. One pass: each program loads whole blocks,
 reduces their amax, and writes the quantized values.
@@ -11,6 +12,7 @@ in a block makes the block NaN, as the torch path does.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -19,16 +21,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from megatron.quant.formats import bits
-from megatron.quant.formats.fp8_blocks import FP8BlockFormat
-from megatron.quant.formats.grid import FP8_E4M3
-from megatron.quant.formats.mx import SCALE_MODES, MXFormat
-from megatron.quant.formats.nvfp4 import NVFP4Format
+from megatron.quant.formats.contract import KernelContract
 
+from . import constants
+from .constants import Layout
 from .elementwise import load, round_grid, store, stored
 from .launch import launch_options, program_elements
 from .noise import global_index, noise_args, uniform
-from .stats import NONE, abs_max_rows, bound_constants, fold_abs_max, stats_rows, write_abs_max, write_stats
+from .stats import NONE, abs_max_rows, fold_abs_max, stats_rows, write_abs_max, write_stats
 
 ELEMENTS_PER_PROGRAM = 1024
 
@@ -42,10 +42,11 @@ def exp2_int(k):
 
 
 @triton.jit
-def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B: tl.constexpr,
-                  SIDE: tl.constexpr, TILED: tl.constexpr):
+def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, LAYOUT: tl.constexpr):
     """(offsets, valid) of a [block position, block] tile: block ids ``c``, positions ``k``."""
-    if TILED:  # c enumerates (matrix, tile row, tile column); k runs row by row through a SIDE x SIDE tile
+    B = LAYOUT.block
+    SIDE = LAYOUT.side
+    if LAYOUT.tiled:  # c enumerates (matrix, tile row, tile column); k runs row by row through a SIDE x SIDE tile
         per_row = (cols + SIDE - 1) // SIDE
         per_matrix = ((rows + SIDE - 1) // SIDE) * per_row
         t = c % per_matrix
@@ -63,17 +64,16 @@ def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B: 
 
 
 @triton.jit
-def mx_scales(amax, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr,
-              MAX_MANTISSA: tl.constexpr):
+def mx_scales(amax, SCALE: tl.constexpr):
     """(encode, decode) powers of two from finite block amaxes (``mx.mx_scale_exponent``)."""
     amax_bits = amax.to(tl.int32, bitcast=True)
-    if SCALE_MODE == 2:  # even: the mantissa rounded to the element's width first (a carry bumps the exponent)
-        amax_bits = amax_bits + HALF_ULP
-    exponent = ((amax_bits >> 23) & 0xFF) - 127 - EMAX
-    if SCALE_MODE == 1:  # ceil
+    if SCALE.scale_mode == 2:  # even: the mantissa rounded to the element's width first (a carry bumps the exponent)
+        amax_bits = amax_bits + SCALE.half_ulp
+    exponent = ((amax_bits >> 23) & 0xFF) - 127 - SCALE.emax
+    if SCALE.scale_mode == 1:  # ceil
         exponent = exponent + ((amax_bits & 0x7FFFFF) != 0).to(tl.int32)
-    elif SCALE_MODE == 3:  # rceil
-        exponent = exponent + ((amax_bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
+    elif SCALE.scale_mode == 3:  # rceil
+        exponent = exponent + ((amax_bits & 0x7FFFFF) > SCALE.max_mantissa).to(tl.int32)
     exponent = tl.minimum(tl.maximum(exponent, -127), 127)
     exponent = tl.where(amax == float("inf"), 127, exponent)  # nonfinite="te": E8M0 0xFE
     return exp2_int(-exponent), exp2_int(exponent)
@@ -103,33 +103,30 @@ def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
 
 
 @triton.jit
-def block_values(x, amax, nonfinite, u, tensor_ptr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr, EMAX: tl.constexpr,
-                 SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
-                 MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
-                 SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
-                 NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+def block_values(x, amax, nonfinite, u, tensor_ptr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+                 STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
     """(x quantized with its blocks' amaxes, the blocks' scales as the torch path returns them):
-    the per-block scale of the format (``KIND`` 0 MX, 1 FP8 blockwise, 2 NVFP4 whose tensor_ptr
-    holds (global encode / 6, global decode)), the elements rounded (``u``: noise), decoded. The
-    scale is what x was divided by, NaN for a block the format turns NaN."""
-    if KIND == 0:
-        encode, decode = mx_scales(amax, EMAX, SCALE_MODE, HALF_ULP, MAX_MANTISSA)
+    the per-block scale by ``SCALE`` (``constants.BlockScale``: E8M0, FP32, or a grid's value under
+    the tensor scale, whose tensor_ptr holds (global encode / element max, global decode)), the
+    elements rounded onto ``ELEMENT`` (``u``: noise), decoded. The scale is what x was divided by,
+    NaN for a block the format turns NaN."""
+    if SCALE.kind == 0:
+        encode, decode = mx_scales(amax, SCALE)
         scale = decode
-    elif KIND == 1:
-        encode, decode = fp8_block_scales(amax, MAX_VALUE, POWER_OF_TWO, VALUE_FOR_INF)
+    elif SCALE.kind == 1:
+        encode, decode = fp8_block_scales(amax, ELEMENT.max_value, SCALE.power_of_two, SCALE.value_for_inf)
         scale = decode
     else:
-        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, 1, 3, E4M3_MIN_FIELD, E4M3_MAX_FIELD, 448.0,
-                            False, False, True, False)  # the block's E4M3 scale, to nearest
+        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, SCALE.grid, False)  # the block's scale, to nearest
         scale = decode * tl.load(tensor_ptr + 1)
         encode = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
     scaled = x * encode
-    if KIND == 2:  # a block whose scale rounded to zero quantizes to zero
+    if SCALE.kind == 2:  # a block whose scale rounded to zero quantizes to zero
         scaled = tl.where(scale == 0.0, 0.0, scaled)
-    y = round_grid(scaled, u, x, 1, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, False, False, True, STOCHASTIC) * decode
-    if KIND == 2 and not SPLIT:
+    y = round_grid(scaled, u, x, ELEMENT, STOCHASTIC) * decode
+    if SCALE.kind == 2 and not SPLIT:
         y = y * tl.load(tensor_ptr + 1)
-    if not NONFINITE_TE:
+    if not SCALE.nonfinite_te:
         y = tl.where(nonfinite, float("nan"), y)
         scale = tl.where(nonfinite, float("nan"), scale)
     return y, scale
@@ -150,43 +147,36 @@ def walsh_hadamard(t, LOG2N: tl.constexpr):
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
 def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
-                  g_after, g_local, g_rank_offset, g_row_stride, B: tl.constexpr, BP: tl.constexpr, SIDE: tl.constexpr,
-                  TILED: tl.constexpr, COLS: tl.constexpr, KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-                  EMAX: tl.constexpr,
-                  SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
-                  MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
-                  SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
-                  NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr, scales_ptr, rows_ptr,
+                  g_after, g_local, g_rank_offset, g_row_stride, LAYOUT: tl.constexpr, ELEMENT: tl.constexpr,
+                  SCALE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr, scales_ptr, rows_ptr,
                   STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
-                  LOG2: tl.constexpr, signs_ptr, HADAMARD: tl.constexpr, NORM: tl.constexpr, INVERSE: tl.constexpr,
-                  AMAX_ONLY: tl.constexpr):
-    """Blocks ``c`` of a program, quantized into out; with ``STATS`` also their scales (one per
-    block, in block order) and the program's row of statistics (``stats.write_stats``).
-    ``HADAMARD`` (log2 of the group size, which is the block size): each block is replaced by its
-    random Hadamard transform (``formats.hadamard``: signs, butterfly, norm) before quantization,
-    and with ``INVERSE`` the quantized block is transformed back before it is stored.
-    ``AMAX_ONLY``: quantize nothing; write the program's (max |x| over non-NaN, NaN count) to rows_ptr
-    (``stats.write_abs_max``: the per-tensor amax of the transformed tensor)."""
-    c = tl.program_id(0).to(tl.int64) * COLS + tl.arange(0, COLS)[None, :]
-    k = tl.arange(0, BP)
-    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, B, SIDE, TILED)
+                  LOG2: tl.constexpr, signs_ptr, RHT: tl.constexpr, AMAX_ONLY: tl.constexpr):
+    """Blocks ``c`` of a program (``LAYOUT``: ``constants.Layout``), quantized into out (``ELEMENT``,
+    ``SCALE``: ``block_values``); with ``STATS`` also their scales (one per block, in block order) and
+    the program's row of statistics (``stats.write_stats``). ``RHT`` (``constants.Rht``; log2 of the
+    group size, which is the block size): each block is replaced by its random Hadamard transform
+    (``formats.hadamard``: signs, butterfly, norm) before quantization, and with ``inverse`` the
+    quantized block is transformed back before it is stored. ``AMAX_ONLY``: quantize nothing; write the
+    program's (max |x| over non-NaN, NaN count) to rows_ptr (``stats.write_abs_max``: the per-tensor
+    amax of the transformed tensor)."""
+    c = tl.program_id(0).to(tl.int64) * LAYOUT.columns + tl.arange(0, LAYOUT.columns)[None, :]
+    k = tl.arange(0, LAYOUT.padded)
+    offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, LAYOUT)
     x = load(x_ptr + offsets, valid)
     xt = x
-    if HADAMARD:
+    if RHT.log2:
         signs = tl.load(signs_ptr + k)[:, None]
-        xt = walsh_hadamard(x * signs, HADAMARD) * NORM
+        xt = walsh_hadamard(x * signs, RHT.log2) * RHT.norm
     if AMAX_ONLY:
         write_abs_max(rows_ptr, xt, valid)
     else:
-        amax, nonfinite = block_amax(xt, 0, NONFINITE_TE)
+        amax, nonfinite = block_amax(xt, 0, SCALE.nonfinite_te)
         u = xt
         if STOCHASTIC:
             u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
-                                MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
-                                STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
-        if INVERSE:
-            y = walsh_hadamard(y, HADAMARD) * NORM * signs
+        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, ELEMENT, SCALE, STOCHASTIC, SPLIT)
+        if RHT.inverse:
+            y = walsh_hadamard(y, RHT.log2) * RHT.norm * signs
         store(out_ptr + offsets, y, valid)
         if STATS:
             tl.store(scales_ptr + c, scale, mask=c < n_blocks_total)
@@ -197,11 +187,7 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
 def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, key0_high, after0, local0, offset0,
                  stride0, key1_low, key1_high, after1, local1, offset1, stride1, B: tl.constexpr, BP: tl.constexpr,
-                 KIND: tl.constexpr, POWER_OF_TWO: tl.constexpr, EMAX: tl.constexpr,
-                 SCALE_MODE: tl.constexpr, HALF_ULP: tl.constexpr, MAX_MANTISSA: tl.constexpr, MBITS: tl.constexpr,
-                 MIN_FIELD: tl.constexpr, MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, STOCHASTIC: tl.constexpr,
-                 SPLIT: tl.constexpr, E4M3_MIN_FIELD: tl.constexpr, E4M3_MAX_FIELD: tl.constexpr,
-                 NONFINITE_TE: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
+                 ELEMENT: tl.constexpr, SCALE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
     """Matrices (rows, cols) quantized along their rows (into out0) and columns (out1) from one read
     of each B x B tile; programs run through the tiles of one matrix, then the next."""
     per_row = (cols + B - 1) // B
@@ -220,76 +206,72 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
     if STOCHASTIC:
         u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
         u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
-    amax, nonfinite = block_amax(x, 0, NONFINITE_TE)
-    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
-                     MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
-                     STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
+    amax, nonfinite = block_amax(x, 0, SCALE.nonfinite_te)
+    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, ELEMENT, SCALE, STOCHASTIC, SPLIT)
     store(out0_ptr + offsets, y, valid)
-    amax, nonfinite = block_amax(x, 1, NONFINITE_TE)
-    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, KIND, POWER_OF_TWO, EMAX, SCALE_MODE, HALF_ULP,
-                     MAX_MANTISSA, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE,
-                     STOCHASTIC, SPLIT, E4M3_MIN_FIELD, E4M3_MAX_FIELD, NONFINITE_TE, VALUE_FOR_INF)
+    amax, nonfinite = block_amax(x, 1, SCALE.nonfinite_te)
+    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, ELEMENT, SCALE, STOCHASTIC, SPLIT)
     store(out1_ptr + offsets, y, valid)
 
 
-def launch_blocks(x, out, fmt, axis: int, noise: tuple, tensor: Optional[Tensor] = None, split: bool = False,
-                  stats: int = NONE, transform: Optional[str] = None) -> Optional[tuple[Tensor, Tensor]]:
-    """Quantize contiguous x with an MX, FP8 block or NVFP4 format (blocks along non-negative
-    ``axis``, or ``fmt``'s tiles) into out. NVFP4: ``tensor`` holds (global encode / 6, global
-    decode) and ``split`` leaves the global decode out of the values. ``stats`` (``stats.COUNTS`` or
-    ``FULL``): also return (the blocks' scales in block order, the programs' rows of statistics).
-    ``transform``: the format's Hadamard transform applied by the kernel (``fuses_transform``), out
-    holding the quantized values in the transformed domain ("forward") or transformed back ("inverse");
-    None: x is quantized as it is."""
-    layout = _layout(x, fmt, axis)
-    programs = triton.cdiv(layout["n_blocks_total"], layout["COLS"])
-    scales, stats_out = ((torch.empty(layout["n_blocks_total"], dtype=torch.float32, device=x.device),
+def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, tensor: Optional[Tensor] = None,
+                  split: bool = False, stats: int = NONE, transform: Optional[str] = None
+                  ) -> Optional[tuple[Tensor, Tensor]]:
+    """Quantize contiguous x with a block format's ``contract`` (blocks along non-negative ``axis``,
+    or its tiles) into out. With a tensor scale (NVFP): ``tensor`` holds (global encode / element
+    max, global decode) and ``split`` leaves the global decode out of the values. ``stats``
+    (``stats.COUNTS`` or ``FULL``): also return (the blocks' scales in block order, the programs' rows
+    of statistics). ``transform``: the contract's Hadamard transform applied by the kernel
+    (``fused_transform``), out holding the quantized values in the transformed domain ("forward") or
+    transformed back ("inverse"); None: x is quantized as it is."""
+    shape, layout = block_walk(x, contract, axis)
+    programs = triton.cdiv(shape[0], layout.columns)
+    scales, stats_out = ((torch.empty(shape[0], dtype=torch.float32, device=x.device),
                           stats_rows(programs, stats, x.device)) if stats else (x, x))
     _block_kernel[(programs,)](
-        x, out, x if tensor is None else tensor, *_layout_args(layout), *noise, **_layout_constants(layout),
-        **_format_constants(fmt, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
-        **bound_constants(fmt), WIDTH=stats_out.shape[-1] if stats else 0,
-        LOG2=(layout["BP"] * layout["COLS"]).bit_length() - 1, **_transform_args(fmt, x, transform),
-        AMAX_ONLY=False, **launch_options(layout["BP"] * layout["COLS"]))
+        x, out, x if tensor is None else tensor, *shape, *noise, LAYOUT=layout,
+        **_format_constants(contract, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
+        **constants.stats_bound(contract), WIDTH=stats_out.shape[-1] if stats else 0,
+        LOG2=(layout.padded * layout.columns).bit_length() - 1, **_transform_args(contract, x, transform),
+        AMAX_ONLY=False, **launch_options(layout.padded * layout.columns))
     return (scales, stats_out) if stats else None
 
 
-def transformed_abs_max(x, fmt, axis: int, skip_nan: bool) -> Tensor:
-    """``amax.abs_max`` (the same rows: ``stats.write_abs_max``) of the format's Hadamard transform of
+def transformed_abs_max(x, contract: KernelContract, axis: int) -> Tensor:
+    """``amax.abs_max`` (the same rows: ``stats.write_abs_max``) of the contract's Hadamard transform of
     contiguous x, in one read of x (the transform is applied in the kernel, never stored): the
-    float32 0-d amax ``fmt.amax_of`` gives."""
-    layout = _layout(x, fmt, axis)
-    programs = triton.cdiv(layout["n_blocks_total"], layout["COLS"])
+    float32 0-d amax the format's ``amax_of`` gives."""
+    shape, layout = block_walk(x, contract, axis)
+    programs = triton.cdiv(shape[0], layout.columns)
     rows = abs_max_rows(programs, x.device)
     _block_kernel[(programs,)](
-        x, x, x, *_layout_args(layout), *noise_args(None, tuple(x.shape)), **_layout_constants(layout),
-        **_format_constants(fmt, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE, **bound_constants(fmt),
-        WIDTH=0, LOG2=0, **_transform_args(fmt, x, "forward"), AMAX_ONLY=True,
-        **launch_options(layout["BP"] * layout["COLS"]))
-    return fold_abs_max(rows, skip_nan).to(torch.float32)
+        x, x, x, *shape, *noise_args(None, tuple(x.shape)), LAYOUT=layout,
+        **_format_constants(contract, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE,
+        **constants.stats_bound(contract), WIDTH=0, LOG2=0, **_transform_args(contract, x, "forward"),
+        AMAX_ONLY=True, **launch_options(layout.padded * layout.columns))
+    return fold_abs_max(rows, contract.nonfinite_te).to(torch.float32)
 
 
-def fuses_transform(fmt) -> bool:
-    """True when the block kernel applies ``fmt``'s Hadamard transform itself: its groups are its
-    blocks along an axis (te-nvfp4's 16, MX's 32)."""
-    return (isinstance(fmt, (MXFormat, NVFP4Format, FP8BlockFormat)) and fmt.transforms_operand and not fmt.tiled
-            and fmt.hadamard.size == fmt.block_size)
+def _transform_args(contract: KernelContract, x, transform: Optional[str]) -> dict:
+    signs = x if transform is None else _signs_on(contract.transform.signs, x.device)
+    return dict(signs_ptr=signs, RHT=constants.rht(contract, transform))
 
 
-def _transform_args(fmt, x, transform: Optional[str]) -> dict:
-    if transform is None:
-        return dict(signs_ptr=x, HADAMARD=0, NORM=1.0, INVERSE=False)
-    hadamard = fmt.hadamard
-    return dict(signs_ptr=hadamard.signs_on(x.device), HADAMARD=hadamard.size.bit_length() - 1, NORM=hadamard.norm,
-                INVERSE=transform == "inverse")
+@functools.lru_cache(maxsize=None)
+def _signs_on(signs: tuple[int, ...], device: torch.device) -> Tensor:
+    """The RHT's signs on ``device``, copied there once: a host-to-device copy per launch waits for the
+    device (a stream sync) and stalls the launches queued behind it."""
+    return torch.tensor(signs, dtype=torch.float32, device=device)
 
 
-def _layout(x, fmt, axis: int) -> dict:
-    """How ``_block_kernel`` walks x's blocks: its shape arguments and tile constants."""
-    size = fmt.block_size
-    if fmt.tiled:
+def block_walk(x, contract: KernelContract, axis: int) -> tuple[tuple[int, ...], Layout]:
+    """How ``_block_kernel`` walks x's blocks: its shape arguments (blocks in all, length, after,
+    blocks along the axis, rows, cols) and its ``Layout``."""
+    size = contract.block_size
+    if contract.tiled:
         if x.dim() < 2:
-            raise ValueError(f"{fmt.name}: block_shape={fmt.block_shape} needs a tensor with at least two dimensions")
+            raise ValueError(f"{contract.name}: block_shape={contract.block_shape} needs a tensor with at least "
+                             f"two dimensions")
         rows, cols = x.shape[-2], x.shape[-1]
         total = (x.numel() // (rows * cols)) * triton.cdiv(rows, size) * triton.cdiv(cols, size)
         length = after = n_blocks = 1
@@ -301,52 +283,34 @@ def _layout(x, fmt, axis: int) -> dict:
         rows = cols = 1
         block = size
     padded = triton.next_power_of_2(block)
-    return dict(n_blocks_total=total, length=length, after=after, n_blocks=n_blocks, rows=rows, cols=cols, B=block,
-                BP=padded, SIDE=size, TILED=fmt.tiled, COLS=max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded))
+    columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
+    return (total, length, after, n_blocks, rows, cols), Layout(block, padded, size, contract.tiled, columns)
 
 
-def _layout_args(layout: dict) -> tuple:
-    return tuple(layout[key] for key in ("n_blocks_total", "length", "after", "n_blocks", "rows", "cols"))
-
-
-def _layout_constants(layout: dict) -> dict:
-    return {key: layout[key] for key in ("B", "BP", "SIDE", "TILED", "COLS")}
-
-
-def scale_layout(fmt, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+def scale_layout(contract: KernelContract, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
     """The shape of the per-block scales ``launch_blocks`` returns, in block order: the format's own
     layout (``formats.blocks``: the block dimension kept as 1 after the block index)."""
-    size = fmt.block_size
-    if fmt.tiled:
+    size = contract.block_size
+    if contract.tiled:
         return (*shape[:-2], triton.cdiv(shape[-2], size), triton.cdiv(shape[-1], size), 1)
     return (*shape[:axis], triton.cdiv(shape[axis], size), 1, *shape[axis + 1:])
 
 
-def launch_dual(x, out0, out1, fmt, noises: tuple[tuple, tuple], tensor: Optional[Tensor] = None,
+def launch_dual(x, out0, out1, contract: KernelContract, noises: tuple[tuple, tuple], tensor: Optional[Tensor] = None,
                 split: bool = False) -> None:
     """Quantize a contiguous x (a matrix, or a batch of them in its last two dimensions) with a block
     format along axis -2 into out0 and along axis -1 into out1, reading x once (``noises``: the two
     quantizations' noise arguments)."""
     rows, cols = x.shape[-2:]
-    size = fmt.block_size
+    size = contract.block_size
     matrices = x.numel() // (rows * cols)
     _dual_kernel[(matrices * triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
         x, out0, out1, x if tensor is None else tensor, rows, cols, *noises[0], *noises[1], B=size,
-        BP=triton.next_power_of_2(size), **_format_constants(fmt, x.dtype, split),
+        BP=triton.next_power_of_2(size), **_format_constants(contract, x.dtype, split),
         **launch_options(triton.next_power_of_2(size) ** 2))
 
 
-def _format_constants(fmt, dtype, split: bool) -> dict:
-    """The constexpr arguments of ``block_values`` for ``fmt`` and inputs of ``dtype``."""
-    element = fmt.element
-    mx = isinstance(fmt, MXFormat)
-    return dict(
-        KIND=0 if mx else 2 if isinstance(fmt, NVFP4Format) else 1,
-        POWER_OF_TWO=bool(fmt.options.get("power_of_two_scales")),
-        EMAX=element.max_exponent, SCALE_MODE=SCALE_MODES.index(fmt.options["scale_mode"]) if mx else 0,
-        HALF_ULP=1 << (bits.MANTISSA_BITS - element.mbits - 1), MAX_MANTISSA=bits.mantissa_of(element.max_value),
-        MBITS=element.mbits, MIN_FIELD=(element.min_exponent + 127) << 23,
-        MAX_FIELD=(element.max_exponent + 127) << 23, MAX_VALUE=float(element.max_value),
-        STOCHASTIC=fmt.rounding == "stochastic", SPLIT=split, E4M3_MIN_FIELD=(FP8_E4M3.min_exponent + 127) << 23,
-        E4M3_MAX_FIELD=(FP8_E4M3.max_exponent + 127) << 23, NONFINITE_TE=fmt.options.get("nonfinite") == "te",
-        VALUE_FOR_INF=float(torch.finfo(dtype).max))  # TE's block kernels: the input dtype's max
+def _format_constants(contract: KernelContract, dtype, split: bool) -> dict:
+    """The format's constexpr arguments of ``block_values`` for inputs of ``dtype``."""
+    return dict(ELEMENT=constants.element_grid(contract), SCALE=constants.block_scale(contract, dtype),
+                STOCHASTIC=contract.rounding == "stochastic", SPLIT=split)

@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from megatron.quant.formats.grid import Minifloat
-from megatron.quant.formats.hifloat8 import HiFloat8Grid
+from megatron.quant.formats.contract import KernelContract
 
+from . import constants
 from .launch import launch_options, program_elements
 from .noise import global_index, uniform
 from .stats import NONE, stats_rows, write_abs_max, write_stats
@@ -48,13 +48,11 @@ def round_integer(a, u, signs, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
 
 
 @triton.jit
-def round_grid(x, u, signs, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
-               MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
-               HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr):
+def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
     """float32 x rounded onto a grid (``ElementGrid.round_``, ``signs`` as there), or to bfloat16
-    (``_round_bf16``)."""
+    (``_round_bf16``); ``GRID``: ``constants.Grid``."""
     xbits = x.to(tl.int32, bitcast=True)
-    if GRID == 0:  # bf16: round the float32 bit pattern at bit 16
+    if GRID.kind == 0:  # bf16: round the float32 bit pattern at bit 16
         if STOCHASTIC:
             added = (u * 65536.0).to(tl.int32)
         else:
@@ -62,32 +60,31 @@ def round_grid(x, u, signs, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: 
         y = ((xbits + added) & -65536).to(tl.float32, bitcast=True)
         return tl.where(x != x, x, y)
     field = xbits & 0x7F800000
-    if GRID == 2:  # HiF8: q = e - 3 + [|e| >= 4] + [|e| >= 8] + [|e| >= 16], e clamped to [-22, 15]
+    if GRID.kind == 2:  # HiF8: q = e - 3 + [|e| >= 4] + [|e| >= 8] + [|e| >= 16], e clamped to [-22, 15]
         e = tl.minimum(tl.maximum((field >> 23) - 127, -22), 15)
         t = tl.abs(e)
         c = (t >= 4).to(tl.int32) + (t >= 8).to(tl.int32) + (t >= 16).to(tl.int32)
         field = (e + c + 124) << 23
     else:
-        field = tl.minimum(tl.maximum(field, MIN_FIELD), MAX_FIELD) - (MBITS << 23)
+        field = tl.minimum(tl.maximum(field, GRID.min_field), GRID.max_field) - (GRID.mbits << 23)
     inverse = ((254 << 23) - field).to(tl.float32, bitcast=True)
-    r = round_integer(x * inverse, u, signs, STOCHASTIC, GRID == 2)
+    r = round_integer(x * inverse, u, signs, STOCHASTIC, GRID.kind == 2)
     y = r * field.to(tl.float32, bitcast=True)
-    if OVERFLOW_INF and HAS_INF:
-        y = tl.where(y > MAX_VALUE, float("inf"), tl.where(y < -MAX_VALUE, float("-inf"), y))
-    elif OVERFLOW_INF:  # no Inf in the format: beyond max is NaN
-        y = tl.where((y > MAX_VALUE) | (y < -MAX_VALUE), float("nan"), y)
+    top = GRID.max_value
+    if GRID.overflow_inf and GRID.has_inf:
+        y = tl.where(y > top, float("inf"), tl.where(y < -top, float("-inf"), y))
+    elif GRID.overflow_inf:  # no Inf in the format: beyond max is NaN
+        y = tl.where((y > top) | (y < -top), float("nan"), y)
     else:
-        y = tl.where(y > MAX_VALUE, MAX_VALUE, tl.where(y < -MAX_VALUE, -MAX_VALUE, y))
-    if not SIGNED_ZERO:
+        y = tl.where(y > top, top, tl.where(y < -top, -top, y))
+    if not GRID.signed_zero:
         y = tl.where(y == 0.0, 0.0, y)
     return y
 
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
 def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_high, after, local, rank_offset,
-                        row_stride, GRID: tl.constexpr, MBITS: tl.constexpr, MIN_FIELD: tl.constexpr,
-                        MAX_FIELD: tl.constexpr, MAX_VALUE: tl.constexpr, OVERFLOW_INF: tl.constexpr,
-                        HAS_INF: tl.constexpr, SIGNED_ZERO: tl.constexpr, STOCHASTIC: tl.constexpr,
+                        row_stride, GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
                         STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
                         LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr):
@@ -103,8 +100,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
     scaled = x
     if SCALED:
         scaled = x * tl.load(encode_ptr)
-    y = round_grid(scaled, u, scaled, GRID, MBITS, MIN_FIELD, MAX_FIELD, MAX_VALUE, OVERFLOW_INF, HAS_INF,
-                   SIGNED_ZERO, STOCHASTIC)
+    y = round_grid(scaled, u, scaled, GRID, STOCHASTIC)
     if DECODE:
         y = y * tl.load(decode_ptr)
     store(out_ptr + offsets, y, mask)
@@ -152,37 +148,21 @@ def stored(y, pointers):
     return y.to(pointers.dtype.element_ty).to(tl.float32)
 
 
-def grid_constants(grid, overflow: str) -> dict:
-    """The constexpr arguments of ``round_grid`` for a ``formats.grid`` grid (None: bf16)."""
-    if grid is None:
-        return dict(GRID=0, MBITS=0, MIN_FIELD=0, MAX_FIELD=0, MAX_VALUE=0.0, OVERFLOW_INF=False, HAS_INF=True,
-                    SIGNED_ZERO=True)
-    if isinstance(grid, HiFloat8Grid):
-        kind, mbits, low, high = 2, 0, 0, 0
-    elif isinstance(grid, Minifloat):
-        kind, mbits = 1, grid.mbits
-        low, high = (grid.min_exponent + 127) << 23, (grid.max_exponent + 127) << 23
-    else:
-        raise ValueError(f"{grid.name}: no Triton rounding for this grid")
-    return dict(GRID=kind, MBITS=mbits, MIN_FIELD=low, MAX_FIELD=high, MAX_VALUE=float(grid.max_value),
-                OVERFLOW_INF=overflow == "inf", HAS_INF=grid.has_inf, SIGNED_ZERO=grid.signed_zero)
-
-
-def launch(x, out, encode, decode, noise: tuple, constants: dict, stochastic: bool, stats: int = NONE,
-           bounds: Optional[dict] = None, amax_rows: Optional[Tensor] = None) -> Optional[Tensor]:
-    """Run the elementwise kernel over contiguous x into out; ``encode``/``decode``: 0-d float32
-    device tensors or None (unscaled; decode None also for the split GEMM operand). ``stats``
-    (``stats.COUNTS`` or ``FULL``, with the format's ``stats.bound_constants`` as ``bounds``): also
-    return the programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``):
-    filled with x's amax rows too."""
+def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats: int = NONE,
+           amax_rows: Optional[Tensor] = None) -> Optional[Tensor]:
+    """Run the elementwise kernel over contiguous x into out, rounding by an elementwise format's
+    ``contract``; ``encode``/``decode``: 0-d float32 device tensors or None (unscaled; decode None
+    also for the split GEMM operand). ``stats`` (``stats.COUNTS`` or ``FULL``): also return the
+    programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``): filled
+    with x's amax rows too."""
     n = x.numel()
     scaled, dec = encode is not None, decode is not None
     block = program_elements(BLOCK)
     rows = stats_rows(programs(x), stats, x.device) if stats else x
     _elementwise_kernel[(programs(x),)](
-        x, out, encode if scaled else x, decode if dec else x, n, *noise, **constants, STOCHASTIC=stochastic,
-        SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows, STATS=stats,
-        **(bounds or dict(BOUND=0.0, INCLUSIVE=False)), WIDTH=rows.shape[-1] if stats else 0,
+        x, out, encode if scaled else x, decode if dec else x, n, *noise, GRID=constants.element_grid(contract),
+        STOCHASTIC=contract.rounding == "stochastic", SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows,
+        STATS=stats, **constants.stats_bound(contract), WIDTH=rows.shape[-1] if stats else 0,
         LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
         AMAX_OUT=amax_rows is not None, **launch_options(block))
     return rows if stats else None

@@ -22,13 +22,7 @@ import os
 import sys
 from typing import Literal, Mapping, Optional, get_args
 
-import torch
-
 from megatron.quant.formats.base import NumericFormat
-from megatron.quant.formats.elementwise import CastFormat, ElementwiseFormat
-from megatron.quant.formats.fp8_blocks import FP8BlockFormat
-from megatron.quant.formats.mx import MXFormat
-from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.show import show_value
 
 from .launch import interpreting
@@ -90,9 +84,8 @@ def triton_available() -> bool:
 
 
 def supported(fmt: NumericFormat) -> bool:
-    """True when a Triton kernel quantizes ``fmt`` (every option of it)."""
-    kernels = (CastFormat, ElementwiseFormat, MXFormat, FP8BlockFormat, NVFP4Format)
-    return isinstance(fmt, kernels) and fmt.dtype != torch.float32
+    """True when a Triton kernel quantizes ``fmt`` (every option of it): the format declares a ``kernel_contract``."""
+    return fmt.kernel_contract is not None
 
 
 def plan(fmt: NumericFormat, compile: bool, chosen: Backend, cuda: bool) -> KernelPath:

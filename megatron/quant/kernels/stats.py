@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from megatron.quant.formats.saturation import overflow_bound
 from megatron.quant.stats import packing
 
 NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for
@@ -153,12 +152,6 @@ def stats_rows(programs: int, stats: int, device: torch.device) -> Tensor:
     """The kernel's output rows for ``programs`` programs asked for ``stats`` (COUNTS or FULL)."""
     return torch.empty((programs, packing.WIDTH if stats == FULL else packing.COUNTS_WIDTH), dtype=torch.float64,
                        device=device)
-
-
-def bound_constants(fmt) -> dict:
-    """The overflow constexpr arguments of ``write_stats`` for ``fmt``."""
-    bound, inclusive = overflow_bound(fmt)
-    return dict(BOUND=float(bound), INCLUSIVE=bool(inclusive))
 
 
 @triton.jit

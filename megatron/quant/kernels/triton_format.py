@@ -10,37 +10,33 @@ import torch
 from torch import Tensor
 
 from megatron.quant.formats.base import SUPPORTED_DTYPES, NumericFormat, check_input, encode_scale, normalize_axis
-from megatron.quant.formats.elementwise import CastFormat
-from megatron.quant.formats.fp8_blocks import FP8BlockFormat
-from megatron.quant.formats.grid import FP8_E4M3, FP16
+from megatron.quant.formats.contract import KernelContract
 from megatron.quant.formats.interface import QuantFormat
-from megatron.quant.formats.mx import MXFormat
-from megatron.quant.formats.nvfp4 import NVFP4Format
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.formats.wrapper import FormatWrapper
 from megatron.quant.stats import packing
 
-from . import blocks, elementwise
-from .amax import abs_max as one_read_abs_max
+from . import blocks, ops
 from .launch import interpreting
 from .noise import noise_args
+from .ops import abs_max as one_read_abs_max
 from .select import supported
-from .stats import COUNTS, FULL, NONE, abs_max_rows, bound_constants, fold_abs_max
-
-BLOCK_FORMATS = (MXFormat, FP8BlockFormat, NVFP4Format)
+from .stats import COUNTS, FULL, NONE, fold_abs_max
 
 
 class TritonFormat(FormatWrapper):
     """``fmt`` with Triton kernels for the tensors they serve; ``fallback`` (``fmt`` or its
-    ``CompiledFormat``) for the others."""
+    ``CompiledFormat``) for the others. The kernels read the format's ``kernel_contract`` alone."""
 
-    fmt: NumericFormat  # the kernels read its grid, scales and transform
+    fmt: NumericFormat  # its torch path: transforms the kernels do not apply, the scales' layout, the noise seed
 
     def __init__(self, fmt: NumericFormat, fallback: QuantFormat) -> None:
         if not supported(fmt):
             raise ValueError(f"{fmt.name}: no Triton kernel for {fmt!r}")
         super().__init__(fmt)
         self.fallback = fallback
+        self.contract: KernelContract = fmt.kernel_contract
+        self._contract_json = self.contract.to_json()  # how the operators (``ops``) take it
 
     def serves(self, x: Tensor, generator: Optional[torch.Generator] = None) -> bool:
         """True when the kernels quantize x (generator-drawn noise stays with the torch path)."""
@@ -48,7 +44,7 @@ class TritonFormat(FormatWrapper):
                 and (x.is_cuda or (x.device.type == "cpu" and interpreting())) and not self._identity(x))
 
     def _identity(self, x: Tensor) -> bool:
-        return isinstance(self.fmt, CastFormat) and x.dtype == self.fmt.dtype
+        return x.dtype == self.contract.unchanged_dtype
 
     def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                  noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
@@ -76,7 +72,7 @@ class TritonFormat(FormatWrapper):
         if not self.serves(x, generator):
             return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
         check_input(self.name, x)
-        q, _, (scale, rows) = self._kernel(x, axis, amax, noise, split=False, back=True,
+        q, _, (scale, rows), _ = self._kernel(x, axis, amax, noise, split=False, back=True,
                                            stats=FULL if full else COUNTS)
         packed = packing.combine(rows) if self._sees_operand else None
         return q, fmt._scale_like_input(scale, x, axis), packed
@@ -91,7 +87,7 @@ class TritonFormat(FormatWrapper):
         if not (fmt.needs_tensor_amax or fmt.transforms_operand):
             return self.quantize(x, axis, amax, noise=noise), None
         check_input(self.name, x)
-        q, tensor_scale, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
+        q, tensor_scale, _, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
         return q, tensor_scale if fmt.needs_tensor_amax else None
 
     def quantize_for_gemm_with_amax(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
@@ -102,11 +98,10 @@ class TritonFormat(FormatWrapper):
         in the same read."""
         fmt = self.fmt
         if not (self.serves(x) and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
-                and not isinstance(fmt, BLOCK_FORMATS)):
+                and not self.contract.blocked):
             return super().quantize_for_gemm_with_amax(x, axis, amax, noise=noise)
         check_input(self.name, x)
-        rows = abs_max_rows(elementwise.programs(x), x.device)
-        q, decode, _ = self._kernel(x, axis, amax, noise, split=True, back=False, amax_rows=rows)
+        q, decode, _, rows = self._kernel(x, axis, amax, noise, split=True, back=False, take_amax=True)
         return q, decode, fold_abs_max(rows, self._skips_nan).to(x.dtype)
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
@@ -120,22 +115,22 @@ class TritonFormat(FormatWrapper):
 
     def _abs_max(self, x: Tensor) -> Tensor:
         """The format's ``_abs_max`` of a tensor the kernels serve (NaN skipped under nonfinite='te')."""
-        return one_read_abs_max(x, skip_nan=self._skips_nan)
+        return one_read_abs_max(x.contiguous(), self._skips_nan)
 
     def _transformed_abs_max(self, x: Tensor, axis: int) -> Tensor:
         fmt = self.fmt
         axis = normalize_axis(fmt.name, axis, x.dim())
         fmt.hadamard.check(x.shape[axis], axis, fmt.name)
-        return blocks.transformed_abs_max(x.contiguous(), fmt, axis, self._skips_nan)
+        return ops.transformed_abs_max(x.contiguous(), self._contract_json, axis)
 
     @property
     def _skips_nan(self) -> bool:
-        return self.fmt.options.get("nonfinite") == "te"
+        return self.contract.nonfinite_te
 
     @property
     def _fused_transform(self) -> bool:
-        """True when the kernel applies the format's Hadamard transform itself (``blocks.fuses_transform``)."""
-        return self.fmt.transforms_operand and blocks.fuses_transform(self.fmt)
+        """True when the kernel applies the format's Hadamard transform itself (``KernelContract.fused_transform``)."""
+        return self.contract.fused_transform
 
     @property
     def _sees_operand(self) -> bool:
@@ -144,10 +139,8 @@ class TritonFormat(FormatWrapper):
 
     @property
     def dual_axis(self) -> bool:
-        """True when one kernel quantizes a tensor along both of its last two axes (blocks along an
-        axis, no transform: the blocks of both axes are in every tile)."""
-        fmt = self.fmt
-        return isinstance(fmt, BLOCK_FORMATS) and not fmt.tiled and not fmt.transforms_operand
+        """True when one kernel quantizes a tensor along both of its last two axes (``KernelContract.dual_axis``)."""
+        return self.contract.dual_axis
 
     def quantize_for_gemm_both(self, x: Tensor, amax: Optional[Tensor] = None, *,
                                noises: tuple[Optional[RandomBits], Optional[RandomBits]] = (None, None)
@@ -162,64 +155,58 @@ class TritonFormat(FormatWrapper):
         stochastic = fmt.rounding == "stochastic"
         args = tuple(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
                      for noise in noises)
-        out0, out1 = torch.empty_like(x), torch.empty_like(x)
-        tensor, decode = self._nvfp4_tensor_scale(x, amax)
-        blocks.launch_dual(x, out0, out1, fmt, args, tensor, split=fmt.needs_tensor_amax)
+        tensor, decode = self._block_tensor_scale(x, amax)
+        out0, out1 = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
+                                                   fmt.needs_tensor_amax)
         return (out0, decode), (out1, decode)
 
-    def _nvfp4_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
-        """NVFP4's FP32 tensor scale as ``NVFP4Format`` computes it (x in the quantization domain, or
-        ``amax`` of it): (global encode / 6 and global decode for the kernel, global decode); (None,
-        None) for other formats."""
-        fmt = self.fmt
-        if not isinstance(fmt, NVFP4Format):
+    def _block_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        """A block format's FP32 tensor scale (NVFP) as the format computes it (x in the quantization
+        domain, or ``amax`` of it): (global encode / element max and global decode for the kernel,
+        global decode); (None, None) where the contract has none."""
+        contract = self.contract
+        if contract.tensor_scale is None:
             return None, None
         amax = self._abs_max(x) if amax is None else amax
-        encode = encode_scale(amax, FP8_E4M3.max_value * fmt.element.max_value)
+        encode = encode_scale(amax, contract.tensor_scale.target)
         decode = 1 / encode
-        return torch.stack([encode * (1 / fmt.element.max_value), decode]).to(torch.float32), decode
+        return torch.stack([encode * (1 / contract.element.max_value), decode]).to(torch.float32), decode
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
-                back: bool, stats: int = NONE, amax_rows: Optional[Tensor] = None
-                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+                back: bool, stats: int = NONE, take_amax: bool = False
+                ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]], Optional[Tensor]]:
         """(x quantized, the per-tensor decode factor or None, with ``stats`` (``COUNTS`` or ``FULL``):
-        (the scale in the format's own layout, the programs' rows of statistics)). With a Hadamard
-        transform the values are in the transformed domain, or with ``back`` transformed back to x's;
-        in x's dtype either way. ``split``: leave the decode factor out of the values. ``amax_rows``
-        (elementwise formats): filled with x's amax rows in the same pass."""
-        fmt = self.fmt
+        (the scale in the format's own layout, the programs' rows of statistics), with ``take_amax``
+        (elementwise formats): x's amax rows from the same pass). With a Hadamard transform the values
+        are in the transformed domain, or with ``back`` transformed back to x's; in x's dtype either
+        way. ``split``: leave the decode factor out of the values."""
+        fmt, contract = self.fmt, self.contract
         stochastic = fmt.rounding == "stochastic"
-        noise = noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
+        noise = list(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape)))
         fused = self._fused_transform
-        xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis)
+        xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis).contiguous()
         inverse = back and fmt.transforms_operand and not fused  # in torch, after the kernel
-        out = torch.empty(xt.shape, dtype=torch.float32 if inverse else x.dtype, device=x.device)
-        if isinstance(fmt, BLOCK_FORMATS):
+        out_dtype = torch.float32 if inverse else x.dtype
+        if contract.blocked:
             axis = normalize_axis(fmt.name, axis, x.dim())
             if fused:
                 fmt.hadamard.check(x.shape[axis], axis, fmt.name)
-            if amax is None and fused and isinstance(fmt, NVFP4Format):
+            if amax is None and fused and contract.tensor_scale is not None:
                 amax = self._transformed_abs_max(x, axis)
-            tensor, decode = self._nvfp4_tensor_scale(xt, amax)
-            captured = blocks.launch_blocks(xt, out, fmt, axis, noise, tensor, split, stats,
-                                            ("inverse" if back else "forward") if fused else None)
-            if captured is not None:
-                captured = (captured[0].view(blocks.scale_layout(fmt, x.shape, axis)), captured[1])
-            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured
+            tensor, decode = self._block_tensor_scale(xt, amax)
+            out, scales, rows = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
+                                                    ("inverse" if back else "forward") if fused else None, out_dtype)
+            captured = (scales.view(blocks.scale_layout(contract, x.shape, axis)), rows) if stats else None
+            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
         encode = decode = None
-        if fmt.needs_tensor_amax:
+        if contract.tensor_scale is not None:
             amax = self._abs_max(xt) if amax is None else amax
-            encode = encode_scale(amax, fmt.scale_target, bool(fmt.options.get("power_of_two_scales")))
+            encode = encode_scale(amax, contract.tensor_scale.target, contract.tensor_scale.power_of_two)
             decode = 1 / encode
-        if isinstance(fmt, CastFormat):
-            grid, overflow = (None, "saturate") if fmt.dtype == torch.bfloat16 else (FP16, "inf")
-        else:
-            grid, overflow = fmt.element, fmt.options["overflow"]
-        rows = elementwise.launch(xt, out, encode, None if split else decode, noise,
-                                  elementwise.grid_constants(grid, overflow), stochastic, stats,
-                                  bound_constants(fmt), amax_rows)
+        out, rows, amax_rows = ops.quantize_elementwise(xt, encode, None if split else decode, noise,
+                                                        self._contract_json, out_dtype, stats, take_amax)
         out = fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out
         if not stats:
-            return out, decode, None
+            return out, decode, None, amax_rows if take_amax else None
         scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode
-        return out, decode, (scale, rows)
+        return out, decode, (scale, rows), amax_rows if take_amax else None

@@ -48,6 +48,7 @@ from megatron.quant.layers.bmm_function import (
     QuantBmmFunction,
     recompute_backward,
 )
+from megatron.quant.layers.delayed import HISTORIES, amax_reduction_group
 from megatron.quant.layers.histories import attach_histories
 from megatron.quant.layers.operand import (
     NoiseScope,
@@ -57,7 +58,6 @@ from megatron.quant.layers.operand import (
     noise_scope,
     quantize_operand,
 )
-from megatron.quant.recipes.delayed import HISTORIES, amax_reduction_group
 from megatron.quant.recipes.operands import PV_OPERANDS, QK_OPERANDS
 from megatron.quant.tensor_saver import CaptureSite
 

@@ -1,6 +1,6 @@
 """Delayed scaling's state on a layer: a fresh ``AmaxHistory`` for every delayed-scaled operand spec,
 registered on the module (``amax_histories``) so it is in the state dict and in checkpoints
-(``recipes.delayed`` holds the scaling rule and the history module).
+(``delayed`` holds the scaling rule and the history module).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.quant.recipes.delayed import HISTORIES, AmaxHistory, is_delayed
+from megatron.quant.layers.delayed import HISTORIES, AmaxHistory, is_delayed
 from megatron.quant.recipes.operands import OperandSpec
 
 

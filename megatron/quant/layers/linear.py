@@ -13,12 +13,12 @@ import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.layers.delayed import amax_reduction_group
 from megatron.quant.layers.histories import attach_histories
 from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
 from megatron.quant.layers.operand import module_noise_root
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 from megatron.quant.recipes import operands
-from megatron.quant.recipes.delayed import amax_reduction_group
 from megatron.quant.recipes.operands import Parallel
 from megatron.quant.tensor_saver import CaptureSite
 

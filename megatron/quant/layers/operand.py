@@ -18,7 +18,7 @@ from torch import Tensor
 from megatron.quant import position, tensor_saver
 from megatron.quant.formats.random_bits import RandomBits, Shard
 from megatron.quant.layers import recompute
-from megatron.quant.recipes.delayed import is_delayed
+from megatron.quant.layers.delayed import is_delayed
 from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.tensor_saver import CaptureSite, Operand
 

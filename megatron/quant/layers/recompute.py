@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant import position
-from megatron.quant.recipes.delayed import AmaxHistory
+from megatron.quant.layers.delayed import AmaxHistory
 
 
 class _Checkpointed:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 if TYPE_CHECKING:
+    import torch
+
     from megatron.quant.formats.interface import QuantFormat
-    from megatron.quant.recipes.delayed import AmaxHistory
 
 Parallel = Literal["column", "row"]
 """How tensor parallelism splits a linear layer's weight: ``"column"`` along out_features
@@ -109,7 +110,9 @@ class OperandSpec:
     name: str = ""  # recipe operand key ("fprop.input", ...): names its stochastic-rounding stream
     shard_dim: Optional[int] = None  # the dimension split across TP ranks; None: the same on every rank
     shard_groups: int = 1  # runs along shard_dim split separately (SwiGLU's fused [gate; up] in fc1)
-    history: Optional["AmaxHistory"] = None  # the layer's amax history for a delayed-scaled format
+    # The layer's amax history for a delayed-scaled format: a ``layers.delayed.AmaxHistory``, typed by its
+    # base class here (the layers are above the recipes).
+    history: Optional["torch.nn.Module"] = None
 
     @property
     def stochastic(self) -> bool:

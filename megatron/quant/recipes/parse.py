@@ -1,10 +1,15 @@
-"""Reading a recipe: YAML/JSON loading (bounded against alias bombs), the schema's keys, and the
-checks that turn each value into a ``FormatChoice`` or ``Rule`` or refuse it with a ``RecipeError``
-naming where it came from.
+"""Reading a recipe, in one direction: the environment (``env_sources``), a file (``read_file``:
+YAML/JSON, bounded against alias bombs) and a dict (``recipe_fields``) become the fields of a
+``QuantRecipe``, every value checked into a ``FormatChoice`` or ``Rule`` or refused with a
+``RecipeError`` naming where it came from. ``recipe`` builds the recipe from those fields and
+never calls back.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
@@ -12,8 +17,9 @@ from megatron.quant import formats, kernels
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value, unknown_variables
+from megatron.quant.recipes.names import NAME_RULE, name_problem
 from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
-from megatron.quant.recipes.rules import DEFAULT_SCOPE, FormatChoice, Rule
+from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
 from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, parse_selectors
@@ -246,3 +252,82 @@ def default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
     return fmt_name + "-" + "+".join(sorted(scopes))
+
+
+def uniform_fields(fmt_name: str, scope: Iterable[str], compile: bool, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a recipe giving one format (with ``options``) to every operand in ``scope``."""
+    scopes = parse_scope(list(scope), "scope", "<python>")
+    name = check_format(str(fmt_name).lower(), options, "format", "<python>")
+    return dict(name=default_name(name, scopes), format=FormatChoice(name, frozen_options(options)), scope=scopes,
+                compile=parse_bool(compile, "compile", "<python>"))
+
+
+def recipe_fields(data: Mapping[str, Any], source: str, defaults: Optional[Mapping[str, Any]] = None
+                  ) -> dict[str, Any]:
+    """The fields of a recipe from the recipe schema (docs/recipes.md); ``defaults`` fill keys ``data`` omits."""
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"{source}: a recipe must be a mapping, got {type(data).__name__}")
+    check_keys(data, TOP_KEYS, "", source)
+    merged = expand_preset({**(defaults or {}), **data}, source)
+    scopes = parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
+    options = as_mapping(merged.get("options", {}), "options", source)
+    fmt_name = check_top_format(merged.get("format", PASSTHROUGH_DEFAULT), options, source)
+    default = FormatChoice(fmt_name, frozen_options(options))
+    overrides = parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
+    rules = merged.get("rules", [])
+    if not isinstance(rules, list):
+        raise RecipeError(f"{source}: rules: expected a list of rules, got {show_value(rules)}")
+    parsed_rules = tuple(parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
+    name = merged.get("name") or default_name(fmt_name, scopes)
+    problem = name_problem(name)
+    if problem is not None:
+        raise RecipeError(f"{source}: name: {show_value(name)} is invalid ({problem}); allowed: {NAME_RULE}")
+    return dict(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
+                compile=parse_bool(merged.get("compile", False), "compile", source),
+                seed=parse_seed(merged.get("seed"), source))
+
+
+def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[Any, str]:
+    """(the recipe dict of a ``.yaml``/``.yml``/``.json`` UTF-8 file, its ``name`` defaulting to the file
+    stem; the source errors name: ``source``, else the path)."""
+    path = Path(path)
+    source = source or str(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
+        raise RecipeError(f"{source}: unknown recipe file type {suffix!r}; use .yaml, .yml or .json")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{source}: cannot read recipe file: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); save the recipe as UTF-8") from None
+    try:
+        data = json.loads(text) if suffix == ".json" else load_yaml(text, source)
+    except RecursionError:
+        raise RecipeError(f"{source}: nested too deeply to be a recipe") from None
+    except (ValueError, yaml.YAMLError) as exc:
+        if isinstance(exc, RecipeError):
+            raise
+        raise RecipeError(f"{source}: not valid {suffix[1:]}: {' '.join(str(exc).split())[:300]}") from exc
+    data = {} if data is None else data
+    if isinstance(data, Mapping) and data.get("name") in (None, ""):  # absent, `name:` or `name: ""`
+        data = {**data, "name": path.stem}
+    return data, source
+
+
+def env_sources(environ: Mapping[str, str]) -> tuple[dict[str, Any], Optional[str], str]:
+    """(the recipe keys CUSTOM_QUANT_TYPE, CUSTOM_QUANT_SCOPE and CUSTOM_QUANT_COMPILE give, the
+    CUSTOM_QUANT_RECIPE file or None, the source errors name). With a file, the keys fill only what
+    the file omits."""
+    check_env_names(environ)
+    defaults: dict[str, Any] = {}
+    if environ.get("CUSTOM_QUANT_TYPE"):
+        defaults["format"] = environ["CUSTOM_QUANT_TYPE"].strip().lower()
+    if environ.get("CUSTOM_QUANT_SCOPE"):
+        defaults["scope"] = [s.strip() for s in environ["CUSTOM_QUANT_SCOPE"].split(",")]
+    if environ.get("CUSTOM_QUANT_COMPILE"):
+        defaults["compile"] = environ["CUSTOM_QUANT_COMPILE"].strip().lower()
+    path = environ.get("CUSTOM_QUANT_RECIPE") or None
+    source = f"CUSTOM_QUANT_RECIPE={path}" if path else "CUSTOM_QUANT_TYPE/CUSTOM_QUANT_SCOPE"
+    return defaults, path, source

@@ -7,7 +7,8 @@ CUSTOM_QUANT_RECIPE, a dict, or Python) and resolved once per module at model bu
 A top-level ``format`` may name a preset (``megatron.quant.recipes.presets``, e.g. ``te-nvfp4``): the
 preset's recipe dict, with the other given keys merged over it (``presets.merge_preset``).
 
-Parsing and its checks live in ``parse``, the parts (``FormatChoice``, ``Rule``) in ``rules``.
+Reading (environment, file, dict) and its checks live in ``parse``, which hands this module the
+recipe's fields; the parts (``FormatChoice``, ``Rule``) live in ``rules``.
 
 Resolution for one module: start from ``format`` for the operands that ``scope`` covers
 (none for the others), apply the global per-operand ``operands`` overrides, then every
@@ -15,39 +16,19 @@ matching rule in order (later rules win).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
-
-import yaml
 
 from megatron.quant import formats, kernels
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
-from megatron.quant.formats.show import show_value
-from megatron.quant.recipes.names import NAME_RULE, name_problem
-from megatron.quant.recipes.operands import ALL_OPERANDS, LINEAR_ROLES, ROLES, SCOPES, operands_for_role
-from megatron.quant.recipes.parse import (
-    TOP_KEYS,
-    RecipeError,
-    as_mapping,
-    check_env_names,
-    check_format,
-    check_keys,
-    check_top_format,
-    default_name,
-    expand_preset,
-    frozen_options,
-    load_yaml,
-    parse_bool,
-    parse_overrides,
-    parse_rule,
-    parse_scope,
-    parse_seed,
-)
+from megatron.quant.recipes import parse
+from megatron.quant.recipes.operands import LINEAR_ROLES, ROLES, SCOPES, operands_for_role
+from megatron.quant.recipes.parse import RecipeError, check_env_names
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
+
+__all__ = ["QuantRecipe", "RecipeError", "check_env_names"]  # the errors and the check callers take from here
 
 
 @dataclass(frozen=True)
@@ -62,69 +43,25 @@ class QuantRecipe:
     compile: bool = False  # quantize through torch.compile (round-to-nearest formats)
     seed: Optional[int] = None  # keys stochastic rounding (None: the run's --seed; 0 outside training)
 
-    # ---- construction -------------------------------------------------------------------
+    # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod
     def uniform(cls, fmt_name: str, scope: Iterable[str] = DEFAULT_SCOPE, *, compile: bool = False,
                 **options: Any) -> "QuantRecipe":
         """One format (with ``options``) for every operand in ``scope``."""
-        scopes = parse_scope(list(scope), "scope", "<python>")
-        name = check_format(str(fmt_name).lower(), options, "format", "<python>")
-        return cls(name=default_name(name, scopes), format=FormatChoice(name, frozen_options(options)),
-                   scope=scopes, compile=parse_bool(compile, "compile", "<python>"))
+        return cls(**parse.uniform_fields(fmt_name, scope, compile, options))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>",
                   defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
         """Parse the recipe schema (see docs/recipes.md); ``defaults`` fill keys ``data`` omits."""
-        if not isinstance(data, Mapping):
-            raise RecipeError(f"{source}: a recipe must be a mapping, got {type(data).__name__}")
-        check_keys(data, TOP_KEYS, "", source)
-        merged = expand_preset({**(defaults or {}), **data}, source)
-        scopes = parse_scope(merged.get("scope", list(DEFAULT_SCOPE)), "scope", source)
-        options = as_mapping(merged.get("options", {}), "options", source)
-        fmt_name = check_top_format(merged.get("format", PASSTHROUGH_DEFAULT), options, source)
-        default = FormatChoice(fmt_name, frozen_options(options))
-        overrides = parse_overrides(merged.get("operands", {}), ALL_OPERANDS, "operands", source, default)
-        rules = merged.get("rules", [])
-        if not isinstance(rules, list):
-            raise RecipeError(f"{source}: rules: expected a list of rules, got {show_value(rules)}")
-        parsed_rules = tuple(parse_rule(r, f"rules[{i}]", source, default) for i, r in enumerate(rules))
-        name = merged.get("name") or default_name(fmt_name, scopes)
-        problem = name_problem(name)
-        if problem is not None:
-            raise RecipeError(f"{source}: name: {show_value(name)} is invalid ({problem}); allowed: {NAME_RULE}")
-        return cls(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
-                   compile=parse_bool(merged.get("compile", False), "compile", source),
-                   seed=parse_seed(merged.get("seed"), source))
+        return cls(**parse.recipe_fields(data, source, defaults))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None,
                   source: Optional[str] = None) -> "QuantRecipe":
         """Load a ``.yaml``/``.yml``/``.json`` UTF-8 recipe; ``name`` defaults to the file stem.
         ``source`` names it in errors (default: the path; e.g. ``CUSTOM_QUANT_RECIPE=path``)."""
-        path = Path(path)
-        source = source or str(path)
-        suffix = path.suffix.lower()
-        if suffix not in (".yaml", ".yml", ".json"):
-            raise RecipeError(f"{source}: unknown recipe file type {suffix!r}; use .yaml, .yml or .json")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise RecipeError(f"{source}: cannot read recipe file: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise RecipeError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                              f"{exc.start}); save the recipe as UTF-8") from None
-        try:
-            data = json.loads(text) if suffix == ".json" else load_yaml(text, source)
-        except RecursionError:
-            raise RecipeError(f"{source}: nested too deeply to be a recipe") from None
-        except (ValueError, yaml.YAMLError) as exc:
-            if isinstance(exc, RecipeError):
-                raise
-            raise RecipeError(f"{source}: not valid {suffix[1:]}: {' '.join(str(exc).split())[:300]}") from exc
-        data = {} if data is None else data
-        if isinstance(data, Mapping) and data.get("name") in (None, ""):  # absent, `name:` or `name: ""`
-            data = {**data, "name": path.stem}
+        data, source = parse.read_file(path, source)
         return cls.from_dict(data, source=source, defaults=defaults)
 
     @classmethod
@@ -134,19 +71,10 @@ class QuantRecipe:
 
         With a recipe file, the other variables fill only the keys the file omits.
         """
-        env = os.environ if environ is None else environ
-        check_env_names(env)
-        defaults: dict[str, Any] = {}
-        if env.get("CUSTOM_QUANT_TYPE"):
-            defaults["format"] = env["CUSTOM_QUANT_TYPE"].strip().lower()
-        if env.get("CUSTOM_QUANT_SCOPE"):
-            defaults["scope"] = [s.strip() for s in env["CUSTOM_QUANT_SCOPE"].split(",")]
-        if env.get("CUSTOM_QUANT_COMPILE"):
-            defaults["compile"] = env["CUSTOM_QUANT_COMPILE"].strip().lower()
-        if env.get("CUSTOM_QUANT_RECIPE"):
-            return cls.from_file(env["CUSTOM_QUANT_RECIPE"], defaults=defaults,
-                                 source=f"CUSTOM_QUANT_RECIPE={env['CUSTOM_QUANT_RECIPE']}")
-        return cls.from_dict(defaults, source="CUSTOM_QUANT_TYPE/CUSTOM_QUANT_SCOPE")
+        defaults, path, source = parse.env_sources(os.environ if environ is None else environ)
+        if path is not None:
+            return cls.from_file(path, defaults=defaults, source=source)
+        return cls.from_dict(defaults, source=source)
 
     # ---- resolution ---------------------------------------------------------------------
     def choices(self, role: str, layer_idx: int, num_layers: int) -> dict[str, FormatChoice]:

@@ -9,8 +9,16 @@ and maxima do not depend on the order of that folding. Sums do, so their order i
 definition: float64 terms summed as a tree of adjacent pairs over the elements in that order, padded
 with zeros to a power of two. A tile is an aligned subtree of that tree, so the result is the same
 whatever the tile size (a kernel's program, the torch path's chunk).
+
+The layout is one table, ``FIELDS``: each field's name, how rows combine it, the capture level it
+belongs to and its width; the offsets, the counts prefix, the combine runs and the kernels' field
+constants (``kernels.stats``) derive from it.
 """
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -21,28 +29,53 @@ LOG2_LOW, LOG2_HIGH = -40, 20
 LOG2_EDGES = list(range(LOG2_LOW, LOG2_HIGH + 1))
 N_BINS = len(LOG2_EDGES) + 1
 
-# The exact fields (capture's counts level) come first: the counts kernels write just these.
-# nans, infs, nonzero of x; underflow: x != 0 quantized to 0; overflow: Inf, or |x / scale| beyond the
-# format's saturation bound where the scale is not 0; min and max of the finite elements.
-EXACT = ("nans", "infs", "nonzero", "underflow", "overflow", "min", "max")
-# both_finite: elements finite in x and in q, over which signal = sum x^2, noise = sum (q - x)^2,
-# dot = sum x q and q_power = sum q^2 run; sum and sum_squares run over the finite x.
-SUMS = ("both_finite", "sum", "sum_squares", "signal", "noise", "dot", "q_power")
-# Over the blocks holding a nonzero finite value ("used"): the largest block absmax / block min nonzero
-# |x| (0 when none), their scales' min and max, the min of their positive scales.
-MINIMA = ("min_nonzero", "block_scale_min", "block_scale_positive_min")
-MAXIMA = ("block_range_max", "block_scale_max")
-SCALARS = EXACT + SUMS + MINIMA + MAXIMA
-FIELD = {name: index for index, name in enumerate(SCALARS)}
-LOG2_HIST = slice(len(SCALARS), len(SCALARS) + N_BINS)  # of the nonzero finite x
-SCALE_HIST = slice(LOG2_HIST.stop, LOG2_HIST.stop + N_BINS)  # of the used blocks' positive scales
-WIDTH = SCALE_HIST.stop
-COUNTS_WIDTH = len(EXACT)
-# (start, stop, how) runs of the layout: how a field of several rows combines.
-_SUMS_END, _MINIMA_END = COUNTS_WIDTH + len(SUMS), COUNTS_WIDTH + len(SUMS) + len(MINIMA)
-_RUNS = ((0, FIELD["min"], "sum"), (FIELD["min"], FIELD["max"], "min"), (FIELD["max"], COUNTS_WIDTH, "max"),
-         (COUNTS_WIDTH, _SUMS_END, "sum"), (_SUMS_END, _MINIMA_END, "min"), (_MINIMA_END, len(SCALARS), "max"),
-         (len(SCALARS), WIDTH, "sum"))
+Combine = Literal["sum", "min", "max"]
+"""How a field of several rows (tiles, blocks, ranks) folds into one: counts and sums add, extremes
+take the smaller or the larger."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of the layout: its name, how rows combine it, the capture level from which it is
+    exact (``"counts"``: the counts kernels write it too; ``"full"``: only a full pass has it) and its
+    width (histograms: ``N_BINS`` counts)."""
+
+    name: str
+    combine: Combine
+    level: Literal["counts", "full"]
+    width: int = 1
+
+
+# The layout, in order; the exact fields (capture's counts level) come first, so the counts kernels
+# write a prefix of it. nans, infs, nonzero of x; underflow: x != 0 quantized to 0; overflow: Inf, or
+# |x / scale| beyond the format's saturation bound where the scale is not 0; min and max of the finite
+# elements. both_finite: elements finite in x and in q, over which signal = sum x^2, noise =
+# sum (q - x)^2, dot = sum x q and q_power = sum q^2 run; sum and sum_squares run over the finite x.
+# Over the blocks holding a nonzero finite value ("used"): the largest block absmax / block min
+# nonzero |x| (0 when none), their scales' min and max, the min of their positive scales. Then the
+# log2 histograms of the nonzero finite x and of the used blocks' positive scales.
+FIELDS = (
+    *(Field(name, "sum", "counts") for name in ("nans", "infs", "nonzero", "underflow", "overflow")),
+    Field("min", "min", "counts"), Field("max", "max", "counts"),
+    *(Field(name, "sum", "full") for name in ("both_finite", "sum", "sum_squares", "signal", "noise", "dot",
+                                              "q_power")),
+    *(Field(name, "min", "full") for name in ("min_nonzero", "block_scale_min", "block_scale_positive_min")),
+    *(Field(name, "max", "full") for name in ("block_range_max", "block_scale_max")),
+    Field("log2_hist", "sum", "full", N_BINS), Field("scale_hist", "sum", "full", N_BINS),
+)
+_STARTS = dict(zip((f.name for f in FIELDS), itertools.accumulate((f.width for f in FIELDS), initial=0)))
+SCALARS = tuple(f.name for f in FIELDS if f.width == 1)
+FIELD = {name: _STARTS[name] for name in SCALARS}
+EXACT = tuple(f.name for f in FIELDS if f.level == "counts")
+SUMS, MINIMA, MAXIMA = (tuple(f.name for f in FIELDS if f.level == "full" and f.width == 1 and f.combine == how)
+                        for how in ("sum", "min", "max"))  # the full pass's scalars, by how they combine
+LOG2_HIST = slice(_STARTS["log2_hist"], _STARTS["log2_hist"] + N_BINS)  # of the nonzero finite x
+SCALE_HIST = slice(_STARTS["scale_hist"], _STARTS["scale_hist"] + N_BINS)  # of the used blocks' positive scales
+WIDTH = sum(f.width for f in FIELDS)
+COUNTS_WIDTH = sum(f.width for f in FIELDS if f.level == "counts")
+# (start, stop, how) runs of the layout: consecutive fields that combine alike.
+_RUNS = tuple((_STARTS[group[0].name], _STARTS[group[-1].name] + group[-1].width, how)
+              for how, group in ((how, list(fields)) for how, fields in itertools.groupby(FIELDS, lambda f: f.combine)))
 
 
 def pairwise_sum(t: Tensor) -> Tensor:

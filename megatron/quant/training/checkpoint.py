@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.quant.recipes.delayed import HISTORIES
+from megatron.quant.layers.delayed import HISTORIES
 from megatron.quant.training.checkpoint_files import find_damage, first_line, unreadable_here
 
 TRACKER = "latest_checkpointed_iteration.txt"

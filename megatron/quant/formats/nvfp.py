@@ -1,12 +1,14 @@
-"""NVFP4: E2M1 elements in blocks of 16, an E4M3 scale per block and an FP32 one per tensor,
-with the arithmetic of Transformer Engine's quantization kernels (float32, in this order):
+"""The NVFP block formats: elements (E2M1 for NVFP4, E2M3 for NVFP6) in blocks of 16, an E4M3
+scale per block and an FP32 one per tensor, with the arithmetic of Transformer Engine's NVFP4
+quantization kernels (float32, in this order; ``emax`` is the element's largest value, 6 for
+E2M1, 7.5 for E2M3):
 
-    global_encode = (448 * 6) / amax_tensor       (FP32 max if that overflows; 1 for an amax
+    global_encode = (448 * emax) / amax_tensor    (FP32 max if that overflows; 1 for an amax
                                                    of 0, Inf or NaN)
-    block_decode  = E4M3_RNE(min(amax_block * (global_encode * (1/6)), 448))
+    block_decode  = E4M3_RNE(min(amax_block * (global_encode * (1/emax)), 448))
     global_decode = 1 / global_encode
     encode        = 1 / (block_decode * global_decode)
-    element       = E2M1_RNE(clamp(x * encode, +-6))
+    element       = ELEMENT_RNE(clamp(x * encode, +-emax))
     value         = (element * block_decode) * global_decode
 
 The reported scale is block_decode * global_decode (so the elements are x * (1 / scale)).
@@ -23,27 +25,31 @@ from __future__ import annotations
 import torch
 
 from .base import encode_scale
-from .blocks import BlockFormat
-from .grid import FP4_E2M1, FP8_E4M3
+from .blocks import GridBlockFormat
+from .contract import BlockScale, TensorScale
+from .grid import FP8_E4M3
 
-NVFP4_BLOCK_SIZE = 16
+NVFP_BLOCK_SIZE = 16
 
 
-class NVFP4Format(BlockFormat):
-    name = "nvfp4"
+class NVFPFormat(GridBlockFormat):
+    """An NVFP block format of one element grid (``registry``: ``nvfp4`` E2M1, ``nvfp6`` E2M3)."""
+
     scale_encoding = "E4M3 per block, times one FP32 scale per tensor"
     needs_tensor_amax = True
-    element = FP4_E2M1
     block_scale_format = FP8_E4M3
-    bits = FP4_E2M1.bits
-    max_value = FP4_E2M1.max_value
-    min_positive = FP4_E2M1.min_positive
+
+    def _block_scale(self) -> BlockScale:
+        return BlockScale("grid", grid=self.block_scale_format.rule)
+
+    def _tensor_scale(self) -> TensorScale:
+        return TensorScale(self.block_scale_format.max_value * self.element.max_value)
 
     def _quantize_blocks(self, blocks, block_dim, amax, uniform, split, dtype):
         block_amax = self._abs_max(blocks, dim=block_dim)
         global_amax = block_amax.amax() if amax is None else amax  # the padding is zeros
-        element_max, scale_max = self.element.max_value, self.block_scale_format.max_value
-        global_encode = encode_scale(global_amax, scale_max * element_max)
+        element_max = self.element.max_value
+        global_encode = encode_scale(global_amax, self._tensor_scale().target)
         block_decode = self.block_scale_format.round(block_amax * (global_encode * (1 / element_max)))
         if self.options["nonfinite"] == "propagate":  # "te": an Inf amax saturates to E4M3's 448
             block_decode = torch.where(torch.isfinite(block_amax), block_decode, torch.nan)
