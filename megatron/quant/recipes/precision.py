@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 
 from megatron.core.quantization.quant_config import GlobMatcher, Matcher, QuantizationConfig, RecipeConfig
 
+from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.recipes.recipe import QuantRecipe
 
@@ -57,6 +58,21 @@ class PrecisionConfig(RecipeConfig):
         """Operand key -> built format for the module ``matched`` was made for (``QuantRecipe.resolve``)."""
         shared = self._built.setdefault(matched.config_key, {})
         return self.recipe(matched).resolve(role, layer_idx, num_layers, shared)
+
+    def formats(self, num_layers: int) -> list[NumericFormat]:
+        """Every distinct format some module may quantize with (``QuantRecipe.formats``, over the configs)."""
+        found = {repr(f): f for recipe in self.configs.values() for f in recipe.formats(num_layers)}
+        return [found[key] for key in sorted(found)]
+
+    @property
+    def compile(self) -> bool:
+        """Some config quantizes through torch.compile."""
+        return any(recipe.compile for recipe in self.configs.values())
+
+    def capture_roles(self, num_layers: int) -> tuple[str, ...]:
+        """The roles of the modules that capture (``QuantRecipe.capture_roles``, over the configs)."""
+        roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers)}
+        return tuple(roles)
 
     def describe(self) -> str:
         """One line: each matcher's pattern and config, in matching order."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -22,6 +22,8 @@ import torch.distributed as dist  # noqa: E402
 from megatron.quant import kernels, tensor_saver  # noqa: E402
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.layers import fusions  # noqa: E402
+from megatron.quant.recipes.precision import PrecisionConfig  # noqa: E402
+from megatron.quant.recipes.precision_file import load_precision_file  # noqa: E402
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags  # noqa: E402
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names  # noqa: E402
 from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
@@ -72,12 +74,34 @@ def build_recipe(args, environ: Mapping[str, str]) -> QuantRecipe:
     return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
 
 
+_PRECISION_FILE_FLAGS = ("kitchen_config_file", "te_precision_config_file")
+
+
+def build_precision(args, environ: Mapping[str, str]) -> PrecisionConfig:
+    """The run's per-module precision: a precision file (--kitchen-config-file or
+    --te-precision-config-file, Megatron-LM's flags) or the one recipe ``build_recipe`` gives every
+    module; a file with another recipe source is an error, not a choice."""
+    files = [(key, getattr(args, key)) for key in _PRECISION_FILE_FLAGS if getattr(args, key, None)]
+    if not files:
+        return PrecisionConfig.uniform(build_recipe(args, environ))
+    check_env_names(environ)
+    others = [f"--{key.replace('_', '-')}" for key, _ in files[1:]] + [key for key in _RECIPE_ENV if environ.get(key)]
+    others += ["--fp8-recipe/--fp4-format"] if emulates_precision(args) else []
+    flag = f"--{files[0][0].replace('_', '-')}"
+    if others:
+        raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
+    return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}")
+
+
 def _te_fp8_format(args) -> str | None:
     """The FP8 format Transformer Engine runs for real: --fp8-format alone (with --fp8-recipe it is emulated)."""
     return None if emulates_precision(args) else args.fp8_format
 
 
-def _quantization(recipe: QuantRecipe, num_layers: int) -> str:
+def _quantization(precision: PrecisionConfig, num_layers: int) -> str:
+    if len(precision.configs) > 1:
+        return precision.describe()
+    (recipe,) = precision.configs.values()
     kept = recipe.unquantized_layers(num_layers)
     return recipe.name + (f" (decoder layers {', '.join(map(str, kept))} kept in bf16)" if kept else "")
 
@@ -114,8 +138,9 @@ def _connect_schedule(config, chunks: list, opt) -> None:
     config.no_sync_func = chunks[0].no_sync
 
 
-def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fused: str) -> None:
+def _print_start(logger, args, shape, precision: PrecisionConfig, num_params: int, flops: float, fused: str) -> None:
     cuda = torch.cuda.is_available()
+    kernel_line = kernels.describe(precision.formats(shape["num_layers"]), precision.compile, kernels.backend(), cuda)
     memory = metrics.memory_estimate_gb(
         shape, num_parameters=num_params, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
         tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,
@@ -127,10 +152,9 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fus
     logger.print(f"parallel: TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x DP "
                  f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
-                 f"quantization {_quantization(recipe, shape['num_layers'])} | "
+                 f"quantization {_quantization(precision, shape['num_layers'])} | "
                  f"device {'cuda' if torch.cuda.is_available() else 'cpu'} | "
-                 f"{kernels.describe(recipe.formats(shape['num_layers']), recipe.compile, kernels.backend(), cuda)} | "
-                 f"{fused}")
+                 f"{kernel_line} | {fused}")
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e} {notices.describe_hidden()}".rstrip())
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")
@@ -140,7 +164,7 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fus
 class Inputs:
     """What a run is made of, decided and checked before any process group exists."""
     args: argparse.Namespace
-    recipe: QuantRecipe
+    precision: PrecisionConfig  # the recipe of each module (one for all without a precision file)
     saver_config: SaverConfig
     tokenizer: object
     shape: dict
@@ -152,20 +176,20 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
     ArgumentError/ValueError/FileNotFoundError with a one-line reason."""
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    recipe = build_recipe(args, os.environ)
+    precision = build_precision(args, os.environ)
     kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
     fast_paths = fusions.choose(os.environ, cuda=cuda, precision=_precision(args))  # and a bad CUSTOM_QUANT_FUSIONS
-    if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
-        recipe = replace(recipe, seed=args.seed)
-    _check_fp8_recipe(args, recipe)
-    check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
+    precision = precision.with_seed(args.seed)  # stochastic rounding follows the run's seed unless a recipe fixes one
+    for recipe in precision.configs.values():
+        _check_fp8_recipe(args, recipe)
+        check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
     saver_config = SaverConfig.from_env()
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     shape = {key: getattr(args, key) for key in SHAPE_KEYS}
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
     saver_config.check_selectors(num_layers=shape["num_layers"], world_size=int(os.environ.get("WORLD_SIZE", "1")),
                                  num_microbatches=args.num_microbatches,
-                                 roles=recipe.capture_roles(shape["num_layers"]))
+                                 roles=precision.capture_roles(shape["num_layers"]))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
     for option in ("save", "tensorboard_dir", "data_cache_path"):  # refused now, not at the first write
@@ -176,7 +200,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
         check_hf_checkpoint(args.hf_checkpoint, shape)
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         checkpoint.check_resume(checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step), args)
-    return Inputs(args, recipe, saver_config, tokenizer, shape, fast_paths)
+    return Inputs(args, precision, saver_config, tokenizer, shape, fast_paths)
 
 
 def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
@@ -184,7 +208,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
     from megatron.quant.cpu import init_parallel
 
     cuda = torch.cuda.is_available()
-    args, recipe, tokenizer, shape = inputs.args, inputs.recipe, inputs.tokenizer, inputs.shape
+    args, precision, tokenizer, shape = inputs.args, inputs.precision, inputs.tokenizer, inputs.shape
 
     init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
     logger = metrics.MetricsLogger(args.tensorboard_dir, enabled=dist.get_rank() == dist.get_world_size() - 1)
@@ -195,7 +219,7 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags())
-    gpt = build_gpt(config, shape, recipe, sdpa=inputs.fast_paths.sdpa)
+    gpt = build_gpt(config, shape, precision, sdpa=inputs.fast_paths.sdpa)
     if args.hf_checkpoint:
         load_hf_weights(gpt, args.hf_checkpoint, shape)
     chunks = _wrap(args, config, gpt, cuda)
@@ -227,12 +251,13 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
                                         seq_length=args.seq_length, vocab_size=shape["vocab_size"])
-    _print_start(logger, args, shape, recipe, num_params, flops, inputs.fast_paths.describe(gpt))
+    _print_start(logger, args, shape, precision, num_params, flops, inputs.fast_paths.describe(gpt))
     run = Run(config=TrainingConfig.from_args(args), model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
               train_data=train_data, valid_data=valid_data,
               layout=BatchLayout(args.micro_batch_size, args.global_batch_size, args.data_parallel_size),
               flops_per_iteration=flops, peak_tflops=metrics.peak_tflops(metrics.device_name(), args.peak_tflops),
-              run_config={"shape": shape, "quant_type": recipe.name, "args": vars(args)},
+              run_config={"shape": shape, "quant_type": precision.name, "precision": precision.describe(),
+                          "args": vars(args)},
               cuda=cuda, start_iteration=start)
     return run, logger
 
