@@ -2,6 +2,7 @@
 model the earlier spec made (megatron-core's local spec with the classes swapped in, then every module
 configured after the build: written out below as the reference), in forward, backward and a 3-iteration
 run under stochastic rounding; the block and MoE builders take it too."""
+import functools
 from dataclasses import replace
 
 import pytest
@@ -36,8 +37,12 @@ def _earlier_model(config, recipe: QuantRecipe) -> GPTModel:
     attention = replace(attention, submodules=replace(attention.submodules, linear_qkv=QuantColumnParallelLinear,
                                                       core_attention=QuantDotProductAttention,
                                                       linear_proj=QuantRowParallelLinear))
-    mlp = replace(mlp, submodules=replace(mlp.submodules, linear_fc1=QuantColumnParallelLinear,
-                                          linear_fc2=QuantRowParallelLinear))
+    linears = {"linear_fc1": QuantColumnParallelLinear, "linear_fc2": QuantRowParallelLinear}
+    if isinstance(mlp, functools.partial):  # 0.19: partial(MLP.as_mlp_submodule, submodules=...)
+        mlp = functools.partial(mlp.func, *mlp.args, **{**mlp.keywords,
+                                                        "submodules": replace(mlp.keywords["submodules"], **linears)})
+    else:
+        mlp = replace(mlp, submodules=replace(mlp.submodules, **linears))
     spec = replace(spec, submodules=replace(spec.submodules, self_attention=attention, mlp=mlp))
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
                      position_embedding_type="rope", rotary_base=500000.0, share_embeddings_and_output_weights=True)
