@@ -1,6 +1,7 @@
 """Per-module precision files (megatron-core's RecipeConfig YAML): our recipes and TE's per-module recipes
 as payloads, matched by megatron-core's own matchers; bad files refused in one line before any model."""
 import logging
+from pathlib import Path
 
 import pytest
 from megatron.core.quantization.quant_config import GlobMatcher
@@ -96,3 +97,9 @@ def test_bad_files_stop_in_one_line(tmp_path, case):
         load_precision_file(_file(tmp_path, text))
     message = str(error.value)
     assert expected in message and "\n" not in message and message.startswith(str(tmp_path))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "examples" / "precision").glob("*.yaml")))
+def test_the_example_files_load(path):
+    precision = load_precision_file(path)
+    assert precision.name == path.stem and len(precision.configs) == len(precision.matchers) == 3
