@@ -5,7 +5,8 @@ from megatron.quant.recipes.operands import LINEAR_OPERANDS
 from megatron.quant.recipes.presets import GRADIENTS, WGRAD, PresetError, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
-from megatron.quant.training.main import build_recipe, check_inputs
+from megatron.quant.training.main import check_inputs
+from megatron.quant.training.run_config import build_recipe
 
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2", "--bf16"]
 LAYERS = 4

@@ -1,16 +1,15 @@
 """``python -m megatron.quant.training`` / ``megatron-quant-train``: pretrain Llama on megatron-core.
 
-Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the format comes from
-``CUSTOM_QUANT_TYPE`` / ``CUSTOM_QUANT_RECIPE``, capture from ``TENSOR_SAVE_*``.
+Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the precision comes from a
+precision file, the precision flags or ``CUSTOM_QUANT_*``, capture from ``TENSOR_SAVE_*``, parsed
+once into a ``run_config.RunConfiguration``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from megatron.quant.training import notices
 
@@ -23,9 +22,7 @@ from megatron.quant import kernels, tensor_saver  # noqa: E402
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.layers import fusions  # noqa: E402
 from megatron.quant.recipes.precision import PrecisionConfig  # noqa: E402
-from megatron.quant.recipes.precision_file import load_precision_file  # noqa: E402
-from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags  # noqa: E402
-from megatron.quant.recipes.recipe import QuantRecipe, check_env_names  # noqa: E402
+from megatron.quant.recipes.presets import emulates_precision  # noqa: E402
 from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
 from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args  # noqa: E402
@@ -36,7 +33,9 @@ from megatron.quant.training.loop import Run, train  # noqa: E402
 from megatron.quant.training.model import build_gpt, transformer_config  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
 from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
+from megatron.quant.training.run_config import RunConfiguration, build_precision  # noqa: E402
 from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size  # noqa: E402
+from megatron.quant.training.variables import environment_of  # noqa: E402
 
 
 def _precision(args) -> str:
@@ -54,43 +53,6 @@ def _model_vocab_size(args, tokenizer) -> int:
         raise ArgumentError(f"--vocab-size {args.vocab_size} is not divisible by --tensor-model-parallel-size "
                             f"{args.tensor_model_parallel_size}")
     return args.vocab_size
-
-
-_RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE")
-
-
-def build_recipe(args, environ: Mapping[str, str]) -> QuantRecipe:
-    """The recipe from Megatron-LM's precision flags (--fp8-recipe, --fp4-format, ...) or from
-    CUSTOM_QUANT_*; both at once is an error, not a choice."""
-    check_env_names(environ)
-    flags_recipe = recipe_from_megatron_flags(args)
-    if flags_recipe is None:
-        return QuantRecipe.from_env(environ)
-    given = [key for key in _RECIPE_ENV if environ.get(key)]
-    if given:
-        raise ArgumentError(f"{', '.join(given)} and the precision flags (--fp8-recipe/--fp4-format) both choose "
-                            f"the recipe ({flags_recipe['name']}); unset {', '.join(given)} or drop the flags")
-    extra = {"compile": environ["CUSTOM_QUANT_COMPILE"]} if environ.get("CUSTOM_QUANT_COMPILE") else {}
-    return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
-
-
-_PRECISION_FILE_FLAGS = ("kitchen_config_file", "te_precision_config_file")
-
-
-def build_precision(args, environ: Mapping[str, str]) -> PrecisionConfig:
-    """The run's per-module precision: a precision file (--kitchen-config-file or
-    --te-precision-config-file, Megatron-LM's flags) or the one recipe ``build_recipe`` gives every
-    module; a file with another recipe source is an error, not a choice."""
-    files = [(key, getattr(args, key)) for key in _PRECISION_FILE_FLAGS if getattr(args, key, None)]
-    if not files:
-        return PrecisionConfig.uniform(build_recipe(args, environ))
-    check_env_names(environ)
-    others = [f"--{key.replace('_', '-')}" for key, _ in files[1:]] + [key for key in _RECIPE_ENV if environ.get(key)]
-    others += ["--fp8-recipe/--fp4-format"] if emulates_precision(args) else []
-    flag = f"--{files[0][0].replace('_', '-')}"
-    if others:
-        raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
-    return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}")
 
 
 def _te_fp8_format(args) -> str | None:
@@ -160,26 +122,15 @@ def _print_start(logger, args, shape, precision: PrecisionConfig, num_params: in
                  + f", total {sum(memory.values()):.3f}")
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """What a run is made of, decided and checked before any process group exists."""
-    args: argparse.Namespace
-    precision: PrecisionConfig  # the recipe of each module (one for all without a precision file)
-    saver_config: SaverConfig
-    tokenizer: object
-    shape: dict
-    fast_paths: fusions.FastPaths
-
-
-def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
-    """Parse and validate arguments and the CUSTOM_QUANT_*/TENSOR_SAVE_* environment;
-    ArgumentError/ValueError/FileNotFoundError with a one-line reason."""
+def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
+    """Parse and validate the flags, the files they name and the CUSTOM_QUANT_*/TENSOR_SAVE_* environment
+    into the run's configuration (``run_config.PRECEDENCE``); ArgumentError/ValueError/FileNotFoundError
+    with a one-line reason."""
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    precision = build_precision(args, os.environ)
-    kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
+    precision = build_precision(args, os.environ)  # stochastic rounding follows --seed unless a recipe fixes one
+    kernel_backend = kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
     fast_paths = fusions.choose(os.environ, cuda=cuda, precision=_precision(args))  # and a bad CUSTOM_QUANT_FUSIONS
-    precision = precision.with_seed(args.seed)  # stochastic rounding follows the run's seed unless a recipe fixes one
     for recipe in precision.configs.values():
         _check_fp8_recipe(args, recipe)
         check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
@@ -200,10 +151,11 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
         check_hf_checkpoint(args.hf_checkpoint, shape)
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         checkpoint.check_resume(checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step), args)
-    return Inputs(args, precision, saver_config, tokenizer, shape, fast_paths)
+    return RunConfiguration(args, precision, saver_config, fast_paths, kernel_backend, environment_of(os.environ),
+                            shape, tokenizer)
 
 
-def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
+def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     """Initialise parallel state, build model, optimizer, data; load a checkpoint."""
     from megatron.quant.cpu import init_parallel
 
@@ -246,18 +198,18 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
     # a resume at --train-iters trains (and captures) nothing: no window to intersect
-    tensor_saver.configure(inputs.saver_config, run_iterations=range(start, args.train_iters) or None)
+    tensor_saver.configure(inputs.capture, run_iterations=range(start, args.train_iters) or None)
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
                                         seq_length=args.seq_length, vocab_size=shape["vocab_size"])
     _print_start(logger, args, shape, precision, num_params, flops, inputs.fast_paths.describe(gpt))
+    logger.print(inputs.describe())
     run = Run(config=TrainingConfig.from_args(args), model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
               train_data=train_data, valid_data=valid_data,
               layout=BatchLayout(args.micro_batch_size, args.global_batch_size, args.data_parallel_size),
               flops_per_iteration=flops, peak_tflops=metrics.peak_tflops(metrics.device_name(), args.peak_tflops),
-              run_config={"shape": shape, "quant_type": precision.name, "precision": precision.describe(),
-                          "args": vars(args)},
+              run_config=inputs.record(),
               cuda=cuda, start_iteration=start)
     return run, logger
 
