@@ -27,6 +27,13 @@ ROLE_BY_ATTRIBUTE = {"linear_qkv": "qkv", "linear_proj": "proj", "linear_fc1": "
                      "core_attention": "core_attention", "output_layer": "output_layer"}
 
 
+class FinishesInit:
+    """A module megatron-core finishes with its matched quantization config (``GPTModel``'s seam)."""
+
+    def finish_init(self, quantization_config: Optional[QuantizationConfig]) -> Any:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class ModuleQuant:
     """One module's operand formats (operand key -> format, None where unquantized), site and seed."""
@@ -70,9 +77,3 @@ def finish_init(model: torch.nn.Module, config: TransformerConfig, prefix: str =
         if isinstance(module, FinishesInit):
             module.finish_init(get_quant_config_or_none(prefix + name, config.quant_recipe))
 
-
-class FinishesInit:
-    """A module megatron-core finishes with its matched quantization config (``GPTModel``'s seam)."""
-
-    def finish_init(self, quantization_config: Optional[QuantizationConfig]) -> Any:
-        raise NotImplementedError

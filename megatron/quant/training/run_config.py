@@ -13,12 +13,12 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from megatron.quant.capture.config import SaverConfig
 from megatron.quant.layers.fusions import FastPaths
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
+from megatron.quant.tensor_saver import SaverConfig
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.variables import PRECEDENCE, RECIPE_CHOOSING
 

@@ -1,7 +1,7 @@
 """The environment variables a training run reads, what each decides, and the one precedence rule.
 
 ``VARIABLES`` is the one table: the recipe's variables (``recipes.parse.ENV_VARS``) and capture's
-(``capture.config.ENV_VARS``), each with its role. The driver (which variables a second precision
+(``tensor_saver.ENV_VARS``), each with its role. The driver (which variables a second precision
 choice conflicts with), the sweep (which ones a run's recipe replaces) and the run configuration
 (which ones were given) derive their lists from it. Imports no megatron-core: the sweep reads it.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from megatron.quant.capture.config import ENV_VARS as CAPTURE_VARIABLES
 from megatron.quant.recipes.parse import ENV_VARS as RECIPE_VARIABLES
+from megatron.quant.tensor_saver import ENV_VARS as CAPTURE_VARIABLES
 
 # What a variable decides. "names": which recipe runs (a sweep sets it per run); "shapes": narrows the
 # recipe CUSTOM_QUANT_* names (with precision flags or a precision file: a second choice, refused);
