@@ -105,6 +105,8 @@ def main() -> None:
     p.add_argument("--model", default="llama-tiny", help="preset (default llama-tiny)")
     p.add_argument("--seq-length", type=int, default=None)
     p.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU runs)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="results JSON (default bench/results/bench_train.json, bench_train_cuda.json on a GPU)")
     args = p.parse_args()
     names = (args.formats.split(",") if args.formats
              else [f for f in formats.list_formats() if not formats.is_passthrough(f)])
@@ -123,18 +125,18 @@ def main() -> None:
                   f"({time.perf_counter() - start:.0f}s elapsed)", flush=True)
     rows = {name: _summary(history) for name, history in samples.items()}
     base = rows[BASELINE]["median_step_s"]
-    print(f"\n{'variant':<26} {'step (s)':>9} {'vs bf16':>8} {'MFU':>6} {'saver wait':>11}")
+    print(f"\n{'variant':<26} {'step (s)':>9} {'vs bf16':>8} {'min (s)':>8} {'MFU':>6} {'saver wait':>11}")
     for name, row in rows.items():
         row["ratio_vs_bf16"] = row["median_step_s"] / base
-        print(f"{name:<26} {row['median_step_s']:>9.3f} {row['ratio_vs_bf16']:>7.2f}x {row['mfu']:>6.3f} "
-              f"{row['saver_wait_fraction']:>10.1%}")
+        print(f"{name:<26} {row['median_step_s']:>9.3f} {row['ratio_vs_bf16']:>7.2f}x {row['min_step_s']:>8.3f} "
+              f"{row['mfu']:>6.3f} {row['saver_wait_fraction']:>10.1%}")
     cuda = torch.cuda.is_available()
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                "load_avg": os.getloadavg(), "device": torch.cuda.get_device_name() if cuda else "cpu"}
-    out = Path(__file__).parent / "results" / f"bench_train{'_cuda' if cuda else ''}.json"
+    out = args.output or Path(__file__).parent / "results" / f"bench_train{'_cuda' if cuda else ''}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "config": vars(args), "results": rows}, indent=1))
+    out.write_text(json.dumps({"machine": machine, "config": vars(args), "results": rows}, indent=1, default=str))
     print(f"wrote {out}")
 
 
@@ -150,7 +152,7 @@ def _summary(history: list[dict]) -> dict:
     steps = [h["iteration time (s)"] for h in history]
     captured = [h for h in history if "capture/wait_s" in h]
     wait = max((h["capture/wait_s"] / h["iteration time (s)"] for h in captured), default=float("nan"))
-    return {"median_step_s": statistics.median(steps), "samples": len(steps),
+    return {"median_step_s": statistics.median(steps), "min_step_s": min(steps), "samples": len(steps),
             "mfu": statistics.median(h.get("MFU", float("nan")) for h in history),
             "captured_step_s": statistics.median(h["iteration time (s)"] for h in captured) if captured else None,
             "saver_wait_fraction": wait}
