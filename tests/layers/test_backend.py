@@ -129,6 +129,10 @@ def test_backend_model_equals_the_earlier_spec_bit_for_bit(parallel):
 
 def test_the_block_and_moe_builders_take_the_backend(parallel):
     config = transformer_config(quant_recipe=precision_config(RECIPE))
+    model = build_llama_model(config, vocab_size=VOCAB, max_sequence_length=SEQ)
+    assert model.config is config  # a training run's schedule and DDP hold this config
+    with pytest.raises(ValueError, match="config.quant_recipe is set and a recipe is given"):
+        build_llama_model(config, RECIPE, vocab_size=VOCAB, max_sequence_length=SEQ)
     block = with_backend(get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm"),
                          QuantSpecProvider())
     for layer in block.layer_specs:

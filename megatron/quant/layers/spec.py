@@ -57,18 +57,27 @@ def _output_layer(model: GPTModel) -> torch.nn.Module:
     return layer
 
 
-def build_llama_model(config: TransformerConfig, recipe: QuantRecipe | PrecisionConfig, *, vocab_size: int,
-                      max_sequence_length: int, rotary_base: float = 500000.0,
+def build_llama_model(config: TransformerConfig, recipe: QuantRecipe | PrecisionConfig | None = None, *,
+                      vocab_size: int, max_sequence_length: int, rotary_base: float = 500000.0,
                       share_embeddings_and_output_weights: bool = True, pre_process: bool = True,
                       post_process: bool = True, sdpa: bool = True) -> GPTModel:
-    """GPTModel with the quantized Llama spec, ``config.quant_recipe`` set to ``recipe`` (one recipe for
-    every module, or a ``PrecisionConfig``); ``sdpa``: ``QuantSpecProvider``'s ``allow_fused``
-    (``layers/fusions.py`` chooses it for training runs)."""
+    """GPTModel with the quantized Llama spec whose modules take their formats from ``config.quant_recipe``.
+
+    ``recipe`` (one recipe for every module, or a ``PrecisionConfig``): the model gets a copy of ``config``
+    with it as ``quant_recipe``; None: ``config`` itself, whose ``quant_recipe`` a training run sets (its
+    schedule and DDP read the model's config, so it must be the one they were given). ``sdpa``:
+    ``QuantSpecProvider``'s ``allow_fused`` (``layers/fusions.py`` chooses it for training runs)."""
     spec = llama_layer_spec(QuantSpecProvider(allow_fused=sdpa))
     if config.sequence_parallel and spec.submodules.input_layernorm is WrappedTorchNorm:
         raise ValueError("sequence_parallel=True needs Transformer Engine or Apex norms, which megatron-core "
                          "requires for sequence parallelism; neither is installed here. Set sequence_parallel=False.")
-    config = replace(config, quant_recipe=precision_config(recipe))
+    if recipe is not None:
+        if config.quant_recipe is not None:
+            raise ValueError("build_llama_model: config.quant_recipe is set and a recipe is given; give one")
+        config = replace(config, quant_recipe=precision_config(recipe))
+    if not isinstance(config.quant_recipe, PrecisionConfig):
+        raise ValueError(f"build_llama_model: config.quant_recipe is {type(config.quant_recipe).__name__}; give a "
+                         f"recipe or set it to a PrecisionConfig (megatron.quant.layers.spec.precision_config)")
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=vocab_size,
                      max_sequence_length=max_sequence_length, pre_process=pre_process, post_process=post_process,
                      share_embeddings_and_output_weights=share_embeddings_and_output_weights,

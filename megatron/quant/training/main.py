@@ -170,8 +170,9 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
         init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
         hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags())
-    gpt = build_gpt(config, shape, precision, sdpa=inputs.fast_paths.sdpa)
+        recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags(),
+        quant_recipe=precision)
+    gpt = build_gpt(config, shape, sdpa=inputs.fast_paths.sdpa)
     if args.hf_checkpoint:
         load_hf_weights(gpt, args.hf_checkpoint, shape)
     chunks = _wrap(args, config, gpt, cuda)
