@@ -34,16 +34,18 @@ def build_block(recipe, dtype: torch.dtype):
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    from megatron.quant.layers.spec import configure_quant_modules, llama_layer_spec
+    from megatron.quant.layers.module_quant import finish_init
+    from megatron.quant.layers.spec import llama_layer_spec, precision_config
 
     config = TransformerConfig(num_layers=1, **SHAPE, normalization="RMSNorm", gated_linear_unit=True,
                                activation_func=torch.nn.functional.silu, add_bias_linear=False,
                                use_cpu_initialization=True, attention_dropout=0.0, hidden_dropout=0.0,
-                               params_dtype=dtype, bf16=dtype == torch.bfloat16)
+                               params_dtype=dtype, bf16=dtype == torch.bfloat16,
+                               quant_recipe=precision_config(recipe))
     torch.manual_seed(0)
     spec = llama_layer_spec()
     block = TransformerLayer(config, spec.submodules, layer_number=1)
-    configure_quant_modules(block, recipe, num_layers=1)
+    finish_init(block, config, prefix="layers.0.")  # as GPTModel finishes its layers
     return block
 
 

@@ -8,9 +8,12 @@ of the same run.
     python bench/bench_train.py [--iters 8] [--rounds 2] [--formats hifp8,mxfp8_e4m3]
     python bench/bench_train.py --model llama3.2-1b --seq-length 2048 --bf16 --rounds 1 --iters 4 \
         --variants bf16,mxfp8+compile,hifp8+compile+stats          # one GPU
-A variant is FORMAT[+compile][+linear][+stats|+full]: CUSTOM_QUANT_COMPILE=1, only the linear
-layers quantized (CUSTOM_QUANT_SCOPE=linear: attention keeps megatron-core's fused path), and
-capture of every iteration after the first in stats mode or (full) of iteration 2 only.
+A variant is FORMAT[+compile][+linear][+stats|+full][@CHECKOUT]: CUSTOM_QUANT_COMPILE=1, only the linear
+layers quantized (CUSTOM_QUANT_SCOPE=linear: attention keeps megatron-core's fused path), capture of
+every iteration after the first in stats mode or (full) of iteration 2 only, and the package imported
+from another checkout (e.g. ``git archive REV | tar -x -C /tmp/rev``) to compare code versions in one run:
+
+    python bench/bench_train.py --variants bf16,mxfp8,bf16@/tmp/rev,mxfp8@/tmp/rev --rounds 3
 Writes bench/results/bench_train.json (bench_train_cuda.json on a GPU).
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +34,7 @@ from pathlib import Path
 import torch
 
 BASELINE = "bf16"
+CHECKOUT = "BENCH_TRAIN_CHECKOUT"  # a variant's other checkout: its package is imported first
 
 
 _CAPTURE = {"stats": {"TENSOR_SAVE_MODE": "stats", "TENSOR_SAVER_ITERATION": "1-1000"},
@@ -37,7 +42,10 @@ _CAPTURE = {"stats": {"TENSOR_SAVE_MODE": "stats", "TENSOR_SAVER_ITERATION": "1-
 
 
 def variant_env(spec: str) -> dict:
-    """FORMAT[+compile][+linear][+stats|+full] -> environment."""
+    """FORMAT[+compile][+linear][+stats|+full][@CHECKOUT] -> environment."""
+    spec, _, checkout = spec.partition("@")
+    if checkout and not (Path(checkout) / "megatron" / "quant").is_dir():
+        raise SystemExit(f"bench_train: {checkout!r} holds no megatron/quant package (a checkout of this repository)")
     fmt, *flags = spec.split("+")
     env = {"CUSTOM_QUANT_TYPE": fmt}
     for flag in flags:
@@ -50,7 +58,7 @@ def variant_env(spec: str) -> dict:
         else:
             raise SystemExit(f"bench_train: unknown variant flag {flag!r} in {spec!r} "
                              "(allowed: compile, linear, stats, full)")
-    return env
+    return {**env, CHECKOUT: checkout} if checkout else env
 
 
 def default_variants(format_names: list[str]) -> list[str]:
@@ -68,6 +76,8 @@ def train_argv(model: str, iters: int, micro_batch_size: int, seq_length: int | 
 
 def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]:
     """Per timed iteration: step time, MFU (when known) and the saver's wait."""
+    if env.get(CHECKOUT):  # this fresh process has imported nothing of the package yet
+        sys.path.insert(0, env[CHECKOUT])
     from megatron.quant.training.env import scoped_environ
     from megatron.quant.training.main import main
 
@@ -95,6 +105,8 @@ def main() -> None:
     p.add_argument("--model", default="llama-tiny", help="preset (default llama-tiny)")
     p.add_argument("--seq-length", type=int, default=None)
     p.add_argument("--bf16", action="store_true", help="bf16 parameters (GPU runs)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="results JSON (default bench/results/bench_train.json, bench_train_cuda.json on a GPU)")
     args = p.parse_args()
     names = (args.formats.split(",") if args.formats
              else [f for f in formats.list_formats() if not formats.is_passthrough(f)])
@@ -113,18 +125,18 @@ def main() -> None:
                   f"({time.perf_counter() - start:.0f}s elapsed)", flush=True)
     rows = {name: _summary(history) for name, history in samples.items()}
     base = rows[BASELINE]["median_step_s"]
-    print(f"\n{'variant':<26} {'step (s)':>9} {'vs bf16':>8} {'MFU':>6} {'saver wait':>11}")
+    print(f"\n{'variant':<26} {'step (s)':>9} {'vs bf16':>8} {'min (s)':>8} {'MFU':>6} {'saver wait':>11}")
     for name, row in rows.items():
         row["ratio_vs_bf16"] = row["median_step_s"] / base
-        print(f"{name:<26} {row['median_step_s']:>9.3f} {row['ratio_vs_bf16']:>7.2f}x {row['mfu']:>6.3f} "
-              f"{row['saver_wait_fraction']:>10.1%}")
+        print(f"{name:<26} {row['median_step_s']:>9.3f} {row['ratio_vs_bf16']:>7.2f}x {row['min_step_s']:>8.3f} "
+              f"{row['mfu']:>6.3f} {row['saver_wait_fraction']:>10.1%}")
     cuda = torch.cuda.is_available()
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                "load_avg": os.getloadavg(), "device": torch.cuda.get_device_name() if cuda else "cpu"}
-    out = Path(__file__).parent / "results" / f"bench_train{'_cuda' if cuda else ''}.json"
+    out = args.output or Path(__file__).parent / "results" / f"bench_train{'_cuda' if cuda else ''}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "config": vars(args), "results": rows}, indent=1))
+    out.write_text(json.dumps({"machine": machine, "config": vars(args), "results": rows}, indent=1, default=str))
     print(f"wrote {out}")
 
 
@@ -140,7 +152,7 @@ def _summary(history: list[dict]) -> dict:
     steps = [h["iteration time (s)"] for h in history]
     captured = [h for h in history if "capture/wait_s" in h]
     wait = max((h["capture/wait_s"] / h["iteration time (s)"] for h in captured), default=float("nan"))
-    return {"median_step_s": statistics.median(steps), "samples": len(steps),
+    return {"median_step_s": statistics.median(steps), "min_step_s": min(steps), "samples": len(steps),
             "mfu": statistics.median(h.get("MFU", float("nan")) for h in history),
             "captured_step_s": statistics.median(h["iteration time (s)"] for h in captured) if captured else None,
             "saver_wait_fraction": wait}

@@ -14,21 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import replace
-from typing import Any
-
-
-def replace_mlp_submodules(mlp: Any, **linears: type) -> Any:
-    """``mlp`` (the ``mlp`` entry of a layer spec) with the named linear submodules replaced.
-
-    0.19 changed the local spec's MLP from ``ModuleSpec(module=MLP, submodules=...)`` to
-    ``functools.partial(MLP.as_mlp_submodule, submodules=...)``; both carry an ``MLPSubmodules``.
-    """
-    if isinstance(mlp, functools.partial):
-        return functools.partial(mlp.func, *mlp.args,
-                                 **{**mlp.keywords, "submodules": replace(mlp.keywords["submodules"], **linears)})
-    return replace(mlp, submodules=replace(mlp.submodules, **linears))
-
 
 # 0.19 (Megatron-LM PR 5160): dist_checkpointing.save stores the common (non-tensor) state as the
 # ShardedObject "common_state" inside the PyTorch DCP files, listed in their index under this key,

@@ -37,12 +37,14 @@ def model_accounting(world_size: int, shape: dict, batch: int) -> tuple[int, flo
     from torch.utils.flop_counter import FlopCounterMode
 
     from megatron.quant.cpu import init_parallel
+    from megatron.quant.layers.spec import precision_config
     from megatron.quant.recipes.recipe import QuantRecipe
     from megatron.quant.training.model import build_gpt, transformer_config
 
     init_parallel()
     # The unfused attention: torch's flop counter counts its products, not SDPA's CPU kernel.
-    model = build_gpt(transformer_config(shape), shape, QuantRecipe.from_env(), sdpa=False)
+    model = build_gpt(transformer_config(shape, quant_recipe=precision_config(QuantRecipe.from_env())), shape,
+                      sdpa=False)
     seq = shape["seq_length"]
     tokens = torch.randint(0, shape["vocab_size"], (batch, seq))
     counter = FlopCounterMode(display=False)

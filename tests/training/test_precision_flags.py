@@ -5,7 +5,8 @@ from megatron.quant.recipes.operands import LINEAR_OPERANDS
 from megatron.quant.recipes.presets import GRADIENTS, WGRAD, PresetError, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
-from megatron.quant.training.main import build_recipe, check_inputs
+from megatron.quant.training.main import check_inputs
+from megatron.quant.training.run_config import build_recipe
 
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2", "--bf16"]
 LAYERS = 4
@@ -119,5 +120,36 @@ def test_emulated_fp8_needs_no_transformer_engine_and_check_inputs_builds_it(mon
     flags = TINY + ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16"]
     validate_args(parse_args(flags), 1, cuda=False)
     inputs = check_inputs(flags)
-    assert inputs.recipe.name == "te-fp8-current-bf16-first1-last1"
-    assert inputs.recipe.unquantized_layers(inputs.shape["num_layers"]) == [0, inputs.shape["num_layers"] - 1]
+    (recipe,) = inputs.precision.configs.values()
+    assert recipe.name == inputs.precision.name == "te-fp8-current-bf16-first1-last1"
+    assert recipe.unquantized_layers(inputs.shape["num_layers"]) == [0, inputs.shape["num_layers"] - 1]
+    assert recipe.seed == 1234  # the run's --seed keys stochastic rounding
+
+
+@pytest.mark.parametrize("flag", ["--kitchen-config-file", "--te-precision-config-file"])
+def test_precision_files_under_megatron_lms_flag_names(tmp_path, monkeypatch, flag):
+    from tests.recipes.test_precision_file import TE_FILE, THREE_MATCHERS
+
+    for key in ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE"):
+        monkeypatch.delenv(key, raising=False)
+    path = tmp_path / "mixed.yaml"
+    path.write_text(TE_FILE if flag.startswith("--te") else THREE_MATCHERS)
+    inputs = check_inputs(TINY + [flag, str(path)])
+    assert inputs.precision.name == "mixed" and len(inputs.precision.configs) > 2
+    assert {recipe.seed for recipe in inputs.precision.configs.values()} == {1234}
+    with pytest.raises(ArgumentError, match=f"{flag} and CUSTOM_QUANT_TYPE both choose the precision; give one"):
+        monkeypatch.setenv("CUSTOM_QUANT_TYPE", "mxfp8")
+        check_inputs(TINY + [flag, str(path)])
+
+
+def test_a_bad_precision_file_stops_the_driver_in_one_line(tmp_path, capsys):
+    from megatron.quant.training.main import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("configs: {a: bf16}\nmatchers: {m: {type: glob, pattern: '*', config: b, enabled: true}}\n")
+    with pytest.raises(SystemExit) as stop:
+        main(TINY + ["--kitchen-config-file", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1
+    assert err[0] == (f"megatron-quant-train: error: --kitchen-config-file {path}: matchers.m: unknown config 'b'; "
+                      f"configs: a")

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
+from megatron.core.quantization.quant_config import QuantizationConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
@@ -50,6 +51,7 @@ from megatron.quant.layers.bmm_function import (
 )
 from megatron.quant.layers.delayed import HISTORIES, amax_reduction_group
 from megatron.quant.layers.histories import attach_histories
+from megatron.quant.layers.module_quant import FinishesInit, module_quant
 from megatron.quant.layers.operand import (
     NoiseScope,
     Quantized,
@@ -111,13 +113,27 @@ class _FusedAttention(torch.autograd.Function):
         return grads + (None, None, None, None)
 
 
-class QuantDotProductAttention(DotProductAttention):
-    """DotProductAttention with fake-quantized GEMM operands; stock until ``configure_quant``."""
+class QuantDotProductAttention(FinishesInit, DotProductAttention):
+    """DotProductAttention with fake-quantized GEMM operands; stock until ``configure_quant``.
+
+    ``allow_fused``: may run SDPA where it computes what the unfused path does (the module docstring).
+    """
 
     quant: Optional[AttentionQuant] = None
     capture_site: Optional[CaptureSite] = None
     allow_fused: bool = True
     noise_root: Optional[RandomBits] = None
+
+    def __init__(self, *args: Any, allow_fused: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.allow_fused = allow_fused
+
+    def finish_init(self, quantization_config: Optional[QuantizationConfig]) -> None:
+        """Take the formats the config megatron-core matched to this module gives it (none matched: stock)."""
+        if quantization_config is None:
+            return
+        quant = module_quant(quantization_config, self.config)
+        self.configure_quant(AttentionQuant.from_formats(quant.formats), quant.site, self.allow_fused, quant.seed)
 
     def configure_quant(self, quant: AttentionQuant, site: Optional[CaptureSite], allow_fused: bool = True,
                         seed: int = 0) -> None:

@@ -3,19 +3,28 @@
 They keep all of megatron-core's behaviour (TP communication, sequence parallel, bias,
 ``main_grad`` accumulation, weight passed at call time, expert flags) and replace only
 ``_forward_impl``, the point where megatron-core runs its linear autograd function. Until
-``configure_quant`` is called (``spec.build_llama_model`` does it) they are the stock layers.
+``configure_quant`` is called (``finish_init`` does it, with the config megatron-core matched to the
+layer) they are the stock layers.
+
+``_forward_impl`` is private, and the one place megatron-core leaves for this: ``forward`` does the
+tensor-parallel communication, sequence parallelism, the embedding's deferred wgrad and CPU offload
+around it (and differs between releases), and the autograd function it calls is a module-level
+name; TE's and Kitchen's linear layers are classes of their own instead. No public method of
+``ColumnParallelLinear`` or ``RowParallelLinear`` hands the GEMM to a subclass.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+from megatron.core.quantization.quant_config import QuantizationConfig
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.delayed import amax_reduction_group
 from megatron.quant.layers.histories import attach_histories
 from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
+from megatron.quant.layers.module_quant import FinishesInit, module_quant
 from megatron.quant.layers.operand import module_noise_root
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 from megatron.quant.recipes import operands
@@ -23,7 +32,7 @@ from megatron.quant.recipes.operands import Parallel
 from megatron.quant.tensor_saver import CaptureSite
 
 
-class QuantLinearMixin:
+class QuantLinearMixin(FinishesInit):
     """The quantized ``_forward_impl`` shared by the column- and row-parallel layers."""
 
     # Class-level defaults: an unconfigured layer (or one promoted with __class__) is stock.
@@ -36,6 +45,15 @@ class QuantLinearMixin:
     def _shard_size(self) -> int:
         """The length of this rank's shard of the dimension tensor parallelism splits."""
         raise NotImplementedError
+
+    def finish_init(self, quantization_config: Optional[QuantizationConfig]) -> None:
+        """Take the formats the config megatron-core matched to this layer gives it (none matched: stock)."""
+        if quantization_config is None:
+            return
+        quant = module_quant(quantization_config, self.config)
+        gated = quant.site.role == "fc1" and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
+        self.configure_quant(LinearQuant.from_formats(quant.formats), quant.site, seed=quant.seed,
+                             shard_groups=2 if gated else 1)
 
     def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,
                         shard_groups: int = 1) -> None:

@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-fp8-wgrad", action="store_true", help="emulated recipe: wgrad GEMM operands not quantized")
     g.add_argument("--fp4-format", choices=["e2m1"], default=None, help="emulate FP4 training (te-nvfp4)")
     g.add_argument("--fp4-recipe", choices=["nvfp4"], default=None, help="with --fp4-format: the FP4 recipe")
+    # Megatron-LM's per-module precision files (megatron-core RecipeConfig YAML; recipes/precision_file.py).
+    g.add_argument("--kitchen-config-file", default=None, metavar="YAML",
+                   help="per-module precision: configs (our recipes) and matchers (megatron-core's globs)")
+    g.add_argument("--te-precision-config-file", default=None, metavar="YAML",
+                   help="per-module precision written for TE's recipes (TEQuantizationParams) or ours")
     g.add_argument("--first-last-layers-bf16", action="store_true",
                    help="emulated recipe: keep the first and last decoder layers unquantized")
     g.add_argument("--num-layers-at-start-in-bf16", type=int, default=None,

@@ -49,6 +49,8 @@ def load_model(source: str, recipe, *, seed: int = 0, params_dtype: torch.dtype 
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    from megatron.quant.layers.spec import precision_config
+
     if params_dtype not in _PRECISION_OF:
         raise ValueError(f"params_dtype {params_dtype} is not supported; valid: {list(_PRECISION_OF)}")
     kind, shape = _shape_of(source)
@@ -57,9 +59,10 @@ def load_model(source: str, recipe, *, seed: int = 0, params_dtype: torch.dtype 
     torch.manual_seed(seed)  # also when the parallel state existed already
     model_parallel_cuda_manual_seed(seed)
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    config = transformer_config(shape, precision=_PRECISION_OF[params_dtype], tensor_parallel=tp)
+    config = transformer_config(shape, precision=_PRECISION_OF[params_dtype], tensor_parallel=tp,
+                                quant_recipe=precision_config(recipe))
     vocab = padded_vocab_size(shape["vocab_size"], VOCAB_DIVISOR, tp) if kind == "hf" else shape["vocab_size"]
-    model = build_gpt(config, shape, recipe, vocab_size=vocab)
+    model = build_gpt(config, shape, vocab_size=vocab)
     if kind == "hf":
         hf_import.load_hf_weights(model, source, shape)
     elif kind == "checkpoint":

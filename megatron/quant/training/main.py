@@ -1,16 +1,15 @@
 """``python -m megatron.quant.training`` / ``megatron-quant-train``: pretrain Llama on megatron-core.
 
-Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the format comes from
-``CUSTOM_QUANT_TYPE`` / ``CUSTOM_QUANT_RECIPE``, capture from ``TENSOR_SAVE_*``.
+Flags are Megatron-LM's (see ``megatron.quant.training.arguments``); the precision comes from a
+precision file, the precision flags or ``CUSTOM_QUANT_*``, capture from ``TENSOR_SAVE_*``, parsed
+once into a ``run_config.RunConfiguration``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from megatron.quant.training import notices
 
@@ -22,8 +21,8 @@ import torch.distributed as dist  # noqa: E402
 from megatron.quant import kernels, tensor_saver  # noqa: E402
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.layers import fusions  # noqa: E402
-from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags  # noqa: E402
-from megatron.quant.recipes.recipe import QuantRecipe, check_env_names  # noqa: E402
+from megatron.quant.recipes.precision import PrecisionConfig  # noqa: E402
+from megatron.quant.recipes.presets import emulates_precision  # noqa: E402
 from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
 from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args  # noqa: E402
@@ -34,7 +33,9 @@ from megatron.quant.training.loop import Run, train  # noqa: E402
 from megatron.quant.training.model import build_gpt, transformer_config  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
 from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
+from megatron.quant.training.run_config import RunConfiguration, build_precision  # noqa: E402
 from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size  # noqa: E402
+from megatron.quant.training.variables import environment_of  # noqa: E402
 
 
 def _precision(args) -> str:
@@ -54,30 +55,15 @@ def _model_vocab_size(args, tokenizer) -> int:
     return args.vocab_size
 
 
-_RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE")
-
-
-def build_recipe(args, environ: Mapping[str, str]) -> QuantRecipe:
-    """The recipe from Megatron-LM's precision flags (--fp8-recipe, --fp4-format, ...) or from
-    CUSTOM_QUANT_*; both at once is an error, not a choice."""
-    check_env_names(environ)
-    flags_recipe = recipe_from_megatron_flags(args)
-    if flags_recipe is None:
-        return QuantRecipe.from_env(environ)
-    given = [key for key in _RECIPE_ENV if environ.get(key)]
-    if given:
-        raise ArgumentError(f"{', '.join(given)} and the precision flags (--fp8-recipe/--fp4-format) both choose "
-                            f"the recipe ({flags_recipe['name']}); unset {', '.join(given)} or drop the flags")
-    extra = {"compile": environ["CUSTOM_QUANT_COMPILE"]} if environ.get("CUSTOM_QUANT_COMPILE") else {}
-    return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
-
-
 def _te_fp8_format(args) -> str | None:
     """The FP8 format Transformer Engine runs for real: --fp8-format alone (with --fp8-recipe it is emulated)."""
     return None if emulates_precision(args) else args.fp8_format
 
 
-def _quantization(recipe: QuantRecipe, num_layers: int) -> str:
+def _quantization(precision: PrecisionConfig, num_layers: int) -> str:
+    if len(precision.configs) > 1:
+        return precision.describe()
+    (recipe,) = precision.configs.values()
     kept = recipe.unquantized_layers(num_layers)
     return recipe.name + (f" (decoder layers {', '.join(map(str, kept))} kept in bf16)" if kept else "")
 
@@ -114,8 +100,9 @@ def _connect_schedule(config, chunks: list, opt) -> None:
     config.no_sync_func = chunks[0].no_sync
 
 
-def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fused: str) -> None:
+def _print_start(logger, args, shape, precision: PrecisionConfig, num_params: int, flops: float, fused: str) -> None:
     cuda = torch.cuda.is_available()
+    kernel_line = kernels.describe(precision.formats(shape["num_layers"]), precision.compile, kernels.backend(), cuda)
     memory = metrics.memory_estimate_gb(
         shape, num_parameters=num_params, micro_batch_size=args.micro_batch_size, seq_length=args.seq_length,
         tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,
@@ -127,45 +114,33 @@ def _print_start(logger, args, shape, recipe, num_params: int, flops: float, fus
     logger.print(f"parallel: TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x DP "
                  f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
-                 f"quantization {_quantization(recipe, shape['num_layers'])} | "
+                 f"quantization {_quantization(precision, shape['num_layers'])} | "
                  f"device {'cuda' if torch.cuda.is_available() else 'cpu'} | "
-                 f"{kernels.describe(recipe.formats(shape['num_layers']), recipe.compile, kernels.backend(), cuda)} | "
-                 f"{fused}")
+                 f"{kernel_line} | {fused}")
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e} {notices.describe_hidden()}".rstrip())
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """What a run is made of, decided and checked before any process group exists."""
-    args: argparse.Namespace
-    recipe: QuantRecipe
-    saver_config: SaverConfig
-    tokenizer: object
-    shape: dict
-    fast_paths: fusions.FastPaths
-
-
-def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
-    """Parse and validate arguments and the CUSTOM_QUANT_*/TENSOR_SAVE_* environment;
-    ArgumentError/ValueError/FileNotFoundError with a one-line reason."""
+def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
+    """Parse and validate the flags, the files they name and the CUSTOM_QUANT_*/TENSOR_SAVE_* environment
+    into the run's configuration (``run_config.PRECEDENCE``); ArgumentError/ValueError/FileNotFoundError
+    with a one-line reason."""
     cuda = torch.cuda.is_available()
     args = validate_args(parse_args(argv), int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    recipe = build_recipe(args, os.environ)
-    kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
+    precision = build_precision(args, os.environ)  # stochastic rounding follows --seed unless a recipe fixes one
+    kernel_backend = kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
     fast_paths = fusions.choose(os.environ, cuda=cuda, precision=_precision(args))  # and a bad CUSTOM_QUANT_FUSIONS
-    if recipe.seed is None:  # stochastic rounding follows the run's seed unless the recipe fixes one
-        recipe = replace(recipe, seed=args.seed)
-    _check_fp8_recipe(args, recipe)
-    check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
+    for recipe in precision.configs.values():
+        _check_fp8_recipe(args, recipe)
+        check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
     saver_config = SaverConfig.from_env()
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     shape = {key: getattr(args, key) for key in SHAPE_KEYS}
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
     saver_config.check_selectors(num_layers=shape["num_layers"], world_size=int(os.environ.get("WORLD_SIZE", "1")),
                                  num_microbatches=args.num_microbatches,
-                                 roles=recipe.capture_roles(shape["num_layers"]))
+                                 roles=precision.capture_roles(shape["num_layers"]))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
     for option in ("save", "tensorboard_dir", "data_cache_path"):  # refused now, not at the first write
@@ -176,15 +151,16 @@ def check_inputs(argv: Sequence[str] | None = None) -> Inputs:
         check_hf_checkpoint(args.hf_checkpoint, shape)
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         checkpoint.check_resume(checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step), args)
-    return Inputs(args, recipe, saver_config, tokenizer, shape, fast_paths)
+    return RunConfiguration(args, precision, saver_config, fast_paths, kernel_backend, environment_of(os.environ),
+                            shape, tokenizer)
 
 
-def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
+def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     """Initialise parallel state, build model, optimizer, data; load a checkpoint."""
     from megatron.quant.cpu import init_parallel
 
     cuda = torch.cuda.is_available()
-    args, recipe, tokenizer, shape = inputs.args, inputs.recipe, inputs.tokenizer, inputs.shape
+    args, precision, tokenizer, shape = inputs.args, inputs.precision, inputs.tokenizer, inputs.shape
 
     init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
     logger = metrics.MetricsLogger(args.tensorboard_dir, enabled=dist.get_rank() == dist.get_world_size() - 1)
@@ -194,8 +170,9 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
         init_method_std=args.init_method_std, attention_dropout=args.attention_dropout,
         hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
-        recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags())
-    gpt = build_gpt(config, shape, recipe, sdpa=inputs.fast_paths.sdpa)
+        recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags(),
+        quant_recipe=precision)
+    gpt = build_gpt(config, shape, sdpa=inputs.fast_paths.sdpa)
     if args.hf_checkpoint:
         load_hf_weights(gpt, args.hf_checkpoint, shape)
     chunks = _wrap(args, config, gpt, cuda)
@@ -222,17 +199,18 @@ def setup(inputs: Inputs) -> tuple[Run, metrics.MetricsLogger]:
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
     # a resume at --train-iters trains (and captures) nothing: no window to intersect
-    tensor_saver.configure(inputs.saver_config, run_iterations=range(start, args.train_iters) or None)
+    tensor_saver.configure(inputs.capture, run_iterations=range(start, args.train_iters) or None)
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
                                         seq_length=args.seq_length, vocab_size=shape["vocab_size"])
-    _print_start(logger, args, shape, recipe, num_params, flops, inputs.fast_paths.describe(gpt))
+    _print_start(logger, args, shape, precision, num_params, flops, inputs.fast_paths.describe(gpt))
+    logger.print(inputs.describe())
     run = Run(config=TrainingConfig.from_args(args), model_chunks=chunks, gpt=gpt, optimizer=opt, scheduler=scheduler,
               train_data=train_data, valid_data=valid_data,
               layout=BatchLayout(args.micro_batch_size, args.global_batch_size, args.data_parallel_size),
               flops_per_iteration=flops, peak_tflops=metrics.peak_tflops(metrics.device_name(), args.peak_tflops),
-              run_config={"shape": shape, "quant_type": recipe.name, "args": vars(args)},
+              run_config=inputs.record(),
               cuda=cuda, start_iteration=start)
     return run, logger
 

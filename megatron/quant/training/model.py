@@ -15,10 +15,12 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
                        init_method_std: float = 0.02, attention_dropout: float = 0.0,
                        hidden_dropout: float = 0.0, fp8_format: str | None = None, tp_only_amax_red: bool = False,
                        recompute_granularity: str | None = None, recompute_method: str | None = None,
-                       recompute_num_layers: int | None = None, fusion_flags: Mapping | None = None):
+                       recompute_num_layers: int | None = None, fusion_flags: Mapping | None = None,
+                       quant_recipe=None):
     """megatron-core's TransformerConfig for a Llama shape (preset-style keys); ``recompute_*``:
     megatron-core's activation recompute (selective recomputes core attention); ``fusion_flags``:
-    ``FastPaths.config_flags()`` (``layers/fusions.py``; none: megatron-core's unfused operations)."""
+    ``FastPaths.config_flags()`` (``layers/fusions.py``; none: megatron-core's unfused operations);
+    ``quant_recipe``: the per-module precision (``layers.spec.precision_config``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     if precision not in PRECISIONS:
@@ -37,12 +39,13 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
         fp8=fp8_format, tp_only_amax_red=tp_only_amax_red,
         recompute_granularity=recompute_granularity, recompute_method=recompute_method,
-        recompute_num_layers=recompute_num_layers,
+        recompute_num_layers=recompute_num_layers, quant_recipe=quant_recipe,
         **{**_UNFUSED, **(fusion_flags or {})})
 
 
-def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None, sdpa: bool = True):
-    """GPTModel for ``shape`` with the quantized Llama spec of ``recipe`` (``sdpa``: see ``build_llama_model``)."""
+def build_gpt(config, shape: Mapping, *, vocab_size: int | None = None, sdpa: bool = True):
+    """GPTModel for ``shape`` with the quantized Llama spec of ``config.quant_recipe`` (``sdpa``: see
+    ``build_llama_model``)."""
     from megatron.core import parallel_state
 
     from megatron.quant.layers.spec import build_llama_model
@@ -50,7 +53,7 @@ def build_gpt(config, shape: Mapping, recipe, *, vocab_size: int | None = None, 
     if config.fp8:
         return _build_te_fp8_model(config, shape, vocab_size or shape["vocab_size"])
     model = build_llama_model(
-        config, recipe, vocab_size=vocab_size or shape["vocab_size"],
+        config, vocab_size=vocab_size or shape["vocab_size"],
         max_sequence_length=shape["max_position_embeddings"], rotary_base=shape["rotary_base"],
         share_embeddings_and_output_weights=not shape["untie_embeddings_and_output_weights"],
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -45,6 +45,7 @@ from megatron.quant.training.sweep_plan import (
     print_command,
     train_command,
 )
+from megatron.quant.training.variables import RECIPE_NAMING, environment_of
 
 RUN_JSON = "run.json"
 
@@ -56,7 +57,6 @@ DONE = (FINISHED, DIVERGED_STATUS)  # statuses a re-run skips
 
 TRAIN_LOG = "train.log"  # a parallel run's output
 DATA_CACHE = "data_cache"  # a parallel run's dataset index cache, unless --data-cache-path is given
-_RECIPE_ENV = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_RECIPE")
 
 
 def read_run(run_dir: Path) -> dict | None:
@@ -92,13 +92,14 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     """Run (or resume) ``run`` with ``command``, keeping run.json up to date; its status. In a
     ``slot`` (``--parallel``): with the slot's environment, output appended to ``run_dir/train.log``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {key: value for key, value in os.environ.items() if key not in _RECIPE_ENV}
+    env = {key: value for key, value in os.environ.items() if key not in RECIPE_NAMING}  # the run's recipe names it
     env.update(run.env)
     env.update(slot or {})
     env.setdefault("TENSOR_SAVE_DIR", str(run_dir / "tensor_logs"))  # captures, when enabled, stay with the run
     record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
                                    "start_time": utc_now(), "attempts": []}
-    attempt = {"start_time": utc_now(), "command": command, "git_commit": git_commit(), "machine": machine()}
+    attempt = {"start_time": utc_now(), "command": command, "git_commit": git_commit(), "machine": machine(),
+               "environment": dict(environment_of(env))}
     record.update(flags=[*flags, *run.extra_flags], git_commit=attempt["git_commit"], machine=attempt["machine"],
                   status=RUNNING)
     record["attempts"].append(attempt)

@@ -1,0 +1,79 @@
+"""What a quantized module takes from the config megatron-core matched to it.
+
+``GPTModel`` ends its construction by handing every module with a ``finish_init`` the
+``QuantizationConfig`` that ``TransformerConfig.quant_recipe`` matches to the module's path (None
+when no matcher takes it; megatron-core logs those). ``module_quant`` turns that into the module's
+operand formats and capture site: its role from its attribute name, its 0-based global layer from
+the path (megatron-core's own ``layers.N``, a stage-local index) and the pipeline stage's offset.
+``finish_init`` does the same for a model megatron-core does not finish (a block or layer built alone).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+from megatron.core.quantization.quant_config import QuantizationConfig
+from megatron.core.quantization.utils import get_quant_config_or_none
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.recipes.precision import PrecisionConfig
+from megatron.quant.tensor_saver import CaptureSite
+
+# Attribute name of a module -> role used by recipes and captures.
+ROLE_BY_ATTRIBUTE = {"linear_qkv": "qkv", "linear_proj": "proj", "linear_fc1": "fc1", "linear_fc2": "fc2",
+                     "core_attention": "core_attention", "output_layer": "output_layer"}
+
+
+class FinishesInit:
+    """A module megatron-core finishes with its matched quantization config (``GPTModel``'s seam)."""
+
+    def finish_init(self, quantization_config: Optional[QuantizationConfig]) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ModuleQuant:
+    """One module's operand formats (operand key -> format, None where unquantized), site and seed."""
+
+    formats: Mapping[str, Optional[QuantFormat]]
+    site: CaptureSite
+    seed: int
+
+
+def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> ModuleQuant:
+    """The formats, site and stochastic-rounding seed of the module ``matched`` was made for."""
+    precision = config.quant_recipe
+    path = matched.match_input.module_path
+    if not isinstance(precision, PrecisionConfig):
+        raise TypeError(f"{path}: TransformerConfig.quant_recipe is a {type(precision).__name__}; the quantized "
+                        f"modules need a megatron.quant PrecisionConfig (recipes/precision.py)")
+    role = ROLE_BY_ATTRIBUTE.get(path.rsplit(".", 1)[-1])
+    if role is None:
+        raise ValueError(f"{path}: no recipe role for this module; roles: {', '.join(ROLE_BY_ATTRIBUTE.values())}")
+    layer_idx = -1 if role == "output_layer" else _global_layer(matched, config)
+    attention = role == "core_attention"
+    site = CaptureSite(layer_type="attention" if attention else "linear", component="FA" if attention else "linear",
+                       layer_idx=layer_idx, module=path, role=role, quant_type=precision.name)
+    formats = precision.resolve(matched, role, layer_idx, config.num_layers)
+    return ModuleQuant(formats, site, precision.recipe(matched).seed or 0)
+
+
+def _global_layer(matched: QuantizationConfig, config: TransformerConfig) -> int:
+    local = matched.match_input.layer_number  # megatron-core's: the N of "layers.N", 0-based in the stage
+    if local is None:
+        raise ValueError(f"{matched.match_input.module_path}: a decoder module outside any 'layers.N'; "
+                         f"build it inside a TransformerBlock or name it with finish_init's prefix")
+    offset = get_transformer_layer_offset(config) if config.pipeline_model_parallel_size > 1 else 0
+    return local + offset
+
+
+def finish_init(model: torch.nn.Module, config: TransformerConfig, prefix: str = "") -> None:
+    """What ``GPTModel.__init__`` does last, for a model it did not build: each module with a
+    ``finish_init`` gets the config ``config.quant_recipe`` matches to ``prefix`` + its path."""
+    for name, module in model.named_modules():
+        if isinstance(module, FinishesInit):
+            module.finish_init(get_quant_config_or_none(prefix + name, config.quant_recipe))
+

@@ -1,0 +1,80 @@
+"""Per-module precision as megatron-core states it: ``TransformerConfig.quant_recipe``.
+
+megatron-core's ``RecipeConfig`` (``megatron/core/quantization/quant_config.py``) holds named
+``configs`` and an ordered list of ``matchers`` (glob on the module path, first match wins);
+``GPTModel`` matches every module that has ``finish_init`` and hands it the matched config
+(``get_quant_config_or_none``), logging the modules no matcher takes. ``PrecisionConfig`` is that
+class with our recipes as the configs' payloads, parsed once when the config is made, so a module
+resolves its formats from an already checked ``QuantRecipe``.
+
+The lab's own recipe (``CUSTOM_QUANT_*``, a recipe file) is the one-matcher case: ``uniform``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping, Optional
+
+from megatron.core.quantization.quant_config import GlobMatcher, Matcher, QuantizationConfig, RecipeConfig
+
+from megatron.quant.formats.base import NumericFormat
+from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.recipes.recipe import QuantRecipe
+
+ALL_MODULES = "*"
+
+
+class PrecisionConfig(RecipeConfig):
+    """megatron-core's RecipeConfig whose configs are ``QuantRecipe`` objects.
+
+    Equal format choices of modules matched to the same config share one built format (and, with
+    ``compile``, its kernels), as ``QuantRecipe.resolve``'s ``shared`` does within one recipe.
+    """
+
+    configs: dict[str, QuantRecipe]
+
+    def __init__(self, matchers: list[Matcher], configs: Mapping[str, QuantRecipe], name: str, source: str):
+        super().__init__(list(matchers), dict(configs))
+        self.name = name  # the capture quant_type: one capture directory for the run
+        self.source = source
+        self._built: dict[str, dict] = {}  # config key -> FormatChoice -> built format
+
+    @classmethod
+    def uniform(cls, recipe: QuantRecipe) -> "PrecisionConfig":
+        """Every module matched to ``recipe`` (the lab's own recipe language)."""
+        return cls([GlobMatcher(ALL_MODULES, recipe.name)], {recipe.name: recipe}, recipe.name, recipe.name)
+
+    def with_seed(self, seed: int) -> "PrecisionConfig":
+        """Each recipe without a seed of its own takes ``seed`` (a training run's ``--seed``)."""
+        configs = {key: recipe if recipe.seed is not None else replace(recipe, seed=seed)
+                   for key, recipe in self.configs.items()}
+        return type(self)(self.matchers, configs, self.name, self.source)
+
+    def recipe(self, matched: QuantizationConfig) -> QuantRecipe:
+        """The recipe a module's matched config names (megatron-core hands modules a copy)."""
+        return self.configs[matched.config_key]
+
+    def resolve(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int
+                ) -> dict[str, Optional[QuantFormat]]:
+        """Operand key -> built format for the module ``matched`` was made for (``QuantRecipe.resolve``)."""
+        shared = self._built.setdefault(matched.config_key, {})
+        return self.recipe(matched).resolve(role, layer_idx, num_layers, shared)
+
+    def formats(self, num_layers: int) -> list[NumericFormat]:
+        """Every distinct format some module may quantize with (``QuantRecipe.formats``, over the configs)."""
+        found = {repr(f): f for recipe in self.configs.values() for f in recipe.formats(num_layers)}
+        return [found[key] for key in sorted(found)]
+
+    @property
+    def compile(self) -> bool:
+        """Some config quantizes through torch.compile."""
+        return any(recipe.compile for recipe in self.configs.values())
+
+    def capture_roles(self, num_layers: int) -> tuple[str, ...]:
+        """The roles of the modules that capture (``QuantRecipe.capture_roles``, over the configs)."""
+        roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers)}
+        return tuple(roles)
+
+    def describe(self) -> str:
+        """One line: each matcher's pattern and config, in matching order."""
+        pairs = [f"{m.pattern} -> {m.config_key}" for m in self.matchers if isinstance(m, GlobMatcher)]
+        return f"{self.source}: " + ", ".join(pairs)

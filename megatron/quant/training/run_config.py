@@ -1,0 +1,89 @@
+"""The run's configuration: every input of a training run, parsed once into one frozen, typed tree.
+
+A run is configured from the command line (Megatron-LM's flags), the files the flags or variables
+name (a precision file, a recipe file) and the environment: ``CUSTOM_QUANT_*`` (the recipe and how it
+runs) and ``TENSOR_SAVE_*`` (capture), listed with what each decides in ``variables.VARIABLES``. One
+rule, ``variables.PRECEDENCE``, decides between the sources. ``RunConfiguration`` holds the result;
+``describe`` is the start line's ``configuration:`` line and ``record`` what each checkpoint keeps
+(``run_config.json``).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from megatron.quant.layers.fusions import FastPaths
+from megatron.quant.recipes.precision import PrecisionConfig
+from megatron.quant.recipes.precision_file import load_precision_file
+from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
+from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
+from megatron.quant.tensor_saver import SaverConfig
+from megatron.quant.training.arguments import ArgumentError
+from megatron.quant.training.variables import PRECEDENCE, RECIPE_CHOOSING
+
+PRECISION_FILE_FLAGS = ("kitchen_config_file", "te_precision_config_file")  # Megatron-LM's names
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def build_recipe(args: argparse.Namespace, environ: Mapping[str, str]) -> QuantRecipe:
+    """The recipe from Megatron-LM's precision flags (--fp8-recipe, --fp4-format, ...) or from
+    CUSTOM_QUANT_*; both at once is an error, not a choice."""
+    check_env_names(environ)
+    flags_recipe = recipe_from_megatron_flags(args)
+    if flags_recipe is None:
+        return QuantRecipe.from_env(environ)
+    given = [key for key in RECIPE_CHOOSING if environ.get(key)]
+    if given:
+        raise ArgumentError(f"{', '.join(given)} and the precision flags (--fp8-recipe/--fp4-format) both choose "
+                            f"the recipe ({flags_recipe['name']}); unset {', '.join(given)} or drop the flags")
+    extra = {"compile": environ["CUSTOM_QUANT_COMPILE"]} if environ.get("CUSTOM_QUANT_COMPILE") else {}
+    return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
+
+
+def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> PrecisionConfig:
+    """The run's per-module precision (``PRECEDENCE``): a precision file, or the one recipe
+    ``build_recipe`` gives every module, seeded by ``--seed`` where a recipe fixes no seed."""
+    files = [(key, getattr(args, key)) for key in PRECISION_FILE_FLAGS if getattr(args, key, None)]
+    if not files:
+        return PrecisionConfig.uniform(build_recipe(args, environ)).with_seed(args.seed)
+    check_env_names(environ)
+    others = [_flag(key) for key, _ in files[1:]] + [key for key in RECIPE_CHOOSING if environ.get(key)]
+    others += ["--fp8-recipe/--fp4-format"] if emulates_precision(args) else []
+    flag = _flag(files[0][0])
+    if others:
+        raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
+    return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}").with_seed(args.seed)
+
+
+@dataclass(frozen=True)
+class RunConfiguration:
+    """What a run is made of, decided and checked before any process group exists."""
+
+    args: argparse.Namespace        # the checked flags (arguments.validate_args)
+    precision: PrecisionConfig      # the recipe of each module (one for all without a precision file)
+    capture: SaverConfig            # TENSOR_SAVE_*
+    fast_paths: FastPaths           # CUSTOM_QUANT_FUSIONS
+    kernels: str                    # CUSTOM_QUANT_KERNELS: which code quantizes
+    environment: tuple[tuple[str, str], ...]  # the VARIABLES that were set, as given
+    shape: Mapping[str, Any]        # the model's shape (presets.SHAPE_KEYS, the padded vocabulary)
+    tokenizer: Any
+
+    def describe(self) -> str:
+        """The start line's ``configuration:`` line: where the precision and capture came from."""
+        capture = f"capture to {self.capture.save_dir}" if self.capture.enabled else "capture off"
+        set_vars = " ".join(f"{name}={value}" for name, value in self.environment) or "none"
+        return (f"configuration: precision {self.precision.source} | {capture} | environment {set_vars} | "
+                f"precedence: {PRECEDENCE}")
+
+    def record(self) -> dict[str, Any]:
+        """JSON-able: what each checkpoint keeps of the run (shape, quant_type and every flag, as before,
+        plus the precision's matchers and recipes, the capture settings and the variables given)."""
+        return {"shape": dict(self.shape), "quant_type": self.precision.name, "args": vars(self.args),
+                "precision": {"source": self.precision.source, "describe": self.precision.describe(),
+                              "configs": {key: repr(recipe) for key, recipe in self.precision.configs.items()}},
+                "capture": asdict(self.capture), "kernels": self.kernels, "fusions": self.fast_paths.choice,
+                "environment": dict(self.environment), "precedence": PRECEDENCE}
