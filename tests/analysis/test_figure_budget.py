@@ -50,8 +50,8 @@ def _widest(jobs: list[FigureJob]) -> list[FigureJob]:
 
 
 def _broken(jobs: list[FigureJob], out: Path) -> dict[str, str]:
-    errors = {job.path: figures.render(job, out, DPI) for job in jobs}
-    return {path: error for path, error in errors.items() if error is not None}
+    outcomes = {job.path: figures.render(job, out, DPI) for job in jobs}
+    return {path: drawn.error or drawn.warning() for path, drawn in outcomes.items() if not drawn.clean}
 
 
 @pytest.mark.parametrize("capture", ["tiny_logs", "wide_logs"])
@@ -123,7 +123,7 @@ def test_the_runs_comparison_keeps_the_budget(recipes, tmp_path):
 def test_the_study_forest_plot_draws_from_the_committed_table(tmp_path):
     """docs/study holds the study's tables, not its runs: the README's figure comes from the CSV."""
     table = Path(__file__).parents[2] / "docs" / "study" / "study_150_recipes.csv"
-    assert forest.draw_from_csv(table, tmp_path / "forest.png", dpi=DPI) is None
+    assert forest.draw_from_csv(table, tmp_path / "forest.png", dpi=DPI).clean
     assert (tmp_path / "forest.png").is_file()
 
 
@@ -132,8 +132,8 @@ def test_layer_io_differences_keep_the_budget(tmp_path):
     reference = rng.standard_normal(512).astype(np.float32)
     results = {mode: {"input": reference + (i * 1e-3) * rng.standard_normal(512).astype(np.float32)}
                for i, mode in enumerate(["bf16", "hifp8", "mxfp8", "mxfp4", "nvfp4"])}
-    [(path, error)] = plot_difference_histograms(results, "bf16", tmp_path / "io")
-    assert path.is_file() and error is None
+    [(path, drawn)] = plot_difference_histograms(results, "bf16", tmp_path / "io")
+    assert path.is_file() and drawn.clean, drawn
 
 
 def _figure(draw) -> Figure:

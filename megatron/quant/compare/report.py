@@ -12,11 +12,14 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 
 from megatron.quant.compare.metrics import describe, error_vs_reference
+
+if TYPE_CHECKING:  # matplotlib loads only when a figure is drawn
+    from megatron.quant.analysis.figures import Drawn
 
 RULE = "=" * 98
 Results = Mapping[str, Mapping[str, np.ndarray]]
@@ -80,9 +83,9 @@ def format_screen_report(stats: Mapping) -> str:
     return "\n".join(lines + _summary_table(stats))
 
 
-def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[tuple[Path, str | None]]:
+def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[tuple[Path, Drawn]]:
     """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per
-    mode; (path, None when drawn within the figure budget, else what went wrong) each."""
+    mode; (path, how it was drawn) each."""
     from megatron.quant.analysis import figures
     from megatron.quant.analysis.plans import FigureJob
 

@@ -84,8 +84,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
     report.write_json(report.stats_path_for(output), stats)
     log(f"wrote {output} and {report.stats_path_for(output)}")
     if not args.no_plots:
-        for path, error in report.plot_difference_histograms(results, REFERENCE, output.with_suffix("")):
-            log(f"wrote {path}" if error is None else f"error: figure {path} could not be drawn: {error}")
+        for path, drawn in report.plot_difference_histograms(results, REFERENCE, output.with_suffix("")):
+            log(f"wrote {path}" if drawn.drawn else f"error: figure {path} could not be drawn: {drawn.error}")
+            if drawn.warning():
+                log(f"warning: figure {path} is drawn, but may hide something: {drawn.warning()}")
     return stats
 
 

@@ -113,11 +113,13 @@ def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) 
     """Draw the figures into ``output_dir``/FOLDER; returns those drawn (a failure is logged)."""
     drawn = []
     for job in figure_jobs(rows):
-        error = figures.render(job, output_dir, DPI)
-        if error is None:
+        outcome = figures.render(job, output_dir, DPI)
+        if outcome.drawn:
             drawn.append(job)
         else:
-            log(f"error: figure {job.path} could not be drawn: {error}")
+            log(f"error: figure {job.path} could not be drawn: {outcome.error}")
+        if outcome.warning():
+            log(f"warning: figure {job.path} is drawn, but may hide something: {outcome.warning()}")
     return drawn
 
 

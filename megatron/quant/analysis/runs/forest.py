@@ -42,9 +42,8 @@ def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = 
     return FigureJob(path, caption, draw_forest, payload)
 
 
-def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: int = 100) -> Optional[str]:
-    """The forest plot of a saved recipe table (``recipes.csv``) into ``target``; the error text
-    when it could not be drawn within the figure budget."""
+def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: int = 100) -> figures.Drawn:
+    """The forest plot of a saved recipe table (``recipes.csv``) into ``target``."""
     with open(recipes_csv, newline="") as handle:
         rows = [{**row, "beyond noise": {"True": True, "False": False}.get(row["beyond noise"])}
                 for row in csv.DictReader(handle)]
