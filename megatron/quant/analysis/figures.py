@@ -22,6 +22,7 @@ from megatron.quant.analysis import figure_budget  # noqa: E402
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
 from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
     colour_bar,
+    honest_limits,
     label_heatmap,
     legend_above,
     make_headroom,
@@ -165,6 +166,8 @@ def box_plot(ax, series: Mapping[str, np.ndarray], title: str, ylabel: str,
     ax.set_title(title, fontsize=10)
     if not series:
         no_data(ax, "no finite values")
+        return
+    if one_value(ax, np.concatenate(list(series.values())), ylabel):
         return
     if log is None:
         log = all((v > 0).all() for v in series.values()) and spans_decades(

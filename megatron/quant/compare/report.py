@@ -107,13 +107,18 @@ def _draw_differences(payload: dict):
     from megatron.quant.analysis import figures
 
     fig, axes = figures.subplot_grid(len(payload["differences"]), ncols=3, panel_size=(4.5, 3.2))
+    # one set of bins for every mode: the panels compare modes, so a 40x wider error must look wider
+    widest = max((float(np.abs(diff).max()) for diff in payload["differences"].values() if diff.size), default=0.0)
+    edges = np.linspace(-widest, widest, 101) if widest > 0 else 100
     for ax, (mode, diff) in zip(axes, payload["differences"].items()):
-        ax.hist(diff, bins=100, alpha=0.8)
+        ax.hist(diff, bins=edges, alpha=0.8)
         ax.set_yscale("log")
+        if widest > 0:
+            ax.set_xlim(-widest, widest)
         ax.set_title(f"{mode} - {payload['reference']}  (MSE {payload['mse'][mode]:.3g})", fontsize=9)
         ax.set_xlabel("difference")
         ax.xaxis.set_major_locator(MaxNLocator(5))
-    return figures.finish(fig, payload["title"])
+    return figures.finish(fig, f"{payload['title']} (one x scale for every mode)")
 
 
 def _finite_or_null(value):
