@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render, figures
 from megatron.quant.analysis.plans import FigureJob
 
 NAME = "study.png"
@@ -42,7 +42,7 @@ def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = 
     return FigureJob(path, caption, draw_forest, payload)
 
 
-def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: int = 100) -> figures.Drawn:
+def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: int = 100) -> figure_render.Drawn:
     """The forest plot of a saved recipe table (``recipes.csv``) into ``target``."""
     with open(recipes_csv, newline="") as handle:
         rows = [{**row, "beyond noise": {"True": True, "False": False}.get(row["beyond noise"])}
@@ -50,7 +50,7 @@ def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: 
     if not any(row["recipe"] == baseline for row in rows):
         raise ValueError(f"baseline {baseline!r} is not a recipe of {str(recipes_csv)!r}: "
                          f"{', '.join(row['recipe'] for row in rows)}")
-    return figures.render(forest_job(rows, baseline, path=target.name), target.parent, dpi)
+    return figure_render.render(forest_job(rows, baseline, path=target.name), target.parent, dpi)
 
 
 def draw_forest(payload: dict):
@@ -62,7 +62,7 @@ def draw_forest(payload: dict):
         _loss_panel(axes[1], curves, payload["baseline"], payload["highlighted"])
     others = [row for row in rows if row["recipe"] != payload["baseline"]]
     beyond = sum(bool(row["beyond"]) for row in others)
-    return figures.finish(fig, f"{beyond} of {len(others)} recipes differ from {payload['baseline']} "
+    return figures.finish(fig, f"{len(rows)} recipes: {beyond} of {len(others)} differ from {payload['baseline']} "
                                "beyond its seed noise")
 
 
