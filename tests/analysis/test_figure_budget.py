@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from megatron.quant.analysis import figure_budget, figures
+from megatron.quant.analysis import figure_budget, figure_render, figures
 from megatron.quant.analysis.captures.families import ANALYSES
 from megatron.quant.analysis.captures.loading import SummaryOptions
 from megatron.quant.analysis.captures.pipeline import ReportOptions, analysis_input
@@ -50,7 +50,7 @@ def _widest(jobs: list[FigureJob]) -> list[FigureJob]:
 
 
 def _broken(jobs: list[FigureJob], out: Path) -> dict[str, str]:
-    outcomes = {job.path: figures.render(job, out, DPI) for job in jobs}
+    outcomes = {job.path: figure_render.render(job, out, DPI) for job in jobs}
     return {path: drawn.error or drawn.warning() for path, drawn in outcomes.items() if not drawn.clean}
 
 
@@ -125,9 +125,12 @@ def test_a_short_sweeps_stats_keep_the_budget(tmp_path):
     apart, a metric that is zero everywhere (what a 2-recipe CPU sweep logs)."""
     rng = np.random.default_rng(1)
     steps, stats_steps = np.arange(1, 16), np.array([1, 11])
-    sites = [f"{role}/{operand}" for role in ("qkv", "proj", "fc1", "fc2") for operand in ("input", "weight", "grad_output")]
-    runs = [Run(name, {LOSS: (steps, 5 - 0.05 * steps + 0.01 * rng.random(steps.size)), TOKENS_PER_S: (steps, 1e3 + 50 * rng.random(steps.size)),
-                       **{f"train/quant/{site}/rel_mse": (stats_steps, (1 + 9 * (i % 2)) * (8.5e-4 + 1e-6 * rng.random(2)))
+    sites = [f"{role}/{operand}" for role in ("qkv", "proj", "fc1", "fc2")
+             for operand in ("input", "weight", "grad_output")]
+    runs = [Run(name, {LOSS: (steps, 5 - 0.05 * steps + 0.01 * rng.random(steps.size)),
+                       TOKENS_PER_S: (steps, 1e3 + 50 * rng.random(steps.size)),
+                       **{f"train/quant/{site}/rel_mse": (stats_steps,
+                                                          (1 + 9 * (i % 2)) * (8.5e-4 + 1e-6 * rng.random(2)))
                           for i, site in enumerate(sites)},
                        **{f"train/quant/{site}/overflow_ratio": (stats_steps, np.zeros(2)) for site in sites}})
             for name in ("bf16", "mxfp8")]

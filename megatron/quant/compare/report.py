@@ -19,7 +19,7 @@ import numpy as np
 from megatron.quant.compare.metrics import describe, error_vs_reference
 
 if TYPE_CHECKING:  # matplotlib loads only when a figure is drawn
-    from megatron.quant.analysis.figures import Drawn
+    from megatron.quant.analysis.figure_render import Drawn
 
 RULE = "=" * 98
 Results = Mapping[str, Mapping[str, np.ndarray]]
@@ -84,21 +84,31 @@ def format_screen_report(stats: Mapping) -> str:
 
 
 def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[tuple[Path, Drawn]]:
-    """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per
-    mode; (path, how it was drawn) each."""
-    from megatron.quant.analysis import figures
+    """One PNG per tensor that some mode changes (``identical_tensors``: none for the others),
+    ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per mode; (path, how it was drawn) each."""
+    from megatron.quant.analysis import figure_render
     from megatron.quant.analysis.plans import FigureJob
 
     others = [mode for mode in results if mode != reference]
     written = []
+    same = identical_tensors(results, reference)
     for name, ref in (results[reference].items() if others else ()):
+        if name in same:
+            continue
         differences = {mode: (results[mode][name].astype(np.float64) - ref).reshape(-1) for mode in others}
         job = FigureJob(f"{stem.name}_diff_{name}.png", "", _draw_differences,
                         {"title": f"{name}: difference from {reference}", "reference": reference,
                          "differences": {mode: diff[np.isfinite(diff)] for mode, diff in differences.items()},
                          "mse": {mode: float(np.mean(diff ** 2)) for mode, diff in differences.items()}})
-        written.append((stem.parent / job.path, figures.render(job, stem.parent, 100)))
+        written.append((stem.parent / job.path, figure_render.render(job, stem.parent, 100)))
     return written
+
+
+def identical_tensors(results: Results, reference: str) -> list[str]:
+    """The tensors every mode reproduces bit for bit (e.g. a layer's input under formats that quantize
+    only inside it): a histogram of zeros shows nothing."""
+    return [name for name, ref in results[reference].items()
+            if all(np.array_equal(results[mode][name], ref) for mode in results if mode != reference)]
 
 
 def _draw_differences(payload: dict):
@@ -118,7 +128,7 @@ def _draw_differences(payload: dict):
         ax.set_title(f"{mode} - {payload['reference']}  (MSE {payload['mse'][mode]:.3g})", fontsize=9)
         ax.set_xlabel("difference")
         ax.xaxis.set_major_locator(MaxNLocator(5))
-    return figures.finish(fig, f"{payload['title']} (one x scale for every mode)")
+    return figures.finish(fig, payload["title"])
 
 
 def _finite_or_null(value):

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render, figures
 from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import figure_html
@@ -113,7 +113,7 @@ def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) 
     """Draw the figures into ``output_dir``/FOLDER; returns those drawn (a failure is logged)."""
     drawn = []
     for job in figure_jobs(rows):
-        outcome = figures.render(job, output_dir, DPI)
+        outcome = figure_render.render(job, output_dir, DPI)
         if outcome.drawn:
             drawn.append(job)
         else:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render
 from megatron.quant.analysis.captures.catalog import CatalogError, SkippedFile, build_catalog
 from megatron.quant.analysis.captures.families import ANALYSES
 from megatron.quant.analysis.captures.inputs import Analysis, AnalysisInput
@@ -15,9 +15,7 @@ from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by, pooled_moments
 from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, PlotSettings
-from megatron.quant.analysis.report import RunSummary, Section, write_report
-
-NOTES_FILE = "NOTES.txt"
+from megatron.quant.analysis.report import NOTES_FILE, RunSummary, Section, write_report
 
 
 @dataclass(frozen=True)
@@ -99,12 +97,12 @@ def _build(analysis: Analysis, inp: AnalysisInput) -> AnalysisPlan:
     return analysis.build(inp)
 
 
-def _render(item: tuple[FigureJob, Path, int]) -> figures.Drawn:
+def _render(item: tuple[FigureJob, Path, int]) -> figure_render.Drawn:
     job, output_dir, dpi = item
-    return figures.render(job, output_dir, dpi)
+    return figure_render.render(job, output_dir, dpi)
 
 
-def _section(analysis: Analysis, plan: AnalysisPlan, outcomes: dict[str, figures.Drawn],
+def _section(analysis: Analysis, plan: AnalysisPlan, outcomes: dict[str, figure_render.Drawn],
              output_dir: Path) -> Section:
     notes = list(plan.notes) + [f"Figure {job.path} could not be drawn: {outcomes[job.path].error}"
                                 for job in plan.figures if not outcomes[job.path].drawn]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.runs.draw import draw_bands, figure_jobs
@@ -84,7 +84,7 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes)
     if recipes:
         write_csv_rows(report_dir / RECIPES_CSV, recipes)
-    outcomes = {job.path: figures.render(job, report_dir, dpi) for job in jobs}
+    outcomes = {job.path: figure_render.render(job, report_dir, dpi) for job in jobs}
     failed = [(path, drawn.error) for path, drawn in outcomes.items() if not drawn.drawn]
     warnings = [(path, warning) for path, drawn in outcomes.items() if (warning := drawn.warning())]
     write_csv_rows(report_dir / CSV_NAME, rows)
