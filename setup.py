@@ -9,6 +9,7 @@ setup(
     version="0.1.0",
     description="Fake-quantized GEMM operands (HiFloat8, MX, NVFP4, FP8) for megatron-core Llama training, "
                 "with tensor capture and analysis",
+    license="Apache-2.0",  # as megatron-core and Transformer Engine: LICENSE
     # Tested on 3.11 (megatron-core 0.16) and 3.12 (megatron-core 0.19): docs/training.md#megatron-core-versions.
     python_requires=">=3.11",
     packages=find_namespace_packages(include=["megatron.quant", "megatron.quant.*"]),

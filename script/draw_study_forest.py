@@ -20,13 +20,15 @@ def main() -> int:
     if not args.recipes_csv.is_file():
         parser.error(f"no recipe table at {str(args.recipes_csv)!r}")
     try:
-        error = draw_from_csv(args.recipes_csv, args.png, args.baseline)
+        drawn = draw_from_csv(args.recipes_csv, args.png, args.baseline)
     except (ValueError, KeyError) as problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if error:
-        print(f"error: {args.png}: {error}", file=sys.stderr)
+    if not drawn.drawn:
+        print(f"error: {args.png}: {drawn.error}", file=sys.stderr)
         return 1
+    if drawn.warning():
+        print(f"warning: {args.png} may hide something: {drawn.warning()}", file=sys.stderr)
     print(f"wrote {args.png}")
     return 0
 

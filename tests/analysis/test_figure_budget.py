@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from megatron.quant.analysis import figure_budget, figures
+from megatron.quant.analysis import figure_budget, figure_render, figures
 from megatron.quant.analysis.captures.families import ANALYSES
 from megatron.quant.analysis.captures.loading import SummaryOptions
 from megatron.quant.analysis.captures.pipeline import ReportOptions, analysis_input
@@ -50,8 +50,8 @@ def _widest(jobs: list[FigureJob]) -> list[FigureJob]:
 
 
 def _broken(jobs: list[FigureJob], out: Path) -> dict[str, str]:
-    errors = {job.path: figures.render(job, out, DPI) for job in jobs}
-    return {path: error for path, error in errors.items() if error is not None}
+    outcomes = {job.path: figure_render.render(job, out, DPI) for job in jobs}
+    return {path: drawn.error or drawn.warning() for path, drawn in outcomes.items() if not drawn.clean}
 
 
 @pytest.mark.parametrize("capture", ["tiny_logs", "wide_logs"])
@@ -120,20 +120,39 @@ def test_the_runs_comparison_keeps_the_budget(recipes, tmp_path):
     assert _broken(_widest(jobs), tmp_path) == {}
 
 
+def test_a_short_sweeps_stats_keep_the_budget(tmp_path):
+    """Two recipes, stats captured twice: values that differ in the 4th digit, sites a decade
+    apart, a metric that is zero everywhere (what a 2-recipe CPU sweep logs)."""
+    rng = np.random.default_rng(1)
+    steps, stats_steps = np.arange(1, 16), np.array([1, 11])
+    sites = [f"{role}/{operand}" for role in ("qkv", "proj", "fc1", "fc2")
+             for operand in ("input", "weight", "grad_output")]
+    runs = [Run(name, {LOSS: (steps, 5 - 0.05 * steps + 0.01 * rng.random(steps.size)),
+                       TOKENS_PER_S: (steps, 1e3 + 50 * rng.random(steps.size)),
+                       **{f"train/quant/{site}/rel_mse": (stats_steps,
+                                                          (1 + 9 * (i % 2)) * (8.5e-4 + 1e-6 * rng.random(2)))
+                          for i, site in enumerate(sites)},
+                       **{f"train/quant/{site}/overflow_ratio": (stats_steps, np.zeros(2)) for site in sites}})
+            for name in ("bf16", "mxfp8")]
+    jobs = runs_report.all_figure_jobs(runs, runs[0], 0.6, None, metrics.recipe_groups(runs), [])
+    assert {"stats_rel_mse.png", "stats_overflow_ratio.png"} <= {job.path for job in jobs}
+    assert _broken(jobs, tmp_path) == {}
+
+
 def test_the_study_forest_plot_draws_from_the_committed_table(tmp_path):
     """docs/study holds the study's tables, not its runs: the README's figure comes from the CSV."""
     table = Path(__file__).parents[2] / "docs" / "study" / "study_150_recipes.csv"
-    assert forest.draw_from_csv(table, tmp_path / "forest.png", dpi=DPI) is None
+    assert forest.draw_from_csv(table, tmp_path / "forest.png", dpi=DPI).clean
     assert (tmp_path / "forest.png").is_file()
 
 
 def test_layer_io_differences_keep_the_budget(tmp_path):
     rng = np.random.default_rng(0)
     reference = rng.standard_normal(512).astype(np.float32)
-    results = {mode: {"input": reference + (i * 1e-3) * rng.standard_normal(512).astype(np.float32)}
-               for i, mode in enumerate(["bf16", "hifp8", "mxfp8", "mxfp4", "nvfp4"])}
-    [(path, error)] = plot_difference_histograms(results, "bf16", tmp_path / "io")
-    assert path.is_file() and error is None
+    results = {mode: {"input": reference + scale * rng.standard_normal(512).astype(np.float32)}  # errors 40x apart
+               for mode, scale in {"bf16": 0, "hifp8": 1e-3, "mxfp8": 2e-3, "mxfp4": 4e-2, "nvfp4": 3e-2}.items()}
+    [(path, drawn)] = plot_difference_histograms(results, "bf16", tmp_path / "io")
+    assert path.is_file() and drawn.clean, drawn
 
 
 def _figure(draw) -> Figure:
@@ -153,5 +172,17 @@ def test_the_budget_names_what_a_reader_cannot_see():
     assert any("x tick labels" in p and "overlap" in p for p in figure_budget.problems(dense))
     clipped = _figure(lambda ax: ax.set_ylabel("a label\n" * 30))
     assert any("runs off the figure" in p for p in figure_budget.problems(clipped))
+    single = _figure(lambda ax: ax.plot([3], [0.5], "o"))
+    assert any("a single data point" in p for p in figure_budget.problems(single))
+    zeros = _figure(lambda ax: ax.scatter([1, 2, 3], [0, 0, 0]))
+    assert any("its data are constant" in p for p in figure_budget.problems(zeros))
+    zoomed = _figure(lambda ax: ax.plot([1, 11], [8.544e-4, 8.556e-4]))
+    assert any("the y axis spans" in p for p in figure_budget.problems(zoomed))
+    fig, axes = figures.subplot_grid(2, ncols=2, panel_size=(4.0, 3.0))
+    for ax, scale in zip(axes, (1.0, 40.0)):
+        ax.hist(scale * np.random.default_rng(0).standard_normal(200), bins=20)
+        ax.set_xlabel("difference")
+    fig.canvas.draw()
+    assert any("on scales" in p and "apart" in p for p in figure_budget.problems(fig))
     clean = _figure(lambda ax: (ax.plot([0, 1], [0, 1], label="a"), figures.legend_above(ax)))
     assert figure_budget.problems(clean) == []

@@ -148,14 +148,20 @@ def test_bad_arguments_are_clear_errors(tmp_path, capsys, extra, message):
 
 
 def test_shell_script_expands_presets_and_passes_options(tmp_path):
-    output = tmp_path / "shell.npz"
-    done = subprocess.run(["bash", str(REPO / "script" / "capture_first_layer.sh"), "essential",
-                           "--output_file", str(output), "--seq_len", "8", "--no_plots"],
+    """Run where a user runs it (a repository's root): everything lands in one folder, and the
+    console starts with the run, not with megatron-core's known start-up notices."""
+    done = subprocess.run(["bash", str(REPO / "script" / "capture_first_layer.sh"), "essential", "--seq_len", "8"],
                           cwd=tmp_path, capture_output=True, text=True, env=_env())
     assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["first_layer_io"]
+    output = tmp_path / run_layer_io.DEFAULT_OUTPUT
+    assert sorted(p.name for p in output.parent.iterdir()) == sorted(
+        [output.name, report.stats_path_for(output).name, "first_layer_io_all_modes_diff_input.png",
+         "first_layer_io_all_modes_diff_output.png"])
     stats = json.loads(report.stats_path_for(output).read_text())
     assert list(stats["modes"]) == list(ESSENTIAL) and stats["seq_len"] == 8
     assert "MODE mxfp4" in done.stdout and "First 10 values:" in done.stdout
+    assert "Apex" not in done.stderr and "deprecated" not in done.stderr, done.stderr  # megatron-core's known notices
 
 
 def _env() -> dict:

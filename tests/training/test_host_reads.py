@@ -17,7 +17,7 @@ from megatron.quant.training import loop
 
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 ITERS, LOG_INTERVAL = 6, 3
-CAPTURED = 1  # 0-based: the step whose capture may read (completed as iteration 2)
+CAPTURED = 1  # 0-based: the step whose capture may read (iteration 2: TENSOR_SAVER_ITERATION=2)
 CAPTURE_CODE = ("/megatron/quant/capture/", "/megatron/quant/stats/", "/megatron/quant/tensor_saver.py")
 
 
@@ -51,7 +51,7 @@ def test_training_steps_read_nothing_back_outside_logging_iterations(monkeypatch
     monkeypatch.setattr(loop, "train_step", train_step)
     if capture:  # statistics of the qkv layers' operands at one iteration
         for key, value in {"TENSOR_SAVE_ENABLED": "1", "TENSOR_SAVE_DIR": str(tmp_path), "TENSOR_SAVE_MODE": "stats",
-                           "TENSOR_SAVER_ITERATION": str(CAPTURED), "TENSOR_SAVE_ROLES": "qkv"}.items():
+                           "TENSOR_SAVER_ITERATION": str(CAPTURED + 1), "TENSOR_SAVE_ROLES": "qkv"}.items():
             monkeypatch.setenv(key, value)
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, counted(name))

@@ -115,12 +115,17 @@ def test_loop_tells_the_saver_iteration_and_microbatches_and_exits_after_capture
     import json
     from pathlib import Path
 
-    assert len(one_rank["capture"]) == 3  # TENSOR_SAVER_ITERATION=2 with exit-after: iterations 0, 1, 2
+    # One numbering: TENSOR_SAVER_ITERATION=2 is the iteration printed as "iteration 2/N", its files say
+    # iter002, and exit-after ends the run there (iterations 1 and 2).
+    history = one_rank["capture"]
+    assert [row["iteration"] for row in history] == [1, 2]
     [manifest] = Path(one_rank["tensor_dir"], "mxfp8_e4m3").glob("manifest-rank*.jsonl")
     records = [json.loads(line)["metadata"] for line in manifest.read_text().splitlines()]
     seen = {(r["iteration"], r["microbatch"], r["first_sample"]) for r in records}
-    # global batch 4 = 2 micro-batches of 2 samples on one rank: iteration 2 reads samples 8..11
-    assert seen == {(2, 0, 8), (2, 1, 10)}
+    # global batch 4 = 2 micro-batches of 2 samples on one rank: the second iteration reads samples 4..7
+    assert seen == {(2, 0, 4), (2, 1, 6)}
+    names = [path.name for path in Path(one_rank["tensor_dir"], "mxfp8_e4m3").glob("*.pt")]
+    assert names and all("_iter002_" in name for name in names)
     # The validation pass inside the window is not captured: every forward has its backward.
     forwards = [r for r in records if r["operation"] == "forward" and r["tensor_name"] == "input"]
     backwards = [r for r in records if r["operation"] == "backward" and r["tensor_name"] == "grad_output"]

@@ -108,7 +108,8 @@ def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names:
 def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] = ("all",),
          description: str = "Draw figures and an HTML report from captured tensors.",
          prog: Optional[str] = None) -> int:
-    """Exit status: 0 done, 1 some figure failed (named on stderr and in the report), 2 bad
+    """Exit status: 0 done (a figure that breaks the figure budget is a warning on stderr and in
+    the report), 1 some figure could not be drawn (named on stderr and in the report), 2 bad
     input (message on stderr). ``runs ...`` compares training runs instead (``runs.report``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["runs"]:
@@ -142,6 +143,8 @@ def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] =
     print(f"{len(result.figures)} figures in {options.output_dir}; report: {result.index}")
     if result.skipped:
         print(f"{len(result.skipped)} file(s) skipped (listed in the report)")
+    for path, warning in result.warnings:
+        print(f"warning: figure {path} is drawn, but may hide something: {warning}", file=sys.stderr)
     for path, error in result.failed:
         print(f"error: figure {path} could not be drawn: {error}", file=sys.stderr)
     return 1 if result.failed else 0

@@ -5,6 +5,12 @@ colour bars lie inside the figure; tick labels of one axis do not overlap each o
 covers no title, axis or tick label, no other legend, no axes of another panel and no data
 point of its own panel; no panel draws more series than a reader can tell apart (``MAX_SERIES``: beyond that a
 figure becomes small multiples, a heatmap with its values written in, or a table).
+
+And what the data let a reader see: no panel draws a single point or constant data (one sentence
+says that instead); no linear axis zooms into a range far narrower than the magnitude of its
+values (``MIN_RELATIVE_SPAN``: differences in the 4th digit look like trends); panels that show the
+same quantity (the same axis label, the same scale) are drawn on comparable scales
+(``MAX_SCALE_RATIO``: separate scales hide a difference of magnitude between them).
 """
 from __future__ import annotations
 
@@ -13,13 +19,17 @@ import math
 import numpy as np
 from matplotlib import cbook
 from matplotlib.axes import Axes
+from matplotlib.collections import PathCollection
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 MAX_SERIES = 8
+MIN_RELATIVE_SPAN = 0.01  # an axis spans at least 1 % of the magnitude of its values
+MAX_SCALE_RATIO = 10.0    # panels of one quantity: their axis spans within a factor of 10
 _SLACK = 1.0  # pixels: extents touching at a rounded pixel are not an overlap
 
 
@@ -42,6 +52,7 @@ def problems(fig: Figure) -> list[str]:
             if clash:
                 found.append(f"{name}: {axis} tick labels {clash[0]!r} and {clash[1]!r} overlap "
                              f"({len(labels)} labels)")
+        found += _data_problems(ax, name)
         series = _series_count(ax)
         if series > MAX_SERIES:
             found.append(f"{name}: {series} series in one panel (at most {MAX_SERIES} can be told "
@@ -71,7 +82,66 @@ def problems(fig: Figure) -> list[str]:
         for other_where, other in legends[i + 1:]:
             if _overlap(legend.get_window_extent(renderer), other.get_window_extent(renderer)):
                 found.append(f"legends of {where} and {other_where} overlap")
+    found += _scale_problems(axes)
     return list(dict.fromkeys(found))
+
+
+def _data_points(ax: Axes) -> np.ndarray:
+    """The (x, y) data points of a panel's lines, markers and bars in data coordinates (reference
+    lines such as ``axhline`` live in mixed coordinates and do not count); bars by their top (or
+    right, lying) edge and their extent."""
+    parts = [line.get_xydata() for line in ax.lines if line.get_transform() == ax.transData]
+    parts += [collection.get_offsets() for collection in ax.collections
+              if isinstance(collection, PathCollection) and collection.get_offset_transform() == ax.transData]
+    bars = [patch for patch in ax.patches if isinstance(patch, Rectangle) and patch.get_transform().contains_branch(
+        ax.transData)]
+    parts += [[(bar.get_x() + bar.get_width(), bar.get_y() + bar.get_height()) for bar in bars]]
+    points = np.concatenate([np.asarray(part, dtype=float).reshape(-1, 2) for part in parts]) if parts else \
+        np.empty((0, 2))
+    return points[np.isfinite(points).all(axis=1)]
+
+
+def _data_problems(ax: Axes, name: str) -> list[str]:
+    """A panel that shows nothing (a single point, constant data), or an axis zoomed into a range
+    far narrower than its values' magnitude. Panels drawing images (heatmaps) are not judged."""
+    if ax.images or not ax.axison:
+        return []
+    points = _data_points(ax)
+    if not len(points):
+        return []
+    distinct = np.unique(points, axis=0)
+    if len(distinct) == 1:
+        return [f"{name}: a single data point (a sentence says it better)"]
+    found = []
+    if np.ptp(points[:, 1]) == 0 and not any(isinstance(p, Rectangle) for p in ax.patches):
+        found.append(f"{name}: its data are constant (y = {points[0, 1]:.4g}; a sentence says it better)")
+    for axis, (low, high) in (("x", ax.get_xlim()), ("y", ax.get_ylim())):
+        scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+        magnitude = max(abs(low), abs(high))
+        if scale == "linear" and magnitude > 0 and abs(high - low) < MIN_RELATIVE_SPAN * magnitude:
+            found.append(f"{name}: the {axis} axis spans {abs(high - low):.3g} of values about {magnitude:.4g} "
+                         f"(under {MIN_RELATIVE_SPAN:.0%}: differences look larger than they are)")
+    return found
+
+
+def _scale_problems(axes: list[Axes]) -> list[str]:
+    """Panels showing the same quantity (same label and scale on an axis, not shared) whose spans
+    differ by more than ``MAX_SCALE_RATIO``."""
+    found = []
+    for axis in ("x", "y"):
+        groups: dict[tuple[str, str], list[Axes]] = {}
+        for ax in axes:
+            label = (ax.get_xlabel() if axis == "x" else ax.get_ylabel())
+            scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+            if label and scale == "linear" and ax.axison and not ax.images and len(_data_points(ax)):
+                groups.setdefault((label, scale), []).append(ax)
+        for (label, _), members in groups.items():
+            spans = {ax: abs(np.subtract(*(ax.get_xlim() if axis == "x" else ax.get_ylim()))) for ax in members}
+            widest, narrowest = max(spans, key=spans.get), min(spans, key=spans.get)
+            if spans[narrowest] > 0 and spans[widest] > MAX_SCALE_RATIO * spans[narrowest]:
+                found.append(f"{_name(widest)} and {_name(narrowest)}: the same {axis} quantity {label!r} on scales "
+                             f"{spans[widest] / spans[narrowest]:.0f}x apart (share the axis)")
+    return found
 
 
 def _name(ax: Axes) -> str:

@@ -111,13 +111,27 @@ def label_heatmap(ax: Axes, rows: Sequence[str], columns: Sequence[object], valu
 
 
 def one_value(ax: Axes, values: Sequence[float], what: str) -> bool:
-    """When every one of several ``values`` is the same, say so in the panel instead of drawing
-    it (an all-zero overflow panel carries one number); True when it did."""
+    """When every one of ``values`` is the same (or there is one), say so in the panel, unframed,
+    instead of drawing it (an all-zero overflow panel carries one number); True when it did."""
     finite = [v for v in values if np.isfinite(v)]
-    if len(finite) < 2 or min(finite) != max(finite):
+    if not finite or min(finite) != max(finite):
         return False
-    ax.text(0.5, 0.5, f"{what}: all {len(finite)} values are {finite[0]:g},\nnothing to compare",
-            ha="center", va="center", transform=ax.transAxes, fontsize=9)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    said = (f"{what}: {finite[0]:.4g}, a single value" if len(finite) == 1
+            else f"{what}: all {len(finite)} values are {finite[0]:.4g},\nnothing to compare")
+    ax.text(0.5, 0.5, said, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
+    ax.set_axis_off()
     return True
+
+
+def honest_limits(ax: Axes, values: Sequence[float], axis: str = "y", share: float = 0.1) -> None:
+    """A linear axis over ``values`` that spans at least ``share`` of their magnitude (``figure_budget``'s
+    ``MIN_RELATIVE_SPAN`` is the floor): a change in the 4th digit stays a flat line, not a trend."""
+    finite = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if not finite.size:
+        return
+    low, high = float(finite.min()), float(finite.max())
+    magnitude = max(abs(low), abs(high))
+    if magnitude == 0 or high - low >= share * magnitude:
+        return
+    middle, half = (low + high) / 2, share * magnitude / 2
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(middle - half, middle + half)

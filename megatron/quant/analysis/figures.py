@@ -1,26 +1,23 @@
-"""Matplotlib (Agg) building blocks shared by the analyses, and the figure renderer."""
+"""Matplotlib (Agg) building blocks shared by the analyses (``figure_render`` draws and saves a figure)."""
 from __future__ import annotations
 
 import math
-import os
 import statistics
-from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
-from megatron.quant.analysis import figure_budget  # noqa: E402
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
 from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
     colour_bar,
+    honest_limits,
     label_heatmap,
     legend_above,
     make_headroom,
@@ -28,11 +25,8 @@ from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
     room_for_row_names,
     row_fontsize,
 )
-from megatron.quant.analysis.plans import FigureJob  # noqa: E402
 
 _STANDARD_NORMAL = statistics.NormalDist()
-# Scientific notation outside [1e-3, 1e4], so that small gradients keep short tick labels.
-_STYLE = {"axes.formatter.limits": (-3, 4), "axes.titlesize": 10}
 DENSITY_LABEL = "probability density (1/value)"
 _LEGEND_FONT = 8
 _UPRIGHT_BOXES = 12  # box plots with more boxes lie down
@@ -103,6 +97,11 @@ def log_scale(ax, axis: str = "y", linthresh: Optional[float] = None) -> None:
     set_scale, target = (ax.set_yscale, ax.yaxis) if axis == "y" else (ax.set_xscale, ax.xaxis)
     if linthresh is None:
         set_scale("log")
+        low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
+        if 0 < low < high and math.floor(math.log10(high)) - math.ceil(math.log10(low)) < 1:
+            # fewer than two powers of ten in view, so at most one labelled tick: show the enclosing decades
+            (ax.set_ylim if axis == "y" else ax.set_xlim)(10 ** math.floor(math.log10(low)),
+                                                          10 ** math.ceil(math.log10(high)))
     else:
         set_scale("symlog", linthresh=linthresh)
     target.set_minor_locator(NullLocator())
@@ -164,6 +163,8 @@ def box_plot(ax, series: Mapping[str, np.ndarray], title: str, ylabel: str,
     ax.set_title(title, fontsize=10)
     if not series:
         no_data(ax, "no finite values")
+        return
+    if one_value(ax, np.concatenate(list(series.values())), ylabel):
         return
     if log is None:
         log = all((v > 0).all() for v in series.values()) and spans_decades(
@@ -369,31 +370,3 @@ def draw_histogram_panels(payload: dict) -> Figure:
     for ax, panel in zip(axes, panels):
         value_histograms(ax, panel["series"], panel["title"])
     return finish(fig, payload["title"])
-
-
-def save(fig: Figure, target: Path, dpi: int) -> list[str]:
-    """Draw ``fig`` once at ``dpi``, check that layout against the figure budget, write it as a
-    PNG (never half-written under the final name) and close it; returns the budget's problems
-    (the PNG is written anyway, so that a reader can see what the problem is)."""
-    try:
-        fig.set_dpi(dpi)
-        fig.canvas.draw()
-        broken = figure_budget.problems(fig)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        matplotlib.image.imsave(partial, np.asarray(fig.canvas.buffer_rgba()), format="png", dpi=dpi)
-        os.replace(partial, target)
-        return broken
-    finally:
-        plt.close(fig)
-
-
-def render(job: FigureJob, output_dir: Path, dpi: int) -> Optional[str]:
-    """Draw and save one figure (every figure of the package goes through here): the error text
-    if drawing failed or the figure breaks the budget (reported, not raised)."""
-    try:
-        with plt.rc_context(_STYLE):
-            broken = save(job.draw(job.payload), output_dir / job.path, dpi)
-    except Exception as error:  # one broken figure must not lose the rest of the report
-        return f"{type(error).__name__}: {error}"
-    return f"figure budget: {'; '.join(broken)}" if broken else None

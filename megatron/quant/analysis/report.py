@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 STATE_DIR = ".report"
+NOTES_FILE = "NOTES.txt"  # in a section's folder: what was not drawn and why
 INDEX = "index.html"
 # Written by script/compare_formats.py into the same output directory (links relative to it).
 COMPARISON_FRAGMENT = Path("format_comparison") / "summary.html"
@@ -121,7 +122,15 @@ padding:.4em .8em;margin:.4em 0} nav a{margin-right:1em} code{background:#f3f3f3
 """
 
 
+def _nothing_drawn(section: Section) -> bool:
+    """A section with no figure and no file but its notes on why (one line of the "Not drawn" list)."""
+    return not section.figures and bool(section.notes) and all(
+        Path(item["path"]).name == NOTES_FILE for item in section.files)
+
+
 def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> str:
+    empty = [section for section in sections if _nothing_drawn(section)]
+    drawn = [section for section in sections if section not in empty]
     comparison = output_dir / COMPARISON_FRAGMENT
     comparison_html = comparison.read_text(encoding="utf-8") if comparison.is_file() else None
     parts = [
@@ -130,8 +139,9 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
         "<h1>Tensor capture report</h1>",
         f"<p>Captures in <code>{html.escape(run.tensor_dir)}</code>, generated "
         f"{html.escape(run.generated_at)} by <code>{html.escape(run.command)}</code>.</p>",
-        "<nav>" + "".join(f"<a href='#{s.key}'>{html.escape(s.title)}</a>" for s in sections)
+        "<nav>" + "".join(f"<a href='#{s.key}'>{html.escape(s.title)}</a>" for s in drawn)
         + ("<a href='#format-comparison'>Format comparison</a>" if comparison_html else "")
+        + ("<a href='#not-drawn'>Not drawn</a>" if empty else "")
         + "<a href='#skipped'>Skipped files</a></nav>",
         "<h2 id='summary'>Summary</h2>",
         table(["", ""], [[k, v] for k, v in run.totals.items()]
@@ -140,7 +150,7 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
     if run.per_quant_type:
         header = list(run.per_quant_type[0])
         parts.append(table(header, [[row[h] for h in header] for row in run.per_quant_type]))
-    for section in sections:
+    for section in drawn:
         parts.append(f"<h2 id='{html.escape(section.key)}'>{html.escape(section.title)}</h2>")
         where = f"folder <code>{html.escape(section.folder)}/</code>: " if section.folder else ""
         parts.append(f"<p>{where}{html.escape(section.description)}</p>")
@@ -154,6 +164,11 @@ def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> s
             parts.append(figure_html(item["path"], item["caption"]))
     if comparison_html:
         parts.append(comparison_html)
+    if empty:
+        parts.append("<h2 id='not-drawn'>Not drawn</h2><p>What these captures cannot show, and what would:</p><ul>"
+                     + "".join(f"<li><b>{html.escape(s.title)}</b>: "
+                               f"{html.escape(' '.join(note.removeprefix('Not drawn: ') for note in s.notes))}</li>"
+                               for s in empty) + "</ul>")
     parts.append(f"<h2 id='skipped'>Skipped files ({len(run.skipped)})</h2>")
     if run.skipped:
         parts.append(table(["file", "reason"], [[s["path"], s["reason"]] for s in run.skipped]))

@@ -12,11 +12,14 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 
 from megatron.quant.compare.metrics import describe, error_vs_reference
+
+if TYPE_CHECKING:  # matplotlib loads only when a figure is drawn
+    from megatron.quant.analysis.figure_render import Drawn
 
 RULE = "=" * 98
 Results = Mapping[str, Mapping[str, np.ndarray]]
@@ -80,22 +83,32 @@ def format_screen_report(stats: Mapping) -> str:
     return "\n".join(lines + _summary_table(stats))
 
 
-def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[tuple[Path, str | None]]:
-    """One PNG per tensor, ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per
-    mode; (path, None when drawn within the figure budget, else what went wrong) each."""
-    from megatron.quant.analysis import figures
+def plot_difference_histograms(results: Results, reference: str, stem: Path) -> list[tuple[Path, Drawn]]:
+    """One PNG per tensor that some mode changes (``identical_tensors``: none for the others),
+    ``<stem>_diff_<tensor>.png``: a histogram of (mode - reference) per mode; (path, how it was drawn) each."""
+    from megatron.quant.analysis import figure_render
     from megatron.quant.analysis.plans import FigureJob
 
     others = [mode for mode in results if mode != reference]
     written = []
+    same = identical_tensors(results, reference)
     for name, ref in (results[reference].items() if others else ()):
+        if name in same:
+            continue
         differences = {mode: (results[mode][name].astype(np.float64) - ref).reshape(-1) for mode in others}
         job = FigureJob(f"{stem.name}_diff_{name}.png", "", _draw_differences,
                         {"title": f"{name}: difference from {reference}", "reference": reference,
                          "differences": {mode: diff[np.isfinite(diff)] for mode, diff in differences.items()},
                          "mse": {mode: float(np.mean(diff ** 2)) for mode, diff in differences.items()}})
-        written.append((stem.parent / job.path, figures.render(job, stem.parent, 100)))
+        written.append((stem.parent / job.path, figure_render.render(job, stem.parent, 100)))
     return written
+
+
+def identical_tensors(results: Results, reference: str) -> list[str]:
+    """The tensors every mode reproduces bit for bit (e.g. a layer's input under formats that quantize
+    only inside it): a histogram of zeros shows nothing."""
+    return [name for name, ref in results[reference].items()
+            if all(np.array_equal(results[mode][name], ref) for mode in results if mode != reference)]
 
 
 def _draw_differences(payload: dict):
@@ -104,9 +117,14 @@ def _draw_differences(payload: dict):
     from megatron.quant.analysis import figures
 
     fig, axes = figures.subplot_grid(len(payload["differences"]), ncols=3, panel_size=(4.5, 3.2))
+    # one set of bins for every mode: the panels compare modes, so a 40x wider error must look wider
+    widest = max((float(np.abs(diff).max()) for diff in payload["differences"].values() if diff.size), default=0.0)
+    edges = np.linspace(-widest, widest, 101) if widest > 0 else 100
     for ax, (mode, diff) in zip(axes, payload["differences"].items()):
-        ax.hist(diff, bins=100, alpha=0.8)
+        ax.hist(diff, bins=edges, alpha=0.8)
         ax.set_yscale("log")
+        if widest > 0:
+            ax.set_xlim(-widest, widest)
         ax.set_title(f"{mode} - {payload['reference']}  (MSE {payload['mse'][mode]:.3g})", fontsize=9)
         ax.set_xlabel("difference")
         ax.xaxis.set_major_locator(MaxNLocator(5))

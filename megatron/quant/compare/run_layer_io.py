@@ -17,7 +17,7 @@ from megatron.quant.compare.modes import Mode, resolve_modes
 from megatron.quant.recipes.sets import REFERENCE
 
 DEFAULT_MODEL = "preset:llama-tiny"
-DEFAULT_OUTPUT = "first_layer_io_all_modes.npz"
+DEFAULT_OUTPUT = "first_layer_io/first_layer_io_all_modes.npz"  # one folder, not four files in the cwd
 QUANT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"capture a sub-module of each layer instead: {', '.join(SUBMODULE_ALIASES)}, "
                              "or a path inside the layer such as self_attention.linear_qkv")
     parser.add_argument("--output_file", default=DEFAULT_OUTPUT,
-                        help=f"the .npz; the stats go beside it as <stem>_stats.json (default {DEFAULT_OUTPUT})")
+                        help="the .npz; the stats go beside it as <stem>_stats.json, the plots as "
+                             f"<stem>_diff_<tensor>.png (default {DEFAULT_OUTPUT})")
     parser.add_argument("--seq_len", type=int, default=512, help="tokens per sequence (default 512)")
     parser.add_argument("--batch_size", type=int, default=1, help="sequences in the batch (default 1)")
     source = parser.add_mutually_exclusive_group()
@@ -80,12 +81,17 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict:
     cpu.init_parallel(seed=args.seed)
     results, header = capture_modes(args, modes, log)
     stats = report.build_stats(results, REFERENCE, header)
+    output.parent.mkdir(parents=True, exist_ok=True)
     report.write_npz(output, results)
     report.write_json(report.stats_path_for(output), stats)
     log(f"wrote {output} and {report.stats_path_for(output)}")
     if not args.no_plots:
-        for path, error in report.plot_difference_histograms(results, REFERENCE, output.with_suffix("")):
-            log(f"wrote {path}" if error is None else f"error: figure {path} could not be drawn: {error}")
+        for name in report.identical_tensors(results, REFERENCE):
+            log(f"{name}: every mode equals {REFERENCE} exactly, no difference figure")
+        for path, drawn in report.plot_difference_histograms(results, REFERENCE, output.with_suffix("")):
+            log(f"wrote {path}" if drawn.drawn else f"error: figure {path} could not be drawn: {drawn.error}")
+            if drawn.warning():
+                log(f"warning: figure {path} is drawn, but may hide something: {drawn.warning()}")
     return stats
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render, figures
 from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import figure_html
@@ -113,11 +113,13 @@ def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) 
     """Draw the figures into ``output_dir``/FOLDER; returns those drawn (a failure is logged)."""
     drawn = []
     for job in figure_jobs(rows):
-        error = figures.render(job, output_dir, DPI)
-        if error is None:
+        outcome = figure_render.render(job, output_dir, DPI)
+        if outcome.drawn:
             drawn.append(job)
         else:
-            log(f"error: figure {job.path} could not be drawn: {error}")
+            log(f"error: figure {job.path} could not be drawn: {outcome.error}")
+        if outcome.warning():
+            log(f"warning: figure {job.path} is drawn, but may hide something: {outcome.warning()}")
     return drawn
 
 

@@ -9,7 +9,14 @@ reads them back (one transfer) only at a read-back point: every ``--log-interval
 last iteration, and before an evaluation, a checkpoint save or an exit. The iteration time is the
 window's wall time (the read-back waits for the device) over its iterations, as Megatron-LM's
 timers average over the logging interval; the divergence check happens there too (see ``train``).
-The capture module reads tensors back on its own, only on the iterations it captures.
+The capture module reads tensors back on its own, only on the iterations it captures: such an
+iteration is timed on its own (its read-back makes it wait for the device, so its time also holds
+what the device still had queued) and left out of its window's average, so that the capture line
+shows what capturing cost and the next interval line the speed of training alone.
+
+Iterations are numbered as the console prints them, from 1: the run position (hence the capture
+window ``TENSOR_SAVER_ITERATION``, the capture files' ``iterNNN`` and their manifests) says 16
+for the iteration printed as ``iteration 16/N``, and a checkpoint saved after it resumes with 17.
 """
 from __future__ import annotations
 
@@ -237,12 +244,27 @@ def _record_divergence(run: Run, iteration: int, loss: float, logger: MetricsLog
                        "divergence_threshold": run.config.divergence_threshold}, f)
 
 
+def iterations_run(start: int, train_iters: int) -> range:
+    """The iterations a run resumed after iteration ``start`` (0: from scratch) executes, numbered as
+    the console, the run position and the capture files number them."""
+    return range(start + 1, train_iters + 1)
+
+
+def window_seconds(rows: list[dict], seconds: float) -> list[float]:
+    """Each iteration's time in a window of ``seconds``: a captured iteration's own (``row["seconds"]``),
+    the others the window's remaining time shared equally."""
+    captured = sum(row["seconds"] for row in rows if row["capture"])
+    plain = sum(not row["capture"] for row in rows)
+    rest = seconds - captured
+    shared = rest / plain if plain and rest > 0 else seconds / len(rows)
+    return [row["seconds"] if row["capture"] else shared for row in rows]
+
+
 def _log_window(run: Run, logger: MetricsLogger, rows: list[dict], seconds: float) -> None:
     """History, TensorBoard/W&B scalars and console lines of a window's iterations, read back."""
     config = run.config
-    speed = _speed(run, seconds / len(rows))
-    for row in rows:
-        iteration, values, capture = row["iteration"], {**row["values"], **speed}, row["capture"]
+    for row, took in zip(rows, window_seconds(rows, seconds)):
+        iteration, values, capture = row["iteration"], {**row["values"], **_speed(run, took)}, row["capture"]
         run.history.append(dict(values, **capture, iteration=iteration))
         logger.scalars(iteration, {**values, **capture})
         if capture or iteration % config.log_interval == 0 or iteration == config.train_iters:
@@ -267,11 +289,13 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
     pending: list[dict] = []  # iterations since the last read-back, their values on the device
     start = time.perf_counter()
     while iteration < config.train_iters:
-        position.set_iteration(iteration)
+        began = time.perf_counter()
+        position.set_iteration(iteration + 1)  # numbered as printed (iterations_run)
         values = train_step(run, iteration)
         capture = tensor_saver.iteration_summary()  # reads tensors back on captured iterations only
         iteration += 1
-        pending.append({"iteration": iteration, "values": values, "capture": capture})
+        pending.append({"iteration": iteration, "values": values, "capture": capture,
+                        "seconds": time.perf_counter() - began})
         if not _reads_back(config, iteration):
             continue
         values_read = _read_back([row["values"] for row in pending])

@@ -29,7 +29,7 @@ from megatron.quant.training.arguments import ArgumentError, parse_args, validat
 from megatron.quant.training.config import TrainingConfig  # noqa: E402
 from megatron.quant.training.data import BatchLayout, build_datasets, check_data  # noqa: E402
 from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights  # noqa: E402
-from megatron.quant.training.loop import Run, train  # noqa: E402
+from megatron.quant.training.loop import Run, iterations_run, train  # noqa: E402
 from megatron.quant.training.model import build_gpt, transformer_config  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
 from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
@@ -199,7 +199,7 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
     # a resume at --train-iters trains (and captures) nothing: no window to intersect
-    tensor_saver.configure(inputs.capture, run_iterations=range(start, args.train_iters) or None)
+    tensor_saver.configure(inputs.capture, run_iterations=iterations_run(start, args.train_iters) or None)
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,

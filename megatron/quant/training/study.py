@@ -47,7 +47,7 @@ from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS, TOKENS_PER_S, read_scalars
-from megatron.quant.training import corpus, sweep
+from megatron.quant.training import corpus, notices, sweep
 from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.machine import git_commit, seconds_between
 from megatron.quant.training.presets import get_preset
@@ -264,6 +264,7 @@ def _say(line: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    notices.hide_known()  # the flag checks import megatron-core: its known start-up notices stay quiet
     started = time.monotonic()
     args = build_parser().parse_args(argv)
     try:

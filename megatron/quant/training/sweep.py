@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.formats.show import show_value
-from megatron.quant.training import checkpoint
+from megatron.quant.training import checkpoint, notices
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
 from megatron.quant.training.machine import git_commit, machine, utc_now
 from megatron.quant.training.metrics import DIVERGED
@@ -222,6 +222,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 every run finished or diverged, 1 a run crashed or stopped early, 2 bad input."""
+    notices.hide_known()  # the flag checks import megatron-core: its known start-up notices stay quiet
     options = _parse(argv)
     try:
         options.seeds = parse_seeds(options.seeds)

@@ -121,7 +121,7 @@ def test_csv_has_one_row_per_run_with_the_table_numbers(report):
 
 def test_html_report_and_figures(report):
     out, result = report
-    assert not result.failed
+    assert not result.failed and not result.warnings
     for png in ("loss.png", "training.png", "validation.png", "stats_underflow_ratio.png",
                 "stats_dynamic_range_log2.png"):
         assert (out / png).stat().st_size > 1000, png
@@ -151,3 +151,15 @@ def test_compare_runs_script_writes_into_the_report_dir(runs_dir, tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r" / "index.html").is_file() and (tmp_path / "r" / "runs.csv").is_file()
+
+
+def test_a_figure_beyond_the_figure_budget_is_a_warning_not_a_failure(runs_dir, tmp_path, capsys, monkeypatch):
+    """The report is complete (exit 0); the figure is drawn, with the problem on the page and on stderr."""
+    from megatron.quant.analysis import figure_budget
+
+    monkeypatch.setattr(figure_budget, "problems", lambda fig: ["panel 'x': text 'rel_mse' runs off the figure"])
+    assert cli.main(["runs", str(runs_dir), "--output_dir", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: figure loss.png is drawn, but may hide something" in err and "error" not in err
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "Warning: loss.png may hide something" in page and "<img src='loss.png'" in page

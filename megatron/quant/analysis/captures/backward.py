@@ -6,7 +6,7 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.captures.summary import group_by, log2_panels, sampled_series, tensor_label
+from megatron.quant.analysis.captures.summary import group_by, log2_panels, tensor_label
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "backward_analysis"
@@ -33,19 +33,15 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         {stat: {key.label: [s.stat(stat) for s in items]
                 for key, items in group_by(inp.originals, lambda s: s.record.tensor_key).items()}
          for stat in ("std", "absmax")}))
-    gradients = [s for s in inp.with_values if s.record.operation == "backward"]
+    gradients = [s for s in inp.originals if s.record.operation == "backward"]
     by_quant = list(group_by(gradients, lambda s: s.record.quant_type).items())
     kept = plan.first_panels("gradient distributions", by_quant, inp.settings.max_panels)
-    if kept:
-        budget = inp.settings.figure_budget // len(kept)
+    if kept:  # magnitudes in binades: gradients span decades, one linear value axis would show few of them
         plan.figures.append(FigureJob(
             figure_path(FOLDER, "gradient_distributions"),
-            "Value distributions of the backward-pass tensors, per quant type.",
-            figures.draw_histogram_panels,
-            {"title": "Backward-pass tensors",
-             "panels": [{"title": quant_type,
-                         "series": sampled_series(group_by(items, tensor_label), budget)}
-                        for quant_type, items in kept]}))
+            "Magnitudes of the backward-pass tensors, per quant type: the share of each tensor's values "
+            "per binade of |x| (all elements of every capture).", figures.draw_log2_panels,
+            {"title": "Backward-pass tensors", "panels": log2_panels(kept, tensor_label)}))
     return plan
 
 

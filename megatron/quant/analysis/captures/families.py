@@ -24,8 +24,8 @@ from megatron.quant.analysis.captures.inputs import Analysis
 
 _FORMAT = frozenset({"format"})
 ANALYSES: tuple[Analysis, ...] = (
-    Analysis("quick", "Quick analysis", "", "Values of all tensors; captures by quant type, layer "
-             "type and operation; totals in tensor_stats.txt.", quick.build),
+    Analysis("quick", "Quick analysis", "", "How large the weights', activations' and gradients' values are, "
+             "per quant type; totals and capture counts in tensor_stats.txt.", quick.build),
     Analysis("distributions", "Distributions", distributions.FOLDER,
              "Histogram, box plot and Q-Q plot against a normal.", distributions.build),
     Analysis("heatmaps", "Heatmaps", heatmaps.FOLDER,

@@ -2,6 +2,7 @@
 of the model, and differences between samples (micro-batches)."""
 from __future__ import annotations
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
@@ -72,31 +73,45 @@ def _add_sample_analysis(plan: AnalysisPlan, by_quant: list) -> None:
 
 
 def _add_layer_trends(plan: AnalysisPlan, by_quant: list) -> None:
+    """Overflow, underflow and SQNR along the layers; a metric with one value everywhere (no overflow
+    at all) is said in the caption, not drawn as an empty panel."""
     for quant_type, items in by_quant:
         measured = [s for s in items if s.quant is not None]
         if not measured:
             plan.notes.append(f"No layer trend for {quant_type}: its captures have no "
                               f"quantization statistics.")
             continue
+        curves = {metric: median_curves(measured, tensor_label, _layer,
+                                        lambda s, m=metric, f=factor: f * s.quant_metric(m))
+                  for metric, _, _, factor in _TREND_METRICS}
+        said = []
+        for metric, _, ylabel, _ in _TREND_METRICS:
+            values = {v for _, ys in curves[metric].values() for v in ys if np.isfinite(v)}
+            if len(values) == 1:
+                said.append(f"{ylabel}: {values.pop():g} for every tensor and layer")
+                del curves[metric]
+        if not curves:
+            plan.notes.append(f"No layer trend for {quant_type}: {'; '.join(said)}.")
+            continue
         plan.figures.append(FigureJob(
             figure_path(FOLDER, "layer_trends", quant_type),
-            f"{quant_type}: overflow, underflow and SQNR of each quantized tensor along the "
-            f"layers (median over iterations, ranks and samples).", draw_layer_trends,
-            {"title": f"{quant_type}: quantization along the layers",
-             "curves": {metric: median_curves(
-                 measured, tensor_label, _layer,
-                 lambda s, m=metric, f=factor: f * s.quant_metric(m))
-                 for metric, _, _, factor in _TREND_METRICS}}))
+            f"{quant_type}: {', '.join(title.lower() for metric, title, _, _ in _TREND_METRICS if metric in curves)} "
+            f"of each quantized tensor along the layers (median over iterations, ranks and samples)."
+            + "".join(f" {text[0].upper()}{text[1:]}." for text in said), draw_layer_trends,
+            {"title": f"{quant_type}: quantization along the layers", "curves": curves}))
 
 
 def draw_per_layer(payload: dict) -> Figure:
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(2 * len(panels), ncols=len(panels), panel_size=(5.6, 4.4))
+    # one scale per statistic across the panels: activations and gradients lie decades apart
+    log = {stat: figures.spans_decades([v for stats in panels.values() for _, ys in stats[stat].values() for v in ys],
+                                       decades=1.0) for stat in ("absmax", "std")}
     for i, (name, stats) in enumerate(panels.items()):
         figures.line_panel(axes[i], stats["absmax"], f"{name}: max |x| by layer",
-                           "layer index", "median max |x| (value units)")
+                           "layer index", "median max |x| (value units)", log=log["absmax"])
         figures.line_panel(axes[len(panels) + i], stats["std"], f"{name}: std by layer",
-                           "layer index", "median std (value units)")
+                           "layer index", "median std (value units)", log=log["std"])
     return figures.finish(fig, payload["title"])
 
 
@@ -109,9 +124,13 @@ def draw_samples(payload: dict) -> Figure:
 
 
 def draw_layer_trends(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(len(_TREND_METRICS), ncols=3, panel_size=(5.2, 4.4),
-                                     legend_width=3.4)
-    for ax, (metric, title, ylabel, _) in zip(axes, _TREND_METRICS):
-        figures.line_panel(ax, payload["curves"][metric], f"{title} by layer", "layer index",
+    curves = payload["curves"]
+    shown = [entry for entry in _TREND_METRICS if entry[0] in curves]
+    labels = sorted({label for metric, *_ in shown for label in curves[metric]})
+    fig, axes = figures.subplot_grid(len(shown), ncols=3, panel_size=(5.2, 4.4),
+                                     legend_width=figures.legend_width(labels) if len(labels) <= figures.MAX_SERIES
+                                     else 0.0)
+    for ax, (metric, title, ylabel, _) in zip(axes, shown):
+        figures.line_panel(ax, curves[metric], f"{title} by layer", "layer index",
                            ylabel, log=False if metric == "sqnr_db" else None, legend=False)
     return figures.finish(fig, payload["title"], shared_legend=axes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
@@ -64,17 +65,11 @@ def draw_overview(payload: dict) -> Figure:
         figures.grouped_bars(ax, payload[key]["categories"], payload[key]["groups"], title,
                              "% of elements")
     scatter_ax, hist_ax = axes[1], axes[3]
-    for quant_type, (over, under) in payload["points"].items():
-        scatter_ax.plot(under, over, "o", markersize=4, alpha=0.6, label=quant_type)
-    figures.log_scale(scatter_ax, "x", linthresh=1e-4)
-    figures.log_scale(scatter_ax, "y", linthresh=1e-4)
-    scatter_ax.set_xlim(left=0)  # shares are never negative
-    scatter_ax.set_ylim(bottom=0)
-    scatter_ax.set_xlabel("underflow (% of elements, symlog)")
-    scatter_ax.set_ylabel("overflow (% of elements, symlog)")
-    scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
-    figures.legend_above(scatter_ax)
-    scatter_ax.grid(alpha=0.3)
+    overflows = [v for over, _ in payload["points"].values() for v in over]
+    if figures.one_value(scatter_ax, overflows, "overflow (% of elements) per capture"):
+        scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
+    else:
+        _draw_upper_vs_lower(scatter_ax, payload["points"])
     totals = {qt: over + under for qt, (over, under) in payload["points"].items()}
     positive = np.concatenate([t[t > 0] for t in totals.values()])
     hist_ax.set_title("Total overflow + underflow per capture", fontsize=10)
@@ -91,11 +86,26 @@ def draw_overview(payload: dict) -> Figure:
             figures.log_scale(hist_ax, "x")
         hist_ax.set_xlabel("overflow + underflow (% of elements" + (", log scale)" if log else ")"))
         hist_ax.set_ylabel("captures")
+        hist_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         figures.legend_above(hist_ax)
         hist_ax.grid(alpha=0.3)
     else:
         figures.no_data(hist_ax, "no capture overflows or underflows")
     return figures.finish(fig, "Overflow and underflow")
+
+
+def _draw_upper_vs_lower(ax, points: dict) -> None:
+    for quant_type, (over, under) in points.items():
+        ax.plot(under, over, "o", markersize=4, alpha=0.6, label=quant_type)
+    figures.log_scale(ax, "x", linthresh=1e-4)
+    figures.log_scale(ax, "y", linthresh=1e-4)
+    ax.set_xlim(left=0)  # shares are never negative
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("underflow (% of elements, symlog)")
+    ax.set_ylabel("overflow (% of elements, symlog)")
+    ax.set_title("Upper vs lower, one point per capture", fontsize=10)
+    figures.legend_above(ax)
+    ax.grid(alpha=0.3)
 
 
 def draw_by_tensor(payload: dict) -> Figure:

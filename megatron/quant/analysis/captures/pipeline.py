@@ -5,9 +5,8 @@ import sys
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render
 from megatron.quant.analysis.captures.catalog import CatalogError, SkippedFile, build_catalog
 from megatron.quant.analysis.captures.families import ANALYSES
 from megatron.quant.analysis.captures.inputs import Analysis, AnalysisInput
@@ -16,9 +15,7 @@ from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.analysis.captures.summary import TensorSummary, group_by, pooled_moments
 from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, PlotSettings
-from megatron.quant.analysis.report import RunSummary, Section, write_report
-
-NOTES_FILE = "NOTES.txt"
+from megatron.quant.analysis.report import NOTES_FILE, RunSummary, Section, write_report
 
 
 @dataclass(frozen=True)
@@ -42,6 +39,7 @@ class ReportResult:
     failed: tuple[tuple[str, str], ...]       # (figure, error) that could not be drawn
     skipped: tuple[SkippedFile, ...]
     notes: tuple[str, ...]
+    warnings: tuple[tuple[str, str], ...] = ()  # (figure, what breaks the figure budget): drawn anyway
 
 
 def run_report(options: ReportOptions) -> ReportResult:
@@ -49,16 +47,17 @@ def run_report(options: ReportOptions) -> ReportResult:
     inp = analysis_input(options)
     plans = [(analysis, _build(analysis, inp)) for analysis in options.analyses]
     jobs = [job for _, plan in plans for job in plan.figures]
-    errors = dict(zip((job.path for job in jobs), parallel_map(
+    outcomes = dict(zip((job.path for job in jobs), parallel_map(
         _render, [(job, options.output_dir, options.dpi) for job in jobs], options.workers,
         "drawing figures", options.progress, chunksize=1)))
-    sections = [_section(analysis, plan, errors, options.output_dir) for analysis, plan in plans]
+    sections = [_section(analysis, plan, outcomes, options.output_dir) for analysis, plan in plans]
     index = write_report(options.output_dir, _run_summary(options, inp), sections,
                          order=[a.key for a in ANALYSES])
     return ReportResult(
         index=index,
-        figures=tuple(path for path, error in errors.items() if error is None),
-        failed=tuple((path, error) for path, error in errors.items() if error is not None),
+        figures=tuple(path for path, drawn in outcomes.items() if drawn.drawn),
+        failed=tuple((path, drawn.error) for path, drawn in outcomes.items() if not drawn.drawn),
+        warnings=tuple((path, warning) for path, drawn in outcomes.items() if (warning := drawn.warning())),
         skipped=inp.skipped,
         notes=tuple(note for section in sections for note in section.notes))
 
@@ -98,15 +97,17 @@ def _build(analysis: Analysis, inp: AnalysisInput) -> AnalysisPlan:
     return analysis.build(inp)
 
 
-def _render(item: tuple[FigureJob, Path, int]) -> Optional[str]:
+def _render(item: tuple[FigureJob, Path, int]) -> figure_render.Drawn:
     job, output_dir, dpi = item
-    return figures.render(job, output_dir, dpi)
+    return figure_render.render(job, output_dir, dpi)
 
 
-def _section(analysis: Analysis, plan: AnalysisPlan, errors: dict[str, Optional[str]],
+def _section(analysis: Analysis, plan: AnalysisPlan, outcomes: dict[str, figure_render.Drawn],
              output_dir: Path) -> Section:
-    notes = list(plan.notes) + [f"Figure {job.path} could not be drawn: {errors[job.path]}"
-                                for job in plan.figures if errors[job.path] is not None]
+    notes = list(plan.notes) + [f"Figure {job.path} could not be drawn: {outcomes[job.path].error}"
+                                for job in plan.figures if not outcomes[job.path].drawn]
+    notes += [f"Warning: figure {job.path} is drawn, but may hide something ({warning})"
+              for job in plan.figures if (warning := outcomes[job.path].warning())]
     notes_file = output_dir / analysis.folder / NOTES_FILE
     if analysis.folder and notes:
         notes_file.write_text("\n".join(notes) + "\n", encoding="utf-8")
@@ -116,7 +117,7 @@ def _section(analysis: Analysis, plan: AnalysisPlan, errors: dict[str, Optional[
         key=analysis.key, title=analysis.title, folder=analysis.folder,
         description=analysis.description,
         figures=[{"path": job.path, "caption": job.caption} for job in plan.figures
-                 if errors[job.path] is None],
+                 if outcomes[job.path].drawn],
         files=[{"path": f.path, "caption": f.caption} for f in plan.files]
         + ([{"path": f"{analysis.folder}/{NOTES_FILE}", "caption": "what was not drawn and why"}]
            if analysis.folder and notes else []),

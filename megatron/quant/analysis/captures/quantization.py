@@ -84,8 +84,11 @@ def draw_error_metrics(payload: dict) -> Figure:
     figures.grouped_bars(axes[1], payload["categories"], payload["rel_mse"],
                          "Relative mean squared error (lower is better)",
                          "sum((q-x)^2) / sum(x^2)", log=True)
-    figures.grouped_bars(axes[2], payload["categories"], payload["cosine"],
-                         "Cosine similarity of x and q (higher is better)", "cosine", log=False)
+    # cosines of good formats all round to 1.0 on a 0-1 axis: their distance from 1, in decades, differs
+    figures.grouped_bars(axes[2], payload["categories"],
+                         {group: [1 - c for c in values] for group, values in payload["cosine"].items()},
+                         "Angle between x and q: 1 - cosine similarity (lower is better)", "1 - cos(x, q)",
+                         log=True)
     return figures.finish(fig, "Quantization error by tensor and quant type")
 
 

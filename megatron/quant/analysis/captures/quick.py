@@ -1,15 +1,13 @@
-"""quick_analysis.png (values of all tensors; captures by quant type, layer type, operation)
-and tensor_stats.txt, as the original quick_visualize.py made them."""
+"""quick_analysis.png (the magnitudes of weights, activations and gradients, per quant type) and
+tensor_stats.txt (totals, value statistics, capture counts), the first look of quick_visualize.py."""
 from __future__ import annotations
 
 from collections import Counter
 from typing import Callable
 
-from matplotlib.figure import Figure
-
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
-from megatron.quant.analysis.captures.summary import TensorSummary, pooled_moments, pooled_sample
+from megatron.quant.analysis.captures.summary import TensorSummary, group_by, log2_panels, pooled_moments
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile
 
 _COUNTED_BY: dict[str, Callable[[TensorSummary], object]] = {
@@ -24,42 +22,25 @@ _COUNTED_BY: dict[str, Callable[[TensorSummary], object]] = {
 }
 
 
+def tensor_kind(summary: TensorSummary) -> str:
+    """Weights, activations or gradients: three families of values that lie decades apart."""
+    if summary.record.operation == "backward":
+        return "gradients"
+    return "weights" if summary.record.tensor_name == "weight" else "activations"
+
+
 def build(inp: AnalysisInput) -> AnalysisPlan:
-    summaries = inp.originals
-    values = pooled_sample(inp.with_values, inp.settings.figure_budget)
-    payload = {
-        "values": values,
-        "n_tensors": len(inp.with_values),
-        "pies": {name: dict(Counter(_COUNTED_BY[name](s) for s in summaries))
-                 for name in ("quant type", "layer type", "operation")},
-    }
+    by_quant = group_by(inp.originals, lambda s: s.record.quant_type)
+    plan = AnalysisPlan(files=[OutputFile("tensor_stats.txt", "Totals, value statistics and capture counts.")])
+    kept = plan.first_panels("quick analysis", by_quant.items(), inp.settings.max_panels)
     (inp.output_dir / "tensor_stats.txt").write_text(tensor_stats_text(inp), encoding="utf-8")
-    return AnalysisPlan(
-        figures=[FigureJob("quick_analysis.png",
-                           "Values of all captured tensors (sampled) and how the captures split "
-                           "by quant type, layer type and operation.", draw_quick, payload)],
-        files=[OutputFile("tensor_stats.txt", "Totals, value statistics and capture counts.")])
-
-
-def draw_quick(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.5, 4.8))
-    values = payload["values"]
-    axes[0].hist(values, bins=100, color="tab:blue")
-    axes[0].set_yscale("log")
-    axes[0].set_title(f"Values of {payload['n_tensors']} tensors ({values.size:,} sampled)",
-                      fontsize=10)
-    axes[0].set_xlabel("value")
-    axes[0].set_ylabel("count (log scale)")
-    axes[0].grid(alpha=0.3)
-    for ax, (name, counts) in zip(axes[1:], payload["pies"].items()):
-        labels = sorted(counts, key=str)
-        ax.set_title(f"Captures by {name} ({sum(counts.values())} in all)", fontsize=10)
-        if len(labels) == 1:  # a one-slice pie says one thing: say it
-            figures.no_data(ax, f"all {sum(counts.values())} captures: {name} {labels[0]}")
-            continue
-        ax.pie([counts[k] for k in labels], labels=[str(k) for k in labels], autopct="%1.1f%%",
-               startangle=90, counterclock=False)
-    return figures.finish(fig, "Quick analysis of captured tensors")
+    plan.figures.append(FigureJob(
+        "quick_analysis.png",
+        "Magnitudes of all captured values, per quant type: the share of the weights', activations' and "
+        "gradients' values per binade of |x| (all elements of every capture). How many captures of each "
+        "kind: tensor_stats.txt and the summary above.", figures.draw_log2_panels,
+        {"title": "Quick analysis: weights, activations and gradients", "panels": log2_panels(kept, tensor_kind)}))
+    return plan
 
 
 def tensor_stats_text(inp: AnalysisInput) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.plans import FigureJob
@@ -95,24 +96,47 @@ def _draw_loss(payload: dict):
 
 
 def _draw_lines(payload: dict):
-    """One panel per entry of ``payload["panels"]`` ({title: {run: (x, y)}}), one line per run."""
+    """One panel per entry of ``payload["panels"]`` ({title: {run: (x, y)}}), one line per run.
+    Panels of one metric (the stats figures: one y label for all) share their y axis, log when the
+    values span decades; a few logged points are drawn as markers; a panel whose values are all
+    the same says so in one line."""
     panels = payload["panels"]
     fig, axes = figures.subplot_grid(len(panels), ncols=payload.get("ncols", 3), panel_size=(5.0, 3.6),
                                      legend_width=figures.legend_width(payload["highlighted"]))
     colours = _colours(payload["runs"], payload["highlighted"])
+    one_metric = len(set(payload["ylabel"].values())) == 1 and len(payload["ylabel"]) == len(panels)
+    pooled = [v for series in panels.values() for _, ys in series.values() for v in ys if np.isfinite(v)]
     for ax, (title, series) in zip(axes, panels.items()):
         ax.set_title(title, fontsize=10)
-        values = [v for _, ys in series.values() for v in ys]
+        ylabel = payload["ylabel"].get(title, title)
+        values = [v for _, ys in series.values() for v in ys if np.isfinite(v)]
+        if figures.one_value(ax, values, ylabel):
+            continue
+        shown = pooled if one_metric else values
+        few = max(len(xs) for xs, _ in series.values()) <= 5
         for name, (xs, ys) in series.items():
+            style = {"marker": "o", "markersize": 4} if few else {}
             if name in colours:
-                ax.plot(xs, ys, color=colours[name], linewidth=1.2, label=name)
+                ax.plot(xs, ys, color=colours[name], linewidth=1.2, label=name, **style)
             else:
-                ax.plot(xs, ys, color="0.8", linewidth=0.8, zorder=1)
-        if values and min(values) > 0 and figures.spans_decades(values):
+                ax.plot(xs, ys, color="0.8", linewidth=0.8, zorder=1, **style)
+        if min(shown) > 0 and figures.spans_decades(shown):
             figures.log_scale(ax)
-        ax.set(xlabel="iteration", ylabel=payload["ylabel"].get(title, title))
+        else:
+            figures.honest_limits(ax, shown)
+            if one_metric:
+                ax.set_ylim(*_padded(shown, ax.get_ylim()))
+        ax.set(xlabel="iteration", ylabel=ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     return figures.finish(fig, payload["title"], shared_legend=axes)
+
+
+def _padded(values, limits: tuple[float, float]) -> tuple[float, float]:
+    """``limits`` widened to hold every one of ``values`` with a 5 % margin (a y axis shared by panels)."""
+    low, high = min(min(values), limits[0]), max(max(values), limits[1])
+    margin = 0.05 * (high - low)
+    return low - margin, high + margin
 
 
 def _colours(names, highlighted: Sequence[str]) -> dict:
@@ -165,10 +189,11 @@ def figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band) ->
                       _draw_loss, {"loss": loss, "gap": gaps,
                                    "band": None if band is None else [b.tolist() for b in band],
                                    "baseline": baseline.name, "smoothing": smoothing, **shown})]
-    training = {"grad norm": _lines(curves, GRAD_NORM), "learning rate": _lines(curves, LR),
-                "tokens/s": _lines(curves, TOKENS_PER_S)}
-    jobs.append(FigureJob("training.png", "Gradient norm, learning rate and throughput over training" + others,
-                          _draw_lines, {"panels": training, "title": "Training dynamics", "ylabel": {}, **shown}))
+    training = {title: lines for title, tag in (("grad norm", GRAD_NORM), ("learning rate", LR),
+                                                ("tokens/s", TOKENS_PER_S)) if (lines := _lines(curves, tag))}
+    if training:
+        jobs.append(FigureJob("training.png", f"{', '.join(training).capitalize()} over training" + others,
+                              _draw_lines, {"panels": training, "title": "Training dynamics", "ylabel": {}, **shown}))
     if any(run.series(VALIDATION)[0].size for run in curves):
         jobs.append(FigureJob("validation.png", "Validation loss" + others, _draw_lines, {
             "panels": {"validation lm loss": _lines(curves, VALIDATION)}, "title": "Validation loss",

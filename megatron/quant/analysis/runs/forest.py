@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render, figures
 from megatron.quant.analysis.plans import FigureJob
 
 NAME = "study.png"
@@ -46,16 +46,15 @@ def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = 
     return FigureJob(path, caption, draw_forest, payload)
 
 
-def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: int = 100) -> Optional[str]:
-    """The forest plot of a saved recipe table (``recipes.csv``) into ``target``; the error text
-    when it could not be drawn within the figure budget."""
+def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: int = 100) -> figure_render.Drawn:
+    """The forest plot of a saved recipe table (``recipes.csv``) into ``target``."""
     with open(recipes_csv, newline="") as handle:
         rows = [{**row, **{key: {"True": True, "False": False}.get(row.get(key) or "")
                            for key in ("beyond noise", "beyond noise, paired")}} for row in csv.DictReader(handle)]
     if not any(row["recipe"] == baseline for row in rows):
         raise ValueError(f"baseline {baseline!r} is not a recipe of {str(recipes_csv)!r}: "
                          f"{', '.join(row['recipe'] for row in rows)}")
-    return figures.render(forest_job(rows, baseline, path=target.name), target.parent, dpi)
+    return figure_render.render(forest_job(rows, baseline, path=target.name), target.parent, dpi)
 
 
 def draw_forest(payload: dict):
@@ -69,9 +68,10 @@ def draw_forest(payload: dict):
     beyond = sum(bool(row["beyond"]) for row in others)
     paired = [row for row in others if row["beyond paired"] is not None]
     if paired:
-        return figures.finish(fig, f"{beyond} of {len(others)} recipes beyond {payload['baseline']}'s seed noise; "
-                                   f"{sum(bool(row['beyond paired']) for row in paired)} of {len(paired)} paired")
-    return figures.finish(fig, f"{beyond} of {len(others)} recipes differ from {payload['baseline']} "
+        return figures.finish(fig, f"{len(rows)} recipes: {beyond} of {len(others)} beyond {payload['baseline']}'s "
+                                   f"seed noise; {sum(bool(row['beyond paired']) for row in paired)} of {len(paired)} "
+                                   "paired")
+    return figures.finish(fig, f"{len(rows)} recipes: {beyond} of {len(others)} differ from {payload['baseline']} "
                                "beyond its seed noise")
 
 

@@ -6,7 +6,7 @@ import datetime
 import html
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import STYLE, figure_html, link, table
@@ -84,9 +84,16 @@ def _details(runs: Sequence[Run]) -> list[list]:
 
 def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[Run], jobs: Sequence[FigureJob],
                 report_dir: Path, command: str, band, recipes: Sequence[dict] = (),
-                skipped: Sequence[tuple[str, str]] = ()) -> str:
+                skipped: Sequence[tuple[str, str]] = (), warnings: Mapping[str, str] = {}) -> str:
+    """``warnings``: figure path -> what breaks the figure budget (shown above the figure)."""
     stats = [job for job in jobs if job.path.startswith("stats_")]
     drawn = [job for job in jobs if (report_dir / job.path).is_file()]
+
+    def shown(job: FigureJob) -> str:
+        warning = warnings.get(job.path)
+        note = (f"<p class='note'>Warning: {html.escape(job.path)} may hide something: "
+                f"{html.escape(warning)}</p>" if warning else "")
+        return note + figure_html(job.path, job.caption)
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
              "<title>Training run comparison</title>", f"<style>{STYLE}</style></head><body>",
              "<h1>Training run comparison</h1>",
@@ -103,7 +110,7 @@ def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[
              f"{CSV_NAME}</a>.</p>"]
     study = next((job for job in drawn if job.path == forest.NAME), None)
     if recipes:
-        parts.append(recipes_html(list(recipes), figure_html(study.path, study.caption) if study else ""))
+        parts.append(recipes_html(list(recipes), shown(study) if study else ""))
     if skipped:
         parts.append("<p class='note'>Skipped (no readable event file): " + "; ".join(
             f"<b>{html.escape(name)}</b>: {html.escape(reason)}" for name, reason in skipped) + "</p>")
@@ -111,10 +118,10 @@ def render_html(runs_dir: Path, baseline: Run, rows: list[dict], runs: Sequence[
         parts.append(f"<p class='note'>Baseline noise at the end (spread of its seed runs): "
                      f"{100 * band[1][-1]:+.2f} % to {100 * band[2][-1]:+.2f} %.</p>")
     parts.append("<h2 id='curves'>Curves</h2>")
-    parts += [figure_html(job.path, job.caption) for job in drawn if job not in stats and job is not study]
+    parts += [shown(job) for job in drawn if job not in stats and job is not study]
     parts.append("<h2 id='stats'>Quantization statistics</h2>")
     if stats:
-        parts += [figure_html(job.path, job.caption) for job in drawn if job in stats]
+        parts += [shown(job) for job in drawn if job in stats]
     else:
         parts.append("<p>None of the runs logged stats-mode capture summaries (<code>train/quant/...</code>): "
                      "train with <code>TENSOR_SAVE_ENABLED=true TENSOR_SAVE_MODE=stats</code> to get them.</p>")

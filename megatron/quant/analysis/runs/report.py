@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.quant.analysis import figures
+from megatron.quant.analysis import figure_render
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.runs.draw import draw_bands, figure_jobs
@@ -38,9 +38,10 @@ class RunsReport:
     index: Path
     csv: Path
     rows: list[dict]
-    failed: list[tuple[str, str]]  # (figure, error)
+    failed: list[tuple[str, str]]  # (figure, error): not drawn
     recipes: list[dict] = field(default_factory=list)  # one row per recipe over its seeds (with seed runs)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (run, why): no readable event file
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (figure, what breaks the figure budget)
 
 
 def _all_runs(runs_dir: Optional[Path], ledger_dir: Optional[Path], corpus: Optional[str],
@@ -83,12 +84,14 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes)
     if recipes:
         write_csv_rows(report_dir / RECIPES_CSV, recipes)
-    failed = [(job.path, error) for job in jobs if (error := figures.render(job, report_dir, dpi)) is not None]
+    outcomes = {job.path: figure_render.render(job, report_dir, dpi) for job in jobs}
+    failed = [(path, drawn.error) for path, drawn in outcomes.items() if not drawn.drawn]
+    warnings = [(path, warning) for path, drawn in outcomes.items() if (warning := drawn.warning())]
     write_csv_rows(report_dir / CSV_NAME, rows)
     index = report_dir / "index.html"
     index.write_text(render_html(source, baseline, rows, ordered, jobs, report_dir, command, band, recipes,
-                                 skipped), encoding="utf-8")
-    return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes, skipped)
+                                 skipped, dict(warnings)), encoding="utf-8")
+    return RunsReport(index, report_dir / CSV_NAME, rows, failed, recipes, skipped, warnings)
 
 
 def all_figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band, groups: dict[str, list[Run]],
@@ -123,7 +126,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
-    """Exit status: 0 done, 1 a figure failed (named on stderr), 2 bad input (message on stderr)."""
+    """Exit status: 0 done (a figure that breaks the figure budget is a warning on stderr and on the
+    page), 1 a figure could not be drawn (named on stderr), 2 bad input (message on stderr)."""
     parser = build_parser(prog)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -147,6 +151,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     for row in result.rows:
         if row["notes"]:
             print(f"note: {row['run']}: {row['notes']}")
+    for path, warning in result.warnings:
+        print(f"warning: figure {path} is drawn, but may hide something: {warning}", file=sys.stderr)
     for path, error in result.failed:
         print(f"error: figure {path} could not be drawn: {error}", file=sys.stderr)
     return 1 if result.failed else 0

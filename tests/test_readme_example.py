@@ -1,0 +1,24 @@
+"""The README's Python example runs as shown: a tensor through four formats, a tiny quantized Llama
+capturing one iteration."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_python_example_runs(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## In Python"):]
+    [code] = re.findall(r"```python\n(.*?)```", section[:section.index("\n## ", 1)], re.S)
+    launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}  # the example starts its own world
+    env = {key: value for key, value in os.environ.items() if key not in launcher}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"^(\w+)\s+SQNR\s+[\d.]+ dB$", done.stdout, re.M) == ["hifp8", "mxfp8", "mxfp4", "nvfp4"]
+    captured = tmp_path / "my_logs" / "mxfp8"
+    assert (captured / "manifest-rank00.jsonl").is_file()
+    assert all("_iter001_" in path.name for path in captured.glob("*.pt")) and any(captured.glob("*.pt"))
