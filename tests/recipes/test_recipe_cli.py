@@ -19,6 +19,16 @@ def test_show_without_a_name_lists_the_presets(capsys):
         assert name in out
 
 
+def test_show_without_a_name_lists_the_plain_format_names_and_their_aliases(capsys):
+    from megatron.quant.formats import list_formats
+
+    _, out, _ = _show(capsys)
+    listed = out.split("presets (")[0]
+    assert listed.startswith("formats (CUSTOM_QUANT_TYPE=NAME")
+    assert all(f" {name}," in listed or f" {name}\n" in listed for name in list_formats())
+    assert "mxfp8 = mxfp8_e4m3" in listed and "mxfp4 = mxfp4_e2m1" in listed
+
+
 def test_show_preset_gives_the_operand_table_and_the_source(capsys):
     code, out, _ = _show(capsys, "te-nvfp4", "--num-layers", "4")
     assert code == 0 and "NVFP4BlockScaling" in out and "layers 0-3:" in out

@@ -101,7 +101,12 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
 
 
 def list_presets() -> str:
-    lines = ["presets (CUSTOM_QUANT_TYPE=NAME, or format: NAME in a recipe file):"]
+    """The names a recipe can be given by: the formats (every GEMM operand in that format, as
+    CUSTOM_QUANT_TYPE=NAME), the TE presets, and the variants."""
+    lines = ["formats (CUSTOM_QUANT_TYPE=NAME: every quantized GEMM operand in it; bf16: none; "
+             "python -m megatron.quant.formats shows each):", *_wrapped(formats.list_formats()),
+             "  aliases: " + ", ".join(f"{alias} = {name}" for alias, name in formats.registry.ALIASES.items()),
+             "presets (CUSTOM_QUANT_TYPE=NAME, or format: NAME in a recipe file):"]
     lines += [f"  {name:<18} {source}" for name, (source, _) in presets.PRESETS.items()]
     lines.append("variants (one component removed or added; show NAME --ablate shows each):")
     for base in dict.fromkeys([*presets.PRESETS, *ablations.ADDITIONS]):
@@ -110,6 +115,17 @@ def list_presets() -> str:
             lines.append(f"  {base:<18} {', '.join(variants)}")
     lines.append(f"  components: {', '.join(f'{c.name} ({c.description})' for c in ablations.COMPONENTS.values())}")
     return "\n".join(lines)
+
+
+def _wrapped(names: Sequence[str], width: int = 96) -> list[str]:
+    """``names`` comma-separated on indented lines of at most about ``width`` characters."""
+    lines, line = [], ""
+    for name in names:
+        if line and len(line) + len(name) + 2 > width:
+            lines.append(f"  {line},")
+            line = ""
+        line = f"{line}, {name}" if line else name
+    return [*lines, f"  {line}"] if line else lines
 
 
 def _source(name: str) -> Optional[str]:
