@@ -52,6 +52,8 @@ from megatron.quant.training import corpus, sweep
 from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.machine import git_commit, seconds_between
 from megatron.quant.training.presets import get_preset
+from megatron.quant.training.signals import SweepInterrupted
+from megatron.quant.training.study_checks import SessionError, check_seconds, check_session
 from megatron.quant.training.study_measure import describe, describe_measured, measure
 from megatron.quant.training.study_sizing import Measurement, measurement_flags, read_measurement, size, sized_plan_text
 from megatron.quant.training.study_plan import (
@@ -222,7 +224,8 @@ def run_wave(plan: StudyPlan, wave: Sequence[PlannedRun], runs_dir: Path, flags:
         argv += ["--parallel", str(len(wave)), "--runs-per-gpu", str(len(wave))]
     if len(plan.seeds) > 1:
         argv += ["--seeds", " ".join(map(str, plan.seeds[1:]))]
-    sweep.main([*argv, str(runs_dir), " ".join(plan.recipes), "--", *flags])
+    if (code := sweep.main([*argv, str(runs_dir), " ".join(plan.recipes), "--", *flags])) > 128:
+        raise SweepInterrupted(code - 128)  # a signal: its runs stopped and are recorded; start no more
     return [(sweep.read_run(runs_dir / run.name) or {}).get("status", sweep.CRASHED) for run in wave]
 
 
@@ -274,16 +277,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _print_measured(plan, args)
         if args.budget_s is None or args.out is None:
             raise StudyError("give --budget-s and --out (or --show, or --add)")
-        if args.budget_s <= 0:
-            raise StudyError(f"--budget-s must be positive, got {args.budget_s:g}")
+        check_seconds(args.budget_s, "--budget-s")
         if args.runs_at_once is not None and not 1 <= args.runs_at_once <= MAX_RUNS_AT_ONCE:
             raise StudyError(f"--runs-at-once must be 1 to {MAX_RUNS_AT_ONCE}, got {args.runs_at_once}")
         plan = dataclasses.replace(plan, runs_at_once=args.runs_at_once or plan.runs_at_once)
         at_once = plan.runs_at_once
+        check_session(args.out, args.launcher, at_once)
         entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
         _say(describe(plan).replace("\n", "\nstudy: "))
         built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
-    except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError) as error:
+    except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError, SessionError) as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
     if plan.sizing is not None and plan.sizing.fixed_on is None:
@@ -292,6 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except StudyPlanError as error:
             print(f"study: error: {error}", file=sys.stderr)
             return 1
+        except SweepInterrupted as interrupt:
+            return _stopped(interrupt)
         if plan is None:
             return 1
     epochs = "" if args.dry_run else f" ({plan.tokens_per_run / built.train_tokens:.1f} epochs a run)"
@@ -304,15 +309,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget"
          + (f" ({at_once} at once)" if at_once > 1 else "") + ": "
          + (", ".join(run.name for run in chosen) or "none"))
-    statuses = run_chosen(plan, waves(chosen, at_once), wave_seconds, built, args, deadline=started + args.budget_s)
+    try:
+        statuses = run_chosen(plan, waves(chosen, at_once), wave_seconds, built, args, deadline=started + args.budget_s)
+    except SweepInterrupted as interrupt:
+        return _stopped(interrupt)
     return 0 if all(status in sweep.DONE for status in statuses) else 1
+
+
+def _stopped(interrupt: SweepInterrupted) -> int:
+    """A signal stopped the sweep, its runs recorded "interrupted": the study starts nothing more."""
+    print(f"study: error: {interrupt} received: stopped; the finished runs' entries are in --out's {LEDGER}/, the "
+          f"stopped runs resume when the study runs again", file=sys.stderr, flush=True)
+    return 128 + interrupt.signum
 
 
 def _print_measured(plan: StudyPlan, args: argparse.Namespace) -> int:
     if args.ledger is None:
         raise StudyError("--measured needs --ledger, the ledger directory to read the runs' times from")
-    if args.target_s <= 0:
-        raise StudyError(f"--target-s must be positive, got {args.target_s:g}")
+    check_seconds(args.target_s, "--target-s")
     found = measure(plan, ledger.read_ledger(args.ledger))
     if not found:
         _say(f"{args.ledger} holds no timed, finished runs of study {plan.name} yet")
