@@ -164,3 +164,24 @@ def test_every_run_keeps_its_index_cache_under_its_run(tmp_path):
     sweep.main(["--launcher", launcher, str(tmp_path / "out"), "bf16", "--", *flags])
     argv = json.loads((tmp_path / "out" / "bf16" / "argv.json").read_text())
     assert argv[argv.index("--data-cache-path") + 1] == str(tmp_path / "out" / "bf16" / sweep.DATA_CACHE)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--micro-batch-size", str(2**40)], f"--micro-batch-size {2**40} x --seq-length 128"),
+    (["--seq-length", str(2**31), "--max-position-embeddings", str(2**31)], f"--seq-length {2**31} = "),
+], ids=["micro_batch", "seq_length"])
+def test_a_micro_batch_beyond_int32_token_indices_is_refused_at_start(flags, message):
+    from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
+
+    args = parse_args(["--model", "llama-tiny", "--mock-data", "--train-iters", "2", *flags])
+    with pytest.raises(ArgumentError, match="tokens cannot fit one micro-batch; allowed: at most 2,147,483,646") as e:
+        validate_args(args, world_size=1, cuda=False)
+    assert message in str(e.value)
+
+
+def test_a_long_fusions_value_is_a_bounded_excerpt():
+    from megatron.quant.layers import fusions
+
+    with pytest.raises(ValueError) as error:
+        fusions.choose({fusions.ENV: "x" * 100_000}, cuda=False, precision="bf16")
+    assert f"{fusions.ENV}='xxx" in str(error.value) and len(str(error.value)) < 250
