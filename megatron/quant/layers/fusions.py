@@ -29,8 +29,8 @@ import torch
 from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 from torch import Tensor
 
-from megatron.quant.layers.attention import QuantDotProductAttention
 from megatron.quant.formats.show import show_value
+from megatron.quant.layers.attention import QuantDotProductAttention
 from megatron.quant.recipes.parse import FUSIONS_ENV
 
 ENV = FUSIONS_ENV

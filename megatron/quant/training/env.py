@@ -31,7 +31,8 @@ def environment_problem(environment: Mapping[Any, Any]) -> str | None:
     value that is no string or number), in one bounded line; None when it is fine."""
     for key, value in environment.items():
         if not (isinstance(key, str) and _VARIABLE.fullmatch(key)):
-            return f"{show_value(key)} is not a variable name; allowed: letters, digits and '_', not starting with a digit"
+            return (f"{show_value(key)} is not a variable name; allowed: letters, digits and '_', not starting "
+                    f"with a digit")
         if value is None or isinstance(value, (dict, list)):
             return f"{key}: expected a string or number, got {show_value(value)}"
     return None

@@ -36,8 +36,8 @@ early, 2 bad input (one line).
 from __future__ import annotations
 
 import argparse
-import datetime
 import dataclasses
+import datetime
 import json
 import shlex
 import statistics
@@ -55,7 +55,6 @@ from megatron.quant.training.presets import get_preset
 from megatron.quant.training.signals import SweepInterrupted
 from megatron.quant.training.study_checks import SessionError, check_seconds, check_session
 from megatron.quant.training.study_measure import describe, describe_measured, measure
-from megatron.quant.training.study_sizing import Measurement, measurement_flags, read_measurement, size, sized_plan_text
 from megatron.quant.training.study_plan import (
     MAX_RUNS_AT_ONCE,
     PlannedRun,
@@ -64,6 +63,7 @@ from megatron.quant.training.study_plan import (
     load_plan,
     waves,
 )
+from megatron.quant.training.study_sizing import Measurement, measurement_flags, read_measurement, size, sized_plan_text
 from megatron.quant.training.sweep_plan import TENSORBOARD
 
 CORPUS, RUNS, LEDGER, SIZING = "corpus", "runs", "ledger", "sizing"  # under --out; and sizing.json, plan.yaml
