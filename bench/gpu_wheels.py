@@ -1,13 +1,11 @@
 """Download the wheels the device machine lacks (megatron-core, en_dtypes) into .whl/ and print the line
 that installs them there: ``python bench/gpu_wheels.py``. docs/gpu.md says how a device session uses it."""
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.gpu from the repository
 
-from bench.gpu.wheels import download_argv, install_line  # noqa: E402
+from bench.gpu.wheels import main  # noqa: E402
 
 if __name__ == "__main__":
-    subprocess.run(download_argv(), check=True, cwd=Path(__file__).resolve().parents[1])
-    print(f"\non the device, from the repository root (carry ['.whl']):\n{install_line()}")
+    sys.exit(main())

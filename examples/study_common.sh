@@ -36,8 +36,7 @@ run_study() {
             python -m megatron.quant.training.corpus "$corpus" ${CORPUS_SOURCE:+--source "$CORPUS_SOURCE"}
         fi
         local manifest
-        manifest=$(python -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["data_path"], c["split"])' \
-                   "$corpus/corpus.json")
+        manifest=$(python -m megatron.quant.training.corpus "$corpus" --print-data) || return 2
         data_args=(--data-path "${manifest% *}" --split "${manifest##* }")  # the path may hold spaces
     fi
     local status=0

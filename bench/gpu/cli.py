@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 
 from .registry import DEFAULT_BUDGET_S, DEFAULT_STAGES, STAGES
 from .runner import SUMMARY_NAME, run_stages
@@ -47,8 +50,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the study stage's plan (default docs/study/plan.yaml; docs/study/first-tier.yaml: the "
                              "first tier, sized on the device)")
     args = parser.parse_args(argv)
-    if args.budget_s <= 0:
-        parser.error(f"--budget-s must be positive, not {args.budget_s:g}")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        parser.error(f"--budget-s must be positive, not {args.budget_s:g}; allowed: a finite number of seconds above 0")
+
     args.device = device_name(args.dry_run)
     if args.device is None:
         parser.error("torch sees no CUDA device: run on the device machine, or --dry-run on a CPU")
@@ -59,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     names = list(dict.fromkeys(args.stage or DEFAULT_STAGES))
     out = args.out or REPO / "bench" / "results" / f"gpu_check_{slug(args.device)}"
+    try:  # before any stage: a file, a path under one, or a read-only folder would fail at its first write
+        check_output_dir(out, "--out")
+    except OutputDirError as error:
+        print(f"gpu_check: error: {error}", file=sys.stderr)
+        return 2
     records = run_stages(names, STAGES, out, args.budget_s, args.dry_run, args.device, study_plan=args.study_plan)
     print((out / SUMMARY_NAME).read_text())
     print(f"wrote {out}")

@@ -7,7 +7,11 @@ torch, packaging) are in the image. ml_dtypes does not travel: the image has it 
 """
 from __future__ import annotations
 
+import argparse
+import subprocess
 import sys
+from pathlib import Path
+from typing import Sequence
 
 WHEEL_DIR = ".whl"
 PINNED = ("megatron-core==0.19.2", "en_dtypes==0.0.4")
@@ -34,3 +38,21 @@ def install_line(site: str = SITE, project_site: str = PROJECT_SITE) -> str:
     pip = "python3 -m pip install -q --no-index --no-deps --no-compile"
     return (f"{pip} --target {site} {WHEEL_DIR}/*.whl && {pip} --no-build-isolation --target {project_site} . "
             f"&& export PYTHONPATH={site}:{project_site}:$PWD || exit")
+
+
+def main(argv: Sequence[str] | None = None, repo: Path = Path(__file__).resolve().parents[2]) -> int:
+    """Download the wheels into ``repo``'s WHEEL_DIR and print the install line; 2 with one line when
+    pip fails (offline, an index without them)."""
+    argparse.ArgumentParser(prog="python bench/gpu_wheels.py", description=f"Download {', '.join(PINNED)} for "
+                            f"CPython {PYTHON_VERSION} into {WHEEL_DIR}/ and print the line that installs them on "
+                            f"the device machine.").parse_args(argv)
+    result = subprocess.run(download_argv(), cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if "ERROR" in line), lines[-1] if lines else "no output")
+        print(f"gpu_wheels: error: pip download failed (status {result.returncode}): {reason.strip()[:300]}",
+              file=sys.stderr)
+        return 2
+    print(f"{result.stdout.rstrip()}\n\non the device, from the repository root (carry ['{WHEEL_DIR}']):\n"
+          f"{install_line()}")
+    return 0

@@ -52,7 +52,7 @@ def test_runs_at_once_are_chosen_in_waves_that_share_the_gpu(budget, chosen):
 def test_a_wave_goes_to_the_sweep_at_once_on_one_gpu_with_its_own_caches(tmp_path, monkeypatch):
     plan = load_plan(PLAN)
     calls = []
-    monkeypatch.setattr(study.sweep, "main", calls.append)
+    monkeypatch.setattr(study.sweep, "main", lambda argv: calls.append(argv) or 1)
     built = corpus.Corpus(data_path="d", split="1,1,0", train_documents=1, valid_documents=1, bytes=1, source=[],
                           seed=1, tokens=2, train_tokens=1, sha256="c" * 64)
     flags = study.training_flags(plan, built, None, dry_run=False)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -61,13 +63,23 @@ def check_page(page: Path, width: int = 1400, screenshot: Optional[Path] = None,
     """Render ``page`` at ``width`` pixels, measure its layout, and save a full-page screenshot to
     ``screenshot`` when given (a page taller than MAX_SCREENSHOT_HEIGHT is shot at a smaller
     device scale: the same layout, fewer pixels)."""
-    if not page.is_file():
-        raise BrowserCheckError(f"no page at {str(page)!r}")
+    text = _page_text(page).replace("loading='lazy'", "").replace('loading="lazy"', "")
+    if screenshot is not None:
+        try:
+            check_output_dir(screenshot.parent, "--screenshot's folder")
+        except OutputDirError as error:
+            raise BrowserCheckError(str(error)) from None
+        if screenshot.is_dir():
+            raise BrowserCheckError(f"--screenshot {str(screenshot)!r} is a directory; give a .png file path")
     browser = browser or find_browser()
     measured = page.with_name(f".{page.stem}.measure.html")
-    text = page.read_text(encoding="utf-8").replace("loading='lazy'", "").replace('loading="lazy"', "")
-    measured.write_text(text.replace("</body>", _MEASURE + "</body>") if "</body>" in text else text + _MEASURE,
-                        encoding="utf-8")
+    try:
+        measured.write_text(text.replace("</body>", _MEASURE + "</body>") if "</body>" in text else text + _MEASURE,
+                            encoding="utf-8")
+    except OSError as error:
+        raise BrowserCheckError(f"cannot write the measuring copy beside {str(page)!r} ({error.strerror}); the "
+                                f"check renders it there (same relative links): copy the report to a writable "
+                                f"folder") from None
     try:
         dom = _run(browser, ["--dump-dom", "--virtual-time-budget=20000", f"--window-size={width},900",
                              measured.resolve().as_uri()], timeout)
@@ -87,6 +99,28 @@ def check_page(page: Path, width: int = 1400, screenshot: Optional[Path] = None,
     finally:
         measured.unlink()
     return PageLayout(scroll_width, client_width, scroll_height, screenshot)
+
+
+MAX_PAGE_BYTES = 50_000_000  # a report page is a few hundred kB
+
+
+def _page_text(page: Path) -> str:
+    """The page's HTML; BrowserCheckError for no regular file, a huge one, or bytes that are no UTF-8 text."""
+    if not page.is_file():
+        what = "a directory" if page.is_dir() else "no page"
+        raise BrowserCheckError(f"{str(page)!r} is {what}; give a report's index.html")
+    if page.stat().st_size > MAX_PAGE_BYTES:
+        raise BrowserCheckError(f"{str(page)!r} is {page.stat().st_size:,} bytes, more than a report page's "
+                                f"{MAX_PAGE_BYTES:,}; give a report's index.html")
+    data = page.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BrowserCheckError(f"{str(page)!r} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+                                f"{error.start}): not an HTML page; give a report's index.html") from None
+    if "\x00" in text:
+        raise BrowserCheckError(f"{str(page)!r} holds NUL bytes: not an HTML page; give a report's index.html")
+    return text
 
 
 def _run(browser: str, arguments: list[str], timeout: float) -> str:

@@ -29,6 +29,7 @@ import torch
 from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 from torch import Tensor
 
+from megatron.quant.formats.show import show_value
 from megatron.quant.layers.attention import QuantDotProductAttention
 from megatron.quant.recipes.parse import FUSIONS_ENV
 
@@ -69,7 +70,7 @@ def choose(environ: Optional[Mapping[str, str]] = None, *, cuda: bool, precision
     env = os.environ if environ is None else environ
     value = env.get(ENV, "").strip().lower() or "auto"
     if value not in CHOICES:
-        raise ValueError(f"{ENV}={env[ENV]!r} is not one of {', '.join(CHOICES)}")
+        raise ValueError(f"{ENV}={show_value(env[ENV])} is not one of {', '.join(CHOICES)}")
     auto = value == "auto"
     compiled = auto and cuda  # torch.compile on CPU costs more compile time than the tiny runs there save
     return FastPaths(choice=value, sdpa=auto, compiled=compiled, cross_entropy=compiled and precision == "bf16")

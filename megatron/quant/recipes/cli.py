@@ -25,9 +25,14 @@ COLUMNS = ("operand", "format", "block", "axis", "transform", "scaling", "roundi
 DEFAULT_NUM_LAYERS = 16
 
 
+def is_recipe_file(name: str) -> bool:
+    """``name`` names a recipe file (by its suffix, or an existing path) rather than a preset or format."""
+    return name.lower().endswith((".yaml", ".yml", ".json")) or Path(name).is_file()
+
+
 def load(name: str) -> QuantRecipe:
     """A recipe file (by suffix or an existing path), else a preset or format name."""
-    if name.lower().endswith((".yaml", ".yml", ".json")) or Path(name).is_file():
+    if is_recipe_file(name):
         return QuantRecipe.from_file(name)
     return QuantRecipe.from_dict({"format": name}, source=name)
 

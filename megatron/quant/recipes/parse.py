@@ -1,6 +1,6 @@
 """Reading a recipe, in one direction: the environment (``env_sources``), a file (``read_file``:
-YAML/JSON, bounded against alias bombs) and a dict (``recipe_fields``) become the fields of a
-``QuantRecipe``, every value checked into a ``FormatChoice`` or ``Rule`` or refused with a
+YAML/JSON, alias expansion bounded by ``yaml_safe``) and a dict (``recipe_fields``) become the fields
+of a ``QuantRecipe``, every value checked into a ``FormatChoice`` or ``Rule`` or refused with a
 ``RecipeError`` naming where it came from. ``recipe`` builds the recipe from those fields and
 never calls back.
 """
@@ -11,9 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-import yaml
-
-from megatron.quant import formats, kernels
+from megatron.quant import formats, kernels, yaml_safe
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value, unknown_variables
@@ -38,10 +36,6 @@ class RecipeError(ValueError):
 FUSIONS_ENV = "CUSTOM_QUANT_FUSIONS"  # the fast paths of unquantized work (layers/fusions.py)
 ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", kernels.ENV,
             FUSIONS_ENV)
-# A recipe is a few hundred values; more through YAML aliases is an alias bomb ("billion laughs").
-MAX_YAML_VALUES = 100_000
-
-
 def check_env_names(environ: Mapping[str, str]) -> None:
     """RecipeError for a CUSTOM_QUANT_* variable that is none of ENV_VARS (e.g. CUSTOM_QUANT_TPYE)."""
     unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")
@@ -49,36 +43,12 @@ def check_env_names(environ: Mapping[str, str]) -> None:
         raise RecipeError(unknown)
 
 
-def _yaml_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """The values ``node`` expands to with its aliases followed (shared nodes counted per use),
-    without expanding them; above MAX_YAML_VALUES (or a cycle) counts as too many."""
-    key = id(node)
-    if key in sizes:
-        return sizes[key]
-    sizes[key] = MAX_YAML_VALUES + 1  # while counting: a node that contains itself is too large
-    children = ([part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode)
-                else node.value if isinstance(node, yaml.SequenceNode) else [])
-    total = 1
-    for child in children:
-        total += _yaml_size(child, sizes)
-        if total > MAX_YAML_VALUES:
-            break
-    sizes[key] = min(total, MAX_YAML_VALUES + 1)
-    return sizes[key]
-
-
 def load_yaml(text: str, source: str) -> Any:
-    loader = yaml.SafeLoader(text)
+    """The recipe document in ``text``, its alias expansion bounded (``yaml_safe``)."""
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _yaml_size(node, {}) > MAX_YAML_VALUES:
-            raise RecipeError(f"{source}: expands to more than {MAX_YAML_VALUES} values through YAML aliases; "
-                              f"refused (a recipe needs a few hundred)")
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
+        return yaml_safe.load_yaml(text, source)
+    except yaml_safe.YamlError as error:
+        raise RecipeError(f"{error} (a recipe needs a few hundred)") from None
 
 
 # ---- parsing helpers ------------------------------------------------------------------------

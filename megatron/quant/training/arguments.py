@@ -32,6 +32,9 @@ _SHAPE_DEFAULTS = dict(
 )
 
 
+MAX_MICRO_BATCH_TOKENS = 2**31 - 2  # int32 token positions, a sample's extra (shifted label) token included
+
+
 class ArgumentError(ValueError):
     """Inconsistent or unsupported arguments; the message names the bad values."""
 
@@ -340,6 +343,11 @@ def _check_run(args: argparse.Namespace, world_size: int) -> None:
              f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
              f"{args.micro_batch_size} x data-parallel size {args.data_parallel_size}")
     args.num_microbatches = args.global_batch_size // per_step
+    tokens = args.micro_batch_size * args.seq_length
+    _require(tokens <= MAX_MICRO_BATCH_TOKENS,
+             f"--micro-batch-size {args.micro_batch_size} x --seq-length {args.seq_length} = {tokens:,} tokens cannot "
+             f"fit one micro-batch; allowed: at most {MAX_MICRO_BATCH_TOKENS:,} (megatron-core's datasets index "
+             f"tokens with int32)")
     _require(args.train_iters > 0, f"--train-iters must be positive, got {args.train_iters}")
     _require(args.log_interval > 0 and args.eval_interval > 0 and args.eval_iters >= 0,
              "--log-interval and --eval-interval must be positive, --eval-iters non-negative")

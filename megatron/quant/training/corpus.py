@@ -249,12 +249,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "the corpus and tokenize with it (instead of --tokenizer-type)")
     p.add_argument("--tokenizer-train-bytes", type=int, default=None, metavar="N",
                    help="train the tokenizer on the first N bytes of the training documents (default: all)")
+    p.add_argument("--print-data", action="store_true",
+                   help="build nothing: print the corpus built in OUTPUT_DIR as 'DATA_PATH SPLIT' (for scripts)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0, or 2 with one line naming a bad source or fraction."""
     args = build_parser().parse_args(argv)
+    if args.print_data:
+        return _print_data(args.output_dir)
+    if args.tokenizer_type == "HuggingFaceTokenizer" and not args.tokenizer_model:
+        print("corpus: error: --tokenizer-type HuggingFaceTokenizer needs --tokenizer-model DIR (a local Hugging Face "
+              "tokenizer directory)", file=sys.stderr)
+        return 2
     tokenizer = ["--tokenizer-type", args.tokenizer_type]
     if args.tokenizer_model:
         tokenizer += ["--tokenizer-model", args.tokenizer_model]
@@ -266,8 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         corpus = build_corpus(args.output_dir, roots, args.valid_fraction, args.seed, args.suffixes, tokenizer,
                               args.max_bytes, args.tokenizer_vocab, args.tokenizer_train_bytes)
-    except CorpusError as error:
-        print(f"corpus: error: {error}", file=sys.stderr)
+    except (CorpusError, ValueError) as error:  # ValueError: a tokenizer directory transformers cannot read
+        print(f"corpus: error: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         return 2
     except OSError as error:  # e.g. a full disk while writing
         print(f"corpus: error: cannot write {error.filename or args.output_dir}: {error.strerror or error}",
@@ -277,6 +285,19 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{corpus.bytes / 1e6:.1f} MB of text, {corpus.tokens:,} tokens ({corpus.train_tokens:,} training) "
           f"from {', '.join(corpus.source)}; sha256 {corpus.sha256}")
     print(f"train with: --data-path {corpus.data_path} --split {corpus.split} {shlex.join(corpus.tokenizer)}".rstrip())
+    return 0
+
+
+def _print_data(output_dir: Path) -> int:
+    try:
+        built = read_manifest(output_dir)
+    except CorpusError as error:
+        print(f"corpus: error: {error}", file=sys.stderr)
+        return 2
+    if built is None:
+        print(f"corpus: error: no corpus built in {output_dir} (no {MANIFEST})", file=sys.stderr)
+        return 2
+    print(built.data_path, built.split)
     return 0
 
 

@@ -29,6 +29,7 @@ from megatron.quant.training.arguments import ArgumentError, parse_args, validat
 from megatron.quant.training.config import TrainingConfig  # noqa: E402
 from megatron.quant.training.data import BatchLayout, build_datasets, check_data  # noqa: E402
 from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights  # noqa: E402
+from megatron.quant.training.lifetime import trainer_dies_with_parent  # noqa: E402
 from megatron.quant.training.loop import Run, iterations_run, train  # noqa: E402
 from megatron.quant.training.model import build_gpt, transformer_config  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
@@ -233,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     Bad arguments, environment or checkpoint exit with status 2 and a one-line reason;
     ``--check-args`` stops after checking the arguments and environment (status 0).
     """
+    trainer_dies_with_parent()  # under a sweep: not one step beyond its end (training/lifetime.py)
     owns_process_group = not dist.is_initialized()
     try:
         inputs = check_inputs(argv)

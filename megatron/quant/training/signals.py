@@ -9,6 +9,8 @@ import subprocess
 import time
 from typing import Sequence
 
+from megatron.quant.training.lifetime import die_with_parent
+
 
 class SweepInterrupted(Exception):
     """The sweep received SIGTERM or SIGINT; the runs' processes got it too and have ended."""
@@ -47,8 +49,8 @@ class SignalForwarder:
             _signal_group(child, signum)
 
     def run(self, command: Sequence[str], **popen: object) -> int:
-        """``command``'s exit status, in its own process group."""
-        child = subprocess.Popen(command, start_new_session=True, **popen)
+        """``command``'s exit status, in its own process group, killed if this process dies."""
+        child = subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent, **popen)
         self._children.add(child)
         try:
             if self.signum is not None:  # arrived while it started

@@ -37,20 +37,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from megatron.quant.analysis.runs import ledger
-from megatron.quant.analysis.runs.read import LOSS, TOKENS_PER_S, read_scalars
+from megatron.quant.analysis.runs.read import LOSS
 from megatron.quant.training import corpus, notices, sweep
 from megatron.quant.training.env import scoped_environ
-from megatron.quant.training.machine import git_commit, seconds_between
-from megatron.quant.training.presets import get_preset
+from megatron.quant.training.signals import SweepInterrupted
+from megatron.quant.training.study_checks import SessionError, check_seconds, check_session
+from megatron.quant.training.study_ledger import StudyError, add_entries, flag_value, ledger_entry
 from megatron.quant.training.study_measure import describe, describe_measured, measure
 from megatron.quant.training.study_plan import (
     MAX_RUNS_AT_ONCE,
@@ -68,7 +67,6 @@ from megatron.quant.training.study_sizing import (
     size,
     write_sizing,
 )
-from megatron.quant.training.sweep_plan import TENSORBOARD
 
 CORPUS, RUNS, LEDGER, SIZING = "corpus", "runs", "ledger", "sizing"  # under --out; and sizing.json, plan.yaml
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
@@ -76,10 +74,6 @@ DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "
                  "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2")
 DRY_RUN_BYTES, DRY_RUN_VOCAB = 1_000_000, 300
 DRY_RUN_RUN_S = 15.0  # a toy run's estimate, for the dry run's choice
-
-
-class StudyError(ValueError):
-    """Bad runner input; one line naming the value and what is allowed."""
 
 
 def pending_runs(plan: StudyPlan, done: set[str]) -> list[PlannedRun]:
@@ -145,81 +139,6 @@ def training_flags(plan: StudyPlan, built: corpus.Corpus, cache: Path | None, dr
             *(DRY_RUN_FLAGS if dry_run else ())]
 
 
-def _flag(flags: Sequence[str], name: str) -> str:
-    """The last value of ``name`` (argparse's rule: the last one given wins)."""
-    return [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == name][-1]
-
-
-def _num_layers(flags: Sequence[str]) -> int:
-    if "--num-layers" in flags:
-        return int(_flag(flags, "--num-layers"))
-    return get_preset(_flag(flags, "--model"))["num_layers"]
-
-
-def resolved_recipe(recipe_env: Mapping[str, str], environment: Mapping[str, str], num_layers: int) -> list[str]:
-    """``python -m megatron.quant.recipes show`` of the recipe as the run built it from its environment."""
-    from megatron.quant.recipes.cli import describe as describe_recipe
-    from megatron.quant.recipes.recipe import QuantRecipe
-
-    return describe_recipe(QuantRecipe.from_env({**environment, **recipe_env}), num_layers).splitlines()
-
-
-def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.Corpus,
-                 dry_run: bool, runs_at_once: int = 1) -> ledger.LedgerEntry:
-    """The ledger entry of the run in ``run_dir`` (its run.json and event files), trained in a wave
-    of ``runs_at_once``."""
-    record = sweep.read_run(run_dir)
-    flags = record["flags"]
-    iterations = int(_flag(flags, "--train-iters"))
-    tokens_per_iteration = int(_flag(flags, "--global-batch-size")) * int(_flag(flags, "--seq-length"))
-    scalars = read_scalars(run_dir / TENSORBOARD)
-    kept = {tag: (scalars[tag][0].tolist(), scalars[tag][1].tolist()) for tag in ledger.TAGS if tag in scalars}
-    speed = scalars.get(TOKENS_PER_S, (None, []))[1]
-    gpus = record["machine"].get("gpus") or []
-    return ledger.LedgerEntry(
-        study=plan.name, run=run.name, recipe=run.recipe, seed=run.seed, status=record["status"],
-        device=gpus[0] if gpus else "cpu", start_time=record["attempts"][0]["start_time"], end_time=record["end_time"],
-        wall_s=round(sum(seconds_between(a["start_time"], a["end_time"]) for a in record["attempts"]
-                         if "end_time" in a), 1),
-        step_s=round(tokens_per_iteration / statistics.median(speed), 5) if len(speed) else None,
-        iterations=iterations, tokens=iterations * tokens_per_iteration, commit=record.get("git_commit"),
-        corpus={"sha256": built.sha256, "tokens": built.tokens, "train_tokens": built.train_tokens,
-                "bytes": built.bytes, "documents": built.train_documents + built.valid_documents,
-                "source": built.source, "tokenizer_vocab": DRY_RUN_VOCAB if dry_run else plan.data.tokenizer_vocab},
-        recipe_env={**plan.environment, **record["recipe_env"]},
-        recipe_resolved=resolved_recipe(record["recipe_env"], plan.environment, _num_layers(flags)),
-        flags=flags, machine=record["machine"], scalars=kept, dry_run=dry_run, runs_at_once=runs_at_once)
-
-
-def entries_in(path: Path) -> list[ledger.LedgerEntry]:
-    """The entries in ``path``: one entry, or a JSON object whose ``entries`` are entries (study.json)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise StudyError(f"{path}: not readable as JSON ({type(error).__name__})") from error
-    if isinstance(data, dict) and "entries" in data and "schema" not in data:
-        return [ledger.from_json(item, f"{path}: entries[{i}]") for i, item in enumerate(data["entries"])]
-    return [ledger.from_json(data, str(path))]
-
-
-def add_entries(plan: StudyPlan, paths: Sequence[Path], directory: Path) -> list[Path]:
-    """Write the entries of ``paths`` into ``directory/<study>/``; StudyError for an entry that is
-    not a finished run of ``plan``, or a dry run."""
-    runs = {run.name: run for run in plan.order}
-    entries = [entry for path in paths for entry in entries_in(path)]
-    for entry in entries:
-        planned = runs.get(entry.run)
-        if entry.study != plan.name or planned is None or (planned.recipe, planned.seed) != (entry.recipe, entry.seed):
-            raise StudyError(f"entry {entry.run} of study {entry.study} (recipe {entry.recipe}, seed {entry.seed}) "
-                             f"is not a run of the plan {plan.name}")
-        if entry.dry_run or entry.status not in sweep.DONE:
-            what = "a dry run" if entry.dry_run else entry.status
-            raise StudyError(f"entry {entry.run} is {what}: not for the ledger")
-    commit = git_commit()
-    return [ledger.write_entry(entry if entry.commit else dataclasses.replace(entry, commit=commit),
-                               directory / plan.name) for entry in entries]
-
-
 def run_wave(plan: StudyPlan, wave: Sequence[PlannedRun], runs_dir: Path, flags: Sequence[str],
              launcher: str) -> list[str]:
     """Train ``wave`` through the sweep, its runs at once on the same GPU (their run directories,
@@ -229,7 +148,8 @@ def run_wave(plan: StudyPlan, wave: Sequence[PlannedRun], runs_dir: Path, flags:
         argv += ["--parallel", str(len(wave)), "--runs-per-gpu", str(len(wave))]
     if len(plan.seeds) > 1:
         argv += ["--seeds", " ".join(map(str, plan.seeds[1:]))]
-    sweep.main([*argv, str(runs_dir), " ".join(plan.recipes), "--", *flags])
+    if (code := sweep.main([*argv, str(runs_dir), " ".join(plan.recipes), "--", *flags])) > 128:
+        raise SweepInterrupted(code - 128)  # a signal: its runs stopped and are recorded; start no more
     return [(sweep.read_run(runs_dir / run.name) or {}).get("status", sweep.CRASHED) for run in wave]
 
 
@@ -282,16 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _print_measured(plan, args)
         if args.budget_s is None or args.out is None:
             raise StudyError("give --budget-s and --out (or --show, or --add)")
-        if args.budget_s <= 0:
-            raise StudyError(f"--budget-s must be positive, got {args.budget_s:g}")
+        check_seconds(args.budget_s, "--budget-s")
         if args.runs_at_once is not None and not 1 <= args.runs_at_once <= MAX_RUNS_AT_ONCE:
             raise StudyError(f"--runs-at-once must be 1 to {MAX_RUNS_AT_ONCE}, got {args.runs_at_once}")
         plan = dataclasses.replace(plan, runs_at_once=args.runs_at_once or plan.runs_at_once)
         at_once = plan.runs_at_once
+        check_session(args.out, args.launcher, at_once)
         entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
         _say(describe(plan).replace("\n", "\nstudy: "))
         built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
-    except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError) as error:
+    except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError, SessionError) as error:
         print(f"study: error: {error}", file=sys.stderr)
         return 2
     if plan.sizing is not None and plan.sizing.fixed_on is None:
@@ -300,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except StudyPlanError as error:
             print(f"study: error: {error}", file=sys.stderr)
             return 1
+        except SweepInterrupted as interrupt:
+            return _stopped(interrupt)
         if plan is None:
             return 1
     epochs = "" if args.dry_run else f" ({plan.tokens_per_run / built.train_tokens:.1f} epochs a run)"
@@ -312,15 +234,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say(f"{len(pending)} of {len(plan.order)} runs pending on this corpus; {len(chosen)} fit the budget"
          + (f" ({at_once} at once)" if at_once > 1 else "") + ": "
          + (", ".join(run.name for run in chosen) or "none"))
-    statuses = run_chosen(plan, waves(chosen, at_once), wave_seconds, built, args, deadline=started + args.budget_s)
+    try:
+        statuses = run_chosen(plan, waves(chosen, at_once), wave_seconds, built, args, deadline=started + args.budget_s)
+    except SweepInterrupted as interrupt:
+        return _stopped(interrupt)
     return 0 if all(status in sweep.DONE for status in statuses) else 1
+
+
+def _stopped(interrupt: SweepInterrupted) -> int:
+    """A signal stopped the sweep, its runs recorded "interrupted": the study starts nothing more."""
+    print(f"study: error: {interrupt} received: stopped; the finished runs' entries are in --out's {LEDGER}/, the "
+          f"stopped runs resume when the study runs again", file=sys.stderr, flush=True)
+    return 128 + interrupt.signum
 
 
 def _print_measured(plan: StudyPlan, args: argparse.Namespace) -> int:
     if args.ledger is None:
         raise StudyError("--measured needs --ledger, the ledger directory to read the runs' times from")
-    if args.target_s <= 0:
-        raise StudyError(f"--target-s must be positive, got {args.target_s:g}")
+    check_seconds(args.target_s, "--target-s")
     found = measure(plan, ledger.read_ledger(args.ledger))
     if not found:
         _say(f"{args.ledger} holds no timed, finished runs of study {plan.name} yet")
@@ -344,7 +275,7 @@ def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, d
         with scoped_environ(plan.environment):
             for wave in waves([PlannedRun(recipe, plan.seeds[0], recipe) for recipe in recipes], at_once):
                 run_wave(plan, wave, runs_dir, flags, args.launcher)
-        tokens = int(_flag(flags, "--global-batch-size")) * int(_flag(flags, "--seq-length"))
+        tokens = int(flag_value(flags, "--global-batch-size")) * int(flag_value(flags, "--seq-length"))
         return read_measurement(runs_dir, {recipe: recipe for recipe in recipes}, preset, at_once, tokens,
                                 plan.sizing.measure_iters)
 
@@ -382,7 +313,8 @@ def _report(plan: StudyPlan, run: PlannedRun, status: str, built: corpus.Corpus,
     if status not in sweep.DONE:
         _say(f"{run.name}: {status}, no ledger entry")
         return
-    entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run, at_once)
+    entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run, at_once,
+                         DRY_RUN_VOCAB if args.dry_run else None)
     path = ledger.write_entry(entry, args.out / LEDGER)
     last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
     planned = plan.step_seconds(run.recipe) * plan.slowdown(at_once)

@@ -19,8 +19,11 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from megatron.quant.training import metrics
+from megatron.quant.training.env import environment_problem
+from megatron.quant.training.plan_checks import flags_problem, recipe_problem
 from megatron.quant.training.presets import get_preset
 from megatron.quant.training.sweep_plan import SEED_SUFFIX
+from megatron.quant.yaml_safe import YamlError, load_yaml
 
 VERSION = 1
 ALL = "all"
@@ -212,17 +215,6 @@ class _Reader:
         return value
 
 
-def _check_recipe(read: _Reader, name: str) -> None:
-    """The recipe resolves as ``python -m megatron.quant.recipes show NAME`` resolves it."""
-    from megatron.quant.recipes.cli import load
-    from megatron.quant.recipes.recipe import RecipeError
-
-    try:
-        load(name)
-    except (RecipeError, ValueError) as error:
-        raise read.fail("recipes", str(error).splitlines()[0]) from error
-
-
 def _seeds(read: _Reader, value: Any, key: str) -> list[int]:
     if not isinstance(value, list) or not value:
         raise read.fail(key, f"expected a non-empty list of integer seeds, got {value!r}")
@@ -267,9 +259,8 @@ def _order(read: _Reader, value: Any, recipes: list[str], seeds: list[int]) -> l
 def _flags(read: _Reader, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(flag, str) for flag in value):
         raise read.fail("training_flags", f"expected a list of strings, got {value!r}")
-    own = [flag for flag in value if flag.split("=", 1)[0] in _OWN_FLAGS]
-    if own:
-        raise read.fail("training_flags", f"{', '.join(own)} set by the plan's own keys or per run; drop them")
+    if problem := flags_problem(value, _OWN_FLAGS):
+        raise read.fail("training_flags", problem)
     return tuple(value)
 
 
@@ -369,9 +360,12 @@ def parse_plan(raw: Any, path: Path) -> StudyPlan:
         raise read.fail("eval_interval", f"{eval_interval} exceeds train_iters {train_iters}: no validation would run")
     recipes = read.names(raw.get("recipes"), "recipes")
     for recipe in recipes:
-        _check_recipe(read, recipe)
+        if problem := recipe_problem(recipe):
+            raise read.fail("recipes", problem)
     seeds = _seeds(read, raw.get("seeds"), "seeds")
     environment = read.mapping(raw.get("environment") or {}, "environment")
+    if problem := environment_problem(environment):
+        raise read.fail("environment", problem)
     at_once = read.integer(raw.get("runs_at_once", 1), "runs_at_once")
     if at_once > MAX_RUNS_AT_ONCE:
         raise read.fail("runs_at_once", f"expected at most {MAX_RUNS_AT_ONCE} runs sharing the GPU, got {at_once}")
@@ -381,7 +375,7 @@ def parse_plan(raw: Any, path: Path) -> StudyPlan:
         log_interval=read.integer(raw.get("log_interval"), "log_interval"), eval_interval=eval_interval,
         eval_iters=read.integer(raw.get("eval_iters"), "eval_iters"),
         training_flags=_flags(read, raw.get("training_flags") or []),
-        environment={str(k): str(v) for k, v in environment.items()}, data=_data(read, raw.get("data")),
+        environment={k: str(v) for k, v in environment.items()}, data=_data(read, raw.get("data")),
         recipes=tuple(recipes), seeds=tuple(seeds), order=tuple(_order(read, raw.get("order"), recipes, seeds)),
         step_time=_step_time(read, raw.get("step_time")), runs_at_once=at_once,
         sizing=None if raw.get("sizing") is None else _sizing(read, raw["sizing"], str(model["preset"]), seq_length,
@@ -392,7 +386,9 @@ def load_plan(path: Path) -> StudyPlan:
     """Read and check the plan at ``path``."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    except YamlError as error:
+        raise StudyPlanError(f"{error} (a plan needs a few hundred)") from error
     except OSError as error:
         raise StudyPlanError(f"{path}: cannot read the plan ({error.strerror or error})") from error
     except yaml.YAMLError as error:

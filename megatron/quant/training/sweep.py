@@ -11,10 +11,11 @@ from their checkpoints. ``--seeds`` adds runs ``<recipe>-seed<N>`` of every reci
 ``--baseline NAME``, of that recipe only): the report's bands and uncertainties; ``--ablate
 PRESET`` adds the preset and its variants with one component removed or added
 (``recipes.ablations``); ``--parallel N`` runs N at once, each in its own slot (GPUs or CPU
-threads, ``training.slots``) with its output in ``OUTPUT_DIR/NAME/train.log`` and, without
-``--data-cache-path``, its own dataset index cache ``OUTPUT_DIR/NAME/data_cache`` (``--runs-per-gpu
+threads, ``training.slots``) with its output in ``OUTPUT_DIR/NAME/train.log`` (``--runs-per-gpu
 K``: K of them share each GPU); ``--print`` prints one command per run (a job array) instead of
-running them; ``--only NAME[,NAME...]`` runs those of them.
+running them; ``--only NAME[,NAME...]`` runs those of them. Without ``--data-cache-path`` every
+run keeps its dataset index cache in ``OUTPUT_DIR/NAME/data_cache``, not beside the data (which
+may be read-only).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.formats.show import show_value
 from megatron.quant.training import checkpoint, notices
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
+from megatron.quant.training.lifetime import DIE_WITH_PARENT
 from megatron.quant.training.machine import git_commit, machine, utc_now
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.run_lock import RunLockedError, run_locks
@@ -56,7 +59,7 @@ DONE = (FINISHED, DIVERGED_STATUS)  # statuses a re-run skips
 
 
 TRAIN_LOG = "train.log"  # a parallel run's output
-DATA_CACHE = "data_cache"  # a parallel run's dataset index cache, unless --data-cache-path is given
+DATA_CACHE = "data_cache"  # a run's dataset index cache, unless --data-cache-path is given
 
 
 def read_run(run_dir: Path) -> dict | None:
@@ -88,13 +91,15 @@ def outcome(run_dir: Path, returncode: int, train_iters: int) -> str:
 
 
 def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[str], train_iters: int,
-            slot: Mapping[str, str] | None = None) -> str:
+            slot: Mapping[str, str] | None = None, lock: int | None = None) -> str:
     """Run (or resume) ``run`` with ``command``, keeping run.json up to date; its status. In a
-    ``slot`` (``--parallel``): with the slot's environment, output appended to ``run_dir/train.log``."""
+    ``slot`` (``--parallel``): with the slot's environment, output appended to ``run_dir/train.log``.
+    The trainer inherits the run's ``lock`` descriptor and dies with the sweep (``training.lifetime``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key not in RECIPE_NAMING}  # the run's recipe names it
     env.update(run.env)
     env.update(slot or {})
+    env[DIE_WITH_PARENT] = "1"
     env.setdefault("TENSOR_SAVE_DIR", str(run_dir / "tensor_logs"))  # captures, when enabled, stay with the run
     record = read_run(run_dir) or {"name": run.name, "recipe": run.recipe, "recipe_env": dict(run.env),
                                    "start_time": utc_now(), "attempts": []}
@@ -106,7 +111,8 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     _write_run(run_dir, record)
     status = INTERRUPTED
     try:
-        returncode = _run_command(command, env, run_dir / TRAIN_LOG if slot is not None else None)
+        returncode = _run_command(command, env, run_dir / TRAIN_LOG if slot is not None else None,
+                                  () if lock is None else (lock,))
         status = outcome(run_dir, returncode, train_iters)
         attempt["returncode"] = returncode
     finally:  # an interrupted sweep still records it, and the next one resumes the run
@@ -150,12 +156,20 @@ def _say(line: str) -> None:
     print(line + "\n", end="", flush=True)
 
 
-def _run_command(command: list[str], env: dict[str, str], log: Path | None) -> int:
+def _run_command(command: list[str], env: dict[str, str], log: Path | None, pass_fds: Sequence[int] = ()) -> int:
     if log is None:
-        return FORWARDER.run(command, env=env)
+        return FORWARDER.run(command, env=env, pass_fds=pass_fds)
     with open(log, "a") as handle:  # unbuffered: the log follows the run
         return FORWARDER.run(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=handle,
-                             stderr=subprocess.STDOUT)
+                             stderr=subprocess.STDOUT, pass_fds=pass_fds)
+
+
+def check_launcher(launcher: Sequence[str]) -> None:
+    """SweepError, before any run starts, for a launcher whose program cannot be run."""
+    if not launcher or shutil.which(launcher[0]) is None:
+        program = launcher[0] if launcher else ""
+        raise SweepError(f"--launcher {show_value(shlex.join(launcher))}: {show_value(program)} is not a program "
+                         f"found on PATH (or not executable); allowed: e.g. torchrun, or a Python interpreter's path")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,19 +258,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in runs:
             print(print_command(options.output_dir, options.recipes, run, options, options.flags))
         return 0
-    launcher = shlex.split(options.launcher)
     try:
+        launcher = shlex.split(options.launcher)
+        check_launcher(launcher)
         slots = parallel_slots(options.parallel, launcher, options.runs_per_gpu) if options.parallel > 1 else None
-        with run_locks(options.output_dir, [run.name for run in runs]):  # read the statuses under the locks
+        with run_locks(options.output_dir, [run.name for run in runs]) as locks:  # read the statuses under them
             statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
-            return _sweep(options, args, runs, statuses, launcher, slots)
-    except (SweepError, SlotError, RunLockedError) as error:
+            return _sweep(options, args, runs, statuses, launcher, slots, locks)
+    except (SweepError, SlotError, RunLockedError, ValueError) as error:  # ValueError: shlex's unclosed quote
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2
 
 
 def _sweep(options: argparse.Namespace, args: argparse.Namespace, runs: Sequence[SweepRun], statuses: dict,
-           launcher: list[str], slots: list[dict[str, str]] | None) -> int:
+           launcher: list[str], slots: list[dict[str, str]] | None, locks: Mapping[str, int]) -> int:
     """Execute ``runs`` (their locks held); the sweep's exit status."""
 
     def sweep_one(run: SweepRun, slot: dict[str, str] | None = None) -> str:
@@ -266,11 +281,12 @@ def _sweep(options: argparse.Namespace, args: argparse.Namespace, runs: Sequence
             return statuses[run.name]
         verb = "resuming" if statuses[run.name] else "starting"
         where = "" if slot is None else f" ({' '.join(f'{k}={v}' for k, v in slot.items())}, log {TRAIN_LOG})"
+        where += "; its last sweep was killed while it ran" if statuses[run.name] == RUNNING else ""
         _say(f"sweep: {verb} {run.name} in {run_dir}{where}")
         command = train_command(run, run_dir, launcher, options.flags, wandb=args.wandb_project is not None)
-        if slot is not None and args.data_path is not None and args.data_cache_path is None:
-            command += ["--data-cache-path", str(run_dir / DATA_CACHE)]  # runs at once would race on a shared one
-        status = execute(run, run_dir, command, options.flags, args.train_iters, slot)
+        if args.data_path is not None and args.data_cache_path is None:  # not beside the data, which may be
+            command += ["--data-cache-path", str(run_dir / DATA_CACHE)]  # read-only; runs at once would race there
+        status = execute(run, run_dir, command, options.flags, args.train_iters, slot, locks[run.name])
         _say(f"sweep: {run.name}: {status}")
         return status
 

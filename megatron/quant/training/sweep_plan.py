@@ -5,6 +5,8 @@ training command.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import shlex
 import sys
 from dataclasses import dataclass
@@ -113,12 +115,21 @@ def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = No
     return runs
 
 
+def check_flag_values(flags: Sequence[str], where: str = "training flags") -> argparse.Namespace:
+    """The training flags parsed; SweepError with ``where`` and the parser's one line (the flag and
+    its value, bounded), not the whole flag line."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parse_args(list(flags))
+    except SystemExit as exit_:
+        message = said.getvalue().strip().split(": error: ", 1)[-1].removesuffix(" (see --help)")
+        raise SweepError(f"{where}: {message[:300]}" if where else message[:300]) from exit_
+
+
 def check_flags(flags: Sequence[str]) -> argparse.Namespace:
     """Parse the training flags once (an error before any run starts) and refuse the per-run ones."""
-    try:
-        args = parse_args(list(flags))
-    except SystemExit as exit_:
-        raise SweepError(f"the training flags {shlex.join(flags)!r} are refused (see above)") from exit_
+    args = check_flag_values(flags)
     given = [f"--{key.replace('_', '-')}" for key in _OWN_FLAGS if getattr(args, key) is not None]
     if given:
         raise SweepError(f"the sweep sets {', '.join(given)} per run (OUTPUT_DIR/<recipe>/); drop them")

@@ -119,6 +119,9 @@ def from_json(data: Any, source: str) -> LedgerEntry:
     at_once = data.get("runs_at_once", 1)
     if not isinstance(at_once, int) or isinstance(at_once, bool) or at_once < 1:
         raise LedgerError(f"{source}: runs_at_once: expected an integer >= 1, got {at_once!r:.60}")
+    step = data.get("step_s")  # study --measured divides by it
+    if step is not None and (not isinstance(step, (int, float)) or isinstance(step, bool) or not 0 < step < math.inf):
+        raise LedgerError(f"{source}: step_s: expected seconds per iteration above 0 (or null), got {step!r:.60}")
     missing = sorted(set(fields) - set(data) - {"dry_run", "runs_at_once"})  # older entries ran alone
     if missing:
         raise LedgerError(f"{source}: missing key(s) {', '.join(missing)} (null where unknown)")
