@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+import yaml
+
 from megatron.quant import formats, kernels, yaml_safe
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 from typing import NoReturn, Sequence
 
 from megatron.quant.recipes.presets import FP8_RECIPES, emulates_precision
 from megatron.quant.training.data import parse_blend
+from megatron.quant.training.float_ranges import FLOAT_RANGES, allowed, within_range
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
@@ -232,33 +232,11 @@ def _check_sizes(args: argparse.Namespace) -> None:
                                          f"got {args.seed}")
 
 
-# Float flags and what each allows: (low, high, low included, high included); None: unbounded.
-_FLOAT_RANGES = {
-    "lr": (0, None, True, False), "min_lr": (0, None, True, False), "weight_decay": (0, None, True, False),
-    "clip_grad": (0, None, True, False), "adam_eps": (0, None, True, False),
-    "adam_beta1": (0, 1, True, False), "adam_beta2": (0, 1, True, False),
-    "attention_dropout": (0, 1, True, True), "hidden_dropout": (0, 1, True, True),
-    "init_method_std": (0, None, False, False), "norm_epsilon": (0, None, False, False),
-    "rotary_base": (0, None, False, False), "rope_scaling_factor": (0, None, False, False),
-    "peak_tflops": (0, None, False, False), "divergence_threshold": (0, None, False, False),
-}
-
-
-def _allowed(low: float, high: float | None, closed_low: bool, closed_high: bool) -> str:
-    if high is None:
-        return "a finite number " + (">= 0" if closed_low else "> 0")
-    return f"a number in {'[' if closed_low else '('}{low}, {high}{']' if closed_high else ')'}"
-
-
 def _check_floats(args: argparse.Namespace) -> None:
     """Finite, in range: a NaN learning rate or a dropout of 1.5 is refused here, not found as a NaN loss."""
-    for key, (low, high, closed_low, closed_high) in _FLOAT_RANGES.items():
+    for key in FLOAT_RANGES:
         value = getattr(args, key, None)
-        if value is None:
-            continue
-        inside = (math.isfinite(value) and (value >= low if closed_low else value > low)
-                  and (high is None or (value <= high if closed_high else value < high)))
-        _require(inside, f"{_flag(key)} must be {_allowed(low, high, closed_low, closed_high)}, got {value}")
+        _require(value is None or within_range(key, value), f"{_flag(key)} must be {allowed(key)}, got {value}")
 
 
 def _check_shape(args: argparse.Namespace) -> None:
