@@ -1,5 +1,5 @@
 """The GPU check in one command: ``python bench/gpu_check.py [--stage NAME ...] [--out DIR]
-[--budget-s N] [--dry-run]``. What it runs and how to use a device session: docs/gpu.md."""
+[--budget-s N] [--dry-run]``. What it runs and how to run it on a GPU machine: docs/gpu.md."""
 import sys
 from pathlib import Path
 

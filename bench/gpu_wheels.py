@@ -1,5 +1,5 @@
-"""Download the wheels the device machine lacks (megatron-core, en_dtypes) into .whl/ and print the line
-that installs them there: ``python bench/gpu_wheels.py``. docs/gpu.md says how a device session uses it."""
+"""Download the wheels an offline GPU machine lacks (megatron-core, en_dtypes) into .whl/ and print the line
+that installs them there: ``python bench/gpu_wheels.py``. docs/gpu.md says how an offline GPU machine uses it."""
 import sys
 from pathlib import Path
 

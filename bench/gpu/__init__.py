@@ -1,4 +1,4 @@
-"""The GPU check: what a 15-minute device session runs, as stages under one wall budget.
+"""The GPU check: what one GPU machine runs in a given time, as stages under one wall budget.
 
 ``bench/gpu_check.py`` is its command line; ``registry.STAGES`` lists the stages and their
 estimates; ``runner.run_stages`` runs them, skipping what would not fit and killing what overruns;

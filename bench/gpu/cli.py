@@ -16,7 +16,7 @@ from .stage import REPO
 
 USAGE = """Does this recipe train? The GPU check: env, correct, kernels, train (and capture) in one command.
 
-    python bench/gpu_check.py --out $OUT                  # on the device machine (docs/gpu.md)
+    python bench/gpu_check.py --out $OUT                  # on the GPU machine (docs/gpu.md)
     python bench/gpu_check.py --dry-run --out /tmp/check  # every stage on the CPU, toy sizes, in seconds
 """
 
@@ -55,7 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
     args.device = device_name(args.dry_run)
     if args.device is None:
-        parser.error("torch sees no CUDA device: run on the device machine, or --dry-run on a CPU")
+        parser.error("torch sees no CUDA device: run on a GPU machine, or --dry-run on a CPU")
     return args
 
 

@@ -5,7 +5,7 @@ Adding a stage is one line here: ``Stage(name, run, summarize, estimate_s, dry_e
 runner of issue #33 plugs in this way). The out folder holds a JSON per stage, summary.md and the log:
 at most 8 files, so at most 6 stages.
 
-The estimates are the stage times measured on a cold device machine (one H200, 16 cores, empty Triton
+The estimates are the stage times measured on a cold GPU machine (one H200, 16 cores, empty Triton
 and inductor caches; bench/results/gpu_check_nvidia-h200/, 2026-11-27), rounded up:
 - env: 22 s (a process start with torch and CUDA, our dependencies' imports, a 1 GiB copy and an
   8192^3 bf16 GEMM, 11 times each).
@@ -22,7 +22,7 @@ and inductor caches; bench/results/gpu_check_nvidia-h200/, 2026-11-27), rounded 
   needs about 400 s: a corpus (~20 s), the sizing's three measuring waves (~45 s each on a cold
   machine, mostly start-up) and its 15 runs in 3 waves (~200 s at the smallest size).
 
-env, correct, kernels and train take about 12 minutes, more than one device call of 10: the default is
+env, correct, kernels and train take about 12 minutes, more than one 10-minute run: the default is
 env, kernels and train (how fast), and ``--stage correct`` is a second call (docs/gpu.md).
 """
 from __future__ import annotations
@@ -39,8 +39,8 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     Stage("capture", capture_stage.run, capture_stage.summarize, estimate_s=60, dry_estimate_s=60),
     Stage("study", study_stage.run, study_stage.summarize, estimate_s=400, dry_estimate_s=90),
 )}
-# One device call: how fast (kernels first, on a machine nothing else has used yet, then the presets'
+# One run of the check: how fast (kernels first, on a machine nothing else has used yet, then the presets'
 # training steps); the correct stage (about 260 s) is the second call.
 DEFAULT_STAGES = ("env", "kernels", "train")
-# what one device call holds: the default stages' estimates (445 s) and room for a stage to overrun
+# what one 10-minute run holds: the default stages' estimates (445 s) and room for a stage to overrun
 DEFAULT_BUDGET_S = 570

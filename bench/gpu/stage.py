@@ -50,5 +50,5 @@ class Stage:
     name: str
     run: Callable[[Context], dict]
     summarize: Callable[[dict], list[str]]
-    estimate_s: float      # on a cold device machine (empty compile caches)
+    estimate_s: float      # on a cold GPU machine (empty compile caches)
     dry_estimate_s: float  # --dry-run on a CPU

@@ -1,8 +1,8 @@
-"""What must travel to the device machine as wheels, and the line that installs them there.
+"""What must travel to an offline GPU machine as wheels, and the line that installs them there.
 
-The device machine (CPython 3.12, x86-64, no network) has torch, Triton, numpy, ml_dtypes, pytest-xdist
+The GPU machine assumed (CPython 3.12, x86-64, no network) has torch, Triton, numpy, ml_dtypes, pytest-xdist
 and the rest of our dependencies in its image; it lacks megatron-core and en_dtypes, so those travel
-as wheels in ``.whl/`` (ignored by git, carried by the device call). Their own requirements (numpy,
+as wheels in ``.whl/`` (ignored by git, copied with the checkout). Their own requirements (numpy,
 torch, packaging) are in the image. ml_dtypes does not travel: the image has it (0.5 or newer).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None, repo: Path = Path(__file__).resolve(
     pip fails (offline, an index without them)."""
     argparse.ArgumentParser(prog="python bench/gpu_wheels.py", description=f"Download {', '.join(PINNED)} for "
                             f"CPython {PYTHON_VERSION} into {WHEEL_DIR}/ and print the line that installs them on "
-                            f"the device machine.").parse_args(argv)
+                            f"the GPU machine.").parse_args(argv)
     result = subprocess.run(download_argv(), cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if result.returncode != 0:
         lines = [line for line in result.stdout.splitlines() if line.strip()]

@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_stages_fit_the_out_folder_and_the_default_ones_fit_the_budget():
-    assert len(STAGES) + 2 <= 8  # a JSON per stage, summary.md and the log: what comes back from a device call
+    assert len(STAGES) + 2 <= 8  # a JSON per stage, summary.md and the log: what a remote run may bring back
     assert {LOG_NAME, SUMMARY_NAME}.isdisjoint(f"{name}.json" for name in STAGES)
     assert DEFAULT_STAGES == ("env", "kernels", "train")  # how fast: the kernels first, on an unused machine
-    assert sum(STAGES[name].estimate_s for name in DEFAULT_STAGES) < DEFAULT_BUDGET_S <= 600  # one device call
+    assert sum(STAGES[name].estimate_s for name in DEFAULT_STAGES) < DEFAULT_BUDGET_S <= 600  # one 10-minute run
     assert STAGES["correct"].estimate_s * 1.5 < 600  # the second call, allowed its overrun
 
 
