@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS
-from megatron.quant.training import corpus, notices, sweep
+from megatron.quant.training import corpus, metrics, notices, sweep
 from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.signals import SweepInterrupted
 from megatron.quant.training.study_checks import SessionError, check_seconds, check_session
@@ -61,7 +61,6 @@ from megatron.quant.training.study_plan import (
 )
 from megatron.quant.training.study_sizing import (
     Measurement,
-    device_name,
     measurement_flags,
     read_measurement,
     size,
@@ -280,7 +279,7 @@ def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, d
                                 plan.sizing.measure_iters)
 
     budget_left = (lambda: float("inf")) if args.dry_run else (lambda: deadline - time.monotonic())
-    result = size(plan, measure, device_name(), budget_left, _say)
+    result = size(plan, measure, metrics.device_name() or "cpu", budget_left, _say)
     return write_sizing(result, args.plan, args.out, args.dry_run, _say)
 
 

@@ -83,6 +83,11 @@ def describe_measured(plan: StudyPlan, found: Measured, target_s: float) -> str:
     return "\n".join(lines)
 
 
+def all_runs_seconds(plan: StudyPlan) -> float:
+    """All the plan's runs, in waves of its runs at once."""
+    return sum(plan.wave_seconds([run.recipe for run in wave]) for wave in waves(plan.order, plan.runs_at_once))
+
+
 def describe(plan: StudyPlan) -> str:
     """The plan's sizes and per-run estimates, one line each."""
     lines = [f"study {plan.name}: {plan.preset}, {plan.non_embedding_parameters / 1e6:.2f}M non-embedding "
@@ -99,6 +104,5 @@ def describe(plan: StudyPlan) -> str:
         how = "measured" if plan.runs_at_once in plan.step_time.shared_slowdown else "assumed until measured"
         lines.append(f"{plan.runs_at_once} runs at once share the GPU, each taking {slowdown:.2f}x as long as alone "
                      f"({how}): {plan.runs_at_once / slowdown:.2f}x the throughput")
-    total = sum(plan.wave_seconds([run.recipe for run in wave]) for wave in waves(plan.order, plan.runs_at_once))
-    lines.append(f"all runs: {total / 60:.0f} minutes")
+    lines.append(f"all runs: {all_runs_seconds(plan) / 60:.0f} minutes")
     return "\n".join(lines)

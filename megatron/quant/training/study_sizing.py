@@ -22,15 +22,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs.read import TOKENS_PER_S, read_scalars
-from megatron.quant.training import metrics, sweep
+from megatron.quant.training import sweep
 from megatron.quant.training.machine import seconds_between
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_plan import (
-    StudyPlan,
-    StudyPlanError,
-    non_embedding_parameters,
-    waves,
-)
+from megatron.quant.training.study_measure import all_runs_seconds
+from megatron.quant.training.study_plan import StudyPlan, StudyPlanError, non_embedding_parameters
 from megatron.quant.training.sweep_plan import TENSORBOARD
 
 SAFETY = 0.85  # of the time left: the tier is sized to finish with a margin
@@ -104,9 +100,8 @@ def read_measurement(runs_dir: Path, names: Mapping[str, str], preset: str, at_o
 
 
 def flops(plan: StudyPlan, preset: str) -> float:
-    shape = get_preset(preset)
-    return metrics.flops_per_iteration(shape, global_batch_size=plan.global_batch_size, seq_length=plan.seq_length,
-                                       vocab_size=shape["vocab_size"])
+    """An iteration's FLOPs at ``preset`` with the plan's batch and sequence."""
+    return dataclasses.replace(plan, preset=preset).flops_per_iteration
 
 
 def step_model(small: Measurement, large: Measurement, plan: StudyPlan) -> dict[str, Callable[[float], float]]:
@@ -141,17 +136,12 @@ def with_size(plan: StudyPlan, preset: str, models: Mapping[str, Callable[[float
     iters = iterations_for(plan, preset)
     sized = dataclasses.replace(plan, preset=preset, train_iters=iters, eval_interval=evaluations(plan, iters))
     at_once = plan.runs_at_once
-    f = flops(sized, preset)
+    f = sized.flops_per_iteration
     step_time = dataclasses.replace(
         plan.step_time, measured_device=device, startup_s=startup_s / (slowdown if at_once > 1 else 1.0),
         measured_step_s={recipe: models[recipe](f) / slowdown for recipe in plan.recipes},
         shared_slowdown={**plan.step_time.shared_slowdown, **({at_once: slowdown} if at_once > 1 else {})})
     return dataclasses.replace(sized, step_time=step_time)
-
-
-def tier_seconds(plan: StudyPlan) -> float:
-    """All the plan's runs, in waves of its runs at once."""
-    return sum(plan.wave_seconds([run.recipe for run in wave]) for wave in waves(plan.order, plan.runs_at_once))
 
 
 def choose(plan: StudyPlan, models: Mapping[str, Callable[[float], float]], slowdown: float, startup_s: float,
@@ -165,7 +155,7 @@ def choose(plan: StudyPlan, models: Mapping[str, Callable[[float], float]], slow
     choices = []
     for preset in plan.sizing.candidates:
         sized = with_size(plan, preset, models, slowdown, startup_s, device)
-        tier = tier_seconds(sized)
+        tier = all_runs_seconds(sized)
         choices.append((Choice(preset=preset, train_iters=sized.train_iters, parameters=sized.non_embedding_parameters,
                                tier_s=round(float(tier), 1), fits=bool(tier <= SAFETY * budget_s)), sized))
     return choices
@@ -211,8 +201,9 @@ def _describe(m: Measurement) -> str:
     return f"measured {m.preset} with {m.at_once} at once: {steps}{start}"
 
 
-_LINE = {"preset": r"^(  preset: *)(\S+)", "train_iters": r"^(train_iters: *)(\d+)",
-         "eval_interval": r"^(eval_interval: *)(\d+)", "fixed_on": r"^(  fixed_on: *)(.*?)( *#.*)?$"}
+# each line's key (kept), its value (replaced) and its comment (kept)
+_LINE = {"preset": r"^(  preset: *)(\S+)( *#.*)?$", "train_iters": r"^(train_iters: *)(\d+)( *#.*)?$",
+         "eval_interval": r"^(eval_interval: *)(\d+)( *#.*)?$", "fixed_on": r"^(  fixed_on: *)(.*?)( *#.*)?$"}
 
 
 def sized_plan_text(text: str, preset: str, train_iters: int, eval_interval: int, fixed_on: str) -> str:
@@ -220,19 +211,11 @@ def sized_plan_text(text: str, preset: str, train_iters: int, eval_interval: int
     values = {"preset": preset, "train_iters": str(train_iters), "eval_interval": str(eval_interval),
               "fixed_on": f'"{fixed_on}"'}
     for key, pattern in _LINE.items():
-        text, count = re.subn(pattern, lambda m, v=values[key]: m.group(1) + v + (m.group(3) or "")
-                              if m.lastindex and m.lastindex >= 3 else m.group(1) + v, text, count=1,
-                              flags=re.MULTILINE)
+        text, count = re.subn(pattern, lambda m, v=values[key]: m.group(1) + v + (m.group(3) or ""), text,
+                              count=1, flags=re.MULTILINE)
         if count != 1:
             raise StudyPlanError(f"cannot write the size into the plan: no line for {key} ({pattern})")
     return text
-
-
-def device_name() -> str:
-    """The GPU the runs train on, or ``cpu``."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def write_sizing(result: SizingResult, plan_path: Path, out: Path, dry_run: bool,
