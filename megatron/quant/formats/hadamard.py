@@ -15,6 +15,7 @@ whose summation order depends on the BLAS kernel, does not.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Any
@@ -67,21 +68,22 @@ def walsh_hadamard(groups: Tensor) -> Tensor:
     return groups
 
 
+@functools.lru_cache(maxsize=None)
+def signs_on(signs: tuple[int, ...], device: torch.device) -> Tensor:
+    """A sign vector as float32 on ``device``, copied there once (the torch path and the kernels share
+    it): a host-to-device copy per quantization waits for the device (a stream sync) and stalls the
+    kernel launches queued behind it."""
+    return torch.tensor(signs, dtype=torch.float32, device=device)
+
+
 class Hadamard:
     """The transform for one sign vector (its length is the group size n)."""
 
     def __init__(self, signs: tuple[int, ...]):
         self.size = len(signs)
+        self.sign_values = tuple(signs)
         self.signs = torch.tensor(signs, dtype=torch.float32)
         self.norm = 1 / math.sqrt(self.size)  # exact for n = 4**k; else rounded to float32 in the product
-        self._signs_on: dict[torch.device, Tensor] = {}
-
-    def signs_on(self, device: torch.device) -> Tensor:
-        """The signs on ``device``, copied there once: a host-to-device copy per quantization would
-        wait for the device (a stream sync) and stall the kernel launches queued behind it."""
-        if device not in self._signs_on:
-            self._signs_on[device] = self.signs.to(device)
-        return self._signs_on[device]
 
     @property
     def matrix(self) -> Tensor:
@@ -106,7 +108,7 @@ class Hadamard:
     def _apply(self, x: Tensor, axis: int, name: str, inverse: bool) -> Tensor:
         self.check(x.shape[axis], axis, name)
         groups = x.float().movedim(axis, -1).unflatten(-1, (-1, self.size))
-        signs = self.signs_on(x.device)
+        signs = signs_on(self.sign_values, x.device)
         if inverse:
             groups = walsh_hadamard(groups).mul_(self.norm).mul_(signs)
         else:

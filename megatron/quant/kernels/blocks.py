@@ -12,7 +12,6 @@ in a block makes the block NaN, as the torch path does.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -22,6 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from megatron.quant.formats.contract import KernelContract
+from megatron.quant.formats.hadamard import signs_on
 
 from . import constants
 from .constants import Layout
@@ -253,15 +253,8 @@ def transformed_abs_max(x, contract: KernelContract, axis: int) -> Tensor:
 
 
 def _transform_args(contract: KernelContract, x, transform: Optional[str]) -> dict:
-    signs = x if transform is None else _signs_on(contract.transform.signs, x.device)
+    signs = x if transform is None else signs_on(contract.transform.signs, x.device)
     return dict(signs_ptr=signs, RHT=constants.rht(contract, transform))
-
-
-@functools.lru_cache(maxsize=None)
-def _signs_on(signs: tuple[int, ...], device: torch.device) -> Tensor:
-    """The RHT's signs on ``device``, copied there once: a host-to-device copy per launch waits for the
-    device (a stream sync) and stalls the launches queued behind it."""
-    return torch.tensor(signs, dtype=torch.float32, device=device)
 
 
 def block_walk(x, contract: KernelContract, axis: int) -> tuple[tuple[int, ...], Layout]:
