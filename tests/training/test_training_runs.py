@@ -111,6 +111,19 @@ def test_tensorboard_holds_the_logged_curve(one_rank):
     assert [v for _, v in logged] == pytest.approx(_losses(one_rank["fp32"]), rel=1e-6)
 
 
+def test_tensorboard_holds_where_the_wall_time_went(one_rank):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from megatron.quant.analysis.runs.read import TIME_TAGS
+
+    events = EventAccumulator(one_rank["tensorboard_dir"]).Reload()
+    [startup], *parts = ([(e.step, e.value) for e in events.Scalars(tag)] for tag in TIME_TAGS)
+    assert startup[0] == 1 and startup[1] > 0  # the process's start to the first iteration
+    assert [step for [(step, _)] in parts] == [ITERS] * 3  # training, evaluation, checkpoints: at the end
+    (_, training), (_, evaluation), (_, saving) = (series[0] for series in parts)
+    assert training > 0 and evaluation > 0 and saving == 0.0  # this run validates and saves nothing
+
+
 def test_loop_tells_the_saver_iteration_and_microbatches_and_exits_after_capture(one_rank):
     import json
     from pathlib import Path

@@ -287,6 +287,7 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         logger.start_wandb(config.wandb_project, config.wandb_exp_name, config.wandb_save_dir,
                            {key: str(value) for key, value in run.run_config["args"].items()})
     pending: list[dict] = []  # iterations since the last read-back, their values on the device
+    spent = dict.fromkeys(("training", "evaluation", "checkpoint"), 0.0)  # seconds, logged as time/...
     start = time.perf_counter()
     while iteration < config.train_iters:
         began = time.perf_counter()
@@ -301,21 +302,27 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         values_read = _read_back([row["values"] for row in pending])
         rows = [dict(row, values=values) for row, values in zip(pending, values_read)]
         seconds, pending = time.perf_counter() - start, []
+        spent["training"] += seconds
         first_diverged = _first_divergence(run, [dict(row["values"], iteration=row["iteration"]) for row in rows])
         if first_diverged is not None:
             rows = [row for row in rows if row["iteration"] <= first_diverged]
         _log_window(run, logger, rows, seconds)
         if first_diverged is not None:
             _record_divergence(run, first_diverged, rows[-1]["values"]["lm loss"], logger)
+            _log_time(logger, iteration, spent)
             tensor_saver.flush()
             return run.history
+        began = time.perf_counter()
         if config.eval_iters and iteration % config.eval_interval == 0:
             with tensor_saver.paused():  # eval forwards are not part of the captured training iteration
                 val = evaluate(run, iteration // config.eval_interval)
             logger.scalars(iteration, {"lm loss": val}, prefix="validation/")
             logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
+            spent["evaluation"] += time.perf_counter() - began
+            began = time.perf_counter()
         if config.save and config.save_interval and iteration % config.save_interval == 0:
             _save(run, iteration, logger)
+            spent["checkpoint"] += time.perf_counter() - began
         if config.exit_interval and iteration % config.exit_interval == 0:
             logger.print(f"exiting at iteration {iteration} (--exit-interval {config.exit_interval})")
             break
@@ -325,6 +332,14 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
         start = time.perf_counter()  # evaluation and checkpoints are not iteration time
     saved = config.save_interval and iteration % config.save_interval == 0
     if config.save and iteration > run.start_iteration and not saved:
+        began = time.perf_counter()
         _save(run, iteration, logger)
+        spent["checkpoint"] += time.perf_counter() - began
+    _log_time(logger, iteration, spent)
     tensor_saver.flush()
     return run.history
+
+
+def _log_time(logger: MetricsLogger, iteration: int, spent: dict[str, float]) -> None:
+    logger.scalars(iteration, {f"{part} seconds": seconds for part, seconds in spent.items()}, prefix="time/")
+    logger.print("time: " + ", ".join(f"{part} {seconds:.1f} s" for part, seconds in spent.items()))

@@ -246,6 +246,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         print(f"megatron-quant-train: error: {err}", file=sys.stderr)
         _teardown(owns_process_group)
         raise SystemExit(2) from err
+    started = metrics.process_seconds()  # the interpreter, the imports, the checks and the set-up
+    if started is not None:
+        logger.scalars(run.start_iteration + 1, {"start-up seconds": started}, prefix="time/")
+        logger.print(f"ready to train {started:.1f} s after the process started")
     try:
         return train(run, logger)
     finally:

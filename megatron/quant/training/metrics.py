@@ -126,6 +126,17 @@ class MetricsLogger:
             self.wandb_run.finish()
 
 
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere): the interpreter's start and
+    the imports, which no timer inside the program sees."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def capture_digest(summary: Mapping[str, float]) -> dict[str, float | str]:
     """The console's view of a stats-mode capture summary: records, writer wait, and the worst
     overflow/underflow ratio and SQNR over ``quant/<role>/<tensor>/<metric>`` entries (TensorBoard gets all)."""

@@ -25,6 +25,7 @@ from megatron.quant.analysis.runs.read import (
     GRAD_NORM,
     LOSS,
     LR,
+    TIME_TAGS,
     TOKENS_PER_S,
     VALIDATION,
     Run,
@@ -32,7 +33,7 @@ from megatron.quant.analysis.runs.read import (
 )
 
 SCHEMA_VERSION = 1
-TAGS = (LOSS, VALIDATION, GRAD_NORM, LR, TOKENS_PER_S, DIVERGED)  # the scalars an entry keeps
+TAGS = (LOSS, VALIDATION, GRAD_NORM, LR, TOKENS_PER_S, DIVERGED, *TIME_TAGS)  # the scalars an entry keeps
 SUFFIX = ".json"
 HASH_PREFIX = 8  # hex digits of the corpus hash in file names and messages
 

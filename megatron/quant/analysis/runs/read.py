@@ -14,6 +14,9 @@ import numpy as np
 
 LOSS, GRAD_NORM, LR = "train/lm loss", "train/grad norm", "train/learning rate"
 TOKENS_PER_S, VALIDATION, DIVERGED = "train/tokens/s", "validation/lm loss", "train/diverged"
+# Where a run's wall time went (training/loop.py): the process's start to the first iteration, then the
+# iterations, the validations and the checkpoints; the rest of the wall time is the process's exit.
+TIME_TAGS = tuple(f"time/{part} seconds" for part in ("start-up", "training", "evaluation", "checkpoint"))
 
 
 # Stats-mode capture summaries: train/quant/<role>/<operand>/<metric> (any metric, present or future).
