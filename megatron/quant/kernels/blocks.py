@@ -104,9 +104,9 @@ def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
 
 @triton.jit
 def block_values(x, amax, nonfinite, u, tensor_ptr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
-                 STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
+                 SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
     """(x quantized with its blocks' amaxes, the blocks' scales as the torch path returns them):
-    the per-block scale by ``SCALE`` (``constants.BlockScale``: E8M0, FP32, or a grid's value under
+    the per-block scale by ``SCALE`` (``constants.BlockScale``: E8M0, FP32, or a ``SCALE_GRID`` value under
     the tensor scale, whose tensor_ptr holds (global encode / element max, global decode)), the
     elements rounded onto ``ELEMENT`` (``u``: noise), decoded. The scale is what x was divided by,
     NaN for a block the format turns NaN."""
@@ -117,7 +117,7 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, ELEMENT: tl.constexpr, SCALE
         encode, decode = fp8_block_scales(amax, ELEMENT.max_value, SCALE.power_of_two, SCALE.value_for_inf)
         scale = decode
     else:
-        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, SCALE.grid, False)  # the block's scale, to nearest
+        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, SCALE_GRID, False)  # the block's scale, to nearest
         scale = decode * tl.load(tensor_ptr + 1)
         encode = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
     scaled = x * encode
@@ -148,7 +148,8 @@ def walsh_hadamard(t, LOG2N: tl.constexpr):
 @triton.jit(do_not_specialize=["key_low", "key_high"])
 def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
                   g_after, g_local, g_rank_offset, g_row_stride, LAYOUT: tl.constexpr, ELEMENT: tl.constexpr,
-                  SCALE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr, scales_ptr, rows_ptr,
+                  SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
+                  scales_ptr, rows_ptr,
                   STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
                   LOG2: tl.constexpr, signs_ptr, RHT: tl.constexpr, AMAX_ONLY: tl.constexpr):
     """Blocks ``c`` of a program (``LAYOUT``: ``constants.Layout``), quantized into out (``ELEMENT``,
@@ -174,7 +175,7 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
         u = xt
         if STOCHASTIC:
             u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, ELEMENT, SCALE, STOCHASTIC, SPLIT)
+        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC, SPLIT)
         if RHT.inverse:
             y = walsh_hadamard(y, RHT.log2) * RHT.norm * signs
         store(out_ptr + offsets, y, valid)
@@ -187,7 +188,8 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
 def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, key0_high, after0, local0, offset0,
                  stride0, key1_low, key1_high, after1, local1, offset1, stride1, B: tl.constexpr, BP: tl.constexpr,
-                 ELEMENT: tl.constexpr, SCALE: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
+                 ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
+                 SPLIT: tl.constexpr):
     """Matrices (rows, cols) quantized along their rows (into out0) and columns (out1) from one read
     of each B x B tile; programs run through the tiles of one matrix, then the next."""
     per_row = (cols + B - 1) // B
@@ -207,10 +209,10 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
         u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
         u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
     amax, nonfinite = block_amax(x, 0, SCALE.nonfinite_te)
-    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, ELEMENT, SCALE, STOCHASTIC, SPLIT)
+    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC, SPLIT)
     store(out0_ptr + offsets, y, valid)
     amax, nonfinite = block_amax(x, 1, SCALE.nonfinite_te)
-    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, ELEMENT, SCALE, STOCHASTIC, SPLIT)
+    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC, SPLIT)
     store(out1_ptr + offsets, y, valid)
 
 
@@ -306,4 +308,4 @@ def launch_dual(x, out0, out1, contract: KernelContract, noises: tuple[tuple, tu
 def _format_constants(contract: KernelContract, dtype, split: bool) -> dict:
     """The format's constexpr arguments of ``block_values`` for inputs of ``dtype``."""
     return dict(ELEMENT=constants.element_grid(contract), SCALE=constants.block_scale(contract, dtype),
-                STOCHASTIC=contract.rounding == "stochastic", SPLIT=split)
+                SCALE_GRID=constants.scale_grid(contract), STOCHASTIC=contract.rounding == "stochastic", SPLIT=split)

@@ -40,7 +40,6 @@ class BlockScale(NamedTuple):
     max_mantissa: int  # e8m0 "rceil": the element max's float32 mantissa
     emax: int  # the element max's exponent
     power_of_two: bool  # fp32: encode rounded down to a power of two
-    grid: Grid  # grid: the scale's grid (unused otherwise)
     value_for_inf: float  # fp32: the encode factor where max / amax overflows (the input dtype's max)
     nonfinite_te: bool  # amaxes skip NaN, an Inf amax gives a finite scale
 
@@ -90,9 +89,16 @@ def block_scale(contract: KernelContract, dtype: torch.dtype) -> BlockScale:
         SCALE_KINDS.index(scale.encoding),
         SCALE_MODES.index(scale.scale_mode) if scale.encoding == "e8m0" else 0,
         1 << (bits.MANTISSA_BITS - rule.mbits - 1), bits.mantissa_of(rule.max_value), rule.max_exponent,
-        scale.power_of_two, grid(scale.grid or BF16_RULE, "saturate"),
+        scale.power_of_two,
         float(torch.finfo(dtype).max),  # TE's block kernels: the input dtype's max
         contract.nonfinite_te)
+
+
+def scale_grid(contract: KernelContract) -> Grid:
+    """The grid a "grid" block scale rounds onto (bf16 for the other encodings, which ignore it). A
+    constexpr of its own, not a field of ``BlockScale``: Triton 3.6 passes a tuple nested in a
+    constexpr tuple on to a ``@triton.jit`` function as plain Python values and fails to compile."""
+    return grid(contract.block_scale.grid or BF16_RULE, "saturate")
 
 
 def rht(contract: KernelContract, direction: Optional[str]) -> Rht:
