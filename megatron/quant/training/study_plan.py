@@ -148,9 +148,18 @@ class StudyPlan:
         return self.step_time.startup_s + self.iteration_equivalents(self.train_iters) * self.step_seconds(recipe)
 
     def slowdown(self, at_once: int) -> float:
-        """How many times as long a run takes when ``at_once`` runs share the GPU: measured, else
-        ``at_once`` (no gain assumed)."""
-        return 1.0 if at_once == 1 else self.step_time.shared_slowdown.get(at_once, float(at_once))
+        """How many times as long a run takes when ``at_once`` runs share the GPU: measured at that
+        many or more, else the largest measured throughput's, else ``at_once`` (no gain assumed)."""
+        if at_once == 1:
+            return 1.0
+        measured = self.step_time.shared_slowdown
+        above = [k for k in measured if k >= at_once]
+        if above:  # fewer runs share the GPU no worse than more did
+            return measured[min(above)]
+        if measured:  # more than measured: no further gain beyond the largest K's throughput
+            largest = max(measured)
+            return measured[largest] * at_once / largest
+        return float(at_once)
 
     def wave_seconds(self, recipes: Sequence[str]) -> float:
         """A wave of runs that share the GPU: its slowest run, slowed by the sharing."""
