@@ -16,8 +16,9 @@ and inductor caches; bench/results/gpu_check_nvidia-h200/, 2026-11-27), rounded 
 - train: 234 s for 9 runs of Llama 3.2 1B (the baseline twice, 7 presets; ~26 s each: start-up, model
   and optimizer, cold compiles, 6 steps) and 2 profiled steps.
 - capture (not measured yet): bench_saver at 1B widths and 2 layers, 3 rounds of 6 modes after a ~15 s start.
-- study: what the stage asks for, not what it needs: the runner fits its runs to the time the stage is
-  given (up to 1.5x this estimate). The anchor plan (docs/study/plan.yaml: a corpus of ~90 s, runs of
+- study: the runner fits its runs to the time the stage is given, so the stage runs whenever 150 s
+  are left (a corpus and one wave of the first tier, warm) and takes the budget's rest; 400 s is what
+  the first tier took with its sizing on a cold H200. The anchor plan (docs/study/plan.yaml: a corpus of ~90 s, runs of
   132-197 s estimated) gets about one run in it; the first tier (--study-plan docs/study/first-tier.yaml)
   needs about 400 s: a corpus (~20 s), the sizing's three measuring waves (~45 s each on a cold
   machine, mostly start-up) and its 15 runs in 3 waves (~200 s at the smallest size).
@@ -37,7 +38,7 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     Stage("kernels", kernels_stage.run, kernels_stage.summarize, estimate_s=180, dry_estimate_s=30),
     Stage("train", train_stage.run, train_stage.summarize, estimate_s=240, dry_estimate_s=60),
     Stage("capture", capture_stage.run, capture_stage.summarize, estimate_s=60, dry_estimate_s=60),
-    Stage("study", study_stage.run, study_stage.summarize, estimate_s=400, dry_estimate_s=90),
+    Stage("study", study_stage.run, study_stage.summarize, estimate_s=400, dry_estimate_s=90, fits_itself_from_s=150),
 )}
 # One run of the check: how fast (kernels first, on a machine nothing else has used yet, then the presets'
 # training steps); the correct stage (about 260 s) is the second call.

@@ -31,15 +31,19 @@ def run_stages(names: Sequence[str], stages: Mapping[str, Stage], out: Path, bud
         for name in names:
             stage = stages[name]
             estimate = stage.dry_estimate_s if dry_run else stage.estimate_s
+            fits_itself = stage.fits_itself_from_s is not None and not dry_run
+            needed = stage.fits_itself_from_s if fits_itself else estimate
             left = budget.remaining()
-            print(f"[{name}] estimate {estimate:.0f} s ({'dry run' if dry_run else 'cold machine'}); "
+            print(f"[{name}] estimate {estimate:.0f} s ({'dry run' if dry_run else 'cold machine'}"
+                  f"{f'; fits its work to the time left, from {needed:.0f} s' if fits_itself else ''}); "
                   f"{left:.0f} s of the budget left", flush=True)
             record = {"stage": name, "device": device, "dry_run": dry_run, "estimate_s": estimate}
-            if estimate > left:
+            if needed > left:
+                what = "its smallest useful work" if fits_itself else "its estimate"
                 record.update(status="skipped", seconds=0.0,
-                              reason=f"its estimate ({estimate:.0f} s) exceeds the budget left ({left:.0f} s)")
+                              reason=f"{what} ({needed:.0f} s) exceeds the budget left ({left:.0f} s)")
             else:
-                deadline = min(budget.end, clock() + OVERRUN * estimate)
+                deadline = budget.end if fits_itself else min(budget.end, clock() + OVERRUN * estimate)
                 (Path(scratch) / name).mkdir()
                 context = Context(out, Path(scratch) / name, dry_run, device, deadline, log, clock, study_plan)
                 record.update(_run_one(stage, context, log, clock))

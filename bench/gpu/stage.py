@@ -52,3 +52,6 @@ class Stage:
     summarize: Callable[[dict], list[str]]
     estimate_s: float      # on a cold GPU machine (empty compile caches)
     dry_estimate_s: float  # --dry-run on a CPU
+    # A stage that fits its work to whatever time it is given (the study runner): run whenever this
+    # much is left (its smallest useful work), until the budget's end; None: the estimate gates it.
+    fits_itself_from_s: float | None = None

@@ -42,6 +42,25 @@ def test_a_stage_whose_estimate_exceeds_the_budget_left_is_skipped_and_recorded(
     assert "| b | skipped |" in summary and "c summary: 3" in summary
 
 
+def test_a_stage_that_fits_itself_runs_from_its_smallest_work_to_the_budgets_end(tmp_path):
+    """The study runner fits its runs to the time given: a budget under its cold estimate still runs it
+    (it had been skipped with 235 s left for a 400 s estimate), with the whole rest as its deadline."""
+    clock, seen = FakeClock(), {}
+
+    def fitting(context):
+        seen[context.device] = context.remaining()
+        return {"value": 1}
+
+    stage = Stage("study", fitting, lambda record: [], estimate_s=400, dry_estimate_s=90, fits_itself_from_s=150)
+    records = run_stages(["study"], {"study": stage}, tmp_path / "a", budget_s=235, dry_run=False, device="a",
+                         clock=clock)
+    assert records["study"]["status"] == "done" and seen["a"] == 235  # not capped at 1.5x an estimate
+    records = run_stages(["study"], {"study": stage}, tmp_path / "b", budget_s=120, dry_run=False, device="b",
+                         clock=clock)
+    assert records["study"]["status"] == "skipped"
+    assert "its smallest useful work (150 s) exceeds the budget left (120 s)" in records["study"]["reason"]
+
+
 def test_a_stage_that_raises_is_recorded_and_the_next_one_runs(tmp_path):
     def broken(context):
         raise RuntimeError("no GPU today")

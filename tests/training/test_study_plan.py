@@ -68,6 +68,11 @@ def test_runs_at_once_share_the_gpu_in_waves_gaining_nothing_until_measured(raw)
     plan = parse_plan(shared, PLAN)
     assert plan.wave_seconds(["bf16", "te-nvfp4"]) == pytest.approx(1.25 * plan.run_seconds("te-nvfp4"))
     assert "1.25x as long as alone (measured): 1.60x the throughput" in describe(plan)
+    shared["step_time"]["measured"]["shared_slowdown"] = {5: 1.15}  # the first tier's H200 measurement
+    plan = parse_plan(shared, PLAN)
+    # fewer than measured share no worse than 5 did (a wave of 3 was once estimated at 3x alone);
+    # more than measured gain nothing beyond 5's throughput
+    assert plan.slowdown(3) == plan.slowdown(5) == pytest.approx(1.15) and plan.slowdown(10) == pytest.approx(2.3)
     sequential = sum(plan.run_seconds(run.recipe) for run in plan.order) / 60
     assert f"all runs: {sequential:.0f} minutes" not in describe(plan)  # the waves' time, shorter
 
