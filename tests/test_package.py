@@ -16,8 +16,10 @@ def test_namespace_keeps_megatron_core_importable():
 # The package's layers, bottom first: a module imports only from its own room or from a room
 # below it (the package map in README.md). ``cpu`` patches megatron-core and ``compat`` bridges its
 # releases; ``position`` (the run position) is read by the layers and the saver alike; ``yaml_safe``
-# reads every YAML (recipes, plans) with aliases bounded; none of the four imports anything of ours.
-LAYERS = (("cpu", "compat", "position", "yaml_safe"), ("formats",), ("stats",), ("kernels",), ("recipes",),
+# reads every YAML (recipes, plans) with aliases bounded; ``settings`` is the vocabulary of settings
+# (switch words, index selectors, the name rule) that recipes, capture and training share; none of
+# the five imports anything of ours.
+LAYERS = (("cpu", "compat", "position", "yaml_safe", "settings"), ("formats",), ("stats",), ("kernels",), ("recipes",),
           ("capture",), ("tensor_saver",), ("layers",), ("analysis",), ("training",), ("compare",))
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 # Inside analysis: the kit both reports use (top-level modules), then the capture report and the runs

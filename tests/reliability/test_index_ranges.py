@@ -29,7 +29,7 @@ def test_capture_ranges_are_not_expanded(variable):
 
 
 def test_a_huge_capture_range_is_checked_against_the_run_without_listing_it():
-    from megatron.quant.recipes.selectors import IndexSet  # code that would list the range fails here, not OOM
+    from megatron.quant.settings.selectors import IndexSet  # code that would list the range fails here, not OOM
 
     assert isinstance(SaverConfig.from_env({"TENSOR_SAVE_LAYERS": "0-3"}).layers, IndexSet)
     config = SaverConfig.from_env({"TENSOR_SAVE_ENABLED": "1", "TENSOR_SAVE_LAYERS": "0-99999999999",
@@ -53,7 +53,7 @@ def test_report_filter_ranges_are_not_expanded(tmp_path):
 def test_a_filter_value_no_capture_has_is_named_as_a_range():
     from megatron.quant.analysis.captures.catalog import CaptureRecord
     from megatron.quant.analysis.captures.selection import CaptureFilter, FilterError
-    from megatron.quant.recipes.selectors import IndexSet
+    from megatron.quant.settings.selectors import IndexSet
 
     record = CaptureRecord(None, "bf16", "linear", 0, "forward", "pre", "linear", "input", 3, 0)
     with pytest.raises(FilterError, match=r"^--iterations 0-2,4-99999999999: no capture has these values; "

@@ -17,7 +17,7 @@ from megatron.quant.analysis.captures.selection import CaptureFilter, FilterErro
 from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.parallel import default_workers
 from megatron.quant.analysis.plans import PlotSettings
-from megatron.quant.recipes.selectors import IndexSet
+from megatron.quant.settings.selectors import IndexSet
 
 _FILTERS = {  # option -> (parser of one token, help)
     "quant_types": (str, "quant types (directory / name token), e.g. hifp8 mxfp8"),

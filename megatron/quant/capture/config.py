@@ -10,9 +10,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.operands import ROLES
-from megatron.quant.recipes.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
+from megatron.quant.settings.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
+from megatron.quant.settings.switches import switch_value, unknown_variables
 from megatron.quant.stats import STATS_LEVELS
 
 MODES = ("full", "stats")

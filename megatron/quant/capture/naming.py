@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Mapping, Optional
 
-from megatron.quant.recipes.names import NAME_RULE, name_problem
+from megatron.quant.settings.names import NAME_RULE, name_problem
 
 FILE_NAME_RE = re.compile(
     r"^(?P<timestamp>\d{8}_\d{6})_(?P<counter>\d{4,})_iter(?P<iteration>\d{3,})"

@@ -33,7 +33,7 @@ from megatron.quant.formats.base import NumericFormat, normalize_axis
 from megatron.quant.recipes import ablations, operands, presets
 from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES, operands_for_role
 from megatron.quant.recipes.recipe import QuantRecipe
-from megatron.quant.recipes.selectors import format_indices
+from megatron.quant.settings.selectors import format_indices
 
 # Capture fields copied into every result row, in CSV column order (then "file", "axis").
 IDENTITY_FIELDS = ("quant_type", "layer_type", "layer_idx", "module", "role", "operation", "phase",

@@ -19,7 +19,7 @@ from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.operands import LINEAR_ROLES, OPERAND_AXES
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from megatron.quant.recipes.rules import FormatChoice
-from megatron.quant.recipes.selectors import format_indices
+from megatron.quant.settings.selectors import format_indices
 
 COLUMNS = ("operand", "format", "block", "axis", "transform", "scaling", "rounding")
 DEFAULT_NUM_LAYERS = 16

@@ -16,14 +16,14 @@ import yaml
 from megatron.quant import formats, kernels, yaml_safe
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
-from megatron.quant.recipes.flags import switch_value, unknown_variables
-from megatron.quant.recipes.names import NAME_RULE, name_problem
 from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
+from megatron.quant.settings.names import NAME_RULE, name_problem
 
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
-from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, parse_selectors
-from megatron.quant.recipes.selectors import Selector as LayerSelector
+from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
+from megatron.quant.settings.selectors import Selector as LayerSelector
+from megatron.quant.settings.switches import switch_value, unknown_variables
 
 TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
 _RULE_KEYS = ("match", "format", "options", "operands")

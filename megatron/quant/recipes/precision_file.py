@@ -30,11 +30,11 @@ import yaml
 from megatron.core.quantization.quant_config import RecipeConfig
 
 from megatron.quant.formats.show import show_value
-from megatron.quant.recipes.names import name_problem
 from megatron.quant.recipes.parse import RecipeError, load_yaml
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.presets import PresetError, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.settings.names import name_problem
 
 FILE_KEYS = ("configs", "matchers")
 TE_TYPE_KEY = "transformer_engine_config_type"  # megatron-core's _TE_CONFIG_TYPE_KEY

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from megatron.quant.recipes.selectors import Selector as LayerSelector
+from megatron.quant.settings.selectors import Selector as LayerSelector
 
 DEFAULT_SCOPE = ("linear", "attention")
 PASSTHROUGH_DEFAULT = "bf16"

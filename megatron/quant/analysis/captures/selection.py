@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 from typing import Iterable, Optional
 
 from megatron.quant.analysis.captures.catalog import CaptureRecord
-from megatron.quant.recipes.selectors import IndexSet
+from megatron.quant.settings.selectors import IndexSet
 
 
 class FilterError(ValueError):
