@@ -42,18 +42,3 @@ def test_the_heaviest_specializations_compile_to_cubins_without_large_spills(tmp
                 if row["stack_bytes"] > MAX_STACK]
     assert not spilling, spilling
 
-
-def test_grouped_constants_hold_scalars_only():
-    """A tuple inside a constexpr tuple reaches a ``@triton.jit`` callee as plain Python values under
-    Triton 3.6, which then fails to compile (every NVFP kernel did, with the scale's grid nested in
-    ``BlockScale``); newer Triton accepts it, so the sm_90 build above cannot see it. Each group is flat."""
-    import typing
-
-    from megatron.quant.kernels import constants
-
-    groups = [value for value in vars(constants).values()
-              if isinstance(value, type) and issubclass(value, tuple) and hasattr(value, "_fields")]
-    assert {group.__name__ for group in groups} >= {"Grid", "BlockScale", "Layout", "Rht"}
-    nested = {f"{group.__name__}.{name}: {kind}" for group in groups
-              for name, kind in typing.get_type_hints(group).items() if kind not in (int, float, bool)}
-    assert not nested, nested
