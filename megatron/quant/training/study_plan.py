@@ -150,16 +150,11 @@ class StudyPlan:
     def slowdown(self, at_once: int) -> float:
         """How many times as long a run takes when ``at_once`` runs share the GPU: measured at that
         many or more, else the largest measured throughput's, else ``at_once`` (no gain assumed)."""
-        if at_once == 1:
-            return 1.0
-        measured = self.step_time.shared_slowdown
-        above = [k for k in measured if k >= at_once]
-        if above:  # fewer runs share the GPU no worse than more did
-            return measured[min(above)]
-        if measured:  # more than measured: no further gain beyond the largest K's throughput
-            largest = max(measured)
-            return measured[largest] * at_once / largest
-        return float(at_once)
+        measured, above = self.step_time.shared_slowdown, [k for k in self.step_time.shared_slowdown if k >= at_once]
+        if at_once == 1 or not measured:
+            return float(at_once)
+        # fewer runs share the GPU no worse than more did; more gain nothing beyond the largest K's throughput
+        return measured[min(above)] if above else measured[max(measured)] * at_once / max(measured)
 
     def wave_seconds(self, recipes: Sequence[str]) -> float:
         """A wave of runs that share the GPU: its slowest run, slowed by the sharing."""
