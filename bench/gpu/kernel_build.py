@@ -117,17 +117,6 @@ def specialization(fn, args, kwargs) -> tuple[dict, dict, dict]:
     return types, constants, attrs
 
 
-def check_flat(constants: dict) -> None:
-    """Grouped constexprs hold scalars only: Triton 3.6 (torch 2.11's) passes a tuple nested in a
-    constexpr tuple on to a ``@triton.jit`` callee as plain Python values and fails to compile it
-    ("'int' object has no attribute 'type'"), which newer Triton and the interpreter accept."""
-    nested = [f"{name}[{index}]" for name, value in constants.items() if isinstance(value, tuple)
-              for index, item in enumerate(value) if isinstance(item, tuple)]
-    if nested:
-        raise TypeError(f"constexpr tuples nested in grouped constants: {', '.join(nested)} (Triton 3.6 cannot "
-                        "compile them: pass each group as a constexpr of its own)")
-
-
 def build_ir(fn, types: dict, constants: dict, attrs: dict, options: dict) -> dict:
     """Lower one specialization to Triton IR (front end only)."""
     parsed = BACKEND.parse_options(options)
@@ -193,7 +182,6 @@ def main(argv=None) -> int:
         row = {"kernel": fn.__name__, "first_launched_by": call, "constexprs": _label(constants)}
         started = time.monotonic()
         try:
-            check_flat(constants)
             row.update(build(fn, types, constants, attrs, {k: kwargs[k] for k in LAUNCH_OPTIONS if k in kwargs}))
             resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B "
                          f"vector accesses {row['vector_accesses']}/{row['global_accesses']}" if args.cubin else "")
