@@ -1,9 +1,13 @@
 """docs/extending.md, followed: the guide's registry line is the one in the code, a toy format added
 by the same line (NVFP with E3M2 elements) is picked up by the torch path, the kernels (Triton's
-interpreter on CPU), the capture statistics and the listings, and every table the guide points at
-exists where it says."""
+interpreter on CPU), the capture statistics and the listings; a toy statistic added by the guide's
+steps (the sum of |x| and its mean) by the torch path, the kernels, the capture's manifest and the
+report; and every table the guide points at exists where it says."""
+import csv
+import json
 import math
 import re
+import textwrap
 from pathlib import Path
 
 import ml_dtypes
@@ -11,10 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.quant import formats, kernels
+from megatron.quant import formats, kernels, position, tensor_saver
 from megatron.quant.formats import registry
 from megatron.quant.formats.__main__ import main as formats_cli
+from megatron.quant.stats import packing, record, reference
 from megatron.quant.stats.levels import capture_stats, stats_from_packed
+from megatron.quant.stats.reference import tensor_stats
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = (ROOT / "docs" / "extending.md").read_text()
@@ -83,3 +89,106 @@ def test_a_toy_format_reaches_the_kernels_and_the_capture(toy_format, monkeypatc
     differ = [key for key in ours if ours[key] != expected[key]
               and not (isinstance(ours[key], float) and math.isnan(ours[key]) and math.isnan(expected[key]))]
     assert not differ, differ
+
+
+# --- an operand statistic ------------------------------------------------------------------------
+
+def _statistic_steps() -> tuple[str, str, str, str]:
+    """The code of the guide's statistic recipe: the field, the torch term, the kernel term, the key."""
+    section = GUIDE[GUIDE.index("## An operand statistic"):GUIDE.index("## A kernel")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    field, torch_term, kernel_term, key = (textwrap.dedent(block).strip() for block in blocks)
+    return field, torch_term, kernel_term, key
+
+
+def _mean_abs(total, numel, nans, infs):
+    finite = numel - int(nans) - int(infs)
+    return total / finite if finite else None
+
+
+@pytest.fixture
+def toy_statistic(monkeypatch):
+    """The sum of |x| over the finite elements (a field) and its mean (a key), added by the guide's own
+    lines; the kernels' term is added by ``toy_kernel_term``."""
+    field, torch_term, _, key = _statistic_steps()
+    monkeypatch.setattr(packing, "FIELDS", (*packing.FIELDS, *eval(f"({field})", vars(packing))))  # noqa: S307
+    (name, term), = eval("{" + torch_term + "}", vars(reference)).items()  # noqa: S307 -- the guide's own line
+    monkeypatch.setitem(reference.TERMS, name, term)
+    monkeypatch.setattr(record, "KEYS", (*record.KEYS, *eval(f"({key})", {**vars(record), "_mean_abs": _mean_abs})))
+
+
+@pytest.fixture
+def toy_kernel_term(toy_statistic, monkeypatch):
+    """The guide's kernel term, which lives in a module of its own (a Triton function reads ``tl``
+    from its module)."""
+    pytest.importorskip("triton", reason="Triton does not import here: its kernels are not tested")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from megatron.quant.kernels import stats as kernel_stats
+    from tests._toy_kernel_term import abs_sum_term
+
+    assert _statistic_steps()[2] in (ROOT / "tests" / "_toy_kernel_term.py").read_text()
+    monkeypatch.setitem(kernel_stats.TERMS, "abs_sum", abs_sum_term)
+
+
+def _integers(shape, seed) -> torch.Tensor:
+    """Small integers (any order of summing their magnitudes is exact) with a NaN and an Inf."""
+    x = torch.randint(-1000, 1001, shape, generator=torch.Generator().manual_seed(seed)).float()
+    x.view(-1)[:2] = torch.tensor([math.nan, math.inf])
+    return x
+
+
+def _oracle_mean_abs(x: torch.Tensor) -> float:
+    finite = [abs(v) for v in x.flatten().tolist() if math.isfinite(v)]
+    return math.fsum(finite) / len(finite)
+
+
+def test_a_toy_statistic_reaches_the_torch_path(toy_statistic):
+    x = _integers((16, 64), seed=3)
+    assert tensor_stats(x)["mean_abs"] == _oracle_mean_abs(x)
+    fmt = formats.get_format("mxfp8_e4m3")
+    assert capture_stats(x, fmt, level="full")["mean_abs"] == _oracle_mean_abs(x)
+    counts = capture_stats(x, fmt, level="counts")
+    assert "mean_abs" in counts and counts["mean_abs"] is None  # it reads a full-level field
+    assert tensor_stats(x[:0])["mean_abs"] is None
+
+
+def test_a_toy_statistic_reaches_the_kernels(toy_kernel_term):
+    from megatron.quant.kernels.triton_format import TritonFormat
+
+    for name in ("nvfp4", "fp8_e4m3"):  # a block kernel and the elementwise one
+        fmt = formats.get_format(name)
+        x = _integers((8, 64), seed=4)
+        q, scale, packed = TritonFormat(fmt, fmt).quantize_with_stats(x, full=True)
+        assert packed.numel() == packing.layout().width
+        assert torch.equal(packed, reference.pack_stats(x, fmt, q=q, scale=scale))
+        assert stats_from_packed(packed.tolist(), x.shape, x.dtype, fmt, "full")["mean_abs"] == _oracle_mean_abs(x)
+
+
+def test_a_toy_statistic_reaches_the_manifest_and_the_report(toy_statistic, capture_session, tmp_path):
+    from megatron.quant.analysis.captures.families import resolve
+    from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
+    from megatron.quant.tensor_saver import CaptureSite, Operand
+
+    root = tmp_path / "tensor_logs"
+    capture_session(root, iterations="0", mode="stats")
+    position.set_iteration(0)
+    position.set_microbatch(0, 0)
+    x = _integers((8, 64), seed=5)
+    site = CaptureSite("linear", "linear", 0, "decoder.layers.0.mlp.linear_fc1", "fc1", "mxfp8")
+    tensor_saver.capture(site, "forward", "pre", {"input": Operand(x, formats.get_format("mxfp8_e4m3"))})
+    tensor_saver.close()
+    manifest, = root.rglob("manifest-*.jsonl")
+    stats = json.loads(manifest.read_text().splitlines()[0])["metadata"]["stats"]
+    assert stats["mean_abs"] == _oracle_mean_abs(x)
+    out = tmp_path / "report"
+    result = run_report(ReportOptions(tensor_dir=root, output_dir=out, analyses=resolve(["statistics"])))
+    assert not result.failed
+    with (out / "statistics" / "tensor_summary.csv").open() as handle:
+        row, = csv.DictReader(handle)
+    assert float(row["mean_abs"]) == _oracle_mean_abs(x)
+
+
+def test_a_field_without_its_terms_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(packing, "FIELDS", (*packing.FIELDS, packing.Field("abs_sum", "sum", "full")))
+    with pytest.raises(ValueError, match="'abs_sum' has no torch term; add one to TERMS of megatron/quant/stats"):
+        reference.pack_stats(torch.ones(4))

@@ -28,7 +28,7 @@ from .constants import Layout
 from .elementwise import load, round_grid, store, stored
 from .launch import launch_options, program_elements
 from .noise import global_index, noise_args, uniform
-from .stats import NONE, abs_max_rows, fold_abs_max, stats_rows, write_abs_max, write_stats
+from .stats import NO_ROW, NONE, abs_max_rows, fold_abs_max, stats_row, stats_rows, write_abs_max, write_stats
 
 ELEMENTS_PER_PROGRAM = 1024
 
@@ -150,7 +150,7 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
                   g_after, g_local, g_rank_offset, g_row_stride, LAYOUT: tl.constexpr, ELEMENT: tl.constexpr,
                   SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
                   scales_ptr, rows_ptr,
-                  STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
+                  STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr,
                   LOG2: tl.constexpr, signs_ptr, RHT: tl.constexpr, AMAX_ONLY: tl.constexpr):
     """Blocks ``c`` of a program (``LAYOUT``: ``constants.Layout``), quantized into out (``ELEMENT``,
     ``SCALE``: ``block_values``); with ``STATS`` also their scales (one per block, in block order) and
@@ -181,8 +181,8 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
         store(out_ptr + offsets, y, valid)
         if STATS:
             tl.store(scales_ptr + c, scale, mask=c < n_blocks_total)
-            write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), xt, scale, valid,
-                        BOUND, INCLUSIVE, STATS, True, LOG2)
+            write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * ROW.width, x, stored(y, out_ptr), xt, scale, valid,
+                        BOUND, INCLUSIVE, STATS, True, LOG2, ROW)
 
 
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
@@ -233,7 +233,7 @@ def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, ten
     _block_kernel[(programs,)](
         x, out, x if tensor is None else tensor, *shape, *noise, LAYOUT=layout,
         **_format_constants(contract, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
-        **constants.stats_bound(contract), WIDTH=stats_out.shape[-1] if stats else 0,
+        **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=(layout.padded * layout.columns).bit_length() - 1, **_transform_args(contract, x, transform),
         AMAX_ONLY=False, **launch_options(layout.padded * layout.columns))
     return (scales, stats_out) if stats else None
@@ -249,7 +249,7 @@ def transformed_abs_max(x, contract: KernelContract, axis: int) -> Tensor:
     _block_kernel[(programs,)](
         x, x, x, *shape, *noise_args(None, tuple(x.shape)), LAYOUT=layout,
         **_format_constants(contract, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE,
-        **constants.stats_bound(contract), WIDTH=0, LOG2=0, **_transform_args(contract, x, "forward"),
+        **constants.stats_bound(contract), ROW=NO_ROW, LOG2=0, **_transform_args(contract, x, "forward"),
         AMAX_ONLY=True, **launch_options(layout.padded * layout.columns))
     return fold_abs_max(rows, contract.nonfinite_te).to(torch.float32)
 

@@ -21,7 +21,7 @@ from megatron.quant.formats.contract import KernelContract
 from . import constants
 from .launch import launch_options, program_elements
 from .noise import global_index, uniform
-from .stats import NONE, stats_rows, write_abs_max, write_stats
+from .stats import NONE, stats_row, stats_rows, write_abs_max, write_stats
 
 BLOCK = 1024
 
@@ -86,7 +86,7 @@ def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
 def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_high, after, local, rank_offset,
                         row_stride, GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
-                        STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, WIDTH: tl.constexpr,
+                        STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr,
                         LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr):
     """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``),
     with ``AMAX_OUT`` its row of x's amax (``stats.write_abs_max``: delayed scaling's history records
@@ -108,8 +108,8 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
         write_abs_max(amax_ptr, x, mask)
     if STATS:
         scale = tl.load(decode_ptr) if SCALED else 1.0
-        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * WIDTH, x, stored(y, out_ptr), x, scale, mask, BOUND,
-                    INCLUSIVE, STATS, False, LOG2)
+        write_stats(rows_ptr + tl.program_id(0).to(tl.int64) * ROW.width, x, stored(y, out_ptr), x, scale, mask, BOUND,
+                    INCLUSIVE, STATS, False, LOG2, ROW)
 
 
 @triton.jit
@@ -162,7 +162,7 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
     _elementwise_kernel[(programs(x),)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, GRID=constants.element_grid(contract),
         STOCHASTIC=contract.rounding == "stochastic", SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows,
-        STATS=stats, **constants.stats_bound(contract), WIDTH=rows.shape[-1] if stats else 0,
+        STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
         AMAX_OUT=amax_rows is not None, **launch_options(block))
     return rows if stats else None

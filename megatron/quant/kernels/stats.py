@@ -11,7 +11,10 @@ whatever the tiling.
 """
 from __future__ import annotations
 
+import collections
+import functools
 import math
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -21,17 +24,63 @@ from torch import Tensor
 from megatron.quant.stats import packing
 
 NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for
-
-# The layout's fields as Triton constants (kernels may read only constexpr globals).
-_F = {name: tl.constexpr(index) for name, index in packing.FIELD.items()}
-NANS, INFS, NONZERO, UNDERFLOW, OVERFLOW, MIN, MAX = (_F[name] for name in packing.EXACT)
-BOTH_FINITE, SUM, SUM_SQUARES, SIGNAL, NOISE, DOT, Q_POWER = (_F[name] for name in packing.SUMS)
-MIN_NONZERO, BLOCK_SCALE_MIN, BLOCK_SCALE_POSITIVE_MIN = (_F[name] for name in packing.MINIMA)
-BLOCK_RANGE_MAX, BLOCK_SCALE_MAX = (_F[name] for name in packing.MAXIMA)
-LOG2_HIST = tl.constexpr(packing.LOG2_HIST.start)
-SCALE_HIST = tl.constexpr(packing.SCALE_HIST.start)
 N_BINS = tl.constexpr(packing.N_BINS)
 FIRST_FIELD = tl.constexpr(127 + packing.LOG2_LOW)  # float32 exponent field of histogram bin 1
+COMBINES = ("sum", "min", "max")  # ``Term.combine`` indexes this
+
+
+@triton.jit
+def min_nonzero_term(x, q, is_finite, both):
+    """The smallest nonzero finite magnitude: |x| where x is finite and nonzero."""
+    return tl.where(is_finite & (x != 0.0), tl.abs(x), float("inf"))
+
+
+# The fields ``write_stats`` does not write out, by name: each a ``@triton.jit`` element term of
+# (x, q, is_finite, both), bit for bit its torch twin in ``stats.reference.TERMS``.
+TERMS: dict[str, Any] = {"min_nonzero": min_nonzero_term}
+# The fields ``write_stats`` writes out (counts, extremes, the sums, the block fields, the histograms).
+WRITTEN = ("nans", "infs", "nonzero", "underflow", "overflow", "min", "max", "both_finite", "sum", "sum_squares",
+           "signal", "noise", "dot", "q_power", "block_scale_min", "block_scale_positive_min", "block_range_max",
+           "block_scale_max", "log2_hist", "scale_hist")
+
+
+class Term(NamedTuple):
+    """A field ``write_stats`` reduces from its element term: at ``offset``, by ``COMBINES[combine]``."""
+
+    offset: int
+    combine: int
+    full: bool  # a full-level field: written only with FULL statistics
+    fn: Any  # the term's @triton.jit function
+
+
+class Row(NamedTuple):
+    """``write_stats``' constants, from ``packing``'s layout at launch: the row's width, the offsets of
+    the fields it writes out by name (``at.nans``), and the fields it reduces from their terms."""
+
+    width: int
+    at: Any  # a named tuple of offsets
+    terms: tuple[Term, ...]
+
+
+NO_ROW = Row(0, (), ())  # a launch without statistics
+
+
+def stats_row(stats: int) -> Row:
+    """The ``Row`` of a launch asked for ``stats`` (NONE, COUNTS or FULL)."""
+    return NO_ROW if stats == NONE else _row(packing.layout(), tuple(TERMS.items()), stats)
+
+
+@functools.lru_cache(maxsize=16)
+def _row(layout: packing.Layout, terms: tuple, stats: int) -> Row:
+    terms = dict(terms)
+    missing = [name for name in layout.starts if name not in terms and name not in WRITTEN]
+    if missing:
+        raise ValueError(f"statistics field(s) {', '.join(missing)} have no kernel term; add them to TERMS of "
+                         f"megatron/quant/kernels/stats.py")
+    at = collections.namedtuple("Offsets", layout.starts)(**layout.starts)
+    return Row(layout.width if stats == FULL else layout.counts_width, at,
+               tuple(Term(layout.starts[f.name], COMBINES.index(f.combine), f.level == "full", terms[f.name])
+                     for f in layout.fields if f.name in terms))
 
 
 @triton.jit
@@ -74,11 +123,12 @@ def log2_bins(x, where, BLOCKED: tl.constexpr):
 
 @triton.jit
 def write_stats(row, x, q, xt, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, STATS: tl.constexpr,
-                BLOCKED: tl.constexpr, LOG2: tl.constexpr):
+                BLOCKED: tl.constexpr, LOG2: tl.constexpr, ROW: tl.constexpr):
     """This program's row at ``row``: x the float32 values quantized (a 1-D tile, or with ``BLOCKED``
     a [position, block] tile of 2**LOG2 elements), q their quantized values as stored, xt the values
     the format divided by ``scale`` (x, or its Hadamard transform; broadcast against x: in a block
-    tile, [1, block]; NaN for a block the format turned NaN), ``valid`` the elements that exist."""
+    tile, [1, block]; NaN for a block the format turned NaN), ``valid`` the elements that exist;
+    ``ROW``: where the fields go (``stats_row``)."""
     magnitude = tl.abs(x)
     is_finite = valid & finite(x)
     block_scale = scale
@@ -86,49 +136,67 @@ def write_stats(row, x, q, xt, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.
     ratio = tl.math.div_rn(tl.abs(xt), scale)  # IEEE division, as the torch path's
     beyond = (ratio >= BOUND) if INCLUSIVE else (ratio > BOUND)
     overflow = (beyond & (scale != 0.0)) | (tl.abs(xt) == float("inf"))
-    tl.store(row + NANS, count(valid & (x != x)))
-    tl.store(row + INFS, count(valid & (magnitude == float("inf"))))
-    tl.store(row + NONZERO, count(valid & (x != 0.0)))
-    tl.store(row + UNDERFLOW, count(valid & (q == 0.0) & (x != 0.0)))
-    tl.store(row + OVERFLOW, count(valid & overflow))
-    tl.store(row + MIN, tl.min(tl.where(is_finite, x, float("inf")), axis=None).to(tl.float64))
-    tl.store(row + MAX, tl.max(tl.where(is_finite, x, float("-inf")), axis=None).to(tl.float64))
+    tl.store(row + ROW.at.nans, count(valid & (x != x)))
+    tl.store(row + ROW.at.infs, count(valid & (magnitude == float("inf"))))
+    tl.store(row + ROW.at.nonzero, count(valid & (x != 0.0)))
+    tl.store(row + ROW.at.underflow, count(valid & (q == 0.0) & (x != 0.0)))
+    tl.store(row + ROW.at.overflow, count(valid & overflow))
+    tl.store(row + ROW.at.min, tl.min(tl.where(is_finite, x, float("inf")), axis=None).to(tl.float64))
+    tl.store(row + ROW.at.max, tl.max(tl.where(is_finite, x, float("-inf")), axis=None).to(tl.float64))
     if STATS == 2:
-        write_sums(row, x, q, is_finite, BLOCKED, LOG2)
+        write_sums(row, x, q, is_finite, BLOCKED, LOG2, ROW)
         if BLOCKED:
-            write_block_stats(row, magnitude, block_scale, is_finite)
+            write_block_stats(row, magnitude, block_scale, is_finite, ROW)
         else:
-            tl.store(row + BLOCK_SCALE_MIN, float("inf"))
-            tl.store(row + BLOCK_SCALE_POSITIVE_MIN, float("inf"))
-            tl.store(row + BLOCK_RANGE_MAX, 0.0)
-            tl.store(row + BLOCK_SCALE_MAX, float("-inf"))
+            tl.store(row + ROW.at.block_scale_min, float("inf"))
+            tl.store(row + ROW.at.block_scale_positive_min, float("inf"))
+            tl.store(row + ROW.at.block_range_max, 0.0)
+            tl.store(row + ROW.at.block_scale_max, float("-inf"))
             bins = tl.arange(0, 64)
-            tl.store(row + SCALE_HIST + bins, tl.zeros_like(bins).to(tl.float64), mask=bins < N_BINS)
+            tl.store(row + ROW.at.scale_hist + bins, tl.zeros_like(bins).to(tl.float64), mask=bins < N_BINS)
+    write_terms(row, x, q, is_finite, STATS, BLOCKED, LOG2, ROW)
 
 
 @triton.jit
-def write_sums(row, x, q, is_finite, BLOCKED: tl.constexpr, LOG2: tl.constexpr):
-    """The sums, the smallest nonzero magnitude and the log2 histogram of ``write_stats``."""
+def write_terms(row, x, q, is_finite, STATS: tl.constexpr, BLOCKED: tl.constexpr, LOG2: tl.constexpr,
+                ROW: tl.constexpr):
+    """The fields of ``ROW.terms``: each term's values over the tile, reduced as its field combines
+    (a sum in ``packing``'s order, in float64)."""
+    both = is_finite & finite(q)
+    for i in tl.static_range(len(ROW.terms)):
+        if STATS == 2 or not ROW.terms[i].full:
+            values = ROW.terms[i].fn(x, q, is_finite, both)
+            if ROW.terms[i].combine == 0:
+                value = tree_sum(in_block_order(values.to(tl.float64), BLOCKED), LOG2)
+            elif ROW.terms[i].combine == 1:
+                value = tl.min(values, axis=None).to(tl.float64)
+            else:
+                value = tl.max(values, axis=None).to(tl.float64)
+            tl.store(row + ROW.terms[i].offset, value)
+
+
+@triton.jit
+def write_sums(row, x, q, is_finite, BLOCKED: tl.constexpr, LOG2: tl.constexpr, ROW: tl.constexpr):
+    """The sums and the log2 histogram of ``write_stats``."""
     both = is_finite & finite(q)
     x64 = in_block_order(tl.where(is_finite, x, 0.0).to(tl.float64), BLOCKED)
     xb = in_block_order(tl.where(both, x, 0.0).to(tl.float64), BLOCKED)
     qb = in_block_order(tl.where(both, q, 0.0).to(tl.float64), BLOCKED)
     error = qb - xb
-    tl.store(row + BOTH_FINITE, count(both))
-    tl.store(row + SUM, tree_sum(x64, LOG2))
-    tl.store(row + SUM_SQUARES, tree_sum(x64 * x64, LOG2))
-    tl.store(row + SIGNAL, tree_sum(xb * xb, LOG2))
-    tl.store(row + NOISE, tree_sum(error * error, LOG2))
-    tl.store(row + DOT, tree_sum(xb * qb, LOG2))
-    tl.store(row + Q_POWER, tree_sum(qb * qb, LOG2))
+    tl.store(row + ROW.at.both_finite, count(both))
+    tl.store(row + ROW.at.sum, tree_sum(x64, LOG2))
+    tl.store(row + ROW.at.sum_squares, tree_sum(x64 * x64, LOG2))
+    tl.store(row + ROW.at.signal, tree_sum(xb * xb, LOG2))
+    tl.store(row + ROW.at.noise, tree_sum(error * error, LOG2))
+    tl.store(row + ROW.at.dot, tree_sum(xb * qb, LOG2))
+    tl.store(row + ROW.at.q_power, tree_sum(qb * qb, LOG2))
     nonzero = is_finite & (x != 0.0)
-    tl.store(row + MIN_NONZERO, tl.min(tl.where(nonzero, tl.abs(x), float("inf")), axis=None).to(tl.float64))
     bins = tl.arange(0, 64)
-    tl.store(row + LOG2_HIST + bins, log2_bins(x, nonzero, BLOCKED).to(tl.float64), mask=bins < N_BINS)
+    tl.store(row + ROW.at.log2_hist + bins, log2_bins(x, nonzero, BLOCKED).to(tl.float64), mask=bins < N_BINS)
 
 
 @triton.jit
-def write_block_stats(row, magnitude, scale, is_finite):
+def write_block_stats(row, magnitude, scale, is_finite, ROW: tl.constexpr):
     """The block fields of ``write_stats`` from a [position, block] tile and its [1, block] scales:
     over the blocks holding a nonzero finite value, the largest absmax / min nonzero magnitude, the
     scales' extremes and log2 histogram."""
@@ -139,19 +207,18 @@ def write_block_stats(row, magnitude, scale, is_finite):
     used = (block_max > 0.0) & finite(block_scale)
     positive = used & (block_scale > 0.0)
     ratio = tl.where(used, block_max.to(tl.float64) / block_min.to(tl.float64), 0.0)
-    tl.store(row + BLOCK_RANGE_MAX, tl.max(ratio, axis=None))
-    tl.store(row + BLOCK_SCALE_MIN, tl.min(tl.where(used, block_scale, float("inf")), axis=None).to(tl.float64))
-    tl.store(row + BLOCK_SCALE_MAX, tl.max(tl.where(used, block_scale, float("-inf")), axis=None).to(tl.float64))
-    tl.store(row + BLOCK_SCALE_POSITIVE_MIN,
+    tl.store(row + ROW.at.block_range_max, tl.max(ratio, axis=None))
+    tl.store(row + ROW.at.block_scale_min, tl.min(tl.where(used, block_scale, float("inf")), axis=None).to(tl.float64))
+    tl.store(row + ROW.at.block_scale_max, tl.max(tl.where(used, block_scale, float("-inf")), axis=None).to(tl.float64))
+    tl.store(row + ROW.at.block_scale_positive_min,
              tl.min(tl.where(positive, block_scale, float("inf")), axis=None).to(tl.float64))
     bins = tl.arange(0, 64)
-    tl.store(row + SCALE_HIST + bins, log2_bins(block_scale, positive, False).to(tl.float64), mask=bins < N_BINS)
+    tl.store(row + ROW.at.scale_hist + bins, log2_bins(block_scale, positive, False).to(tl.float64), mask=bins < N_BINS)
 
 
 def stats_rows(programs: int, stats: int, device: torch.device) -> Tensor:
     """The kernel's output rows for ``programs`` programs asked for ``stats`` (COUNTS or FULL)."""
-    return torch.empty((programs, packing.WIDTH if stats == FULL else packing.COUNTS_WIDTH), dtype=torch.float64,
-                       device=device)
+    return torch.empty((programs, stats_row(stats).width), dtype=torch.float64, device=device)
 
 
 @triton.jit

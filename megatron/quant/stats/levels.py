@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING, Literal, Optional, Sequence, get_args
 import torch
 from torch import Tensor
 
-from megatron.quant.stats import packing
+from megatron.quant.stats import packing, record
 from megatron.quant.stats.reference import (
-    BLOCK_KEYS,
-    QUANT_KEYS,
     as_ieee,
     finite_overflow_count,
     overflow_count,
     pack_stats,
     quantized_operands,
+    record_groups,
     unpack_stats,
 )
 
@@ -36,8 +35,6 @@ StatsLevel = Literal["counts", "sample", "full"]
 a sample; ``"full"``: every field over every element."""
 STATS_LEVELS: tuple[StatsLevel, ...] = get_args(StatsLevel)
 SAMPLE_ELEMENTS = 1 << 14  # elements (whole blocks) the sampled statistics of one tensor look at
-_EXACT_KEYS = ("numel", "shape", "dtype", "min", "max", "absmax", "zeros", "nans", "infs",
-               "overflow", "overflow_ratio", "underflow", "underflow_ratio")
 
 
 @functools.lru_cache(maxsize=256)
@@ -79,36 +76,28 @@ def _exact_counts(v: Tensor, fmt: Optional["QuantFormat"], axis: int, qv: Option
         nans, infs = int(torch.count_nonzero(torch.isnan(v))), int(torch.count_nonzero(torch.isinf(v)))
         lo = float(torch.where(is_finite, v, math.inf).min())
         hi = float(torch.where(is_finite, v, -math.inf).max())
+    counts = {"nans": nans, "infs": infs, "nonzero": nonzero, "min": lo, "max": hi}
     if fmt is None:
-        return _exact_fields(numel, lo, hi, nonzero, nans, infs)
+        return _exact_fields(counts, numel, ("tensor",))
     if finite:
         underflow = nonzero - int(torch.count_nonzero(qv))
         overflow = finite_overflow_count(v, scale, fmt, axis, max(abs(lo), abs(hi)))
     else:
         underflow = int(torch.count_nonzero((qv == 0) & (v != 0)))
         overflow = int(overflow_count(v, scale, fmt))
-    return _exact_fields(numel, lo, hi, nonzero, nans, infs, (overflow, underflow))
+    return _exact_fields({**counts, "overflow": overflow, "underflow": underflow}, numel, ("tensor", "quant"))
 
 
-def _exact_fields(numel: int, lo: float, hi: float, nonzero: int, nans: int, infs: int,
-                  flows: Optional[tuple[int, int]] = None) -> dict:
-    """The exact fields from their counts and finite extremes (``flows``: overflow and underflow)."""
-    has_finite = numel - nans - infs > 0
-    result = {"numel": numel, "min": lo if has_finite else None, "max": hi if has_finite else None,
-              "absmax": max(abs(lo), abs(hi)) if has_finite else None, "zeros": numel - nonzero,
-              "nans": nans, "infs": infs}
-    if flows is None:
-        return result
-    overflow, underflow = flows
-    return {**result, "overflow": overflow, "overflow_ratio": overflow / numel,
-            "underflow": underflow, "underflow_ratio": underflow / numel}
+def _exact_fields(counts: dict, numel: int, groups: tuple[record.Group, ...]) -> dict:
+    """The exact keys of ``groups`` (``record.is_exact``) from the exact fields' values ``counts``."""
+    return {"numel": numel, **record.derive(counts, numel, groups, exact=True)}
 
 
 def exact_fields_from_counts(packed: Sequence[float], numel: int) -> dict:
-    """The exact fields (``_EXACT_KEYS`` but shape and dtype) from the packed statistics a
-    quantization kernel took in its pass (``kernels.stats``, read to the host)."""
-    nans, infs, nonzero, underflow, overflow, lo, hi = packed[:packing.COUNTS_WIDTH]
-    return _exact_fields(numel, lo, hi, int(nonzero), int(nans), int(infs), (int(overflow), int(underflow)))
+    """The exact keys (those of a quantized record that read only counts-level fields, and numel) from
+    the packed statistics a quantization kernel took in its pass (``kernels.stats``, read to the host)."""
+    layout = packing.layout()
+    return _exact_fields(layout.values(packed[:layout.counts_width]), numel, ("tensor", "quant"))
 
 
 def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1, amax: Optional[Tensor] = None,
@@ -117,7 +106,7 @@ def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1
     """``tensor_stats`` (plus ``quant_stats`` with a format) at a cost set by ``level``:
 
     - ``full``: every field over every element;
-    - ``sample``: the exact fields (``_EXACT_KEYS``: extremes, zeros/NaN/Inf, overflow and
+    - ``sample``: the exact fields (``record.is_exact``: extremes, zeros/NaN/Inf, overflow and
       underflow) over every element; moments, histograms, errors and block statistics over a
       deterministic sample of about SAMPLE_ELEMENTS elements in whole blocks;
     - ``counts``: the exact fields only, the others None.
@@ -145,7 +134,7 @@ def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1
     else:
         exact = _exact_counts(v, fmt, axis, qv, v_scale)
     if level == "counts":
-        result, sampled = _counts_level_keys(x.dtype, fmt is not None), 0
+        result, sampled = _counts_level_keys(fmt), 0
     else:
         sampled = _sample(v, axis, v)
         # the block axis of a sample is 1
@@ -157,16 +146,16 @@ def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1
             "stats_level": level, "stats_sampled": sampled}
 
 
-def _counts_level_keys(dtype: torch.dtype, quantized: bool) -> dict:
+def _counts_level_keys(fmt: Optional["QuantFormat"]) -> dict:
     """Every key of ``capture_stats``' result, None (the counts level fills in the exact ones)."""
-    return dict.fromkeys((*unpack_stats([], [0], dtype), *((*QUANT_KEYS, *BLOCK_KEYS) if quantized else ())))
+    return dict.fromkeys(record.record_keys(record_groups(fmt)))
 
 
 def kernel_stats_serve(kernel_stats: Optional[Tensor], fmt: Optional["QuantFormat"], level: StatsLevel) -> bool:
     """True when the packed statistics a quantization kernel took (``kernel_stats``) make up
     ``capture_stats`` at ``level``: the exact fields at ``counts``, all the fields at ``full``."""
     return kernel_stats is not None and fmt is not None and (
-        level == "counts" or (level == "full" and kernel_stats.numel() == packing.WIDTH))
+        level == "counts" or (level == "full" and kernel_stats.numel() == packing.layout().width))
 
 
 def stats_from_packed(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype,
@@ -177,6 +166,6 @@ def stats_from_packed(packed: Sequence[float], shape: Sequence[int], dtype: torc
     numel = math.prod(shape)
     if level == "full":
         return {**unpack_stats(packed, shape, dtype, fmt), "stats_level": level, "stats_sampled": numel}
-    return {**_counts_level_keys(dtype, True), **exact_fields_from_counts(packed, numel),
+    return {**_counts_level_keys(fmt), **exact_fields_from_counts(packed, numel),
             "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "stats_level": level,
             "stats_sampled": 0}

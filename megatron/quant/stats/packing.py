@@ -11,14 +11,17 @@ with zeros to a power of two. A tile is an aligned subtree of that tree, so the 
 whatever the tile size (a kernel's program, the torch path's chunk).
 
 The layout is one table, ``FIELDS``: each field's name, how rows combine it, the capture level it
-belongs to and its width; the offsets, the counts prefix, the combine runs and the kernels' field
-constants (``kernels.stats``) derive from it.
+belongs to and its width. ``layout()`` derives the offsets, the counts prefix and the combine runs
+from the table as it is when called (a field added later shows everywhere); the kernels' field
+constants (``kernels.stats``) and the record's keys (``stats.record``) derive from it too.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -38,7 +41,8 @@ take the smaller or the larger."""
 class Field:
     """One field of the layout: its name, how rows combine it, the capture level from which it is
     exact (``"counts"``: the counts kernels write it too; ``"full"``: only a full pass has it) and its
-    width (histograms: ``N_BINS`` counts)."""
+    width (histograms: ``N_BINS`` counts). Both paths write a field out in their own code or reduce it
+    from its element term (``TERMS`` of ``stats.reference`` and of ``kernels.stats``), as it combines."""
 
     name: str
     combine: Combine
@@ -50,7 +54,8 @@ class Field:
 # write a prefix of it. nans, infs, nonzero of x; underflow: x != 0 quantized to 0; overflow: Inf, or
 # |x / scale| beyond the format's saturation bound where the scale is not 0; min and max of the finite
 # elements. both_finite: elements finite in x and in q, over which signal = sum x^2, noise =
-# sum (q - x)^2, dot = sum x q and q_power = sum q^2 run; sum and sum_squares run over the finite x.
+# sum (q - x)^2, dot = sum x q and q_power = sum q^2 run; sum and sum_squares run over the finite x;
+# min_nonzero: the smallest nonzero finite |x| (an element term).
 # Over the blocks holding a nonzero finite value ("used"): the largest block absmax / block min
 # nonzero |x| (0 when none), their scales' min and max, the min of their positive scales. Then the
 # log2 histograms of the nonzero finite x and of the used blocks' positive scales.
@@ -63,19 +68,80 @@ FIELDS = (
     *(Field(name, "max", "full") for name in ("block_range_max", "block_scale_max")),
     Field("log2_hist", "sum", "full", N_BINS), Field("scale_hist", "sum", "full", N_BINS),
 )
-_STARTS = dict(zip((f.name for f in FIELDS), itertools.accumulate((f.width for f in FIELDS), initial=0)))
-SCALARS = tuple(f.name for f in FIELDS if f.width == 1)
-FIELD = {name: _STARTS[name] for name in SCALARS}
-EXACT = tuple(f.name for f in FIELDS if f.level == "counts")
-SUMS, MINIMA, MAXIMA = (tuple(f.name for f in FIELDS if f.level == "full" and f.width == 1 and f.combine == how)
-                        for how in ("sum", "min", "max"))  # the full pass's scalars, by how they combine
-LOG2_HIST = slice(_STARTS["log2_hist"], _STARTS["log2_hist"] + N_BINS)  # of the nonzero finite x
-SCALE_HIST = slice(_STARTS["scale_hist"], _STARTS["scale_hist"] + N_BINS)  # of the used blocks' positive scales
-WIDTH = sum(f.width for f in FIELDS)
-COUNTS_WIDTH = sum(f.width for f in FIELDS if f.level == "counts")
-# (start, stop, how) runs of the layout: consecutive fields that combine alike.
-_RUNS = tuple((_STARTS[group[0].name], _STARTS[group[-1].name] + group[-1].width, how)
-              for how, group in ((how, list(fields)) for how, fields in itertools.groupby(FIELDS, lambda f: f.combine)))
+IDENTITY = {"sum": 0.0, "min": math.inf, "max": -math.inf}  # a field's value over no element
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each field of ``fields`` lies in a packed vector, and what follows from that."""
+
+    fields: tuple[Field, ...]
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"statistics fields named twice: {sorted(n for n in names if names.count(n) > 1)}")
+        levels = [f.level for f in self.fields]
+        if levels != sorted(levels, key=("counts", "full").index):
+            raise ValueError("the counts-level statistics fields must come first (the counts kernels write a prefix)")
+
+    @functools.cached_property
+    def starts(self) -> dict[str, int]:
+        """Each field's offset."""
+        return dict(zip((f.name for f in self.fields), itertools.accumulate((f.width for f in self.fields), initial=0)))
+
+    @property
+    def width(self) -> int:
+        return sum(f.width for f in self.fields)
+
+    @property
+    def counts_width(self) -> int:
+        """The exact fields' prefix (capture's counts level): what a counts kernel writes."""
+        return sum(f.width for f in self.fields if f.level == "counts")
+
+    @property
+    def scalars(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields if f.width == 1)
+
+    def span(self, name: str) -> slice:
+        """The positions of field ``name``."""
+        start = self.starts[name]
+        return slice(start, start + next(f.width for f in self.fields if f.name == name))
+
+    @functools.cached_property
+    def runs(self) -> tuple[tuple[int, int, Combine], ...]:
+        """(start, stop, how) runs of consecutive fields that combine alike."""
+        return tuple((self.starts[group[0].name], self.starts[group[-1].name] + group[-1].width, how)
+                     for how, group in ((how, list(fields))
+                                        for how, fields in itertools.groupby(self.fields, lambda f: f.combine)))
+
+    def values(self, packed: Sequence[float]) -> dict[str, Union[float, list[float]]]:
+        """Each field's value in ``packed`` (a whole vector, or its counts prefix: then only the exact
+        fields); a histogram's as a list. An empty ``packed`` (no element) gives each field's identity."""
+        if not len(packed):
+            return {f.name: IDENTITY[f.combine] if f.width == 1 else [0.0] * f.width for f in self.fields}
+        return {f.name: packed[self.starts[f.name]] if f.width == 1 else list(packed[self.span(f.name)])
+                for f in self.fields if self.starts[f.name] + f.width <= len(packed)}
+
+
+def layout() -> Layout:
+    """The layout of ``FIELDS`` as the table stands now."""
+    return _layout(FIELDS)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(fields: tuple[Field, ...]) -> Layout:
+    return Layout(fields)
+
+
+_DERIVED = {"SCALARS": "scalars", "WIDTH": "width", "COUNTS_WIDTH": "counts_width"}
+
+
+def __getattr__(name: str):
+    """``SCALARS``, ``WIDTH`` and ``COUNTS_WIDTH`` of the current layout."""
+    if name in _DERIVED:
+        return getattr(layout(), _DERIVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def pairwise_sum(t: Tensor) -> Tensor:
@@ -96,7 +162,7 @@ def combine(rows: Tensor) -> Tensor:
     rows = rows.double()
     width = rows.shape[1]
     parts = []
-    for start, stop, how in _RUNS:
+    for start, stop, how in layout().runs:
         if start >= width:
             break
         run = rows[:, start:stop]

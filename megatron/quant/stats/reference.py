@@ -16,7 +16,7 @@ x^2, so its relative error is about 1e-16 (mean / std)^2: negligible unless x is
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -24,8 +24,7 @@ from torch import Tensor
 from megatron.quant.formats.base import abs_max, normalize_axis
 from megatron.quant.formats.blocks import blocks_in_order, split_blocks
 from megatron.quant.formats.saturation import overflow_bound
-from megatron.quant.stats import packing
-from megatron.quant.stats.packing import LOG2_EDGES
+from megatron.quant.stats import packing, record
 
 if TYPE_CHECKING:
     from megatron.quant.formats.interface import QuantFormat
@@ -35,10 +34,32 @@ if TYPE_CHECKING:
 # The exponent field of a normal value is floor(log2|x|) + bias: exact, and far cheaper than
 # log2 or frexp. Narrower float types are widened to float32 first (exactly).
 _LAYOUTS = {torch.float32: (torch.int32, 23, 0xFF, 127), torch.float64: (torch.int64, 52, 0x7FF, 1023)}
-QUANT_KEYS = ("overflow", "overflow_ratio", "underflow", "underflow_ratio", "rel_mse", "sqnr_db", "cosine", "mse")
-BLOCK_KEYS = ("block_dynamic_range_log2_max", "block_scale_min", "block_scale_max", "block_scale_spread_log2",
-               "block_scale_hist")
 _TILE_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 22}  # elements per tile of the torch path (memory, launches)
+
+Term = Callable[[Tensor, Optional[Tensor], Tensor, Optional[Tensor]], Tensor]
+"""A field's element term: from a tile's x and q (quantized, None without a format) in block order,
+``finite`` (the elements that exist with x finite) and ``both`` (those with q finite too; None
+without a format), each element's contribution, the combine's identity where it has none (0 for a
+sum, Inf for a min, -Inf for a max). The tile's value is its sum in ``packing``'s order (in float64:
+compute a sum's products in float64), min or max, as the field combines."""
+
+
+def _min_nonzero(x: Tensor, q: Optional[Tensor], finite: Tensor, both: Optional[Tensor]) -> Tensor:
+    return torch.where(finite & (x != 0), x.abs(), math.inf)
+
+
+# The fields ``_tile_row`` does not write out, by name; the kernels' twin is ``kernels.stats.TERMS``.
+TERMS: dict[str, Term] = {"min_nonzero": _min_nonzero}
+
+
+# The fields ``_tile_row`` leaves at 0 where it has nothing to count (no format, nothing nonfinite).
+_ZERO_UNLESS_COUNTED = ("nans", "infs", "underflow", "overflow", "both_finite", "signal", "noise", "dot", "q_power")
+
+
+def _reduce(field: packing.Field, values: Tensor) -> Tensor:
+    if field.combine == "sum":
+        return packing.pairwise_sum(values.double().flatten())
+    return (values.amin() if field.combine == "min" else values.amax()).double()
 
 
 def _ieee_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -59,14 +80,6 @@ def _log2_bins(v: Tensor, where: Tensor) -> Tensor:
     counts = torch.bincount(field.flatten(), minlength=mask + 2)[:mask + 1].double()
     first, last = bias + packing.LOG2_LOW, bias + packing.LOG2_HIGH
     return torch.cat([counts[:first].sum(0, keepdim=True), counts[first:last], counts[last:].sum(0, keepdim=True)])
-
-
-def _log2_ratio(high: float, low: float) -> Optional[float]:
-    """log2(high / low) for 0 < low <= high < Inf, else None (in float64: the ratio of two
-    float32 extremes may exceed float32's range)."""
-    if not (0 < low <= high < math.inf):
-        return None
-    return math.log2(high) - math.log2(low)
 
 
 def overflow_count(v: Tensor, scale: Tensor, fmt: "QuantFormat") -> Tensor:
@@ -113,9 +126,10 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] =
     ``all_finite``: x, q and xt are known to hold only finite values, and nothing is padded, so
     nothing needs masking (the same row, far fewer passes)."""
     zero = x.new_zeros((), dtype=torch.float64)
-    f = dict.fromkeys(packing.SCALARS, zero)
+    f = dict.fromkeys(_ZERO_UNLESS_COUNTED, zero)
     f.update({name: x.new_full((), value, dtype=torch.float64) for name, value in  # fills: no host-to-device copy
-              (("block_scale_min", math.inf), ("block_scale_positive_min", math.inf), ("block_scale_max", -math.inf))})
+              (("block_scale_min", math.inf), ("block_scale_positive_min", math.inf), ("block_scale_max", -math.inf),
+               ("block_range_max", 0.0))})
     if all_finite:
         finite = None
         nonzero = x != 0
@@ -127,11 +141,11 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] =
         f.update(nans=torch.count_nonzero(real(torch.isnan(x))), infs=torch.count_nonzero(real(torch.isinf(x))),
                  nonzero=torch.count_nonzero(real(x != 0)), min=torch.where(finite, x, math.inf).amin(),
                  max=torch.where(finite, x, -math.inf).amax())
-    f["min_nonzero"] = torch.where(nonzero, x.abs(), math.inf).amin()
     names = ("sum", "sum_squares") + (("signal", "noise", "dot", "q_power") if fmt is not None else ())
     terms = x.new_empty((len(names), x.numel()), dtype=torch.float64)  # one tree sums them all
     terms[0] = (x if finite is None else torch.where(finite, x, 0.0)).flatten()
     torch.mul(terms[0], terms[0], out=terms[1])
+    both = None
     if fmt is not None:
         if finite is None:
             xb, qb = terms[0], q.flatten().double()
@@ -149,9 +163,26 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] =
         torch.mul(xb, qb, out=terms[4])
         torch.mul(qb, qb, out=terms[5])
     f.update(zip(names, packing.pairwise_sum(terms)))
-    log2_hist = _log2_bins(x, nonzero)
-    if fmt is None or fmt.block_size is None:
-        return torch.cat([_stack_scalars(f), log2_hist, x.new_zeros(packing.N_BINS, dtype=torch.float64)])
+    f["log2_hist"] = _log2_bins(x, nonzero)
+    f["scale_hist"] = x.new_zeros(packing.N_BINS, dtype=torch.float64)
+    if fmt is not None and fmt.block_size is not None:
+        _block_fields(f, x, finite, scale)
+    if finite is None:  # the terms see the masks written out
+        finite = torch.ones_like(x, dtype=torch.bool)
+        both = None if fmt is None else finite
+    layout = packing.layout()
+    for field in layout.fields:
+        if field.name not in f:
+            if field.name not in TERMS:
+                raise ValueError(f"statistics field {field.name!r} has no torch term; add one to TERMS of "
+                                 f"megatron/quant/stats/reference.py")
+            f[field.name] = _reduce(field, TERMS[field.name](x, q, finite, both))
+    return torch.cat([f[field.name].double().reshape(-1) for field in layout.fields])
+
+
+def _block_fields(f: dict, x: Tensor, finite: Optional[Tensor], scale: Tensor) -> None:
+    """The block fields of ``_tile_row`` into ``f``: over the blocks holding a nonzero finite value,
+    the largest absmax / min nonzero magnitude, the scales' extremes and log2 histogram."""
     magnitude = x.abs() if finite is None else torch.where(finite, x.abs(), 0.0)
     block_max, block_min = magnitude.amax(1), torch.where(magnitude == 0, math.inf, magnitude).amin(1)
     block_scale = scale[:, 0].float()
@@ -160,12 +191,8 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] =
     f.update(block_range_max=torch.where(used, block_max.double() / block_min.double(), 0.0).amax(),
              block_scale_min=torch.where(used, block_scale, math.inf).amin(),
              block_scale_max=torch.where(used, block_scale, -math.inf).amax(),
-             block_scale_positive_min=torch.where(positive, block_scale, math.inf).amin())
-    return torch.cat([_stack_scalars(f), log2_hist, _log2_bins(block_scale, positive)])
-
-
-def _stack_scalars(fields: dict) -> Tensor:
-    return torch.stack([fields[name].double() for name in packing.SCALARS])
+             block_scale_positive_min=torch.where(positive, block_scale, math.inf).amin(),
+             scale_hist=_log2_bins(block_scale, positive))
 
 
 def quantized_operands(x: Tensor, fmt: "QuantFormat", axis: int, amax: Optional[Tensor],
@@ -218,48 +245,19 @@ def pack_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1, a
 def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dtype,
                  fmt: Optional["QuantFormat"] = None) -> dict:
     """``tensor_stats``' dict, with ``fmt`` also ``quant_stats``', from ``pack_stats(...).tolist()``
-    and x's shape and dtype."""
+    and x's shape and dtype: the keys of ``record.KEYS`` (an empty tensor has no blocks)."""
     numel = math.prod(shape)
-    result: dict = {"numel": numel, "shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
-    if numel == 0:
-        result.update(dict.fromkeys(("min", "max", "mean", "std", "absmax", "dynamic_range_log2")), zeros=0, nans=0,
-                      infs=0, log2_hist={"edges": LOG2_EDGES, "counts": [0] * packing.N_BINS})
-        if fmt is not None:
-            result.update(dict(zip(QUANT_KEYS, (0, None, 0, None, None, None, None, None))),
-                          **dict.fromkeys(BLOCK_KEYS))
-        return result
-    f = dict(zip(packing.SCALARS, packed))
-    nans, infs = int(f["nans"]), int(f["infs"])
-    n_finite = numel - nans - infs
-    if n_finite:
-        mean = f["sum"] / n_finite
-        absmax = max(abs(f["min"]), abs(f["max"]))
-        variance = max(f["sum_squares"] / n_finite - mean * mean, 0.0)
-        result.update(min=f["min"], max=f["max"], mean=mean, std=math.sqrt(variance),
-                      absmax=absmax, dynamic_range_log2=_log2_ratio(absmax, f["min_nonzero"]))
-    else:
-        result.update(dict.fromkeys(("min", "max", "mean", "std", "absmax", "dynamic_range_log2")))
-    result.update(zeros=numel - int(f["nonzero"]), nans=nans, infs=infs,
-                  log2_hist={"edges": LOG2_EDGES, "counts": [int(c) for c in packed[packing.LOG2_HIST]]})
-    if fmt is None:
-        return result
-    overflow, underflow = int(f["overflow"]), int(f["underflow"])
-    signal, noise, q_power = f["signal"], f["noise"], f["q_power"]
-    result.update(
-        overflow=overflow, overflow_ratio=overflow / numel, underflow=underflow, underflow_ratio=underflow / numel,
-        rel_mse=noise / signal if signal > 0 else None,
-        sqnr_db=(10 * math.log10(signal / noise) if noise > 0 else math.inf) if signal > 0 else None,
-        cosine=f["dot"] / math.sqrt(signal * q_power) if signal > 0 and q_power > 0 else None,
-        mse=noise / f["both_finite"] if f["both_finite"] > 0 else None, **dict.fromkeys(BLOCK_KEYS))
-    if fmt.block_size is None:
-        return result
-    result["block_scale_hist"] = {"edges": LOG2_EDGES, "counts": [int(c) for c in packed[packing.SCALE_HIST]]}
-    if math.isfinite(f["block_scale_min"]):  # some block holds a nonzero finite value
-        ratio = f["block_range_max"]
-        result.update(block_dynamic_range_log2_max=math.log2(ratio) if ratio >= 1 else None,
-                      block_scale_min=f["block_scale_min"], block_scale_max=f["block_scale_max"],
-                      block_scale_spread_log2=_log2_ratio(f["block_scale_max"], f["block_scale_positive_min"]))
-    return result
+    groups = record_groups(fmt)
+    has_blocks = fmt is not None and fmt.block_size is not None and numel > 0
+    derived = tuple(group for group in groups if group != "block" or has_blocks)
+    values = packing.layout().values(packed if numel else [])
+    return {"numel": numel, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+            **dict.fromkeys(record.names(*groups)), **record.derive(values, numel, derived)}
+
+
+def record_groups(fmt: Optional["QuantFormat"]) -> tuple[record.Group, ...]:
+    """The groups of keys a record of a tensor quantized by ``fmt`` (None: not quantized) holds."""
+    return ("tensor",) if fmt is None else ("tensor", "quant", "block")
 
 
 def tensor_stats(x: Tensor) -> dict:
@@ -289,4 +287,4 @@ def quant_stats(x: Tensor, fmt: "QuantFormat", axis: int = -1, amax: Optional[Te
     for other formats.
     """
     stats = unpack_stats(pack_stats(x, fmt, axis, amax, q, scale).tolist(), x.shape, x.dtype, fmt)
-    return {key: stats[key] for key in (*QUANT_KEYS, *BLOCK_KEYS)}
+    return {key: stats[key] for key in record.names("quant", "block")}

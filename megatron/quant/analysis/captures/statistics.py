@@ -10,6 +10,7 @@ from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import LOG2_BINS, LOG2_LOW, QUANT_METRICS, TensorSummary, group_by
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path
+from megatron.quant.stats import GROUPS, scalar_names
 
 FOLDER = "statistics"
 CSV_NAME = f"{FOLDER}/tensor_summary.csv"
@@ -25,7 +26,8 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     write_csv(inp, summaries)
     plan = AnalysisPlan(files=[OutputFile(CSV_NAME, "One row per capture: where it was taken "
                                                     "and its statistics (skewness and kurtosis "
-                                                    "from the sampled values).")])
+                                                    "from the sampled values; then every other "
+                                                    "statistic the capture recorded).")])
     by_quant = group_by(summaries, lambda s: s.record.quant_type)
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "statistics_by_quant_type"),
@@ -85,9 +87,11 @@ def _values(items: list[TensorSummary], name: str) -> np.ndarray:
 def write_csv(inp: AnalysisInput, summaries: list[TensorSummary]) -> None:
     target = inp.output_dir / CSV_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
+    recorded = [key for key in scalar_names(*GROUPS)  # as the capture's manifest has them
+                if key not in _STAT_COLUMNS and key not in QUANT_METRICS]
     with target.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["file", *_RECORD_COLUMNS, "shape", *_STAT_COLUMNS, *QUANT_METRICS,
+        writer.writerow(["file", *_RECORD_COLUMNS, "shape", *_STAT_COLUMNS, *QUANT_METRICS, *recorded,
                          "quant_stats_source"])
         for s in summaries:
             r = s.record
@@ -97,6 +101,7 @@ def write_csv(inp: AnalysisInput, summaries: list[TensorSummary]) -> None:
                 "x".join(map(str, r.shape)) if r.shape else "",
                 *(s.stats.get(column) for column in _STAT_COLUMNS),
                 *((s.quant or {}).get(metric) for metric in QUANT_METRICS),
+                *((r.stats or {}).get(key) for key in recorded),
                 s.quant_source or ""])
 
 
