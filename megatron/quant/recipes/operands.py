@@ -2,13 +2,16 @@
 one record per linear operand, its key, GEMM, block axis, TP shard dimensions and capture;
 ``BMM_SLOTS`` and the attention keys), and ``OperandSpec`` (how one operand is quantized).
 
-The bottom of the package's import graph: it imports nothing of ours at run time, so the capture
+The bottom of the package's import graph: it imports nothing of ours at run time but the rounding
+vocabulary (``formats.rounding``, which imports nothing of ours), so the capture
 filters, the recipe parser and the layers can all name operands without importing each other.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
+
+from megatron.quant.formats.rounding import is_stochastic
 
 if TYPE_CHECKING:
     import torch
@@ -116,4 +119,4 @@ class OperandSpec:
 
     @property
     def stochastic(self) -> bool:
-        return self.fmt is not None and self.fmt.rounding == "stochastic"
+        return self.fmt is not None and is_stochastic(self.fmt.rounding)
