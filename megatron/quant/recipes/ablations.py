@@ -12,10 +12,15 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 | ``2d`` | 2D weight tiles (16x16, 128x128) | the weights' ``block_shape`` (1D blocks) | — |
 | ``rceil`` | MX scales rounded up | ``scale_mode: rceil`` (OCP floor) | — |
 | ``bf16-layers`` | first/last layers in BF16 | rules keeping whole layers in BF16 | first and last layer's linears |
+| ``bf16-fwd-tail`` | forward GEMMs late in BF16 | phases moving the forward to BF16 | one from 80 % of training |
 
 ``bf16-layers`` added is Megatron-LM's ``--first-last-layers-bf16`` with its defaults: TE's
 recipes (and so the ``te-*`` presets) keep no layers in BF16, so the NVFP4 report's full recipe is
 ``te-nvfp4+bf16-layers`` and its ablation is ``ablation("te-nvfp4+bf16-layers")``.
+
+``bf16-fwd-tail`` added is a schedule phase (``recipes.schedule``) moving only the forward GEMMs to BF16
+for the last 20 % of training: NVIDIA's NVFP4 pretraining report (appendix D) switches them before the
+learning-rate decay and so closes most of the loss gap to BF16 (``te-nvfp4+bf16-fwd-tail``).
 
 A variant name is accepted wherever a preset name is (``CUSTOM_QUANT_TYPE``, ``format:`` in a
 recipe file, the sweep, ``recipes show``, ``compare_formats``). Variants are data: a variant's
@@ -35,10 +40,12 @@ from megatron.quant.recipes.operands import LINEAR_ROLES
 
 GRADIENTS, WEIGHTS, WGRAD = presets.GRADIENTS, presets.WEIGHTS, presets.WGRAD
 BF16_LAYERS = ["0:1", "-1:"]  # Megatron-LM --first-last-layers-bf16 defaults: one layer at each end
+BF16_FORWARD_TAIL = {"from": 0.8, "forward": "bf16"}  # the NVFP4 report's appendix D: the last 20 % in BF16
 _EDIT = re.compile(r"(-no-|\+)([a-z0-9]+(?:-[a-z]+)*?)(?=-no-|\+|$)")
 # --ablate adds these to a base's removals (the questions the published ablations ask).
 STOCHASTIC_MODES = tuple(mode for mode in ROUNDING_MODES if is_stochastic(mode))
-ADDITIONS = {"te-nvfp4": ("bf16-layers",), "mxfp4": ("sr", "rht", "sr+rht"), "nvfp4": ("sr", "rht", "sr+rht")}
+ADDITIONS = {"te-nvfp4": ("bf16-layers", "bf16-fwd-tail"), "mxfp4": ("sr", "rht", "sr+rht"),
+             "nvfp4": ("sr", "rht", "sr+rht")}
 
 
 class AblationError(ValueError):
@@ -89,6 +96,14 @@ def _is_bf16_layer_rule(rule: dict[str, Any]) -> bool:
     return rule.get("format") == "bf16" and "layers" in rule.get("match", {})
 
 
+def _is_bf16_forward_phase(phase: Any) -> bool:
+    return isinstance(phase, dict) and phase.get("forward") == "bf16"
+
+
+def _drop_bf16_forward_phases(recipe: dict[str, Any]) -> None:
+    recipe["schedule"] = [phase for phase in recipe.get("schedule", []) if not _is_bf16_forward_phase(phase)]
+
+
 def _hadamard_size(recipe: dict[str, Any]) -> int:
     return 16 if str(recipe.get("format", "")).startswith("nvfp4") else 32
 
@@ -121,6 +136,10 @@ COMPONENTS = {c.name: c for c in (
               lambda r: r.update(rules=[*r.get("rules", []), {"match": {"layers": list(BF16_LAYERS),
                                                                         "roles": list(LINEAR_ROLES)},
                                                               "format": "bf16"}])),
+    Component("bf16-fwd-tail", "the forward GEMMs in BF16 for the last 20 % of training",
+              lambda r: any(_is_bf16_forward_phase(phase) for phase in r.get("schedule", [])),
+              _drop_bf16_forward_phases,
+              lambda r: r.update(schedule=[*r.get("schedule", []), dict(BF16_FORWARD_TAIL)])),
 )}
 
 

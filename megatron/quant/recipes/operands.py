@@ -88,6 +88,11 @@ PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs",
 LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE)
 ATTENTION_OPERANDS = QK_OPERANDS + PV_OPERANDS
 ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
+# The operands of the forward GEMMs (the rest are the backward GEMMs'): what a scheduled phase's
+# ``forward`` recipe switches (``recipes.schedule``).
+FORWARD_OPERANDS = (tuple(op.key for op in LINEAR_TABLE if op.gemm == "fprop")
+                    + tuple(key for keys in (QK_OPERANDS, PV_OPERANDS)
+                            for key, slot in zip(keys, BMM_SLOTS) if slot.gemm == "forward"))
 
 LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
 ROLES = LINEAR_ROLES + ("core_attention", "output_layer")

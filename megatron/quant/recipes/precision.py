@@ -49,15 +49,27 @@ class PrecisionConfig(RecipeConfig):
                    for key, recipe in self.configs.items()}
         return type(self)(self.matchers, configs, self.name, self.source)
 
+    def for_run(self, train_iters: int) -> "PrecisionConfig":
+        """Each scheduled recipe's phases placed in a run of ``train_iters`` iterations
+        (``Schedule.bind``: a ScheduleError for a switch past the end or overlapping phases)."""
+        configs = {key: replace(recipe, schedule=recipe.schedule.bind(train_iters, f"{self.source}: {recipe.name}"))
+                   if recipe.schedule else recipe for key, recipe in self.configs.items()}
+        return type(self)(self.matchers, configs, self.name, self.source)
+
+    def schedules(self) -> dict[str, str]:
+        """Config key -> its schedule's description, for the recipes that change during the run."""
+        return {key: recipe.schedule.describe() for key, recipe in self.configs.items() if recipe.schedule}
+
     def recipe(self, matched: QuantizationConfig) -> QuantRecipe:
         """The recipe a module's matched config names (megatron-core hands modules a copy)."""
         return self.configs[matched.config_key]
 
-    def resolve(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int
-                ) -> dict[str, Optional[QuantFormat]]:
-        """Operand key -> built format for the module ``matched`` was made for (``QuantRecipe.resolve``)."""
+    def resolve_phases(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int
+                       ) -> list[dict[str, Optional[QuantFormat]]]:
+        """Operand key -> built format for the module ``matched`` was made for, per phase of its
+        recipe's schedule (``QuantRecipe.resolve_phases``; one without a schedule)."""
         shared = self._built.setdefault(matched.config_key, {})
-        return self.recipe(matched).resolve(role, layer_idx, num_layers, shared)
+        return self.recipe(matched).resolve_phases(role, layer_idx, num_layers, shared)
 
     def formats(self, num_layers: int) -> list[NumericFormat]:
         """Every distinct format some module may quantize with (``QuantRecipe.formats``, over the configs)."""

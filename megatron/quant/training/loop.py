@@ -310,8 +310,8 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
             tensor_saver.flush()
             return run.history
         if config.eval_iters and iteration % config.eval_interval == 0:
-            with tensor_saver.paused():  # eval forwards are not part of the captured training iteration
-                val = evaluate(run, iteration // config.eval_interval)
+            with tensor_saver.paused(), position.evaluation():  # not part of the captured iteration; a
+                val = evaluate(run, iteration // config.eval_interval)  # scheduled recipe's evaluation precision
             logger.scalars(iteration, {"lm loss": val}, prefix="validation/")
             logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
         if config.save and config.save_interval and iteration % config.save_interval == 0:
