@@ -114,3 +114,17 @@ def test_a_malformed_schedule_is_refused_at_start_in_one_line(tmp_path, monkeypa
     with pytest.raises(RecipeError, match=message) as error:
         check_inputs(_argv())
     assert "\n" not in str(error.value)
+
+
+def test_sweeps_and_the_study_take_scheduled_recipes_and_the_sweep_refuses_a_bad_one_before_any_run(tmp_path):
+    from megatron.quant.training import sweep_plan
+    from megatron.quant.training.plan_checks import recipe_problem
+
+    runs = sweep_plan.plan_runs("te-nvfp4 te-nvfp4+bf16-fwd-tail")
+    sweep_plan.check_schedules(runs, ITERS)
+    assert [run.name for run in runs] == ["te-nvfp4", "te-nvfp4+bf16-fwd-tail"]
+    assert recipe_problem("te-nvfp4+bf16-fwd-tail") is None
+    path = tmp_path / "late.yaml"
+    path.write_text("format: mxfp8\nschedule: [{from: 10, forward: bf16}]\n")
+    with pytest.raises(sweep_plan.SweepError, match=r"run late: schedule\[0\]\.from: 10 is past the end"):
+        sweep_plan.check_schedules(sweep_plan.plan_runs(str(path)), ITERS)

@@ -67,9 +67,8 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
                        layer_idx=layer_idx, module=path, role=role, quant_type=precision.name)
     recipe = precision.recipe(matched)
     phases = precision.resolve_phases(matched, role, layer_idx, config.num_layers)
-    if len(phases) > 1 and recipe.schedule.train_iters is None:
-        raise ValueError(f"{path}: the recipe {recipe.name!r} changes during a run: place its schedule in the run "
-                         f"first (PrecisionConfig.for_run(train_iters))")
+    if recipe.schedule.train_iters is None:  # outside a training run (``PrecisionConfig.for_run``): the base recipe
+        phases = phases[:1]
     return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0)
 
 
