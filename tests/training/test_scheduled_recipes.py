@@ -74,7 +74,7 @@ def test_the_phase_follows_the_position_and_evaluation_runs_in_its_own_precision
     assert not position.current().evaluating
 
 
-def test_a_linear_layer_takes_the_phase_of_the_position():
+def test_linear_and_attention_layers_take_the_phase_of_the_position():
     from megatron.quant.cpu import init_parallel
     from megatron.quant.layers.spec import precision_config
     from megatron.quant.training.model import build_gpt, transformer_config
@@ -82,19 +82,26 @@ def test_a_linear_layer_takes_the_phase_of_the_position():
 
     init_parallel()
     shape = dict(get_preset("llama-tiny"), seq_length=16, num_layers=1)
-    recipe = QuantRecipe.from_dict({"format": "bf16", "scope": ["linear"],
+    recipe = QuantRecipe.from_dict({"format": "bf16", "scope": ["linear", "attention"],
                                     "schedule": [{"from": 2, "forward": "fp8_e4m3"}], "evaluation": "mxfp8"})
     model = build_gpt(transformer_config(shape, quant_recipe=precision_config(recipe).for_run(4)), shape)
-    fc1 = model.decoder.layers[0].mlp.linear_fc1
+    fc1, attention = model.decoder.layers[0].mlp.linear_fc1, model.decoder.layers[0].self_attention.core_attention
     tokens = torch.randint(0, shape["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(0))
-    names = []
+    names, attention_names = [], []
     for iteration, evaluating in ((1, False), (2, False), (2, True), (3, False)):
         position.set_iteration(iteration)
         with position.evaluation() if evaluating else torch.no_grad():
             model(tokens, torch.arange(16)[None], None)
-        fmt = fc1.quant["fprop.input"].fmt
-        names.append(None if fmt is None else fmt.name)
-    assert names == [None, "fp8_e4m3", "mxfp8_e4m3", "fp8_e4m3"]
+        for fmt, found in ((fc1.quant["fprop.input"].fmt, names), (attention.quant.qk.a.fmt, attention_names)):
+            found.append(None if fmt is None else fmt.name)
+    assert names == attention_names == [None, "fp8_e4m3", "mxfp8_e4m3", "fp8_e4m3"]
+    assert fc1.quant["dgrad.grad_output"].fmt is None and attention.quant.qk.grad_a_dc.fmt is None  # forward only
+    caches = [state["weight_cache"] for state in fc1.phase_states]
+    assert all(cache._entries for cache in caches[1:])  # the quantized phases cached their weights
+    from megatron.quant.layers.linear import invalidate_quantized_weights
+
+    invalidate_quantized_weights(model)  # after a step through .data: no phase keeps a stale weight
+    assert not any(cache._entries for cache in caches)
 
 
 @pytest.mark.parametrize("schedule, message", [

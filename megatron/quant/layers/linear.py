@@ -82,9 +82,11 @@ class QuantLinearMixin(FinishesInit, Phased):
         self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs.values())
 
     def invalidate_quantized_weights(self) -> None:
-        """Forget cached quantized weights (after updating weights through ``.data``)."""
-        if self.weight_cache is not None:
-            self.weight_cache.invalidate()
+        """Forget cached quantized weights (after updating weights through ``.data``), every phase's: a
+        phase not running now would otherwise find its entries valid when it runs again."""
+        for state in self.phase_states or ({"weight_cache": self.weight_cache},):
+            if state["weight_cache"] is not None:
+                state["weight_cache"].invalidate()
 
     def _forward_impl(self, input, weight, **kwargs):
         # megatron-core calls this with keywords: bias, gradient_accumulation_fusion,
