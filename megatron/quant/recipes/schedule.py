@@ -84,6 +84,9 @@ class Schedule:
                     raise ScheduleError(f"{where}: schedule[{i}].{key}: {show_value(point)} is past the end of "
                                         f"training (--train-iters {train_iters}); give an iteration up to {last} or "
                                         f"a fraction below 1")
+            if end <= first:
+                raise ScheduleError(f"{where}: schedule[{i}].until: {show_value(phase.until)} (iteration {end}) is not "
+                                    f"after its from {show_value(phase.start)} (iteration {first})")
             for j in range(i):
                 other = spans[j]
                 if first < other[1] and other[0] < end:
