@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from megatron.quant.formats.contract import KernelContract
-from megatron.quant.formats.rounding import DRAW_BITS
+from megatron.quant.formats.rounding import CONTINUOUS_BITS, DRAW_BITS
 
 from . import constants
 from .launch import launch_options, program_elements
@@ -25,20 +25,21 @@ from .noise import global_index, uniform
 from .stats import NONE, stats_rows, write_abs_max, write_stats
 
 BLOCK = 1024
+_CONTINUOUS: tl.constexpr = CONTINUOUS_BITS  # the rounding's draw that compares U[0, 1) with the remainder
 
 
 @triton.jit
 def round_integer(a, u, signs, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
     """``rounding.py``'s rules on float32 a: nearest-even (keeps a's sign), or on magnitudes with
     the sign of ``signs``: nearest with ties away, or stochastic (``u``: U[0, 1); ``STOCHASTIC``: the
-    random bits drawn per element, ``rounding.DRAW_BITS``: 24 the continuous draw, fewer the
+    random bits drawn per element, ``rounding.DRAW_BITS``: all 24 the continuous draw, fewer the
     hardware's carry rule), as ``ElementGrid.round_`` does. Magnitudes >= 2**23, Inf and NaN are kept."""
     m = tl.abs(a)
     small = m < 8388608.0
     t = tl.where(small, m, 0.0).to(tl.int32)
     whole = t.to(tl.float32)
     f = m - whole  # exact
-    if STOCHASTIC >= 24:
+    if STOCHASTIC >= _CONTINUOUS:
         up = u < f
     elif STOCHASTIC:
         steps: tl.constexpr = float(1 << STOCHASTIC)
