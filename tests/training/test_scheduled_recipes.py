@@ -58,7 +58,7 @@ def test_the_forward_switches_at_its_iteration_and_a_resume_lands_in_its_phase(r
 def test_the_phase_follows_the_position_and_evaluation_runs_in_its_own_precision():
     recipe = QuantRecipe.from_dict({"format": "mxfp8", "scope": ["linear"], "evaluation": "bf16",
                                     "schedule": [{"from": 3, "until": 5, "backward": "fp8_e4m3"}]})
-    precision = PrecisionConfig.uniform(recipe).for_run(10)
+    precision = PrecisionConfig.uniform(recipe).for_run(10, 2)
     (bound,) = precision.configs.values()
     assert [bound.schedule.phase_of(Position(i)) for i in (1, 2, 3, 4, 5, 10)] == [0, 0, 1, 1, 0, 0]
     assert bound.schedule.phase_of(Position(3, evaluating=True)) == 2
@@ -84,7 +84,7 @@ def test_linear_and_attention_layers_take_the_phase_of_the_position():
     shape = dict(get_preset("llama-tiny"), seq_length=16, num_layers=1)
     recipe = QuantRecipe.from_dict({"format": "bf16", "scope": ["linear", "attention"],
                                     "schedule": [{"from": 2, "forward": "fp8_e4m3"}], "evaluation": "mxfp8"})
-    model = build_gpt(transformer_config(shape, quant_recipe=precision_config(recipe).for_run(4)), shape)
+    model = build_gpt(transformer_config(shape, quant_recipe=precision_config(recipe).for_run(4, 1)), shape)
     fc1, attention = model.decoder.layers[0].mlp.linear_fc1, model.decoder.layers[0].self_attention.core_attention
     tokens = torch.randint(0, shape["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(0))
     names, attention_names = [], []
@@ -113,6 +113,8 @@ def test_linear_and_attention_layers_take_the_phase_of_the_position():
                                                                r"schedule\[0\] \(iterations 2-4\)"),
     ("[{from: 2}]", r"schedule\[0\]: a phase needs 'forward' and/or 'backward'"),
     ("[{from: 2, forward: bf16, at: 3}]", r"schedule\[0\]: unknown key 'at'"),
+    ("[{from: 2, forward: te-fp8-delayed}]",
+     r"^bad: a recipe that changes during the run cannot use delayed scaling \(fp8_e4m3:"),
 ])
 def test_a_malformed_schedule_is_refused_at_start_in_one_line(tmp_path, monkeypatch, schedule, message):
     path = tmp_path / "bad.yaml"

@@ -13,7 +13,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from megatron.quant import position
 from megatron.quant.formats.interface import QuantFormat
-from megatron.quant.layers.delayed import is_delayed
 
 Formats = Mapping[str, Optional[QuantFormat]]
 
@@ -30,12 +29,8 @@ class Phased:
     def configure_phases(self, configure: Callable[[Formats], None], phases: Sequence[Formats],
                          phase_of: Optional[Callable[[position.Position], int]]) -> None:
         """``configure`` the module for each phase's formats and keep each phase's attributes; the
-        module starts in phase 0 (the base recipe). Delayed scaling is refused: its amax histories are
-        the module's, one per operand, not one per phase."""
-        if len(phases) > 1 and any(is_delayed(fmt) for formats in phases for fmt in formats.values()):
-            raise ValueError(f"{type(self).__name__}: a recipe that changes during the run cannot use delayed "
-                             f"scaling (its amax histories belong to the operands, not to a phase); use current "
-                             f"scaling (fp8_e4m3 scaling: tensor) in a scheduled recipe")
+        module starts in phase 0 (the base recipe). (A scheduled recipe has no delayed scaling, whose
+        amax histories the module registers once: ``PrecisionConfig.for_run`` refuses it.)"""
         states = []
         for formats in phases:
             configure(formats)

@@ -19,6 +19,7 @@ from megatron.core.quantization.quant_config import GlobMatcher, Matcher, Quanti
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.recipes.schedule import ScheduleError
 
 ALL_MODULES = "*"
 
@@ -49,11 +50,22 @@ class PrecisionConfig(RecipeConfig):
                    for key, recipe in self.configs.items()}
         return type(self)(self.matchers, configs, self.name, self.source)
 
-    def for_run(self, train_iters: int) -> "PrecisionConfig":
-        """Each scheduled recipe's phases placed in a run of ``train_iters`` iterations
-        (``Schedule.bind``: a ScheduleError for a switch past the end or overlapping phases)."""
-        configs = {key: replace(recipe, schedule=recipe.schedule.bind(train_iters, f"{self.source}: {recipe.name}"))
-                   if recipe.schedule else recipe for key, recipe in self.configs.items()}
+    def for_run(self, train_iters: int, num_layers: int) -> "PrecisionConfig":
+        """Each scheduled recipe's phases placed in a run of ``train_iters`` iterations of a
+        ``num_layers``-layer model: ScheduleError for a switch past the end, overlapping phases
+        (``Schedule.bind``) or delayed scaling (a module registers its amax histories once, per operand,
+        not per phase)."""
+        configs = dict(self.configs)
+        for key, recipe in self.configs.items():
+            if not recipe.schedule:
+                continue
+            where = recipe.name if self.source == recipe.name else f"{self.source}: {recipe.name}"
+            delayed = sorted({f.name for f in recipe.formats(num_layers) if f.scaling == "delayed"})
+            if delayed:
+                raise ScheduleError(f"{where}: a recipe that changes during the run cannot use delayed scaling "
+                                    f"({', '.join(delayed)}: its amax histories belong to the operands, not to a "
+                                    f"phase); use current scaling (scaling: tensor)")
+            configs[key] = replace(recipe, schedule=recipe.schedule.bind(train_iters, where))
         return type(self)(self.matchers, configs, self.name, self.source)
 
     def schedules(self) -> dict[str, str]:

@@ -50,7 +50,8 @@ def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> Pre
     schedules placed in the run's ``--train-iters`` (a recipe that changes during the run)."""
     files = [(key, getattr(args, key)) for key in PRECISION_FILE_FLAGS if getattr(args, key, None)]
     if not files:
-        return PrecisionConfig.uniform(build_recipe(args, environ)).with_seed(args.seed).for_run(args.train_iters)
+        return PrecisionConfig.uniform(build_recipe(args, environ)).with_seed(args.seed).for_run(
+            args.train_iters, args.num_layers)
     check_env_names(environ)
     others = [_flag(key) for key, _ in files[1:]] + [key for key in RECIPE_CHOOSING if environ.get(key)]
     others += ["--fp8-recipe/--fp4-format"] if emulates_precision(args) else []
@@ -58,7 +59,7 @@ def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> Pre
     if others:
         raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
     return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}").with_seed(args.seed).for_run(
-        args.train_iters)
+        args.train_iters, args.num_layers)
 
 
 @dataclass(frozen=True)
