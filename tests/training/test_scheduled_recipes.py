@@ -137,3 +137,15 @@ def test_sweeps_and_the_study_take_scheduled_recipes_and_the_sweep_refuses_a_bad
     path.write_text("format: mxfp8\nschedule: [{from: 10, forward: bf16}]\n")
     with pytest.raises(sweep_plan.SweepError, match=r"run late: schedule\[0\]\.from: 10 is past the end"):
         sweep_plan.check_schedules(sweep_plan.plan_runs(str(path)), 4)
+
+
+def test_the_start_line_and_run_json_show_the_schedule(tmp_path, monkeypatch):
+    from megatron.quant.training.main import _quantization
+
+    path = tmp_path / "tail.yaml"
+    path.write_text("format: te-nvfp4+bf16-fwd-tail\nevaluation: bf16\n")
+    monkeypatch.setenv("CUSTOM_QUANT_RECIPE", str(path))
+    inputs = check_inputs(_argv("--train-iters", "10"))
+    described = "from 0.8: forward bf16 (iterations 9-10); evaluation bf16"
+    assert inputs.record()["precision"]["schedules"] == {"tail": described}
+    assert _quantization(inputs.precision, 2) == f"tail (schedule: {described})"
