@@ -43,7 +43,9 @@ class QuantRecipe:
     rules: tuple[Rule, ...] = field(default=())
     compile: bool = False  # quantize through torch.compile (round-to-nearest formats)
     seed: Optional[int] = None  # keys stochastic rounding (None: the run's --seed; 0 outside training)
-    schedule: Schedule = Schedule()  # phases with other formats, the evaluation recipe (``recipes.schedule``)
+    # Phases with other formats and the evaluation recipe (``recipes.schedule``); run.json shows it apart
+    # (``PrecisionConfig.schedules``), so a recipe's repr there is unchanged without one.
+    schedule: Schedule = field(default=Schedule(), repr=False)
 
     # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod
