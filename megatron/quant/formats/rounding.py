@@ -66,8 +66,9 @@ def round_stochastic_(magnitude: Tensor, uniform: Tensor, bits: int = CONTINUOUS
     the round-up probability is ``floor(2**bits * fraction) / 2**bits``, in steps of 2**-bits, and
     a fraction below 2**-bits never rounds up. Transformer Engine's software fallback for GPUs
     without ``cvt.rs`` (``common/util/ptx.cuh``, ``stochastic_round_fp4_e2m1``, TE PR #3281) draws
-    the same ``r / 256`` and adds it to the magnitude in float32. Everything here is exact in
-    float32. Inf stays Inf.
+    the same ``r / 256`` of a step and adds it to the magnitude in float32, which agrees except where
+    that sum rounds (to even) onto the upper neighbour from half an ulp below it; the integer carry
+    here is the instruction's. Everything here is exact in float32. Inf stays Inf.
     """
     fraction = magnitude.frac()  # exact
     if bits >= CONTINUOUS_BITS:
