@@ -2,8 +2,9 @@
 region whose forward is running.
 
 This is the package's one explicit process-wide context (docs/interfaces.md, "Run position"). The
-training loop sets it (``set_iteration``, ``set_microbatch``) whether or not anything is captured;
-the layers read it to key stochastic rounding (``current``) and to recognise a recomputed forward
+training loop sets it (``set_iteration``, ``set_microbatch``, ``evaluation``) whether or not anything is captured;
+the layers read it to key stochastic rounding and pick a scheduled recipe's phase (``current``) and to
+recognise a recomputed forward
 (``region``); the capture saver reads it to name and select what it records. It imports nothing of
 the package, so the layers' numbers depend on no capture code.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional
 
 from torch import Tensor
 
-__all__ = ["Position", "Region", "current", "set_iteration", "set_microbatch", "region", "within", "recomputing"]
+__all__ = ["Position", "Region", "current", "set_iteration", "set_microbatch", "evaluation", "region", "within",
+           "recomputing"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Position:
     microbatch: Optional[int] = None  # index within the iteration; None until the loop announces one
     sample: int = 0  # first global sample of the micro-batch: names it across data-parallel ranks
     serial: int = 0  # how many iterations were started: a new iteration even where its number repeats
+    evaluating: bool = False  # a validation forward (a scheduled recipe's evaluation precision applies)
 
 
 @dataclass(eq=False)
@@ -65,6 +68,17 @@ def set_microbatch(index: int, first_sample: int) -> None:
     ``first_sample``: its first global sample index."""
     global _loop
     _loop = Position(_loop.iteration, index, first_sample, _loop.serial)
+
+
+@contextlib.contextmanager
+def evaluation() -> Iterator[None]:
+    """Run the block as an evaluation at the current iteration (``Position.evaluating``)."""
+    global _loop
+    _loop = replace(_loop, evaluating=True)
+    try:
+        yield
+    finally:
+        _loop = replace(_loop, evaluating=False)
 
 
 def region() -> Optional[Region]:

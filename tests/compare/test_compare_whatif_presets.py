@@ -25,9 +25,9 @@ LAYERS = (0, 1)
 TE_NVFP4 = {
     "fprop.input": ({}, ("forward", "input"), False),
     "fprop.weight": ({"block_shape": (16, 16)}, ("forward", "weight"), False),
-    "dgrad.grad_output": ({"rounding": "stochastic"}, ("backward", "grad_output"), False),
+    "dgrad.grad_output": ({"rounding": "stochastic8"}, ("backward", "grad_output"), False),
     "dgrad.weight": ({"block_shape": (16, 16)}, ("backward", "weight"), False),
-    "wgrad.grad_output": ({"hadamard": 16, "rounding": "stochastic"}, ("backward", "grad_output"), True),
+    "wgrad.grad_output": ({"hadamard": 16, "rounding": "stochastic8"}, ("backward", "grad_output"), True),
     "wgrad.input": ({"hadamard": 16}, ("forward", "input"), True),
 }
 MXFP8 = formats.get_format("mxfp8").name

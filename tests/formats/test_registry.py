@@ -50,7 +50,7 @@ def test_names_and_aliases():
 def test_bad_options_name_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['block'\].*scale_mode"):
         get_format("mxfp8", block=16)
-    with pytest.raises(ValueError, match=r"rounding='up' is not one of \['nearest', 'stochastic'\]"):
+    with pytest.raises(ValueError, match=r"rounding='up' is not one of \['nearest', 'stochastic', 'stochastic8'\]"):
         get_format("hifp8", rounding="up")
     with pytest.raises(ValueError, match="scale_mode='round'"):
         get_format("mxfp4", scale_mode="round")

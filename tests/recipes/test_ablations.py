@@ -75,10 +75,10 @@ def test_the_nvfp4_report_ablation_without_bf16_layers_is_te_nvfp4_itself():
 
 def test_ablate_expands_a_base_into_itself_and_one_variant_per_component():
     assert ablations.ablation("te-nvfp4") == ["te-nvfp4", "te-nvfp4-no-sr", "te-nvfp4-no-rht", "te-nvfp4-no-2d",
-                                              "te-nvfp4+bf16-layers"]
+                                              "te-nvfp4+bf16-layers", "te-nvfp4+bf16-fwd-tail"]
     assert ablations.ablation("te-nvfp4+bf16-layers")[1:] == [
         "te-nvfp4+bf16-layers-no-sr", "te-nvfp4+bf16-layers-no-rht", "te-nvfp4+bf16-layers-no-2d",
-        "te-nvfp4+bf16-layers-no-bf16-layers"]
+        "te-nvfp4+bf16-layers-no-bf16-layers", "te-nvfp4+bf16-layers+bf16-fwd-tail"]
     assert ablations.ablation("te-mxfp8") == ["te-mxfp8", "te-mxfp8-no-rceil"]
     assert ablations.ablation("mxfp4") == ["mxfp4", "mxfp4+sr", "mxfp4+rht", "mxfp4+sr+rht"]
     with pytest.raises(ablations.AblationError, match="'nvfp5': not a preset, variant or format name"):
@@ -90,7 +90,7 @@ def test_ablate_expands_a_base_into_itself_and_one_variant_per_component():
     ("te-mxfp8-no-sr", "te-mxfp8 has no 'sr'"),
     ("mxfp4+sr+sr", "mxfp4\\+sr has 'sr'.*already"),
     ("mxfp4+2d", "'2d'.*can only be removed"),
-    ("te-nvfp4-no-fast", "unknown component 'fast'; components: sr, rht, 2d, rceil, bf16-layers"),
+    ("te-nvfp4-no-fast", "unknown component 'fast'; components: sr, rht, 2d, rceil, bf16-layers, bf16-fwd-tail"),
 ])
 def test_impossible_variants_name_the_component(name, message):
     with pytest.raises(RecipeError, match=message):

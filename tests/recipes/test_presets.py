@@ -20,7 +20,7 @@ def test_te_nvfp4_operands():
     assert [k for k, f in fmts.items() if f.options["block_shape"] == (16, 16)] == ["fprop.weight", "dgrad.weight"]
     assert [k for k, f in fmts.items() if f.options["hadamard"] == 16] == ["wgrad.grad_output", "wgrad.input"]
     assert fmts["wgrad.grad_output"].options["hadamard_signs"] == fmts["wgrad.input"].options["hadamard_signs"]
-    assert [k for k, f in fmts.items() if f.rounding == "stochastic"] == ["dgrad.grad_output", "wgrad.grad_output"]
+    assert [k for k, f in fmts.items() if f.rounding == "stochastic8"] == ["dgrad.grad_output", "wgrad.grad_output"]
 
 
 def test_te_mxfp8_and_fp8_current_and_blockwise_operands():
@@ -110,5 +110,5 @@ def test_a_file_operand_override_merges_options_with_the_preset(tmp_path):
                     "  wgrad.input: {options: {hadamard: null}}\n")
     formats = QuantRecipe.from_file(path).resolve("fc1", 1, 4)
     grad = formats["wgrad.grad_output"]
-    assert grad.options["hadamard"] is None and grad.rounding == "stochastic"  # the preset's rounding stays
+    assert grad.options["hadamard"] is None and grad.rounding == "stochastic8"  # the preset's rounding stays
     assert formats["wgrad.input"].options["hadamard"] is None

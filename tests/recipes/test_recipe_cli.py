@@ -34,7 +34,7 @@ def test_show_preset_gives_the_operand_table_and_the_source(capsys):
     assert code == 0 and "NVFP4BlockScaling" in out and "layers 0-3:" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
     assert rows["fprop.weight"][:4] == ["fprop.weight", "nvfp4", "16x16", "1"]
-    assert "hadamard" in rows["wgrad.input"] and rows["wgrad.grad_output"][-1] == "stochastic"
+    assert "hadamard" in rows["wgrad.input"] and rows["wgrad.grad_output"][-1] == "stochastic8"
     assert rows["fprop.input"][-1] == "nearest"
     assert "core_attention: not quantized" in out
 

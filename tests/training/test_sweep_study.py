@@ -63,7 +63,7 @@ def test_seeds_apply_to_every_recipe_unless_a_baseline_is_named():
 def test_ablate_adds_the_preset_and_its_variants_once():
     names = [run.name for run in sweep_plan.plan_runs("bf16 te-nvfp4", ablate=["te-nvfp4", "mxfp4"])]
     assert names == ["bf16", "te-nvfp4", "te-nvfp4-no-sr", "te-nvfp4-no-rht", "te-nvfp4-no-2d",
-                     "te-nvfp4+bf16-layers", "mxfp4", "mxfp4+sr", "mxfp4+rht", "mxfp4+sr+rht"]
+                     "te-nvfp4+bf16-layers", "te-nvfp4+bf16-fwd-tail", "mxfp4", "mxfp4+sr", "mxfp4+rht", "mxfp4+sr+rht"]
     with pytest.raises(sweep_plan.SweepError, match="--ablate 'fp5'"):
         sweep_plan.plan_runs("bf16", ablate=["fp5"])
 

@@ -16,7 +16,7 @@ from .grid import ElementGrid, GridRule, Overflow
 from .hadamard import Hadamard
 from .interface import QuantFormat, Scaling
 from .random_bits import RandomBits
-from .rounding import ROUNDING_MODES, Rounding
+from .rounding import ROUNDING_MODES, Rounding, is_stochastic
 from .saturation import overflow_bound
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -277,7 +277,7 @@ class NumericFormat(QuantFormat):
 
     def _noise(self, x: Tensor, noise: RandomBits | None, generator: torch.Generator | None) -> Tensor | None:
         """U[0, 1) noise of x's shape for stochastic rounding (None for round-to-nearest)."""
-        if self.rounding != "stochastic":
+        if not is_stochastic(self.rounding):
             return None
         if noise is not None and generator is not None:
             raise ValueError(f"{self.name}: pass noise= or generator=, not both")

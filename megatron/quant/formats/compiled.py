@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .base import NumericFormat
 from .random_bits import RandomBits
+from .rounding import is_stochastic
 from .wrapper import FormatWrapper
 
 
@@ -44,7 +45,7 @@ class CompiledFormat(FormatWrapper):
     BACKEND = "inductor"
 
     def __init__(self, fmt: NumericFormat) -> None:
-        if fmt.rounding == "stochastic":
+        if is_stochastic(fmt.rounding):
             raise ValueError(f"{fmt.name}: compiled quantization is for round-to-nearest formats; stochastic "
                              f"rounding keys its noise per call, which would recompile every call")
         super().__init__(fmt)

@@ -11,6 +11,7 @@ from torch import Tensor
 from .base import NumericFormat, encode_scale, float32_copy
 from .contract import KernelContract, TensorScale
 from .grid import BF16_RULE, FP16, ElementGrid
+from .rounding import DRAW_BITS
 
 _BF16_DROPPED_BITS = 16  # bfloat16 is the top half of a float32
 
@@ -49,23 +50,27 @@ class CastFormat(NumericFormat):
         x32 = x.float()
         if self.dtype == torch.float16:
             return FP16.round(x32, self.rounding, "inf", uniform), _one(x), None
-        return _round_bf16(x32, uniform), _one(x), None
+        return _round_bf16(x32, uniform, DRAW_BITS[self.rounding]), _one(x), None
 
 
-def _round_bf16(x: Tensor, uniform: Tensor | None) -> Tensor:
-    """float32 to bfloat16 values, to nearest even or stochastically (``uniform`` given).
+def _round_bf16(x: Tensor, uniform: Tensor | None, draw_bits: int) -> Tensor:
+    """float32 to bfloat16 values, to nearest even or stochastically (``uniform`` given, ``draw_bits``
+    of it drawn per element).
 
     On the float32 bit pattern bf16 is exactly "clear the low 16 bits", which is linear within
     each binade (subnormals included) and carries into the exponent on the way up (to Inf past
     the largest bf16). Nearest adds half an ulp less one plus the kept lowest bit (ties to even);
     stochastic adds integer noise uniform over all 2**16 dropped-bit values, so it is exactly
-    unbiased. bf16's range is beyond the grid routine's, hence this separate path.
+    unbiased; with fewer ``draw_bits`` (8: ``rounding.round_stochastic_``'s hardware draw) the noise
+    is that many random bits aligned with the top of the dropped ones, whose carry rounds up. bf16's
+    range is beyond the grid routine's, hence this separate path.
     """
     bits = x.view(torch.int32)
     if uniform is None:
         added = ((bits >> _BF16_DROPPED_BITS) & 1) + ((1 << (_BF16_DROPPED_BITS - 1)) - 1)
     else:
-        added = (uniform * (1 << _BF16_DROPPED_BITS)).to(torch.int32)
+        drawn = min(draw_bits, _BF16_DROPPED_BITS)
+        added = (uniform * (1 << drawn)).to(torch.int32) << (_BF16_DROPPED_BITS - drawn)
     truncated = (bits + added) & -(1 << _BF16_DROPPED_BITS)
     return torch.where(torch.isnan(x), x, truncated.view(torch.float32))
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from . import bits
-from .rounding import Rounding, round_half_away_, round_half_even_, round_stochastic_
+from .rounding import DRAW_BITS, Rounding, is_stochastic, round_half_away_, round_half_even_, round_stochastic_
 
 Overflow = Literal["saturate", "inf"]
 """The ``overflow`` option of unblocked grid formats: what a value beyond the element's max becomes.
@@ -103,8 +103,8 @@ class ElementGrid(ABC):
         if rounding == "nearest" and self.ties == "even":
             round_half_even_(x)  # symmetric: keeps the sign (and -0)
         else:  # rules on magnitudes
-            if rounding == "stochastic":
-                round_stochastic_(x.abs_(), uniform)
+            if is_stochastic(rounding):
+                round_stochastic_(x.abs_(), uniform, DRAW_BITS[rounding])
             else:
                 round_half_away_(x.abs_())
             x.copysign_(signs)

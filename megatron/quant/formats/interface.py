@@ -47,7 +47,7 @@ class QuantFormat(Protocol):
     options: dict[str, Any]
     """Resolved options, JSON-serialisable, accepted back by ``get_format``."""
     rounding: Rounding
-    """The ``rounding`` option: ``"nearest"`` or ``"stochastic"``."""
+    """The ``rounding`` option: ``"nearest"``, ``"stochastic"`` or ``"stochastic8"`` (``formats.rounding``)."""
     scaling: Scaling
     """Where the scale comes from (``Scaling``)."""
     needs_tensor_amax: bool

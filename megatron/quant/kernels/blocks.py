@@ -22,6 +22,7 @@ from torch import Tensor
 
 from megatron.quant.formats.contract import KernelContract
 from megatron.quant.formats.hadamard import signs_on
+from megatron.quant.formats.rounding import DRAW_BITS
 
 from . import constants
 from .constants import Layout
@@ -117,7 +118,7 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, ELEMENT: tl.constexpr, SCALE
         encode, decode = fp8_block_scales(amax, ELEMENT.max_value, SCALE.power_of_two, SCALE.value_for_inf)
         scale = decode
     else:
-        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, SCALE_GRID, False)  # the block's scale, to nearest
+        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, SCALE_GRID, 0)  # the block's scale, to nearest
         scale = decode * tl.load(tensor_ptr + 1)
         encode = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
     scaled = x * encode
@@ -308,4 +309,4 @@ def launch_dual(x, out0, out1, contract: KernelContract, noises: tuple[tuple, tu
 def _format_constants(contract: KernelContract, dtype, split: bool) -> dict:
     """The format's constexpr arguments of ``block_values`` for inputs of ``dtype``."""
     return dict(ELEMENT=constants.element_grid(contract), SCALE=constants.block_scale(contract, dtype),
-                SCALE_GRID=constants.scale_grid(contract), STOCHASTIC=contract.rounding == "stochastic", SPLIT=split)
+                SCALE_GRID=constants.scale_grid(contract), STOCHASTIC=DRAW_BITS[contract.rounding], SPLIT=split)

@@ -17,6 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from megatron.quant.formats.contract import KernelContract
+from megatron.quant.formats.rounding import CONTINUOUS_BITS, DRAW_BITS
 
 from . import constants
 from .launch import launch_options, program_elements
@@ -24,20 +25,25 @@ from .noise import global_index, uniform
 from .stats import NONE, stats_row, stats_rows, write_abs_max, write_stats
 
 BLOCK = 1024
+_CONTINUOUS: tl.constexpr = CONTINUOUS_BITS  # the rounding's draw that compares U[0, 1) with the remainder
 
 
 @triton.jit
 def round_integer(a, u, signs, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
     """``rounding.py``'s rules on float32 a: nearest-even (keeps a's sign), or on magnitudes with
-    the sign of ``signs``: nearest with ties away, or stochastic (``u``: U[0, 1)), as
-    ``ElementGrid.round_`` does. Magnitudes >= 2**23, Inf and NaN are kept."""
+    the sign of ``signs``: nearest with ties away, or stochastic (``u``: U[0, 1); ``STOCHASTIC``: the
+    random bits drawn per element, ``rounding.DRAW_BITS``: all 24 the continuous draw, fewer the
+    hardware's carry rule), as ``ElementGrid.round_`` does. Magnitudes >= 2**23, Inf and NaN are kept."""
     m = tl.abs(a)
     small = m < 8388608.0
     t = tl.where(small, m, 0.0).to(tl.int32)
     whole = t.to(tl.float32)
     f = m - whole  # exact
-    if STOCHASTIC:
+    if STOCHASTIC >= _CONTINUOUS:
         up = u < f
+    elif STOCHASTIC:
+        steps: tl.constexpr = float(1 << STOCHASTIC)
+        up = tl.floor(u * steps) + tl.floor(f * steps) >= steps  # exact integers in float32
     elif AWAY:
         up = f >= 0.5
     else:
@@ -50,11 +56,13 @@ def round_integer(a, u, signs, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
 @triton.jit
 def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
     """float32 x rounded onto a grid (``ElementGrid.round_``, ``signs`` as there), or to bfloat16
-    (``_round_bf16``); ``GRID``: ``constants.Grid``."""
+    (``_round_bf16``); ``GRID``: ``constants.Grid``; ``STOCHASTIC`` as in ``round_integer``."""
     xbits = x.to(tl.int32, bitcast=True)
     if GRID.kind == 0:  # bf16: round the float32 bit pattern at bit 16
-        if STOCHASTIC:
+        if STOCHASTIC >= 16:
             added = (u * 65536.0).to(tl.int32)
+        elif STOCHASTIC:  # the random bits at the top of the 16 dropped ones
+            added = (u * float(1 << STOCHASTIC)).to(tl.int32) << (16 - STOCHASTIC)
         else:
             added = ((xbits >> 16) & 1) + 0x7FFF
         y = ((xbits + added) & -65536).to(tl.float32, bitcast=True)
@@ -161,7 +169,7 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
     rows = stats_rows(programs(x), stats, x.device) if stats else x
     _elementwise_kernel[(programs(x),)](
         x, out, encode if scaled else x, decode if dec else x, n, *noise, GRID=constants.element_grid(contract),
-        STOCHASTIC=contract.rounding == "stochastic", SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows,
+        STOCHASTIC=DRAW_BITS[contract.rounding], SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows,
         STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
         AMAX_OUT=amax_rows is not None, **launch_options(block))

@@ -23,6 +23,7 @@ import sys
 from typing import Literal, Mapping, Optional, get_args
 
 from megatron.quant.formats.base import NumericFormat
+from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.formats.show import show_value
 
 from .launch import interpreting
@@ -94,7 +95,7 @@ def plan(fmt: NumericFormat, compile: bool, chosen: Backend, cuda: bool) -> Kern
     triton_wanted = chosen == "triton" or (chosen == "auto" and cuda and triton_available())
     if triton_wanted and supported(fmt) and (cuda or interpreting()):
         return "triton"
-    if (chosen == "compile" or (chosen == "auto" and compile)) and fmt.rounding != "stochastic":
+    if (chosen == "compile" or (chosen == "auto" and compile)) and not is_stochastic(fmt.rounding):
         return "compiled"
     return "eager"
 
@@ -103,7 +104,7 @@ def describe(formats: list[NumericFormat], compile: bool, chosen: Backend, cuda:
     """The start line's words: the backend and each format's path, saying where a GPU runs eager."""
     paths: dict[str, list[str]] = {}
     for fmt in formats:
-        label = fmt.name + (" (stochastic)" if fmt.rounding == "stochastic" else "")
+        label = fmt.name + (f" ({fmt.rounding})" if is_stochastic(fmt.rounding) else "")
         paths.setdefault(plan(fmt, compile, chosen, cuda), []).append(label)
     words = "; ".join(f"{p} {', '.join(sorted(set(names)))}" for p, names in sorted(paths.items())) or "none"
     warning = " (WARNING: eager quantization on the GPU)" if cuda and "eager" in paths else ""

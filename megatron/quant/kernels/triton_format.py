@@ -13,6 +13,7 @@ from megatron.quant.formats.base import SUPPORTED_DTYPES, NumericFormat, check_i
 from megatron.quant.formats.contract import KernelContract
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.formats.wrapper import FormatWrapper
 from megatron.quant.stats import packing
 
@@ -152,7 +153,7 @@ class TritonFormat(FormatWrapper):
             return super().quantize_for_gemm_both(x, amax, noises=noises)
         check_input(self.name, x)
         x = x.contiguous()
-        stochastic = fmt.rounding == "stochastic"
+        stochastic = is_stochastic(fmt.rounding)
         args = tuple(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
                      for noise in noises)
         tensor, decode = self._block_tensor_scale(x, amax)
@@ -181,7 +182,7 @@ class TritonFormat(FormatWrapper):
         are in the transformed domain, or with ``back`` transformed back to x's; in x's dtype either
         way. ``split``: leave the decode factor out of the values."""
         fmt, contract = self.fmt, self.contract
-        stochastic = fmt.rounding == "stochastic"
+        stochastic = is_stochastic(fmt.rounding)
         noise = list(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape)))
         fused = self._fused_transform
         xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis).contiguous()

@@ -60,6 +60,7 @@ from megatron.quant.layers.operand import (
     noise_scope,
     quantize_operand,
 )
+from megatron.quant.layers.phases import Phased
 from megatron.quant.recipes.operands import PV_OPERANDS, QK_OPERANDS
 from megatron.quant.tensor_saver import CaptureSite
 
@@ -113,12 +114,13 @@ class _FusedAttention(torch.autograd.Function):
         return grads + (None, None, None, None)
 
 
-class QuantDotProductAttention(FinishesInit, DotProductAttention):
+class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
     """DotProductAttention with fake-quantized GEMM operands; stock until ``configure_quant``.
 
     ``allow_fused``: may run SDPA where it computes what the unfused path does (the module docstring).
     """
 
+    PHASED = ("quant", "noise_root")  # what configure_quant sets per phase of a schedule
     quant: Optional[AttentionQuant] = None
     capture_site: Optional[CaptureSite] = None
     allow_fused: bool = True
@@ -133,7 +135,9 @@ class QuantDotProductAttention(FinishesInit, DotProductAttention):
         if quantization_config is None:
             return
         quant = module_quant(quantization_config, self.config)
-        self.configure_quant(AttentionQuant.from_formats(quant.formats), quant.site, self.allow_fused, quant.seed)
+        self.configure_phases(lambda formats: self.configure_quant(
+            AttentionQuant.from_formats(formats), quant.site, self.allow_fused, quant.seed),
+            quant.phases, quant.phase_of)
 
     def configure_quant(self, quant: AttentionQuant, site: Optional[CaptureSite], allow_fused: bool = True,
                         seed: int = 0) -> None:
@@ -177,6 +181,7 @@ class QuantDotProductAttention(FinishesInit, DotProductAttention):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
                 packed_seq_params=None) -> Tensor:
+        self.enter_phase()
         if self.quant is None:
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
                                    packed_seq_params)

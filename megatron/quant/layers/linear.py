@@ -26,14 +26,17 @@ from megatron.quant.layers.histories import attach_histories
 from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
 from megatron.quant.layers.module_quant import FinishesInit, module_quant
 from megatron.quant.layers.operand import module_noise_root
+from megatron.quant.layers.phases import Phased
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import Parallel
 from megatron.quant.tensor_saver import CaptureSite
 
 
-class QuantLinearMixin(FinishesInit):
+class QuantLinearMixin(FinishesInit, Phased):
     """The quantized ``_forward_impl`` shared by the column- and row-parallel layers."""
+
+    PHASED = ("quant", "weight_cache", "noise_root")  # what configure_quant sets per phase of a schedule
 
     # Class-level defaults: an unconfigured layer (or one promoted with __class__) is stock.
     quant: Optional[LinearQuant] = None
@@ -52,8 +55,9 @@ class QuantLinearMixin(FinishesInit):
             return
         quant = module_quant(quantization_config, self.config)
         gated = quant.site.role == "fc1" and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
-        self.configure_quant(LinearQuant.from_formats(quant.formats), quant.site, seed=quant.seed,
-                             shard_groups=2 if gated else 1)
+        self.configure_phases(lambda formats: self.configure_quant(
+            LinearQuant.from_formats(formats), quant.site, seed=quant.seed, shard_groups=2 if gated else 1),
+            quant.phases, quant.phase_of)
 
     def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,
                         shard_groups: int = 1) -> None:
@@ -78,14 +82,17 @@ class QuantLinearMixin(FinishesInit):
         self.noise_root = module_noise_root(seed, site.module if site else "", self.quant.specs.values())
 
     def invalidate_quantized_weights(self) -> None:
-        """Forget cached quantized weights (after updating weights through ``.data``)."""
-        if self.weight_cache is not None:
-            self.weight_cache.invalidate()
+        """Forget cached quantized weights (after updating weights through ``.data``), every phase's: a
+        phase not running now would otherwise find its entries valid when it runs again."""
+        for state in self.phase_states or ({"weight_cache": self.weight_cache},):
+            if state["weight_cache"] is not None:
+                state["weight_cache"].invalidate()
 
     def _forward_impl(self, input, weight, **kwargs):
         # megatron-core calls this with keywords: bias, gradient_accumulation_fusion,
         # allreduce_dgrad, sequence_parallel, tp_group (None from RowParallelLinear),
         # grad_output_buffer, wgrad_deferral_limit (ColumnParallelLinear only).
+        self.enter_phase()
         if self.quant is None:
             return super()._forward_impl(input=input, weight=weight, **kwargs)
         tp_group = kwargs.get("tp_group")

@@ -10,7 +10,7 @@ the path (megatron-core's own ``layers.N``, a stage-local index) and the pipelin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from megatron.core.quantization.quant_config import QuantizationConfig
@@ -19,6 +19,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.position import Position
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.tensor_saver import CaptureSite
 
@@ -36,11 +37,18 @@ class FinishesInit:
 
 @dataclass(frozen=True)
 class ModuleQuant:
-    """One module's operand formats (operand key -> format, None where unquantized), site and seed."""
+    """One module's operand formats (operand key -> format, None where unquantized) per phase of its
+    recipe's schedule (one phase without a schedule), the phase running at a position, site and seed."""
 
-    formats: Mapping[str, Optional[QuantFormat]]
+    phases: Sequence[Mapping[str, Optional[QuantFormat]]]
+    phase_of: Optional[Callable[[Position], int]]  # None: the recipe does not change during the run
     site: CaptureSite
     seed: int
+
+    @property
+    def formats(self) -> Mapping[str, Optional[QuantFormat]]:
+        """The base recipe's formats (phase 0)."""
+        return self.phases[0]
 
 
 def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> ModuleQuant:
@@ -57,8 +65,11 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
     attention = role == "core_attention"
     site = CaptureSite(layer_type="attention" if attention else "linear", component="FA" if attention else "linear",
                        layer_idx=layer_idx, module=path, role=role, quant_type=precision.name)
-    formats = precision.resolve(matched, role, layer_idx, config.num_layers)
-    return ModuleQuant(formats, site, precision.recipe(matched).seed or 0)
+    recipe = precision.recipe(matched)
+    phases = precision.resolve_phases(matched, role, layer_idx, config.num_layers)
+    if recipe.schedule.train_iters is None:  # outside a training run (``PrecisionConfig.for_run``): the base recipe
+        phases = phases[:1]
+    return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0)
 
 
 def _global_layer(matched: QuantizationConfig, config: TransformerConfig) -> int:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from megatron.quant import position, tensor_saver
 from megatron.quant.formats.random_bits import RandomBits, Shard
+from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.layers import recompute
 from megatron.quant.layers.delayed import is_delayed
 from megatron.quant.recipes.operands import OperandSpec
@@ -192,7 +193,7 @@ def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     a, b = first.fmt, second.fmt
     return (a is not None and b is not None and (a.block_size is None or a.tiled)
             and not a.transforms_operand and a.name == b.name and a.options == b.options
-            and a.rounding != "stochastic")
+            and not is_stochastic(a.rounding))
 
 
 def capturing(site: Optional[CaptureSite]) -> bool:

@@ -7,15 +7,20 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 
 | component | in the recipe | removed | added |
 |---|---|---|---|
-| ``sr`` | stochastic rounding | every ``rounding: stochastic`` | on the gradients (dgrad/wgrad grad_output) |
+| ``sr`` | stochastic rounding | every stochastic ``rounding`` | ``stochastic8`` on the gradients (grad_output) |
 | ``rht`` | random Hadamard transform | every ``hadamard`` | on the wgrad operands (16 for NVFP4, else 32) |
 | ``2d`` | 2D weight tiles (16x16, 128x128) | the weights' ``block_shape`` (1D blocks) | — |
 | ``rceil`` | MX scales rounded up | ``scale_mode: rceil`` (OCP floor) | — |
 | ``bf16-layers`` | first/last layers in BF16 | rules keeping whole layers in BF16 | first and last layer's linears |
+| ``bf16-fwd-tail`` | forward GEMMs late in BF16 | phases moving the forward to BF16 | one from 80 % of training |
 
 ``bf16-layers`` added is Megatron-LM's ``--first-last-layers-bf16`` with its defaults: TE's
 recipes (and so the ``te-*`` presets) keep no layers in BF16, so the NVFP4 report's full recipe is
 ``te-nvfp4+bf16-layers`` and its ablation is ``ablation("te-nvfp4+bf16-layers")``.
+
+``bf16-fwd-tail`` added is a schedule phase (``recipes.schedule``) moving only the forward GEMMs to BF16
+for the last 20 % of training: NVIDIA's NVFP4 pretraining report (appendix D) switches them before the
+learning-rate decay and so closes most of the loss gap to BF16 (``te-nvfp4+bf16-fwd-tail``).
 
 A variant name is accepted wherever a preset name is (``CUSTOM_QUANT_TYPE``, ``format:`` in a
 recipe file, the sweep, ``recipes show``, ``compare_formats``). Variants are data: a variant's
@@ -29,14 +34,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from megatron.quant import formats
+from megatron.quant.formats.rounding import ROUNDING_MODES, is_stochastic
 from megatron.quant.recipes import presets
 from megatron.quant.recipes.operands import LINEAR_ROLES
 
 GRADIENTS, WEIGHTS, WGRAD = presets.GRADIENTS, presets.WEIGHTS, presets.WGRAD
 BF16_LAYERS = ["0:1", "-1:"]  # Megatron-LM --first-last-layers-bf16 defaults: one layer at each end
+BF16_FORWARD_TAIL = {"from": 0.8, "forward": "bf16"}  # the NVFP4 report's appendix D: the last 20 % in BF16
 _EDIT = re.compile(r"(-no-|\+)([a-z0-9]+(?:-[a-z]+)*?)(?=-no-|\+|$)")
 # --ablate adds these to a base's removals (the questions the published ablations ask).
-ADDITIONS = {"te-nvfp4": ("bf16-layers",), "mxfp4": ("sr", "rht", "sr+rht"), "nvfp4": ("sr", "rht", "sr+rht")}
+STOCHASTIC_MODES = tuple(mode for mode in ROUNDING_MODES if is_stochastic(mode))
+ADDITIONS = {"te-nvfp4": ("bf16-layers", "bf16-fwd-tail"), "mxfp4": ("sr", "rht", "sr+rht"),
+             "nvfp4": ("sr", "rht", "sr+rht")}
 
 
 class AblationError(ValueError):
@@ -51,13 +60,13 @@ def _options(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     return [h["options"] for h in holders if isinstance(h, dict) and isinstance(h.get("options"), dict)]
 
 
-def _has_option(recipe: dict[str, Any], key: str, value: Any = None) -> bool:
-    return any(key in opts and (value is None or opts[key] == value) for opts in _options(recipe))
+def _has_option(recipe: dict[str, Any], key: str, values: Optional[tuple[Any, ...]] = None) -> bool:
+    return any(key in opts and (values is None or opts[key] in values) for opts in _options(recipe))
 
 
-def _drop_option(recipe: dict[str, Any], key: str, value: Any = None) -> None:
+def _drop_option(recipe: dict[str, Any], key: str, values: Optional[tuple[Any, ...]] = None) -> None:
     for opts in _options(recipe):
-        if key in opts and (value is None or opts[key] == value):
+        if key in opts and (values is None or opts[key] in values):
             del opts[key]
 
 
@@ -87,6 +96,14 @@ def _is_bf16_layer_rule(rule: dict[str, Any]) -> bool:
     return rule.get("format") == "bf16" and "layers" in rule.get("match", {})
 
 
+def _is_bf16_forward_phase(phase: Any) -> bool:
+    return isinstance(phase, dict) and phase.get("forward") == "bf16"
+
+
+def _drop_bf16_forward_phases(recipe: dict[str, Any]) -> None:
+    recipe["schedule"] = [phase for phase in recipe.get("schedule", []) if not _is_bf16_forward_phase(phase)]
+
+
 def _hadamard_size(recipe: dict[str, Any]) -> int:
     return 16 if str(recipe.get("format", "")).startswith("nvfp4") else 32
 
@@ -102,23 +119,27 @@ class Component:
 
 COMPONENTS = {c.name: c for c in (
     Component("sr", "stochastic rounding (on the gradients)",
-              lambda r: _has_option(r, "rounding", "stochastic"),
-              lambda r: _drop_option(r, "rounding", "stochastic"),
-              lambda r: _set_operands(r, GRADIENTS, {"rounding": "stochastic"})),
+              lambda r: _has_option(r, "rounding", STOCHASTIC_MODES),
+              lambda r: _drop_option(r, "rounding", STOCHASTIC_MODES),
+              lambda r: _set_operands(r, GRADIENTS, {"rounding": "stochastic8"})),
     Component("rht", "random Hadamard transform (on the wgrad operands)",
               lambda r: _has_option(r, "hadamard"),
               lambda r: _drop_option(r, "hadamard"),
               lambda r: _set_operands(r, WGRAD, {"hadamard": _hadamard_size(r)})),
     Component("2d", "2D weight scaling blocks (tiles; removed: 1D blocks)", _weight_blocks_2d, _drop_weight_blocks),
     Component("rceil", "MX block scales rounded up (rceil; OCP rounds down)",
-              lambda r: _has_option(r, "scale_mode", "rceil"),
-              lambda r: _drop_option(r, "scale_mode", "rceil")),
+              lambda r: _has_option(r, "scale_mode", ("rceil",)),
+              lambda r: _drop_option(r, "scale_mode", ("rceil",))),
     Component("bf16-layers", "the first and last decoder layers in BF16",
               lambda r: any(_is_bf16_layer_rule(rule) for rule in r.get("rules", [])),
               lambda r: r.update(rules=[rule for rule in r.get("rules", []) if not _is_bf16_layer_rule(rule)]),
               lambda r: r.update(rules=[*r.get("rules", []), {"match": {"layers": list(BF16_LAYERS),
                                                                         "roles": list(LINEAR_ROLES)},
                                                               "format": "bf16"}])),
+    Component("bf16-fwd-tail", "the forward GEMMs in BF16 for the last 20 % of training",
+              lambda r: any(_is_bf16_forward_phase(phase) for phase in r.get("schedule", [])),
+              _drop_bf16_forward_phases,
+              lambda r: r.update(schedule=[*r.get("schedule", []), dict(BF16_FORWARD_TAIL)])),
 )}
 
 

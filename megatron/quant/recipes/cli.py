@@ -102,6 +102,9 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
         lines.append(f"layers {format_indices(layers)}:")
         lines += _role_tables(recipe, layers[0], num_layers, roles, axes)
     lines += _role_tables(recipe, -1, num_layers, ("output_layer",), axes)
+    if recipe.schedule:  # the phases' formats replace the tables' for their direction's operands
+        lines.append(f"schedule: {recipe.schedule.describe()} (iterations as the run numbers them; fractions "
+                     f"of --train-iters)")
     return "\n".join(lines)
 
 

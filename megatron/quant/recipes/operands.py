@@ -2,13 +2,16 @@
 one record per linear operand, its key, GEMM, block axis, TP shard dimensions and capture;
 ``BMM_SLOTS`` and the attention keys), and ``OperandSpec`` (how one operand is quantized).
 
-The bottom of the package's import graph: it imports nothing of ours at run time, so the capture
+The bottom of the package's import graph: it imports nothing of ours at run time but the rounding
+vocabulary (``formats.rounding``, which imports nothing of ours), so the capture
 filters, the recipe parser and the layers can all name operands without importing each other.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
+
+from megatron.quant.formats.rounding import is_stochastic
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +88,11 @@ PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs",
 LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE)
 ATTENTION_OPERANDS = QK_OPERANDS + PV_OPERANDS
 ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
+# The operands of the forward GEMMs (the rest are the backward GEMMs'): what a scheduled phase's
+# ``forward`` recipe switches (``recipes.schedule``).
+FORWARD_OPERANDS = (tuple(op.key for op in LINEAR_TABLE if op.gemm == "fprop")
+                    + tuple(key for keys in (QK_OPERANDS, PV_OPERANDS)
+                            for key, slot in zip(keys, BMM_SLOTS) if slot.gemm == "forward"))
 
 LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
 ROLES = LINEAR_ROLES + ("core_attention", "output_layer")
@@ -116,4 +124,4 @@ class OperandSpec:
 
     @property
     def stochastic(self) -> bool:
-        return self.fmt is not None and self.fmt.rounding == "stochastic"
+        return self.fmt is not None and is_stochastic(self.fmt.rounding)

@@ -25,7 +25,7 @@ from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
 
-TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
+TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
@@ -256,7 +256,8 @@ def recipe_fields(data: Mapping[str, Any], source: str, defaults: Optional[Mappi
         raise RecipeError(f"{source}: name: {show_value(name)} is invalid ({problem}); allowed: {NAME_RULE}")
     return dict(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                 compile=parse_bool(merged.get("compile", False), "compile", source),
-                seed=parse_seed(merged.get("seed"), source))
+                seed=parse_seed(merged.get("seed"), source),
+                schedule=(merged.get("schedule"), merged.get("evaluation")))  # read by ``recipes.schedule``
 
 
 def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[Any, str]:

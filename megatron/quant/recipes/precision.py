@@ -19,6 +19,7 @@ from megatron.core.quantization.quant_config import GlobMatcher, Matcher, Quanti
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.recipes.schedule import ScheduleError
 
 ALL_MODULES = "*"
 
@@ -49,15 +50,38 @@ class PrecisionConfig(RecipeConfig):
                    for key, recipe in self.configs.items()}
         return type(self)(self.matchers, configs, self.name, self.source)
 
+    def for_run(self, train_iters: int, num_layers: int) -> "PrecisionConfig":
+        """Each scheduled recipe's phases placed in a run of ``train_iters`` iterations of a
+        ``num_layers``-layer model: ScheduleError for a switch past the end, overlapping phases
+        (``Schedule.bind``) or delayed scaling (a module registers its amax histories once, per operand,
+        not per phase)."""
+        configs = dict(self.configs)
+        for key, recipe in self.configs.items():
+            if not recipe.schedule:
+                continue
+            where = recipe.name if self.source == recipe.name else f"{self.source}: {recipe.name}"
+            delayed = sorted({f.name for f in recipe.formats(num_layers) if f.scaling == "delayed"})
+            if delayed:
+                raise ScheduleError(f"{where}: a recipe that changes during the run cannot use delayed scaling "
+                                    f"({', '.join(delayed)}: its amax histories belong to the operands, not to a "
+                                    f"phase); use current scaling (scaling: tensor)")
+            configs[key] = replace(recipe, schedule=recipe.schedule.bind(train_iters, where))
+        return type(self)(self.matchers, configs, self.name, self.source)
+
+    def schedules(self) -> dict[str, str]:
+        """Config key -> its schedule's description, for the recipes that change during the run."""
+        return {key: recipe.schedule.describe() for key, recipe in self.configs.items() if recipe.schedule}
+
     def recipe(self, matched: QuantizationConfig) -> QuantRecipe:
         """The recipe a module's matched config names (megatron-core hands modules a copy)."""
         return self.configs[matched.config_key]
 
-    def resolve(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int
-                ) -> dict[str, Optional[QuantFormat]]:
-        """Operand key -> built format for the module ``matched`` was made for (``QuantRecipe.resolve``)."""
+    def resolve_phases(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int
+                       ) -> list[dict[str, Optional[QuantFormat]]]:
+        """Operand key -> built format for the module ``matched`` was made for, per phase of its
+        recipe's schedule (``QuantRecipe.resolve_phases``; one without a schedule)."""
         shared = self._built.setdefault(matched.config_key, {})
-        return self.recipe(matched).resolve(role, layer_idx, num_layers, shared)
+        return self.recipe(matched).resolve_phases(role, layer_idx, num_layers, shared)
 
     def formats(self, num_layers: int) -> list[NumericFormat]:
         """Every distinct format some module may quantize with (``QuantRecipe.formats``, over the configs)."""

@@ -7,7 +7,8 @@ leaves attention's batched GEMMs in high precision unless ``fp8_dpa`` is set.
 
 | preset | reproduces (Transformer Engine ``transformer_engine/common/recipe/__init__.py``) |
 |---|---|
-| ``te-nvfp4`` | ``NVFP4BlockScaling`` (defaults: 2D weights, RHT on wgrad operands, SR on gradients) |
+| ``te-nvfp4`` | ``NVFP4BlockScaling`` (defaults: 2D weights, RHT on wgrad operands, SR on gradients with the
+hardware's 8-bit draw, ``rounding: stochastic8``) |
 | ``te-mxfp8`` | ``MXFP8BlockScaling`` (E4M3 everywhere, E8M0 scales rounded up: "rceil") |
 | ``te-fp8-current`` | ``Float8CurrentScaling`` (default HYBRID: E4M3 forward, E5M2 gradients) |
 | ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
@@ -36,7 +37,8 @@ from megatron.quant.formats.registry import MAX_AMAX_HISTORY_LEN
 GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
 WEIGHTS = ("fprop.weight", "dgrad.weight")
 WGRAD = ("wgrad.grad_output", "wgrad.input")
-_STOCHASTIC = {"rounding": "stochastic"}
+# SR as TE's kernels draw it: cvt.rs takes 8 random bits per element (formats.rounding.round_stochastic_).
+_STOCHASTIC = {"rounding": "stochastic8"}
 _TE = {"nonfinite": "te"}  # Inf and NaN as TE's kernels treat them (fmaxf amaxes; an Inf amax gives scale 1)
 _DELAYED = {"scaling": "delayed", "amax_history_len": 1024, "amax_compute_algo": "max", **_TE}
 
@@ -65,6 +67,21 @@ _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED),
         "operands": {key: {"format": "fp8_e5m2", "options": dict(_DELAYED)} for key in GRADIENTS}}),
 }
+# ---- Stochastic rounding's draw and recipes that change during a run (docs/recipes.md) ----
+
+
+def _te_nvfp4_with(rounding: str) -> dict[str, Any]:
+    """te-nvfp4 with ``rounding`` on its stochastically rounded gradients."""
+    recipe = copy.deepcopy(_PRESETS["te-nvfp4"][1])
+    for key in GRADIENTS:
+        recipe["operands"][key]["options"]["rounding"] = rounding
+    return recipe
+
+
+_PRESETS.update({
+    "te-nvfp4-sr24": ("te-nvfp4 with the continuous stochastic-rounding draw (24 bits) instead of the "
+                      "hardware's 8 (cvt.rs)", _te_nvfp4_with("stochastic")),
+})
 PRESETS: Mapping[str, tuple[str, Mapping[str, Any]]] = MappingProxyType(_PRESETS)
 
 

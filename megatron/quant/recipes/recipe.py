@@ -27,6 +27,7 @@ from megatron.quant.recipes import parse
 from megatron.quant.recipes.operands import LINEAR_ROLES, ROLES, SCOPES, operands_for_role
 from megatron.quant.recipes.parse import RecipeError, check_env_names
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
+from megatron.quant.recipes.schedule import Schedule, ScheduleError, parse_schedule, phase_recipe_value
 
 __all__ = ["QuantRecipe", "RecipeError", "check_env_names"]  # the errors and the check callers take from here
 
@@ -42,6 +43,9 @@ class QuantRecipe:
     rules: tuple[Rule, ...] = field(default=())
     compile: bool = False  # quantize through torch.compile (round-to-nearest formats)
     seed: Optional[int] = None  # keys stochastic rounding (None: the run's --seed; 0 outside training)
+    # Phases with other formats and the evaluation recipe (``recipes.schedule``); run.json shows it apart
+    # (``PrecisionConfig.schedules``), so a recipe's repr there is unchanged without one.
+    schedule: Schedule = field(default=Schedule(), repr=False)
 
     # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod
@@ -54,7 +58,17 @@ class QuantRecipe:
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>",
                   defaults: Optional[Mapping[str, Any]] = None) -> "QuantRecipe":
         """Parse the recipe schema (see docs/recipes.md); ``defaults`` fill keys ``data`` omits."""
-        return cls(**parse.recipe_fields(data, source, defaults))
+        fields = parse.recipe_fields(data, source, defaults)
+        phases, evaluation = fields.pop("schedule")
+        scope = sorted(fields["scope"])
+
+        def build(value: Any, path: str) -> "QuantRecipe":
+            phase = parse.recipe_fields(phase_recipe_value(value, scope), f"{source}: {path}")
+            if any(part is not None for part in phase.pop("schedule")):
+                raise ScheduleError(f"{source}: {path}: a phase's recipe has a schedule or evaluation of its own")
+            return cls(**phase)
+
+        return cls(**fields, schedule=parse_schedule(phases, evaluation, source, build))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, defaults: Optional[Mapping[str, Any]] = None,
@@ -105,8 +119,20 @@ class QuantRecipe:
         ``shared``: formats already built for other modules of the same model, reused (and
         extended) so that equal choices share one instance (and, with ``compile``, its kernels).
         """
+        return self.resolve_phases(role, layer_idx, num_layers, shared)[0]
+
+    def phase_choices(self, role: str, layer_idx: int, num_layers: int) -> list[dict[str, FormatChoice]]:
+        """``choices`` per phase of the schedule (``Schedule.phase_of``'s index; one without a schedule)."""
+        return self.schedule.choices(self.choices(role, layer_idx, num_layers),
+                                     lambda recipe: recipe.choices(role, layer_idx, num_layers))
+
+    def resolve_phases(self, role: str, layer_idx: int, num_layers: int,
+                       shared: Optional[dict[FormatChoice, QuantFormat]] = None
+                       ) -> list[dict[str, Optional[QuantFormat]]]:
+        """``resolve`` per phase of the schedule (``Schedule.phase_of``'s index)."""
         shared = {} if shared is None else shared
-        return {key: self._build(c, shared) for key, c in self.choices(role, layer_idx, num_layers).items()}
+        return [{key: self._build(c, shared) for key, c in chosen.items()}
+                for chosen in self.phase_choices(role, layer_idx, num_layers)]
 
     def quantizes_output_layer(self, num_layers: int) -> bool:
         """Whether a rule gives the output layer (LM head) a format: only then is it a quantized,
@@ -122,7 +148,8 @@ class QuantRecipe:
     def formats(self, num_layers: int) -> list[NumericFormat]:
         """Every distinct format the recipe quantizes with (plain ``NumericFormat`` objects)."""
         chosen = {c for role in ROLES for layer in range(num_layers)
-                  for c in self.choices(role, layer, num_layers).values() if not formats.is_passthrough(c.name)}
+                  for phase in self.phase_choices(role, layer, num_layers)
+                  for c in phase.values() if not formats.is_passthrough(c.name)}
         return [formats.get_format(c.name, **dict(c.options)) for c in sorted(chosen, key=repr)]
 
     def unquantized_layers(self, num_layers: int) -> list[int]:

@@ -314,8 +314,8 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
             return run.history
         began = time.perf_counter()
         if config.eval_iters and iteration % config.eval_interval == 0:
-            with tensor_saver.paused():  # eval forwards are not part of the captured training iteration
-                val = evaluate(run, iteration // config.eval_interval)
+            with tensor_saver.paused(), position.evaluation():  # not part of the captured iteration; a
+                val = evaluate(run, iteration // config.eval_interval)  # scheduled recipe's evaluation precision
             logger.scalars(iteration, {"lm loss": val}, prefix="validation/")
             logger.print(f"validation at iteration {iteration} | lm loss: {val:.4f}")
             spent["evaluation"] += time.perf_counter() - began

@@ -66,7 +66,8 @@ def _quantization(precision: PrecisionConfig, num_layers: int) -> str:
         return precision.describe()
     (recipe,) = precision.configs.values()
     kept = recipe.unquantized_layers(num_layers)
-    return recipe.name + (f" (decoder layers {', '.join(map(str, kept))} kept in bf16)" if kept else "")
+    return (recipe.name + (f" (decoder layers {', '.join(map(str, kept))} kept in bf16)" if kept else "")
+            + (f" (schedule: {recipe.schedule.describe()})" if recipe.schedule else ""))
 
 
 def _check_fp8_recipe(args, recipe) -> None:

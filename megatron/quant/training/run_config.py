@@ -46,17 +46,20 @@ def build_recipe(args: argparse.Namespace, environ: Mapping[str, str]) -> QuantR
 
 def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> PrecisionConfig:
     """The run's per-module precision (``PRECEDENCE``): a precision file, or the one recipe
-    ``build_recipe`` gives every module, seeded by ``--seed`` where a recipe fixes no seed."""
+    ``build_recipe`` gives every module, seeded by ``--seed`` where a recipe fixes no seed, its
+    schedules placed in the run's ``--train-iters`` (a recipe that changes during the run)."""
     files = [(key, getattr(args, key)) for key in PRECISION_FILE_FLAGS if getattr(args, key, None)]
     if not files:
-        return PrecisionConfig.uniform(build_recipe(args, environ)).with_seed(args.seed)
+        return PrecisionConfig.uniform(build_recipe(args, environ)).with_seed(args.seed).for_run(
+            args.train_iters, args.num_layers)
     check_env_names(environ)
     others = [_flag(key) for key, _ in files[1:]] + [key for key in RECIPE_CHOOSING if environ.get(key)]
     others += ["--fp8-recipe/--fp4-format"] if emulates_precision(args) else []
     flag = _flag(files[0][0])
     if others:
         raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
-    return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}").with_seed(args.seed)
+    return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}").with_seed(args.seed).for_run(
+        args.train_iters, args.num_layers)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class RunConfiguration:
         plus the precision's matchers and recipes, the capture settings and the variables given)."""
         return {"shape": dict(self.shape), "quant_type": self.precision.name, "args": vars(self.args),
                 "precision": {"source": self.precision.source, "describe": self.precision.describe(),
-                              "configs": {key: repr(recipe) for key, recipe in self.precision.configs.items()}},
+                              "configs": {key: repr(recipe) for key, recipe in self.precision.configs.items()},
+                              "schedules": self.precision.schedules()},
                 "capture": asdict(self.capture), "kernels": self.kernels, "fusions": self.fast_paths.choice,
                 "environment": dict(self.environment), "precedence": PRECEDENCE}

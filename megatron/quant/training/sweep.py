@@ -44,6 +44,7 @@ from megatron.quant.training.sweep_plan import (
     SweepError,
     SweepRun,
     check_flags,
+    check_schedules,
     plan_runs,
     print_command,
     train_command,
@@ -245,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SweepError(f"--seeds: seed {args.seed} is the training flags' --seed, which every recipe's own "
                              "run has already; drop it")
         runs = plan_runs(options.recipes, options.seeds, options.baseline, options.ablate)
+        check_schedules(runs, args.train_iters)
         if options.only is not None:
             runs = only_runs(runs, options.only)
         if options.runs_per_gpu != 1 and options.parallel == 1:

@@ -92,6 +92,20 @@ def ablation_tokens(bases: Sequence[str], given: Sequence[str]) -> list[str]:
     return tokens
 
 
+def check_schedules(runs: Sequence[SweepRun], train_iters: int) -> None:
+    """SweepError, before any run starts, for a recipe whose schedule cannot run in ``train_iters``
+    iterations (a switch past the end, overlapping phases): what each run's trainer would refuse."""
+    from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
+
+    for run in runs:
+        try:
+            recipe = QuantRecipe.from_env(dict(run.env))
+            if recipe.schedule:
+                recipe.schedule.bind(train_iters, f"run {run.name}")
+        except RecipeError as error:
+            raise SweepError(str(error)) from error
+
+
 def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = None,
               ablate: Sequence[str] = ()) -> list[SweepRun]:
     """The runs of a sweep, in order: one per recipe (``--ablate``'s after the given ones), then
