@@ -25,7 +25,7 @@ from .noise import global_index, uniform
 from .stats import NONE, stats_row, stats_rows, write_abs_max, write_stats
 
 BLOCK = 1024
-_CONTINUOUS: tl.constexpr = CONTINUOUS_BITS  # the rounding's draw that compares U[0, 1) with the remainder
+_CONTINUOUS = tl.constexpr(CONTINUOUS_BITS)  # the rounding's draw that compares U[0, 1) with the remainder
 
 
 @triton.jit
