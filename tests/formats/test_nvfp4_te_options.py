@@ -52,7 +52,7 @@ def test_matches_te_reference_quantizer(name, kind, dtype):
     operand = elements * block_decode.repeat_interleave(16, dim=1)  # what TE's GEMM decodes per block
     fmt = get_format("nvfp4", **options)
     values, tensor_scale = fmt.quantize_for_gemm(x)
-    if fmt.row_scaled:  # the rows' FP32 factors stay in the values
+    if fmt.amax_per_row:  # the rows' FP32 factors stay in the values
         assert tensor_scale is None
         assert not _same(values, (operand * global_decode).to(dtype))
     else:

@@ -94,28 +94,28 @@ class NVFPFormat(GridBlockFormat):
     def __init__(self, name: str, element, options: dict):
         super().__init__(name, element, options)
         check_options(name, self.options)
-        self.row_scaled = bool(self.options.get("row_scaled", False))
+        self.amax_per_row = bool(self.options.get("row_scaled", False))
         mode = self.options.get("four_over_six", "off")
         self.four_over_six: Optional[str] = None if mode == "off" else mode
-        self.eager_chunks = self.eager_chunks and not self.row_scaled  # chunks share one tensor amax
+        self.eager_chunks = self.eager_chunks and not self.amax_per_row  # chunks share one tensor amax
 
     def _block_scale(self) -> BlockScale:
         return BlockScale("grid", grid=self.block_scale_format.rule, four_over_six=self.four_over_six)
 
     def _tensor_scale(self) -> TensorScale:
         bound = self.options.get("e4m3_max", self.block_scale_format.max_value)
-        return TensorScale(float(bound) * self.element.max_value, per_row=self.row_scaled)
+        return TensorScale(float(bound) * self.element.max_value, per_row=self.amax_per_row)
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         """As ``NumericFormat.amax_of``; row-scaled: each row's, x's shape with 1 at ``axis``."""
-        if not self.row_scaled:
+        if not self.amax_per_row:
             return super().amax_of(x, axis)
         axis = normalize_axis(self.name, axis, x.dim())
         return self._abs_max(self.transform(x, axis), dim=axis)
 
     def _global_amax(self, block_amax: Tensor, block_dim: int, amax: Optional[Tensor]) -> Tensor:
         """The tensor's amax (0-d), or each row's (``block_amax``'s shape with 1 at the block index)."""
-        if not self.row_scaled:
+        if not self.amax_per_row:
             return block_amax.amax() if amax is None else amax  # the padding is zeros
         if amax is None:
             return block_amax.amax(block_dim - 1, keepdim=True)
@@ -139,7 +139,7 @@ class NVFPFormat(GridBlockFormat):
             block_decode = self._nonfinite_blocks(block_decode, block_amax)
             scale = block_decode * global_decode
         decoded = elements.mul_(block_decode)  # exact: what a GEMM kernel decodes
-        if self.row_scaled:  # the rows' factors stay in the values (see the module docstring)
+        if self.amax_per_row:  # the rows' factors stay in the values (see the module docstring)
             return decoded.mul_(global_decode), scale, None
         return (decoded if split else decoded.mul_(global_decode)), scale, global_decode
 

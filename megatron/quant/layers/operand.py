@@ -78,6 +78,13 @@ class Quantized:
     def reshape(self, shape) -> "Quantized":
         return replace(self, values=self.values.reshape(shape))
 
+    def dequantized(self) -> Tensor:
+        """The operand decoded to its dtype: the values, times the tensor scale where there is one
+        (what TE's ``rowwise_dequantized`` source and ``backward_override="dequantized"`` read)."""
+        if self.tensor_scale is None:
+            return self.values
+        return (self.values.float() * self.tensor_scale).to(self.values.dtype)
+
 
 def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]) -> Optional[Tensor]:
     """The amax a per-tensor-scaled format must use so results do not depend on the TP size: reduced
@@ -148,6 +155,8 @@ def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) ->
     way (per-tensor amaxes do not depend on the block axis); None otherwise, and always for delayed
     scaling (each operand's scale comes from its own history)."""
     if done.amax is None or spec.fmt is None or not spec.fmt.needs_tensor_amax:
+        return None
+    if spec.fmt.amax_per_row or done_spec.fmt.amax_per_row:  # rows along one axis are not another's
         return None
     if is_delayed(spec.fmt) or is_delayed(done_spec.fmt):
         return None
