@@ -52,7 +52,7 @@ class QuantLinearMixin(FinishesInit):
             return
         quant = module_quant(quantization_config, self.config)
         gated = quant.site.role == "fc1" and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
-        self.configure_quant(LinearQuant.from_formats(quant.formats), quant.site, seed=quant.seed,
+        self.configure_quant(LinearQuant.from_formats(quant.formats, quant.dequantized), quant.site, seed=quant.seed,
                              shard_groups=2 if gated else 1)
 
     def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,

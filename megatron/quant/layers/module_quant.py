@@ -36,11 +36,13 @@ class FinishesInit:
 
 @dataclass(frozen=True)
 class ModuleQuant:
-    """One module's operand formats (operand key -> format, None where unquantized), site and seed."""
+    """One module's operand formats (operand key -> format, None where unquantized), site and seed, and
+    the backward operands taken from the forward's dequantized operand (``QuantRecipe.dequantized_sources``)."""
 
     formats: Mapping[str, Optional[QuantFormat]]
     site: CaptureSite
     seed: int
+    dequantized: frozenset[str] = frozenset()
 
 
 def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> ModuleQuant:
@@ -58,7 +60,8 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
     site = CaptureSite(layer_type="attention" if attention else "linear", component="FA" if attention else "linear",
                        layer_idx=layer_idx, module=path, role=role, quant_type=precision.name)
     formats = precision.resolve(matched, role, layer_idx, config.num_layers)
-    return ModuleQuant(formats, site, precision.recipe(matched).seed or 0)
+    recipe = precision.recipe(matched)
+    return ModuleQuant(formats, site, recipe.seed or 0, recipe.dequantized_sources())
 
 
 def _global_layer(matched: QuantizationConfig, config: TransformerConfig) -> int:

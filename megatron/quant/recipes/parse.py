@@ -18,17 +18,22 @@ from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.flags import switch_value, unknown_variables
 from megatron.quant.recipes.names import NAME_RULE, name_problem
-from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
+from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES, TWINNED_ROLES
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 
 # Layer selectors share their grammar and parser with the capture filters (TENSOR_SAVE_LAYERS).
 from megatron.quant.recipes.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.recipes.selectors import Selector as LayerSelector
 
-TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed")
+TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "backward_override",
+            "columnwise_source")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
+# Transformer Engine's per-direction settings (``recipe.backward_override``, ``HybridQuantizer``'s
+# ``columnwise_source``); ``QuantRecipe`` says what each does.
+BACKWARD_OVERRIDES = ("high_precision", "dequantized")
+COLUMNWISE_SOURCES = ("original", "rowwise_dequantized")
 
 
 class RecipeError(ValueError):
@@ -220,6 +225,24 @@ def parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Rul
     return Rule(roles=roles, layers=layers, format=fmt, operands=operands)
 
 
+def parse_backward_override(value: Any, source: str) -> Optional[str]:
+    if value is None or value in BACKWARD_OVERRIDES:
+        return value
+    raise RecipeError(f"{source}: backward_override: {show_value(value)} is not one of "
+                      f"{', '.join(BACKWARD_OVERRIDES)} (or null)")
+
+
+def parse_columnwise_source(value: Any, source: str) -> frozenset[str]:
+    """The tensors (``TWINNED_ROLES``) whose backward operand is taken from the forward's dequantized one."""
+    data = as_mapping({} if value is None else value, "columnwise_source", source)
+    check_keys(data, TWINNED_ROLES, "columnwise_source", source)
+    for role, choice in data.items():
+        if choice not in COLUMNWISE_SOURCES:
+            raise RecipeError(f"{source}: columnwise_source.{role}: {show_value(choice)} is not one of "
+                              f"{', '.join(COLUMNWISE_SOURCES)}")
+    return frozenset(role for role, choice in data.items() if choice == "rowwise_dequantized")
+
+
 def default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
@@ -256,7 +279,9 @@ def recipe_fields(data: Mapping[str, Any], source: str, defaults: Optional[Mappi
         raise RecipeError(f"{source}: name: {show_value(name)} is invalid ({problem}); allowed: {NAME_RULE}")
     return dict(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                 compile=parse_bool(merged.get("compile", False), "compile", source),
-                seed=parse_seed(merged.get("seed"), source))
+                seed=parse_seed(merged.get("seed"), source),
+                backward_override=parse_backward_override(merged.get("backward_override"), source),
+                dequantized_roles=parse_columnwise_source(merged.get("columnwise_source"), source))
 
 
 def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[Any, str]:
