@@ -48,18 +48,18 @@ NVFP4 with UE5M3 block scales is not offered: no TE source defines its arithmeti
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, get_args
 
 import torch
 from torch import Tensor
 
 from .base import encode_scale, normalize_axis
 from .blocks import GridBlockFormat
-from .contract import BlockScale, TensorScale
+from .contract import BlockScale, ScaleChoice, TensorScale
 from .grid import FP8_E4M3
 
 NVFP_BLOCK_SIZE = 16
-FOUR_OVER_SIX_MODES = ("off", "mae", "mse")
+FOUR_OVER_SIX_MODES = ("off", *get_args(ScaleChoice))  # the ``four_over_six`` option: off, or its error
 E4M3_BOUNDS = (448, 256)  # the global E4M3 bound: standard, or 4over6's
 FOUR_OVER_SIX_SHAPES = ((1, 16), (16, 16))
 MAP_TO_FOUR = 1.5  # 6 / 4: the map-to-4 block scale is the map-to-6 one times this

@@ -88,7 +88,8 @@ class LinearQuant:
             twin = self.specs[operands.FORWARD_TWINS[key]].fmt
             if twin is not None and twin.transforms_operand:
                 raise ValueError(f"{key} is taken from {operands.FORWARD_TWINS[key]}'s dequantized operand, which "
-                                 f"{twin.name} leaves Hadamard-transformed; drop its hadamard or the dequantized source")
+                                 f"{twin.name} leaves Hadamard-transformed; drop its hadamard or the dequantized "
+                                 f"source")
         gemms: dict[str, list[OperandSpec]] = {}
         for op in operands.LINEAR_TABLE:
             gemms.setdefault(op.gemm, []).append(self.specs[op.key])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Literal, Mapping, Optional, get_args
 
 import yaml
 
@@ -32,8 +32,14 @@ _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
 # Transformer Engine's per-direction settings (``recipe.backward_override``, ``HybridQuantizer``'s
 # ``columnwise_source``); ``QuantRecipe`` says what each does.
-BACKWARD_OVERRIDES = ("high_precision", "dequantized")
-COLUMNWISE_SOURCES = ("original", "rowwise_dequantized")
+BackwardOverride = Literal["high_precision", "dequantized"]
+"""``backward_override``: backward GEMMs on the original high-precision tensors, or on the forward's
+dequantized operands (the gradient unquantized either way)."""
+BACKWARD_OVERRIDES: tuple[BackwardOverride, ...] = get_args(BackwardOverride)
+ColumnwiseSource = Literal["original", "rowwise_dequantized"]
+"""``columnwise_source``: a tensor's backward operand quantized from the tensor, or from the forward's
+dequantized operand."""
+COLUMNWISE_SOURCES: tuple[ColumnwiseSource, ...] = get_args(ColumnwiseSource)
 
 
 class RecipeError(ValueError):
