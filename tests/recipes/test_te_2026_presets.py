@@ -4,7 +4,7 @@
 quantizer_factory_zoo.py``'s hybrid factories): the operands each preset resolves to, and the refusals."""
 import pytest
 
-from megatron.quant.recipes import cli, presets
+from megatron.quant.recipes import ablations, cli, presets
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
 NEW = ("te-nvfp4-4over6", "te-nvfp4-row-scaled", "te-nvfp4-1d-weight", "te-mxfp8-2d", "te-mxfp8-bwd-hp",
@@ -87,3 +87,23 @@ def test_malformed_direction_keys_are_refused_in_one_line(data, message):
     with pytest.raises(RecipeError, match=message) as error:
         QuantRecipe.from_dict({"format": "mxfp8", **data})
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("variant, preset", [
+    ("te-mxfp8+2d", "te-mxfp8-2d"), ("te-mxfp8+bwd-hp", "te-mxfp8-bwd-hp"), ("te-mxfp8+bwd-dq", "te-mxfp8-bwd-dq"),
+    ("te-nvfp4+row-scaled", "te-nvfp4-row-scaled"), ("te-nvfp4-4over6-no-4over6", "te-nvfp4-no-rht"),
+    ("te-mxfp8-bwd-dq-no-bwd-dq", "te-mxfp8"), ("te-nvfp4-no-rht+4over6", "te-nvfp4-4over6-no-sr+sr"),
+])
+def test_variants_add_and_remove_the_new_components(variant, preset):
+    ours, theirs = (QuantRecipe.from_dict({"format": name}) for name in (variant, preset))
+    for role in ("fc1", "core_attention"):  # the built formats: options resolved to their values
+        assert {k: f and (f.name, f.options) for k, f in ours.resolve(role, 0, 4).items()} == \
+            {k: f and (f.name, f.options) for k, f in theirs.resolve(role, 0, 4).items()}, role
+    assert ours.dequantized_sources() == theirs.dequantized_sources()
+
+
+def test_each_new_preset_ablates_its_new_component():
+    assert "te-nvfp4-4over6-no-4over6" in ablations.ablation("te-nvfp4-4over6")
+    assert "te-nvfp4-row-scaled-no-row-scaled" in ablations.ablation("te-nvfp4-row-scaled")
+    assert "te-mxfp8-2d-no-2d" in ablations.ablation("te-mxfp8-2d")
+    assert "te-mxfp8-bwd-hp-no-bwd-hp" in ablations.ablation("te-mxfp8-bwd-hp")
