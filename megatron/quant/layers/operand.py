@@ -92,6 +92,9 @@ def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
     (no per-tensor amax, an operand identical on every rank, or no group): no collective."""
     if not spec.fmt.needs_tensor_amax or spec.shard_dim is None or not _distributed(group):
         return None
+    if spec.fmt.amax_per_row and spec.shard_dim % x.dim() != spec.axis % x.dim():
+        return None  # one amax per row, and every rank holds whole rows: its own are the rows'
+
     amax = spec.fmt.amax_of(x.detach(), spec.axis).float()  # after a Hadamard transform, if any
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
