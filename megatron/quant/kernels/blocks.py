@@ -31,7 +31,7 @@ from .noise import global_index, noise_args, uniform
 from .stats import NONE, abs_max_rows, fold_abs_max, stats_rows, write_abs_max, write_stats
 
 ELEMENTS_PER_PROGRAM = 1024
-FP32_MAX: tl.constexpr = 3.4028234663852886e38  # TE's bound on an encode factor (``formats.nvfp``)
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # TE's bound on an encode factor (``formats.nvfp``)
 TENSOR_ROWS = 4  # a tensor scale's rows: global encode / element max, global decode, global encode, amax
 
 
@@ -168,7 +168,10 @@ def four_over_six_candidate(x, decode, tensor_decode, tensor_amax, ELEMENT: tl.c
     elements = round_grid(x * encode, x, x, ELEMENT, False)
     values = tl.math.div_rn((elements * decode) * tensor_amax, tl.full(x.shape, SCALE.target, tl.float32))
     diff = values - x
-    error = tl.abs(diff) if SCALE.four_over_six == 1 else diff * diff
+    if SCALE.four_over_six == 1:
+        error = tl.abs(diff)
+    else:
+        error = diff * diff
     return elements, block_error(error, TILED)
 
 
