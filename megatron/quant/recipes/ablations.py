@@ -12,7 +12,7 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 | ``2d`` | 2D weight tiles (16x16, 128x128) | the weights' ``block_shape`` (1D blocks) | — |
 | ``rceil`` | MX scales rounded up | ``scale_mode: rceil`` (OCP floor) | — |
 | ``bf16-layers`` | first/last layers in BF16 | rules keeping whole layers in BF16 | first and last layer's linears |
-| ``4over6`` | NVFP4 4over6 block scales | every ``four_over_six`` and ``e4m3_max`` | MAE, bound 256, on the inputs and weights |
+| ``4over6`` | NVFP4 4over6 scales | every ``four_over_six``, ``e4m3_max`` | MAE, bound 256, inputs and weights |
 | ``row-scaled`` | NVFP4 FP32 scales per row | every ``row_scaled`` | on the input's operands |
 | ``bwd-hp``, ``bwd-dq`` | TE's ``backward_override`` | ``backward_override`` | ``high_precision``, ``dequantized`` |
 
