@@ -1,7 +1,12 @@
-"""Transformer Engine's 2026 recipe options as presets and recipe keys (TE ``common/recipe/__init__.py``:
-``NVFP4BlockScaling``'s ``nvfp4_4over6``/``row_scaled_activation``, ``MXFP8BlockScaling``'s
-``enable_2d_quantization``, every recipe's ``backward_override``; ``pytorch/custom_recipes/
-quantizer_factory_zoo.py``'s hybrid factories): the operands each preset resolves to, and the refusals."""
+"""Transformer Engine's 2026 recipe options as presets and recipe keys, the operands each preset resolves
+to, and the refusals. TE at commit d0067d0 (2026-08): ``common/recipe/__init__.py`` (``MXFP8BlockScaling``
+lines 337-389 with ``enable_2d_quantization`` and ``backward_override``; ``NVFP4BlockScaling`` lines
+489-627 with ``nvfp4_4over6``, ``nvfp4_4over6_e4m3_use_256``, ``row_scaled_activation``);
+``pytorch/quantization.py`` lines 1670-1750 (which slots get 4over6, the 256 bound and row scaling:
+not the gradients, and row scaling for the forward's non-weight tensors only); ``common/cast/mxfp8/
+quantize_mxfp8.cuh`` lines 265-271 and 421-433 (a 2D tile's amax, then E8M0 as in 1D);
+``pytorch/custom_recipes/quantizer_factory_zoo.py`` lines 120-158 (``mxfp8_fwd_nvfp4_bwd_factory``)
+and 161-193 (``nvfp4_1d_weight_factory``)."""
 import pytest
 
 from megatron.quant.recipes import ablations, cli, presets
