@@ -49,6 +49,9 @@ FORMATS = [("bf16", {}), ("fp16", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scaling"
            ("mxfp4_e2m1", {"rounding": "stochastic"}), ("mxfp6_e3m2", {"nonfinite": "te"}),
            ("mxfp8_e4m3", {"block_shape": (32, 32)}), ("nvfp4", {}), ("nvfp4", {"rounding": "stochastic"}),
            ("nvfp4", {"block_shape": (16, 16)}), ("nvfp4", {"hadamard": 16, "nonfinite": "te"}),
+           ("nvfp4", {"four_over_six": "mae", "e4m3_max": 256}),
+           ("nvfp4", {"four_over_six": "mse", "block_shape": (16, 16)}),
+           ("nvfp4", {"row_scaled": True}),
            ("fp8_e4m3", {"scaling": "block"}), ("fp8_e4m3", {"scaling": "block", "power_of_two_scales": False}),
            ("fp8_e4m3", {"scaling": "block", "block_shape": (128, 128)})]
 

@@ -11,7 +11,8 @@ TOKENS = 64
 STOCHASTIC = "+sr"  # suffix: the format with stochastic rounding on every operand
 CASES = [(kind, fmt) for kind in ("column", "row")
          for fmt in (BLOCK_FORMAT, TENSOR_FORMAT, BLOCK_FORMAT + STOCHASTIC, "nvfp4" + STOCHASTIC,
-                     "te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed")]
+                     "te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed",
+                     "te-nvfp4-row-scaled")]
 # Layer width: TP=2 shards must hold whole 1x128 blocks and 128x128 tiles for te-fp8-blockwise.
 WIDTH = {"te-fp8-blockwise": 256}
 # Per-tensor amax all-reduces per forward+backward at TP=2, one per TP-sharded operand whose format

@@ -89,8 +89,10 @@ def test_ablate_expands_a_base_into_itself_and_one_variant_per_component():
     ("te-nvfp4-no-bf16-layers", "te-nvfp4 has no 'bf16-layers'.*add it with te-nvfp4\\+bf16-layers"),
     ("te-mxfp8-no-sr", "te-mxfp8 has no 'sr'"),
     ("mxfp4+sr+sr", "mxfp4\\+sr has 'sr'.*already"),
-    ("mxfp4+2d", "'2d'.*can only be removed"),
-    ("te-nvfp4-no-fast", "unknown component 'fast'; components: sr, rht, 2d, rceil, bf16-layers, bf16-fwd-tail"),
+    ("mxfp4+rceil", "'rceil'.*can only be removed"),
+    ("te-nvfp4+2d", "te-nvfp4 has '2d'.*already"),
+    ("te-nvfp4-no-fast", "unknown component 'fast'; components: sr, rht, 2d, rceil, bf16-layers, bf16-fwd-tail, "
+                         "4over6, row-scaled, bwd-hp, bwd-dq"),
 ])
 def test_impossible_variants_name_the_component(name, message):
     with pytest.raises(RecipeError, match=message):

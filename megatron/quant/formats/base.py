@@ -121,6 +121,7 @@ class NumericFormat(QuantFormat):
     tiled: bool = False
     scaling: Scaling = "none"
     needs_tensor_amax: bool = False
+    amax_per_row: bool = False
     element: ElementGrid | None = None
     dtype: torch.dtype | None = None
     dual_axis: bool = False  # the torch path quantizes one axis per call

@@ -26,6 +26,9 @@ BlockScaleEncoding = Literal["e8m0", "fp32", "grid"]
 (``formats.mx``); ``"fp32"``: ``max / amax`` in float32, maybe rounded down to a power of two
 (``formats.fp8_blocks``); ``"grid"``: ``amax * (tensor encode / element max)`` rounded onto a scale
 grid (E4M3), under the per-tensor FP32 scale (``formats.nvfp``)."""
+ScaleChoice = Literal["mae", "mse"]
+"""How NVFP4's 4over6 picks a block's scale (``formats.nvfp``): of the two candidates, scaling the block
+amax to 4 or to 6, the one with the lower sum of absolute (``"mae"``) or squared (``"mse"``) errors."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class BlockScale:
     scale_mode: str = "floor"  # e8m0: the MX scale mode (``formats.mx.SCALE_MODES``)
     power_of_two: bool = False  # fp32: the encode factor rounded down to a power of two
     grid: Optional[GridRule] = None  # grid: the grid the scale is rounded onto
+    four_over_six: Optional[ScaleChoice] = None  # grid: choose per block between amax -> 4 and amax -> 6
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class TensorScale:
 
     target: float
     power_of_two: bool = False
+    per_row: bool = False  # one FP32 scale per row (the line along the block axis) instead of per tensor
 
 
 @dataclass(frozen=True)
@@ -93,10 +98,17 @@ class KernelContract:
                 and self.transform.size == self.block_size)
 
     @property
+    def per_row(self) -> bool:
+        """True when the FP32 scale above the block scales is one per row, not one per tensor."""
+        return self.tensor_scale is not None and self.tensor_scale.per_row
+
+    @property
     def dual_axis(self) -> bool:
         """True when one kernel quantizes along both of the last two axes from one read: blocks
-        along an axis and no transform (the blocks of both axes are in every square tile)."""
-        return self.blocked and not self.tiled and self.transform is None
+        along an axis and no transform (the blocks of both axes are in every square tile), each block
+        scaled from its own amax and one tensor scale (not per row, no 4over6 choice)."""
+        return (self.blocked and not self.tiled and self.transform is None and not self.per_row
+                and self.block_scale.four_over_six is None)
 
     def to_json(self) -> str:
         """The contract as a JSON string (``from_json`` reads it back)."""

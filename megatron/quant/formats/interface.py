@@ -53,6 +53,9 @@ class QuantFormat(Protocol):
     needs_tensor_amax: bool
     """True when a per-tensor amax enters the result (tensor or delayed scaling, NVFP4): the layers
     pass one reduced over tensor-parallel ranks."""
+    amax_per_row: bool
+    """True when that amax is one per row, the line along the quantization axis (row-scaled NVFP4):
+    ``amax_of`` keeps the axis as a dimension of 1, and an amax taken along one axis serves no other."""
     transforms_operand: bool
     """True with ``hadamard=n``: ``quantize_for_gemm``'s operand is in the transformed domain."""
     block_size: Optional[int]
@@ -95,7 +98,8 @@ class QuantFormat(Protocol):
 
     @abstractmethod
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
-        """0-d max |x| in the quantization domain (after the Hadamard transform, if any)."""
+        """0-d max |x| in the quantization domain (after the Hadamard transform, if any); with
+        ``amax_per_row`` each row's, x's shape with 1 at ``axis``."""
 
     @abstractmethod
     def transform(self, x: Tensor, axis: int = -1) -> Tensor:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Callable, Literal, Optional, get_args
 
 import torch
 from torch import Tensor
@@ -24,7 +24,7 @@ from .fp8_blocks import FP8BlockFormat
 from .grid import FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3, FP8_E5M2, OVERFLOW_MODES
 from .hifloat8 import HiFloat8Format
 from .mx import MX_BLOCK_SIZE, SCALE_MODES, MXFormat
-from .nvfp import NVFP_BLOCK_SIZE, NVFPFormat
+from .nvfp import E4M3_BOUNDS, FOUR_OVER_SIX_MODES, NVFP_BLOCK_SIZE, NVFPFormat
 from .show import show_value
 
 PASSTHROUGH = ("fp32", "bf16", "fp16")
@@ -111,9 +111,14 @@ _HIFP8 = _Entry(
                       "delayed": {"scale_target": 32768.0, **_DELAYED_DEFAULTS}},
 )
 
-def _nvfp(name: str, element) -> _Entry:
+# Transformer Engine's 2026 NVFP4 options (``formats.nvfp``): 4over6 block scales and row scaling.
+_NVFP4_OPTIONS = {"four_over_six": Option("off", FOUR_OVER_SIX_MODES), "e4m3_max": Option(448, E4M3_BOUNDS),
+                  "row_scaled": Option(False, kind=bool)}
+
+
+def _nvfp(name: str, element, extra: Optional[dict[str, Option]] = None) -> _Entry:
     options = {"block_shape": Option((1, NVFP_BLOCK_SIZE), parse=parse_block_shape, allowed=_BLOCK_SHAPES),
-               "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC}
+               "nonfinite": NONFINITE_OPTION, **_HADAMARD, **_STOCHASTIC, **(extra or {})}
     return _Entry(lambda resolved: NVFPFormat(name, element, resolved), options)
 
 
@@ -129,7 +134,7 @@ _REGISTRY: dict[str, _Entry] = {
     "mxfp6_e3m2": _mx("mxfp6_e3m2", FP6_E3M2),
     "mxfp6_e2m3": _mx("mxfp6_e2m3", FP6_E2M3),
     "mxfp4_e2m1": _mx("mxfp4_e2m1", FP4_E2M1),
-    "nvfp4": _nvfp("nvfp4", FP4_E2M1),
+    "nvfp4": _nvfp("nvfp4", FP4_E2M1, _NVFP4_OPTIONS),
     "nvfp6": _nvfp("nvfp6", FP6_E2M3),
 }
 

@@ -31,6 +31,7 @@ class FormatWrapper(QuantFormat):
     rounding = property(lambda self: self.fmt.rounding)
     scaling = property(lambda self: self.fmt.scaling)
     needs_tensor_amax = property(lambda self: self.fmt.needs_tensor_amax)
+    amax_per_row = property(lambda self: self.fmt.amax_per_row)
     transforms_operand = property(lambda self: self.fmt.transforms_operand)
     block_size = property(lambda self: self.fmt.block_size)
     block_shape = property(lambda self: self.fmt.block_shape)

@@ -32,6 +32,8 @@ from .noise import global_index, noise_args, uniform
 from .stats import NO_ROW, NONE, abs_max_rows, fold_abs_max, stats_row, stats_rows, write_abs_max, write_stats
 
 ELEMENTS_PER_PROGRAM = 1024
+FP32_MAX = tl.constexpr(3.4028234663852886e38)  # TE's bound on an encode factor (``formats.nvfp``)
+TENSOR_ROWS = 4  # a tensor scale's rows: global encode / element max, global decode, global encode, amax
 
 
 @triton.jit
@@ -104,13 +106,15 @@ def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
 
 
 @triton.jit
-def block_values(x, amax, nonfinite, u, tensor_ptr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
-                 SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
+def block_values(x, amax, nonfinite, u, tensor_ptr, line, lines, line_valid, ELEMENT: tl.constexpr,
+                 SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
+                 TILED: tl.constexpr):
     """(x quantized with its blocks' amaxes, the blocks' scales as the torch path returns them):
     the per-block scale by ``SCALE`` (``constants.BlockScale``: E8M0, FP32, or a ``SCALE_GRID`` value under
-    the tensor scale, whose tensor_ptr holds (global encode / element max, global decode)), the
-    elements rounded onto ``ELEMENT`` (``u``: noise), decoded. The scale is what x was divided by,
-    NaN for a block the format turns NaN."""
+    the tensor scale), the elements rounded onto ``ELEMENT`` (``u``: noise), decoded. The scale is
+    what x was divided by, NaN for a block the format turns NaN. Under a tensor scale, tensor_ptr
+    holds four rows of ``lines`` values (``tensor_rows``), read at each block's ``line`` (0 but
+    per row); ``TILED``: the blocks are 16 x 16 tiles (4over6's error order)."""
     if SCALE.kind == 0:
         encode, decode = mx_scales(amax, SCALE)
         scale = decode
@@ -118,19 +122,89 @@ def block_values(x, amax, nonfinite, u, tensor_ptr, ELEMENT: tl.constexpr, SCALE
         encode, decode = fp8_block_scales(amax, ELEMENT.max_value, SCALE.power_of_two, SCALE.value_for_inf)
         scale = decode
     else:
-        decode = round_grid(amax * tl.load(tensor_ptr), amax, amax, SCALE_GRID, 0)  # the block's scale, to nearest
-        scale = decode * tl.load(tensor_ptr + 1)
-        encode = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-    scaled = x * encode
-    if SCALE.kind == 2:  # a block whose scale rounded to zero quantizes to zero
-        scaled = tl.where(scale == 0.0, 0.0, scaled)
-    y = round_grid(scaled, u, x, ELEMENT, STOCHASTIC) * decode
+        tensor_decode = tl.load(tensor_ptr + lines + line, mask=line_valid, other=1.0)
+    if SCALE.kind == 2 and SCALE.four_over_six:
+        decode, y = four_over_six(x, amax, tl.load(tensor_ptr + 2 * lines + line, mask=line_valid, other=1.0),
+                                  tensor_decode, tl.load(tensor_ptr + 3 * lines + line, mask=line_valid, other=1.0),
+                                  ELEMENT, SCALE, SCALE_GRID, TILED)
+        scale = decode * tensor_decode
+        y = y * decode
+    else:
+        if SCALE.kind == 2:  # the block's scale, to nearest; a block whose scale rounds to zero quantizes to zero
+            multiplier = tl.load(tensor_ptr + line, mask=line_valid, other=1.0)
+            decode = round_grid(amax * multiplier, amax, amax, SCALE_GRID, 0)
+            scale = decode * tensor_decode
+            encode = tl.minimum(tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale), FP32_MAX)
+        scaled = x * encode
+        if SCALE.kind == 2:
+            scaled = tl.where(scale == 0.0, 0.0, scaled)
+        y = round_grid(scaled, u, x, ELEMENT, STOCHASTIC) * decode
     if SCALE.kind == 2 and not SPLIT:
-        y = y * tl.load(tensor_ptr + 1)
+        y = y * tensor_decode
     if not SCALE.nonfinite_te:
         y = tl.where(nonfinite, float("nan"), y)
         scale = tl.where(nonfinite, float("nan"), scale)
     return y, scale
+
+
+@triton.jit
+def four_over_six(x, amax, tensor_encode, tensor_decode, tensor_amax, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+                  SCALE_GRID: tl.constexpr, TILED: tl.constexpr):
+    """(E4M3 block scales, elements) of NVFP4's 4over6 (``formats.nvfp``): of the map-to-4 and map-to-6
+    candidates, the one whose summed error is lower (ties: map-to-6)."""
+    base = tl.math.div_rn(amax, tl.full(amax.shape, ELEMENT.max_value, tl.float32)) * tensor_encode
+    decode4 = round_grid(base * 1.5, base, base, SCALE_GRID, 0)
+    decode6 = round_grid(base, base, base, SCALE_GRID, 0)
+    elements4, error4 = four_over_six_candidate(x, decode4, tensor_decode, tensor_amax, ELEMENT, SCALE, TILED)
+    elements6, error6 = four_over_six_candidate(x, decode6, tensor_decode, tensor_amax, ELEMENT, SCALE, TILED)
+    map_to_four = error4 < error6
+    return tl.where(map_to_four, decode4, decode6), tl.where(map_to_four, elements4, elements6)
+
+
+@triton.jit
+def four_over_six_candidate(x, decode, tensor_decode, tensor_amax, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+                            TILED: tl.constexpr):
+    """(elements, the blocks' summed error) of one 4over6 candidate: its values in TE's error domain,
+    ((element * decode) * amax_tensor) / target, against x, by MAE (1) or MSE (2)."""
+    encode = tl.minimum(tl.math.div_rn(tl.full(decode.shape, 1.0, tl.float32), decode * tensor_decode), FP32_MAX)
+    elements = round_grid(x * encode, x, x, ELEMENT, 0)
+    values = tl.math.div_rn((elements * decode) * tensor_amax, tl.full(x.shape, SCALE.target, tl.float32))
+    diff = values - x
+    if SCALE.four_over_six == 1:
+        error = tl.abs(diff)
+    else:
+        error = diff * diff
+    return elements, block_error(error, TILED)
+
+
+@triton.jit
+def block_error(error, TILED: tl.constexpr):
+    """Each block's (a column of the tile) summed error in TE's order, as a [1, columns] row: along a
+    1 x 16 block first to last; in a 16 x 16 tile each row left to right, then the 16 row sums pairwise
+    (``formats.nvfp.NVFPFormat._block_error``). One element a time: a masked sum adds only zeros to it."""
+    P: tl.constexpr = error.shape[0]
+    C: tl.constexpr = error.shape[1]
+    if TILED:
+        cells = tl.reshape(error, (16, 16, C))  # (row, column): tiles run row by row
+        column = tl.arange(0, 16)[None, :, None]
+        rows = tl.sum(tl.where(column == 0, cells, 0.0), axis=1)
+        for j in tl.static_range(1, 16):
+            rows = rows + tl.sum(tl.where(column == j, cells, 0.0), axis=1)
+        return fold_half(fold_half(fold_half(fold_half(rows))))
+    k = tl.arange(0, P)[:, None]
+    total = tl.sum(tl.where(k == 0, error, 0.0), axis=0, keep_dims=True)
+    for j in tl.static_range(1, P):
+        total = total + tl.sum(tl.where(k == j, error, 0.0), axis=0, keep_dims=True)
+    return total
+
+
+@triton.jit
+def fold_half(t):
+    """First half plus second half of an (N, columns) tile's rows."""
+    N: tl.constexpr = t.shape[0]
+    C: tl.constexpr = t.shape[1]
+    first, second = tl.split(tl.permute(tl.reshape(t, (2, N // 2, C)), (1, 2, 0)))
+    return first + second
 
 
 @triton.jit
@@ -147,7 +221,8 @@ def walsh_hadamard(t, LOG2N: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
-def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_blocks, rows, cols, key_low, key_high,
+def _block_kernel(x_ptr, out_ptr, tensor_ptr, lines, n_blocks_total, length, after, n_blocks, rows, cols, key_low,
+                  key_high,
                   g_after, g_local, g_rank_offset, g_row_stride, LAYOUT: tl.constexpr, ELEMENT: tl.constexpr,
                   SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
                   scales_ptr, rows_ptr,
@@ -176,7 +251,11 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, n_blocks_total, length, after, n_b
         u = xt
         if STOCHASTIC:
             u = uniform(global_index(offsets, g_after, g_local, g_rank_offset, g_row_stride), key_low, key_high)
-        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC, SPLIT)
+        line = c * 0
+        if SCALE.per_row:  # the line of x along the axis through block c: (before, after)
+            line = ((c // after) // n_blocks) * after + c % after
+        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, line, lines, c < n_blocks_total, ELEMENT, SCALE,
+                                SCALE_GRID, STOCHASTIC, SPLIT, LAYOUT.tiled)
         if RHT.inverse:
             y = walsh_hadamard(y, RHT.log2) * RHT.norm * signs
         store(out_ptr + offsets, y, valid)
@@ -209,11 +288,14 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
     if STOCHASTIC:
         u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
         u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
+    line = tl.zeros((1, 1), tl.int32)  # one tensor scale (``KernelContract.dual_axis``)
     amax, nonfinite = block_amax(x, 0, SCALE.nonfinite_te)
-    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC, SPLIT)
+    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, line, 1, line == 0, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC,
+                        SPLIT, False)
     store(out0_ptr + offsets, y, valid)
     amax, nonfinite = block_amax(x, 1, SCALE.nonfinite_te)
-    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC, SPLIT)
+    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, line, 1, line == 0, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC,
+                        SPLIT, False)
     store(out1_ptr + offsets, y, valid)
 
 
@@ -221,8 +303,9 @@ def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, ten
                   split: bool = False, stats: int = NONE, transform: Optional[str] = None
                   ) -> Optional[tuple[Tensor, Tensor]]:
     """Quantize contiguous x with a block format's ``contract`` (blocks along non-negative ``axis``,
-    or its tiles) into out. With a tensor scale (NVFP): ``tensor`` holds (global encode / element
-    max, global decode) and ``split`` leaves the global decode out of the values. ``stats``
+    or its tiles) into out. With a tensor scale (NVFP): ``tensor`` holds ``TENSOR_ROWS`` rows (global
+    encode / element max, global decode, global encode, amax) of one value, or one per row of x along
+    ``axis`` (``per_row``), and ``split`` leaves the global decode out of the values. ``stats``
     (``stats.COUNTS`` or ``FULL``): also return (the blocks' scales in block order, the programs' rows
     of statistics). ``transform``: the contract's Hadamard transform applied by the kernel
     (``fused_transform``), out holding the quantized values in the transformed domain ("forward") or
@@ -232,7 +315,8 @@ def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, ten
     scales, stats_out = ((torch.empty(shape[0], dtype=torch.float32, device=x.device),
                           stats_rows(programs, stats, x.device)) if stats else (x, x))
     _block_kernel[(programs,)](
-        x, out, x if tensor is None else tensor, *shape, *noise, LAYOUT=layout,
+        x, out, x if tensor is None else tensor, 1 if tensor is None else tensor.shape[-1], *shape, *noise,
+        LAYOUT=layout,
         **_format_constants(contract, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
         **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=(layout.padded * layout.columns).bit_length() - 1, **_transform_args(contract, x, transform),
@@ -248,7 +332,7 @@ def transformed_abs_max(x, contract: KernelContract, axis: int) -> Tensor:
     programs = triton.cdiv(shape[0], layout.columns)
     rows = abs_max_rows(programs, x.device)
     _block_kernel[(programs,)](
-        x, x, x, *shape, *noise_args(None, tuple(x.shape)), LAYOUT=layout,
+        x, x, x, 1, *shape, *noise_args(None, tuple(x.shape)), LAYOUT=layout,
         **_format_constants(contract, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE,
         **constants.stats_bound(contract), ROW=NO_ROW, LOG2=0, **_transform_args(contract, x, "forward"),
         AMAX_ONLY=True, **launch_options(layout.padded * layout.columns))

@@ -16,6 +16,7 @@ from megatron.quant.formats.mx import SCALE_MODES
 
 GRID_KINDS: tuple[GridKind, ...] = ("bf16", "minifloat", "hifloat8")  # ``Grid.kind`` indexes this
 SCALE_KINDS = ("e8m0", "fp32", "grid")  # ``BlockScale.kind`` indexes this (``contract.BlockScaleEncoding``)
+FOUR_OVER_SIX = (None, "mae", "mse")  # ``BlockScale.four_over_six`` indexes this (``contract.ScaleChoice``)
 
 
 class Grid(NamedTuple):
@@ -42,6 +43,9 @@ class BlockScale(NamedTuple):
     power_of_two: bool  # fp32: encode rounded down to a power of two
     value_for_inf: float  # fp32: the encode factor where max / amax overflows (the input dtype's max)
     nonfinite_te: bool  # amaxes skip NaN, an Inf amax gives a finite scale
+    four_over_six: int  # grid: FOUR_OVER_SIX, the 4over6 error (0: the scale from the amax alone)
+    per_row: bool  # grid: one tensor scale per row (the line along the block axis)
+    target: float  # grid: the tensor scale's target, global_encode = target / amax (4over6's error divisor)
 
 
 class Layout(NamedTuple):
@@ -91,7 +95,8 @@ def block_scale(contract: KernelContract, dtype: torch.dtype) -> BlockScale:
         1 << (bits.MANTISSA_BITS - rule.mbits - 1), bits.mantissa_of(rule.max_value), rule.max_exponent,
         scale.power_of_two,
         float(torch.finfo(dtype).max),  # TE's block kernels: the input dtype's max
-        contract.nonfinite_te)
+        contract.nonfinite_te, FOUR_OVER_SIX.index(scale.four_over_six), contract.per_row,
+        float(contract.tensor_scale.target) if contract.tensor_scale is not None else 0.0)
 
 
 def scale_grid(contract: KernelContract) -> Grid:

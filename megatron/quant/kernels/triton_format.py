@@ -107,8 +107,8 @@ class TritonFormat(FormatWrapper):
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         """As ``NumericFormat.amax_of``: one read of x (of its transform, for Hadamard formats; the
-        kernel transforms on the fly where it can)."""
-        if not self.serves(x):
+        kernel transforms on the fly where it can; per row: the format's own)."""
+        if not self.serves(x) or self.contract.per_row:
             return self.fallback.amax_of(x, axis)
         if self._fused_transform:
             return self._transformed_abs_max(x, axis)
@@ -163,15 +163,18 @@ class TritonFormat(FormatWrapper):
 
     def _block_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
         """A block format's FP32 tensor scale (NVFP) as the format computes it (x in the quantization
-        domain, or ``amax`` of it): (global encode / element max and global decode for the kernel,
-        global decode); (None, None) where the contract has none."""
+        domain, or ``amax`` of it; per row: ``amax`` is the format's ``amax_of``): the kernel's
+        ``blocks.TENSOR_ROWS`` rows (global encode / element max, global decode, global encode, amax;
+        one value each, or one per row) and the global decode of a per-tensor scale; (None, None)
+        where the contract has none."""
         contract = self.contract
         if contract.tensor_scale is None:
             return None, None
-        amax = self._abs_max(x) if amax is None else amax
+        amax = (self._abs_max(x) if amax is None else amax).to(torch.float32).reshape(-1)
         encode = encode_scale(amax, contract.tensor_scale.target)
         decode = 1 / encode
-        return torch.stack([encode * (1 / contract.element.max_value), decode]).to(torch.float32), decode
+        rows = torch.stack([encode * (1 / contract.element.max_value), decode, encode, amax])
+        return rows, None if contract.per_row else decode.reshape(())
 
     def _kernel(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits], split: bool,
                 back: bool, stats: int = NONE, take_amax: bool = False
@@ -192,8 +195,11 @@ class TritonFormat(FormatWrapper):
             axis = normalize_axis(fmt.name, axis, x.dim())
             if fused:
                 fmt.hadamard.check(x.shape[axis], axis, fmt.name)
-            if amax is None and fused and contract.tensor_scale is not None:
+            if amax is None and contract.per_row:  # each row's, of the transform where there is one
+                amax = fmt.amax_of(x, axis)
+            elif amax is None and fused and contract.tensor_scale is not None:
                 amax = self._transformed_abs_max(x, axis)
+            split = split and not contract.per_row  # the rows' factors stay in the values
             tensor, decode = self._block_tensor_scale(xt, amax)
             out, scales, rows = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
                                                     ("inverse" if back else "forward") if fused else None, out_dtype)

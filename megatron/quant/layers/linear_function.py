@@ -20,6 +20,7 @@ from megatron.quant import tensor_saver
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.operand import (
+    NoiseScope,
     Quantized,
     capturing,
     check_gemm_transforms,
@@ -39,17 +40,22 @@ from megatron.quant.tensor_saver import CaptureSite
 @dataclass(frozen=True)
 class LinearQuant:
     """Operand specs of a linear layer's GEMMs by recipe key ("fprop.input", ...): one per row of
-    ``recipes.operands.LINEAR_TABLE``, whose axes and shard dimensions they take."""
+    ``recipes.operands.LINEAR_TABLE``, whose axes and shard dimensions they take. ``dequantized``: the
+    backward operands quantized (or, unformatted, used as they are) from their forward twin's dequantized
+    operand (``operands.FORWARD_TWINS``) instead of the original tensor."""
 
     specs: Mapping[str, OperandSpec]
+    dequantized: frozenset[str] = frozenset()
 
     def __getitem__(self, key: str) -> OperandSpec:
         return self.specs[key]
 
     @classmethod
-    def from_formats(cls, formats: Mapping[str, Optional[QuantFormat]]) -> "LinearQuant":
+    def from_formats(cls, formats: Mapping[str, Optional[QuantFormat]],
+                     dequantized: frozenset[str] = frozenset()) -> "LinearQuant":
         """From recipe keys to formats (None: not quantized); axes are fixed by the GEMMs."""
-        return cls({op.key: OperandSpec(formats[op.key], op.axis, op.key) for op in operands.LINEAR_TABLE})
+        return cls({op.key: OperandSpec(formats[op.key], op.axis, op.key) for op in operands.LINEAR_TABLE},
+                   frozenset(dequantized))
 
     def sharded(self, parallel: Parallel, groups: int = 1) -> "LinearQuant":
         """The same specs with the TP shard dimensions of a ``parallel`` layer; ``groups``: separately
@@ -73,7 +79,17 @@ class LinearQuant:
                     f"tensor-parallel shard of {shard_size} elements; the shard size must be a multiple of "
                     f"{fmt.block_size} (change the tensor-parallel size or the format)")
 
+    def from_forward(self, key: str) -> bool:
+        """True when backward operand ``key`` is taken from its forward twin's dequantized operand."""
+        return key in self.dequantized
+
     def __post_init__(self) -> None:
+        for key in self.dequantized:
+            twin = self.specs[operands.FORWARD_TWINS[key]].fmt
+            if twin is not None and twin.transforms_operand:
+                raise ValueError(f"{key} is taken from {operands.FORWARD_TWINS[key]}'s dequantized operand, which "
+                                 f"{twin.name} leaves Hadamard-transformed; drop its hadamard or the dequantized "
+                                 f"source")
         gemms: dict[str, list[OperandSpec]] = {}
         for op in operands.LINEAR_TABLE:
             gemms.setdefault(op.gemm, []).append(self.specs[op.key])
@@ -131,6 +147,18 @@ def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quanti
     return make(main_grad.shape, dtype=dtype, device=main_grad.device, requires_grad=False)
 
 
+def _dgrad_weight(weight: Tensor, cfg: LinearGemmConfig, noise: Optional[NoiseScope], capture: bool) -> Quantized:
+    """dgrad's weight operand: the cached quantization of the weight, or, taken from the forward, the
+    forward's cached operand dequantized and quantized as dgrad's spec says (described for the saver
+    with ``capture``)."""
+    q, group = cfg.quant, cfg.quant_group
+    if not q.from_forward("dgrad.weight"):
+        return cfg.weight_cache.get(weight, q["dgrad.weight"], group, noise)
+    forward = cfg.weight_cache.get(weight, q["fprop.weight"], group, noise)
+    return quantize_operand(forward.dequantized(), q["dgrad.weight"], group, noise, per_sample=False,
+                            capture=capture)
+
+
 def _fprop(x: Tensor, w: Tensor) -> Tensor:
     return torch.matmul(x, w.t())
 
@@ -159,13 +187,17 @@ class QuantLinearFunction(torch.autograd.Function):
         # other micro-batches' forwards in between).
         ctx.noise = noise = noise_scope(cfg.noise_root, group)
         x = quantize_operand(total_input, q["fprop.input"], group, noise, capture=capture)
-        w = cfg.weight_cache.get(weight, q["fprop.weight"], group, noise, partner=q["dgrad.weight"])
+        w = cfg.weight_cache.get(weight, q["fprop.weight"], group, noise,
+                                 partner=None if q.from_forward("dgrad.weight") else q["dgrad.weight"])
         # The input is only needed for wgrad (a frozen weight has none); under sequence
-        # parallelism the local shard is kept and gathered again, as megatron-core does.
-        reuse = same_quantization(q["fprop.input"], q["wgrad.input"]) and not cfg.sequence_parallel
+        # parallelism the local shard is kept and gathered again, as megatron-core does (but
+        # the forward's dequantized operand, when wgrad takes its input from it, is kept whole).
+        ctx.input_from_forward = q.from_forward("wgrad.input")
+        reuse = (same_quantization(q["fprop.input"], q["wgrad.input"]) and not cfg.sequence_parallel
+                 and not ctx.input_from_forward)
         ctx.input_quantized = x if reuse else None
-        ctx.input_amax = reusable_amax(x, q["fprop.input"], q["wgrad.input"])
-        saved_input = x.values if ctx.input_quantized is not None else input
+        ctx.input_amax = None if ctx.input_from_forward else reusable_amax(x, q["fprop.input"], q["wgrad.input"])
+        saved_input = (x.values if reuse else x.dequantized() if ctx.input_from_forward else input)
         ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
         if ctx.input_quantized is not None:
             ctx.input_quantized = replace(x, values=None, seen=None)  # the values travel in saved_tensors
@@ -192,7 +224,8 @@ class QuantLinearFunction(torch.autograd.Function):
                 wgrad_compute = False
         total_input = None
         if wgrad_compute:
-            total_input = _gather_sequence(input, cfg.tp_group) if cfg.sequence_parallel else input
+            gather = cfg.sequence_parallel and not ctx.input_from_forward
+            total_input = _gather_sequence(input, cfg.tp_group) if gather else input
 
         capture = capturing(cfg.site)
         # dY along tokens (wgrad) and features (dgrad) from one read where a kernel does both.
@@ -201,11 +234,12 @@ class QuantLinearFunction(torch.autograd.Function):
             noise)
         dy = both[1].reshape(grad_output.shape) if both else \
             quantize_operand(grad_output, q["dgrad.grad_output"], group, noise, capture=capture)
-        w = cfg.weight_cache.get(weight, q["dgrad.weight"], group, noise)
+        w = _dgrad_weight(weight, cfg, noise, capture)
         grad_input = scaled_product(_dgrad, dy, w)
         if capture:
             tensor_saver.capture(cfg.site, "backward", "pre", {
-                "grad_output": dy.seen, "weight": cfg.weight_cache.seen(weight, q["dgrad.weight"], group, noise)})
+                "grad_output": dy.seen, "weight": w.seen if q.from_forward("dgrad.weight") else
+                cfg.weight_cache.seen(weight, q["dgrad.weight"], group, noise)})
 
         handle = None
         if cfg.sequence_parallel:

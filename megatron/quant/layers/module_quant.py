@@ -38,12 +38,14 @@ class FinishesInit:
 @dataclass(frozen=True)
 class ModuleQuant:
     """One module's operand formats (operand key -> format, None where unquantized) per phase of its
-    recipe's schedule (one phase without a schedule), the phase running at a position, site and seed."""
+    recipe's schedule (one phase without a schedule), the phase running at a position, site and seed, and
+    the backward operands taken from the forward's dequantized operand (``QuantRecipe.dequantized_sources``)."""
 
     phases: Sequence[Mapping[str, Optional[QuantFormat]]]
     phase_of: Optional[Callable[[Position], int]]  # None: the recipe does not change during the run
     site: CaptureSite
     seed: int
+    dequantized: frozenset[str] = frozenset()
 
     @property
     def formats(self) -> Mapping[str, Optional[QuantFormat]]:
@@ -69,7 +71,8 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
     phases = precision.resolve_phases(matched, role, layer_idx, config.num_layers)
     if recipe.schedule.train_iters is None:  # outside a training run (``PrecisionConfig.for_run``): the base recipe
         phases = phases[:1]
-    return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0)
+    return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0,
+                       recipe.dequantized_sources())
 
 
 def _global_layer(matched: QuantizationConfig, config: TransformerConfig) -> int:

@@ -79,6 +79,13 @@ class Quantized:
     def reshape(self, shape) -> "Quantized":
         return replace(self, values=self.values.reshape(shape))
 
+    def dequantized(self) -> Tensor:
+        """The operand decoded to its dtype: the values, times the tensor scale where there is one
+        (what TE's ``rowwise_dequantized`` source and ``backward_override="dequantized"`` read)."""
+        if self.tensor_scale is None:
+            return self.values
+        return (self.values.float() * self.tensor_scale).to(self.values.dtype)
+
 
 def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]) -> Optional[Tensor]:
     """The amax a per-tensor-scaled format must use so results do not depend on the TP size: reduced
@@ -86,6 +93,9 @@ def tensor_amax(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessGroup]
     (no per-tensor amax, an operand identical on every rank, or no group): no collective."""
     if not spec.fmt.needs_tensor_amax or spec.shard_dim is None or not _distributed(group):
         return None
+    if spec.fmt.amax_per_row and spec.shard_dim % x.dim() != spec.axis % x.dim():
+        return None  # one amax per row, and every rank holds whole rows: its own are the rows'
+
     amax = spec.fmt.amax_of(x.detach(), spec.axis).float()  # after a Hadamard transform, if any
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax
@@ -149,6 +159,8 @@ def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) ->
     way (per-tensor amaxes do not depend on the block axis); None otherwise, and always for delayed
     scaling (each operand's scale comes from its own history)."""
     if done.amax is None or spec.fmt is None or not spec.fmt.needs_tensor_amax:
+        return None
+    if spec.fmt.amax_per_row or done_spec.fmt.amax_per_row:  # rows along one axis are not another's
         return None
     if is_delayed(spec.fmt) or is_delayed(done_spec.fmt):
         return None

@@ -13,6 +13,12 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 | ``rceil`` | MX scales rounded up | ``scale_mode: rceil`` (OCP floor) | — |
 | ``bf16-layers`` | first/last layers in BF16 | rules keeping whole layers in BF16 | first and last layer's linears |
 | ``bf16-fwd-tail`` | forward GEMMs late in BF16 | phases moving the forward to BF16 | one from 80 % of training |
+| ``4over6`` | NVFP4 4over6 scales | every ``four_over_six``, ``e4m3_max`` | MAE, bound 256, inputs and weights |
+| ``row-scaled`` | NVFP4 FP32 scales per row | every ``row_scaled`` | on the input's operands |
+| ``bwd-hp``, ``bwd-dq`` | TE's ``backward_override`` | ``backward_override`` | ``high_precision``, ``dequantized`` |
+
+``2d`` added tiles the weights (16x16 for NVFP4, 128x128 for FP8 blocks, 32x32 otherwise: TE's
+``enable_2d_quantization`` for MXFP8).
 
 ``bf16-layers`` added is Megatron-LM's ``--first-last-layers-bf16`` with its defaults: TE's
 recipes (and so the ``te-*`` presets) keep no layers in BF16, so the NVFP4 report's full recipe is
@@ -36,9 +42,11 @@ from typing import Any, Callable, Optional
 from megatron.quant import formats
 from megatron.quant.formats.rounding import ROUNDING_MODES, is_stochastic
 from megatron.quant.recipes import presets
-from megatron.quant.recipes.operands import LINEAR_ROLES
+from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
 
 GRADIENTS, WEIGHTS, WGRAD = presets.GRADIENTS, presets.WEIGHTS, presets.WGRAD
+INPUTS = tuple(op.key for op in LINEAR_TABLE if op.role == "input")
+INPUTS_AND_WEIGHTS = tuple(op.key for op in LINEAR_TABLE if op.role != "grad_output")  # 4over6's scope "all"
 BF16_LAYERS = ["0:1", "-1:"]  # Megatron-LM --first-last-layers-bf16 defaults: one layer at each end
 BF16_FORWARD_TAIL = {"from": 0.8, "forward": "bf16"}  # the NVFP4 report's appendix D: the last 20 % in BF16
 _EDIT = re.compile(r"(-no-|\+)([a-z0-9]+(?:-[a-z]+)*?)(?=-no-|\+|$)")
@@ -92,6 +100,18 @@ def _drop_weight_blocks(recipe: dict[str, Any]) -> None:
             entry.get("options", {}).pop("block_shape", None)
 
 
+def _tile_weights(recipe: dict[str, Any]) -> None:
+    options = recipe.get("options", {})
+    side = 16 if str(recipe.get("format", "")).startswith("nvfp") else 128 if options.get("scaling") == "block" else 32
+    _set_operands(recipe, WEIGHTS, {"block_shape": [side, side]})
+
+
+def _override(name: str, value: str) -> "Component":
+    return Component(name, f"backward_override {value}",
+                     lambda r: r.get("backward_override") == value, lambda r: r.pop("backward_override"),
+                     lambda r: r.update(backward_override=value))
+
+
 def _is_bf16_layer_rule(rule: dict[str, Any]) -> bool:
     return rule.get("format") == "bf16" and "layers" in rule.get("match", {})
 
@@ -126,7 +146,8 @@ COMPONENTS = {c.name: c for c in (
               lambda r: _has_option(r, "hadamard"),
               lambda r: _drop_option(r, "hadamard"),
               lambda r: _set_operands(r, WGRAD, {"hadamard": _hadamard_size(r)})),
-    Component("2d", "2D weight scaling blocks (tiles; removed: 1D blocks)", _weight_blocks_2d, _drop_weight_blocks),
+    Component("2d", "2D weight scaling blocks (tiles; removed: 1D blocks)", _weight_blocks_2d, _drop_weight_blocks,
+              _tile_weights),
     Component("rceil", "MX block scales rounded up (rceil; OCP rounds down)",
               lambda r: _has_option(r, "scale_mode", ("rceil",)),
               lambda r: _drop_option(r, "scale_mode", ("rceil",))),
@@ -140,6 +161,15 @@ COMPONENTS = {c.name: c for c in (
               lambda r: any(_is_bf16_forward_phase(phase) for phase in r.get("schedule", [])),
               _drop_bf16_forward_phases,
               lambda r: r.update(schedule=[*r.get("schedule", []), dict(BF16_FORWARD_TAIL)])),
+    Component("4over6", "NVFP4 4over6 block scales (MAE, E4M3 bound 256; on the inputs and weights)",
+              lambda r: any(o.get("four_over_six", "off") != "off" for o in _options(r)),
+              lambda r: (_drop_option(r, "four_over_six"), _drop_option(r, "e4m3_max")),
+              lambda r: _set_operands(r, INPUTS_AND_WEIGHTS, {"four_over_six": "mae", "e4m3_max": 256})),
+    Component("row-scaled", "NVFP4 FP32 scales per row (on the input's operands)",
+              lambda r: _has_option(r, "row_scaled", True), lambda r: _drop_option(r, "row_scaled"),
+              lambda r: _set_operands(r, INPUTS, {"row_scaled": True})),
+    _override("bwd-hp", "high_precision"),
+    _override("bwd-dq", "dequantized"),
 )}
 
 

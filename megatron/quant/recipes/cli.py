@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from megatron.quant import formats
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.recipes import ablations, presets
-from megatron.quant.recipes.operands import LINEAR_ROLES, OPERAND_AXES
+from megatron.quant.recipes.operands import FORWARD_TWINS, LINEAR_ROLES, OPERAND_AXES
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from megatron.quant.recipes.rules import FormatChoice
 from megatron.quant.settings.selectors import format_indices
@@ -40,7 +40,9 @@ def load(name: str) -> QuantRecipe:
 def _scaling(fmt: NumericFormat) -> str:
     opts = fmt.options
     if fmt.name == "nvfp4":
-        text = "e4m3 block + fp32 tensor"
+        choice = f" (4over6 {opts['four_over_six']})" if opts["four_over_six"] != "off" else ""
+        bound = f", e4m3 bound {opts['e4m3_max']}" if opts["e4m3_max"] != 448 else ""
+        text = f"e4m3 block{choice} + fp32 {'row' if opts['row_scaled'] else 'tensor'}{bound}"
     elif "scale_mode" in opts:
         text = f"e8m0 block ({opts['scale_mode']})"
     elif opts.get("scaling") == "delayed":
@@ -56,15 +58,18 @@ def _scaling(fmt: NumericFormat) -> str:
     return text
 
 
-def operand_row(key: str, choice: FormatChoice, axis: int) -> tuple[str, ...]:
-    """One table row; a passthrough operand shows its name and dashes."""
+def operand_row(key: str, choice: FormatChoice, axis: int, source: Optional[str] = None) -> tuple[str, ...]:
+    """One table row; a passthrough operand shows its name and dashes. ``source``: the forward operand
+    whose dequantized values it takes (shown as its transform)."""
+    taken = f"{source} dequantized" if source else None
     if formats.is_passthrough(choice.name):
-        return (key, choice.name) + ("-",) * 5
+        return (key, choice.name, "-", "-", taken or "-", "-", "-")
     fmt = formats.get_format(choice.name, **dict(choice.options))
     block = fmt.options.get("block_shape")
     hadamard = fmt.options.get("hadamard")
+    transform = ", ".join(t for t in (taken, f"hadamard {hadamard}" if hadamard else None) if t)
     return (key, fmt.name, "x".join(map(str, block)) if block else "-", str(axis) if block else "-",
-            f"hadamard {hadamard}" if hadamard else "-", _scaling(fmt), fmt.rounding)
+            transform or "-", _scaling(fmt), fmt.rounding)
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -77,7 +82,9 @@ def _role_tables(recipe: QuantRecipe, layer: int, num_layers: int, roles: Sequen
     """Roles that resolve alike share one table; unquantized roles one line."""
     tables: dict[tuple, list[str]] = {}
     for role in roles:
-        rows = tuple(operand_row(k, c, axes[k]) for k, c in recipe.choices(role, layer, num_layers).items())
+        sources = recipe.dequantized_sources() if role != "core_attention" else frozenset()
+        rows = tuple(operand_row(k, c, axes[k], FORWARD_TWINS[k] if k in sources else None)
+                     for k, c in recipe.choices(role, layer, num_layers).items())
         tables.setdefault(rows, []).append(role)
     lines = []
     for rows, group in tables.items():
@@ -97,7 +104,8 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
         key = tuple(tuple(recipe.choices(r, layer, num_layers).items()) for r in roles)
         by_layer.setdefault(key, []).append(layer)
     lines = [f"recipe {recipe.name}" + (f" (reproduces {source})" if source else "")
-             + f", {num_layers} decoder layers" + (", compiled" if recipe.compile else "")]
+             + f", {num_layers} decoder layers" + (", compiled" if recipe.compile else "")
+             + (f", backward_override {recipe.backward_override}" if recipe.backward_override else "")]
     for layers in sorted(by_layer.values(), key=len, reverse=True):
         lines.append(f"layers {format_indices(layers)}:")
         lines += _role_tables(recipe, layers[0], num_layers, roles, axes)

@@ -44,6 +44,11 @@ class LinearOperand:
         return f"{self.gemm}.{self.role}"
 
     @property
+    def backward(self) -> bool:
+        """An operand of a backward GEMM (dgrad, wgrad)."""
+        return self.gemm != "fprop"
+
+    @property
     def along_tokens(self) -> bool:
         """Blocked along tokens (an activation or gradient reduced over tokens, as wgrad's are)."""
         return self.role != "weight" and self.axis == 0
@@ -86,6 +91,13 @@ QK_OPERANDS = ("qk.query", "qk.key", "dq.grad_scores", "dq.key", "dk.query", "dk
 PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs", "dv.grad_output")
 
 LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE)
+LINEAR_BY_KEY = {op.key: op for op in LINEAR_TABLE}
+BACKWARD_LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE if op.backward)
+# A backward operand whose tensor the forward quantizes too (TE's columnwise copy of the input and of the
+# weight) -> that forward operand: the one it can be taken from, dequantized (``columnwise_source``).
+FORWARD_TWINS = {op.key: twin.key for op in LINEAR_TABLE if op.backward
+                 for twin in LINEAR_TABLE if not twin.backward and twin.role == op.role}
+TWINNED_ROLES = tuple(dict.fromkeys(LINEAR_BY_KEY[key].role for key in FORWARD_TWINS))
 ATTENTION_OPERANDS = QK_OPERANDS + PV_OPERANDS
 ALL_OPERANDS = LINEAR_OPERANDS + ATTENTION_OPERANDS
 # The operands of the forward GEMMs (the rest are the backward GEMMs'): what a scheduled phase's

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Literal, Mapping, Optional, get_args
 
 import yaml
 
 from megatron.quant import formats, kernels, yaml_safe
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
-from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES
+from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES, TWINNED_ROLES
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 from megatron.quant.settings.names import NAME_RULE, name_problem
 
@@ -25,10 +25,21 @@ from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
 
-TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation")
+TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation",
+            "backward_override", "columnwise_source")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
+# Transformer Engine's per-direction settings (``recipe.backward_override``, ``HybridQuantizer``'s
+# ``columnwise_source``); ``QuantRecipe`` says what each does.
+BackwardOverride = Literal["high_precision", "dequantized"]
+"""``backward_override``: backward GEMMs on the original high-precision tensors, or on the forward's
+dequantized operands (the gradient unquantized either way)."""
+BACKWARD_OVERRIDES: tuple[BackwardOverride, ...] = get_args(BackwardOverride)
+ColumnwiseSource = Literal["original", "rowwise_dequantized"]
+"""``columnwise_source``: a tensor's backward operand quantized from the tensor, or from the forward's
+dequantized operand."""
+COLUMNWISE_SOURCES: tuple[ColumnwiseSource, ...] = get_args(ColumnwiseSource)
 
 
 class RecipeError(ValueError):
@@ -220,6 +231,24 @@ def parse_rule(value: Any, path: str, source: str, default: FormatChoice) -> Rul
     return Rule(roles=roles, layers=layers, format=fmt, operands=operands)
 
 
+def parse_backward_override(value: Any, source: str) -> Optional[str]:
+    if value is None or value in BACKWARD_OVERRIDES:
+        return value
+    raise RecipeError(f"{source}: backward_override: {show_value(value)} is not one of "
+                      f"{', '.join(BACKWARD_OVERRIDES)} (or null)")
+
+
+def parse_columnwise_source(value: Any, source: str) -> frozenset[str]:
+    """The tensors (``TWINNED_ROLES``) whose backward operand is taken from the forward's dequantized one."""
+    data = as_mapping({} if value is None else value, "columnwise_source", source)
+    check_keys(data, TWINNED_ROLES, "columnwise_source", source)
+    for role, choice in data.items():
+        if choice not in COLUMNWISE_SOURCES:
+            raise RecipeError(f"{source}: columnwise_source.{role}: {show_value(choice)} is not one of "
+                              f"{', '.join(COLUMNWISE_SOURCES)}")
+    return frozenset(role for role, choice in data.items() if choice == "rowwise_dequantized")
+
+
 def default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
@@ -257,7 +286,9 @@ def recipe_fields(data: Mapping[str, Any], source: str, defaults: Optional[Mappi
     return dict(name=name, format=default, scope=scopes, operands=overrides, rules=parsed_rules,
                 compile=parse_bool(merged.get("compile", False), "compile", source),
                 seed=parse_seed(merged.get("seed"), source),
-                schedule=(merged.get("schedule"), merged.get("evaluation")))  # read by ``recipes.schedule``
+                schedule=(merged.get("schedule"), merged.get("evaluation")),  # read by ``recipes.schedule``
+                backward_override=parse_backward_override(merged.get("backward_override"), source),
+                dequantized_roles=parse_columnwise_source(merged.get("columnwise_source"), source))
 
 
 def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[Any, str]:

@@ -13,6 +13,13 @@ hardware's 8-bit draw, ``rounding: stochastic8``) |
 | ``te-fp8-current`` | ``Float8CurrentScaling`` (default HYBRID: E4M3 forward, E5M2 gradients) |
 | ``te-fp8-blockwise`` | ``Float8BlockScaling`` (DeepSeek-V3: 1x128 activations/gradients, 128x128 weights) |
 | ``te-fp8-delayed`` | ``DelayedScaling`` (defaults: HYBRID, amax history of 1024, "max", margin 0) |
+| ``te-nvfp4-4over6`` | ``NVFP4BlockScaling(disable_rht=True, nvfp4_4over6="all")`` (4over6 MAE, bound 256) |
+| ``te-nvfp4-row-scaled`` | ``NVFP4BlockScaling(row_scaled_activation=True)`` (an FP32 scale per row of the input) |
+| ``te-nvfp4-1d-weight`` | ``quantizer_factory_zoo.nvfp4_1d_weight_factory`` (1D weights, dgrad's from the forward's) |
+| ``te-mxfp8-2d`` | ``MXFP8BlockScaling(enable_2d_quantization=True)`` (32x32 weight tiles) |
+| ``te-mxfp8-bwd-hp`` | ``MXFP8BlockScaling(backward_override="high_precision")`` |
+| ``te-mxfp8-bwd-dq`` | ``MXFP8BlockScaling(backward_override="dequantized")`` |
+| ``te-mxfp8-fwd-nvfp4-bwd`` | ``quantizer_factory_zoo.mxfp8_fwd_nvfp4_bwd_factory`` (MXFP8 forward, NVFP4 backward) |
 
 Every preset sets ``nonfinite="te"``: Inf and NaN as TE's kernels take them (amaxes skip NaN;
 an Inf amax gives scale 1, E8M0 0xFE, or NVFP4's saturated E4M3 block scale).
@@ -42,6 +49,51 @@ _STOCHASTIC = {"rounding": "stochastic8"}
 _TE = {"nonfinite": "te"}  # Inf and NaN as TE's kernels treat them (fmaxf amaxes; an Inf amax gives scale 1)
 _DELAYED = {"scaling": "delayed", "amax_history_len": 1024, "amax_compute_algo": "max", **_TE}
 
+# ---- Transformer Engine's 2026 options (releases 2.19-2.21): NVFP4 4over6 and row scaling, MXFP8 2D
+# weights, backward_override, and formats per direction as its quantizer zoo's hybrid quantizers.
+_NVFP4_PLAIN = {"format": "nvfp4", "options": dict(_TE)}  # 1D, no RHT, no SR (the zoo's _plain_nvfp4_quantizer)
+_4OVER6 = {"four_over_six": "mae", "e4m3_max": 256}  # TE's defaults: err_mode MAE, e4m3_use_256 "all"
+_MXFP8 = {"format": "mxfp8_e4m3", "options": {"scale_mode": "rceil", **_TE}, "scope": ["linear"]}
+_TE_2026: dict[str, tuple[str, dict[str, Any]]] = {
+    "te-nvfp4-4over6": ("TE NVFP4BlockScaling(disable_rht=True, nvfp4_4over6='all'): 4over6 MAE, E4M3 bound 256", {
+        "format": "nvfp4", "scope": ["linear"], "options": {**_TE, **_4OVER6},
+        "operands": {
+            **{key: {"options": {"block_shape": [16, 16]}} for key in WEIGHTS},
+            **{key: {"options": {"four_over_six": "off", "e4m3_max": 448, **_STOCHASTIC}} for key in GRADIENTS},
+        }}),
+    "te-nvfp4-row-scaled": ("TE NVFP4BlockScaling(row_scaled_activation=True)", {
+        "format": "nvfp4", "scope": ["linear"], "options": dict(_TE),
+        "operands": {
+            **{key: {"options": {"block_shape": [16, 16]}} for key in WEIGHTS},
+            "fprop.input": {"options": {"row_scaled": True}},
+            "dgrad.grad_output": {"options": dict(_STOCHASTIC)},
+            "wgrad.grad_output": {"options": {"hadamard": 16, **_STOCHASTIC}},
+            "wgrad.input": {"options": {"hadamard": 16, "row_scaled": True}},
+        }}),
+    "te-nvfp4-1d-weight": ("TE quantizer_factory_zoo.nvfp4_1d_weight_factory", {
+        "format": "nvfp4", "scope": ["linear"], "options": dict(_TE),
+        "columnwise_source": {"weight": "rowwise_dequantized"},
+        "operands": {
+            "dgrad.grad_output": {"options": dict(_STOCHASTIC)},
+            "wgrad.grad_output": {"options": {"hadamard": 16, **_STOCHASTIC}},
+            "wgrad.input": {"options": {"hadamard": 16}},
+        }}),
+    "te-mxfp8-2d": ("TE MXFP8BlockScaling(enable_2d_quantization=True): 32x32 weight tiles", {
+        **_MXFP8, "operands": {key: {"options": {"block_shape": [32, 32]}} for key in WEIGHTS}}),
+    "te-mxfp8-bwd-hp": ("TE MXFP8BlockScaling(backward_override='high_precision')", {
+        **_MXFP8, "backward_override": "high_precision"}),
+    "te-mxfp8-bwd-dq": ("TE MXFP8BlockScaling(backward_override='dequantized')", {
+        **_MXFP8, "backward_override": "dequantized"}),
+    "te-mxfp8-fwd-nvfp4-bwd": ("TE quantizer_factory_zoo.mxfp8_fwd_nvfp4_bwd_factory", {
+        **_MXFP8, "columnwise_source": {"weight": "rowwise_dequantized"},
+        "operands": {
+            "dgrad.grad_output": {**_NVFP4_PLAIN, "options": {**_TE, **_STOCHASTIC}},
+            "dgrad.weight": _NVFP4_PLAIN,
+            "wgrad.grad_output": {**_NVFP4_PLAIN, "options": {**_TE, "hadamard": 16, **_STOCHASTIC}},
+            "wgrad.input": {**_NVFP4_PLAIN, "options": {**_TE, "hadamard": 16}},
+        }}),
+}
+
 # name -> (source, recipe dict). Operand overrides without "format" keep the preset's format
 # and add options (QuantRecipe's override semantics).
 _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -66,6 +118,7 @@ _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "te-fp8-delayed": ("TE DelayedScaling (fp8_format HYBRID, amax_history_len 1024, amax_compute_algo max)", {
         "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED),
         "operands": {key: {"format": "fp8_e5m2", "options": dict(_DELAYED)} for key in GRADIENTS}}),
+    **_TE_2026,
 }
 # ---- Stochastic rounding's draw and recipes that change during a run (docs/recipes.md) ----
 

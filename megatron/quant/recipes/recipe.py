@@ -24,7 +24,15 @@ from megatron.quant import formats, kernels
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.recipes import parse
-from megatron.quant.recipes.operands import LINEAR_ROLES, ROLES, SCOPES, operands_for_role
+from megatron.quant.recipes.operands import (
+    BACKWARD_LINEAR_OPERANDS,
+    FORWARD_TWINS,
+    LINEAR_BY_KEY,
+    LINEAR_ROLES,
+    ROLES,
+    SCOPES,
+    operands_for_role,
+)
 from megatron.quant.recipes.parse import RecipeError, check_env_names
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 from megatron.quant.recipes.schedule import Schedule, ScheduleError, parse_schedule, phase_recipe_value
@@ -46,6 +54,13 @@ class QuantRecipe:
     # Phases with other formats and the evaluation recipe (``recipes.schedule``); run.json shows it apart
     # (``PrecisionConfig.schedules``), so a recipe's repr there is unchanged without one.
     schedule: Schedule = field(default=Schedule(), repr=False)
+    # Transformer Engine's per-direction settings of the linear layers' GEMMs. ``backward_override``:
+    # "high_precision" leaves every backward operand unquantized (the input precision); "dequantized"
+    # does too, the input and the weight being the forward's dequantized operands. ``dequantized_roles``
+    # (``columnwise_source: {ROLE: rowwise_dequantized}``): those tensors' backward operands are quantized
+    # from the forward's dequantized operand instead of the original tensor (TE's hybrid quantizers).
+    backward_override: Optional[str] = None
+    dequantized_roles: frozenset[str] = frozenset()
 
     # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod
@@ -110,7 +125,16 @@ class QuantRecipe:
             for key, override in rule.operands:
                 if key in chosen:
                     chosen[key] = override.over(chosen[key])
+        if self.backward_override is not None:
+            chosen.update({key: none for key in BACKWARD_LINEAR_OPERANDS if key in chosen})
         return chosen
+
+    def dequantized_sources(self) -> frozenset[str]:
+        """The backward linear operands taken from their forward twin's dequantized operand
+        (``operands.FORWARD_TWINS``) rather than from the original tensor."""
+        if self.backward_override == "dequantized":
+            return frozenset(FORWARD_TWINS)
+        return frozenset(key for key in FORWARD_TWINS if LINEAR_BY_KEY[key].role in self.dequantized_roles)
 
     def resolve(self, role: str, layer_idx: int, num_layers: int,
                 shared: Optional[dict[FormatChoice, QuantFormat]] = None) -> dict[str, Optional[QuantFormat]]:
