@@ -38,7 +38,7 @@ def test_nvfp4_4over6_is_te_with_rht_off_and_4over6_on_inputs_and_weights():
         gradient = key in GRADIENTS
         assert options["four_over_six"] == ("off" if gradient else "mae")
         assert options["e4m3_max"] == (448 if gradient else 256)
-        assert options.get("rounding", "nearest") == ("stochastic" if gradient else "nearest")
+        assert options.get("rounding", "nearest") == ("stochastic8" if gradient else "nearest")
     assert ops["fprop.weight"][1]["block_shape"] == ops["dgrad.weight"][1]["block_shape"] == (16, 16)
 
 

@@ -166,7 +166,7 @@ COMPONENTS = {c.name: c for c in (
               lambda r: (_drop_option(r, "four_over_six"), _drop_option(r, "e4m3_max")),
               lambda r: _set_operands(r, INPUTS_AND_WEIGHTS, {"four_over_six": "mae", "e4m3_max": 256})),
     Component("row-scaled", "NVFP4 FP32 scales per row (on the input's operands)",
-              lambda r: _has_option(r, "row_scaled", True), lambda r: _drop_option(r, "row_scaled"),
+              lambda r: _has_option(r, "row_scaled", (True,)), lambda r: _drop_option(r, "row_scaled"),
               lambda r: _set_operands(r, INPUTS, {"row_scaled": True})),
     _override("bwd-hp", "high_precision"),
     _override("bwd-dq", "dequantized"),
