@@ -92,3 +92,29 @@ class CountingFormat(FormatWrapper):
     def quantize_for_gemm(self, x, axis=-1, amax=None, **kwargs):
         self._count(x)
         return self.fmt.quantize_for_gemm(x, axis=axis, amax=amax, **kwargs)
+
+
+def moe_config(**overrides: Any):
+    """``transformer_config`` with 4 routed experts (top-2, 64 wide) and one shared expert, run as on CPU:
+    SequentialMLP experts, the all-gather dispatcher, an FP32 router."""
+    values = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=64,
+                  moe_grouped_gemm=False, moe_token_dispatcher_type="allgather", moe_router_dtype="fp32",
+                  bias_activation_fusion=False)
+    values.update(overrides)
+    return transformer_config(**values)
+
+
+def moe_layer(config, layer_idx: int = 0):
+    """One MoE TransformerLayer from megatron-core's local spec with our backend, finished as ``GPTModel``
+    finishes ``decoder.layers.<layer_idx>``."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    from megatron.quant.layers.backend import QuantSpecProvider, with_backend
+    from megatron.quant.layers.module_quant import finish_init
+
+    spec = with_backend(get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization="RMSNorm"),
+                        QuantSpecProvider())
+    layer = TransformerLayer(config, spec.submodules, layer_number=layer_idx + 1)
+    finish_init(layer, config, prefix=f"decoder.layers.{layer_idx}.")
+    return layer
