@@ -94,7 +94,7 @@ def test_router_is_high_precision_unless_a_rule_names_it(parallel):
     assert fmt is not None and router.capture_site.module == "decoder.layers.0.mlp.router"
     expected = fmt.quantize(x, axis=-1) @ fmt.quantize(router.weight.detach(), axis=1).t()
     assert torch.equal(router.gating(x).detach(), expected)
-    with pytest.raises(ValueError, match="moe_router_dtype 'fp64'"):
+    with pytest.raises(ValueError, match="quantized router: moe_router_dtype 'fp64'"):
         moe_layer(moe_config(hidden_size=HIDDEN, moe_router_dtype="fp64", quant_recipe=precision_config(named)))
 
 

@@ -34,16 +34,16 @@ ROUTER_DTYPES = {None: None, "fp32": torch.float32, "fp64": torch.float64}
 UNQUANTIZED = LinearQuant.from_formats({key: None for key in LINEAR_OPERANDS})
 
 
-def check_router_quant(quant: LinearQuant, config, module: str) -> None:
-    """ValueError (one line, naming the value) for a router recipe the lab cannot emulate."""
-    if all(spec.fmt is None for spec in quant.specs.values()):
-        return
-    if config.moe_router_dtype not in ("fp32", None):
-        raise ValueError(f"{module}: moe_router_dtype {config.moe_router_dtype!r} computes the router in float64, "
-                         f"which a quantized router cannot take; quantize it with moe_router_dtype fp32 or none")
-    if config.sequence_parallel:
-        raise ValueError(f"{module}: a quantized router under sequence_parallel=True sees a sequence shard "
-                         f"per rank, whose scales would depend on the TP size; keep the router unquantized")
+def router_quant_problem(router_dtype: Optional[str], sequence_parallel: bool) -> Optional[str]:
+    """Why a quantized router cannot be emulated with megatron-core's ``moe_router_dtype`` and sequence
+    parallelism as given (one clause naming the value); None when it can."""
+    if router_dtype not in (None, "fp32"):
+        return (f"moe_router_dtype {router_dtype!r} computes the router in float64, which a quantized router "
+                f"cannot take; use fp32 or none")
+    if sequence_parallel:
+        return ("under sequence parallelism each rank's router sees a sequence shard, whose scales would depend "
+                "on the TP size; keep the router unquantized")
+    return None
 
 
 class QuantTopKRouter(FinishesInit, TopKRouter):
@@ -61,7 +61,9 @@ class QuantTopKRouter(FinishesInit, TopKRouter):
             return
         matched = module_quant(quantization_config, self.config)
         quant = LinearQuant.from_formats(matched.formats)
-        check_router_quant(quant, self.config, matched.site.module)
+        problem = router_quant_problem(self.config.moe_router_dtype, self.config.sequence_parallel)
+        if problem and any(spec.fmt is not None for spec in quant.specs.values()):
+            raise ValueError(f"{matched.site.module}: a quantized router: {problem}")
         # The gating's operands are whole on every rank (no sequence parallelism): no amax reduction.
         self.quant = attach_histories(quant, self, None)
         self.capture_site = matched.site
