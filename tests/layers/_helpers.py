@@ -107,14 +107,34 @@ def moe_config(**overrides: Any):
 def moe_layer(config, layer_idx: int = 0):
     """One MoE TransformerLayer from megatron-core's local spec with our backend, finished as ``GPTModel``
     finishes ``decoder.layers.<layer_idx>``."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
+    layer = TransformerLayer(config, _moe_spec(config).submodules, layer_number=layer_idx + 1)
+    _finish(layer, config, f"decoder.layers.{layer_idx}.")
+    return layer
+
+
+def moe_mlp(config, layer_idx: int = 0):
+    """The MoE layer (``MoELayer``: router, experts, shared experts) of ``moe_layer`` alone: no norms, so
+    sequence parallelism builds without Transformer Engine."""
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+
+    spec = _moe_spec(config).submodules.mlp  # 0.19: a partial of MoELayer
+    moe = build_module(spec, config=config) if isinstance(spec, ModuleSpec) else spec(config=config)
+    _finish(moe, config, f"decoder.layers.{layer_idx}.mlp.")
+    return moe
+
+
+def _moe_spec(config):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
     from megatron.quant.layers.backend import QuantSpecProvider, with_backend
+
+    return with_backend(get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization="RMSNorm"),
+                        QuantSpecProvider())
+
+
+def _finish(module, config, prefix: str) -> None:
     from megatron.quant.layers.module_quant import finish_init
 
-    spec = with_backend(get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization="RMSNorm"),
-                        QuantSpecProvider())
-    layer = TransformerLayer(config, spec.submodules, layer_number=layer_idx + 1)
-    finish_init(layer, config, prefix=f"decoder.layers.{layer_idx}.")
-    return layer
+    finish_init(module, config, prefix=prefix)

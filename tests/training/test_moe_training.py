@@ -78,6 +78,6 @@ def test_tiny_moe_trains_with_capture_and_the_report_draws_expert_load(clean_env
     assert load["stats"]["mean"] * 4 == 2 * 32 * 2  # every token slot of the micro-batch: tokens x top-2
     tokens = {expert_index(r["module"]): r["shape"][0] for r in records
               if r["tensor_name"] == "input" and ".experts." in r["module"]}
-    assert len(tokens) == 4 and sum(tokens.values()) == 2 * 32 * 2  # each expert's fc1 saw the tokens the router sent it
+    assert len(tokens) == 4 and sum(tokens.values()) == 2 * 32 * 2  # each expert's fc1 saw its routed tokens
     result = run_report(ReportOptions(tmp_path, tmp_path / "draw", resolve(["experts"]), progress=False))
     assert result.figures == ("experts/mxfp8_load_and_error.png",) and not result.failed
