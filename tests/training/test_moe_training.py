@@ -9,7 +9,7 @@ import pytest
 from megatron.quant.analysis.captures.families import resolve
 from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
 from megatron.quant.tensor_saver import expert_index
-from megatron.quant.training import metrics
+from megatron.quant.training import metrics, sweep
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.main import check_inputs, main
 from megatron.quant.training.presets import get_preset
@@ -61,6 +61,7 @@ def test_moe_parameters_and_flops_count_every_expert_and_the_active_ones():
     assert moe - dense == layers * (mlp_flops - 2 * tokens * 3 * h * 256)  # the dense MLP: ffn_hidden_size 256
 
 
+@pytest.mark.slow
 def test_tiny_moe_trains_with_capture_and_the_report_draws_expert_load(clean_env, tmp_path):
     for key, value in {"CUSTOM_QUANT_TYPE": "mxfp8", "TENSOR_SAVE_ENABLED": "1", "TENSOR_SAVE_DIR": str(tmp_path),
                        "TENSOR_SAVER_ITERATION": "1", "TENSOR_SAVE_ROLES": "fc1,router", "TENSOR_SAVE_LAYERS": "1",
@@ -81,3 +82,12 @@ def test_tiny_moe_trains_with_capture_and_the_report_draws_expert_load(clean_env
     assert len(tokens) == 4 and sum(tokens.values()) == 2 * 32 * 2  # each expert's fc1 saw its routed tokens
     result = run_report(ReportOptions(tmp_path, tmp_path / "draw", resolve(["experts"]), progress=False))
     assert result.figures == ("experts/mxfp8_load_and_error.png",) and not result.failed
+
+
+@pytest.mark.slow
+def test_a_toy_moe_sweep_trains_the_deepseek_recipe(clean_env, tmp_path):
+    out = tmp_path / "sweep"
+    flags = ["--model", "llama-moe-tiny", "--mock-data", "--train-iters", "1", "--seq-length", "32",
+             "--micro-batch-size", "2", "--eval-iters", "0", "--moe-router-dtype", "fp32"]
+    assert sweep.main([str(out), "deepseek-v3-fp8", "--", *flags]) == 0
+    assert json.loads((out / "deepseek-v3-fp8" / "run.json").read_text())["status"] == "finished"
