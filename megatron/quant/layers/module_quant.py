@@ -75,9 +75,10 @@ def global_module_name(path: str, config: TransformerConfig) -> str:
     found = _LOCAL_EXPERT.search(path)
     if found is None:
         return path
-    ep_rank = parallel_state.get_expert_model_parallel_rank() if parallel_state.model_parallel_is_initialized() else 0
-    ep_size = parallel_state.get_expert_model_parallel_world_size() \
-        if parallel_state.model_parallel_is_initialized() else 1
+    # megatron-core's BaseMoELayer: expert-parallel rank r holds experts r * local .. (r + 1) * local - 1
+    ep_size, ep_rank = ((parallel_state.get_expert_model_parallel_world_size(),
+                         parallel_state.get_expert_model_parallel_rank())
+                        if parallel_state.model_parallel_is_initialized() else (1, 0))
     expert = ep_rank * (config.num_moe_experts // ep_size) + int(found.group(1))
     return expert_module(path[:found.start()], expert, path[found.end():])
 

@@ -21,6 +21,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 
 from megatron.quant import tensor_saver
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.layers.delayed import amax_reduction_group
 from megatron.quant.layers.histories import attach_histories
 from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant, QuantLinearFunction
 from megatron.quant.layers.module_quant import FinishesInit, module_quant
@@ -61,20 +62,22 @@ class QuantTopKRouter(FinishesInit, TopKRouter):
             return
         matched = module_quant(quantization_config, self.config)
         quant = LinearQuant.from_formats(matched.formats)
+        quantized = any(spec.fmt is not None for spec in quant.specs.values())
         problem = router_quant_problem(self.config.moe_router_dtype, self.config.sequence_parallel)
-        if problem and any(spec.fmt is not None for spec in quant.specs.values()):
+        if quantized and problem:
             raise ValueError(f"{matched.site.module}: a quantized router: {problem}")
-        # The gating's operands are whole on every rank (no sequence parallelism): no amax reduction.
-        self.quant = attach_histories(quant, self, None)
+        # Delayed scaling's histories are reduced as the linear layers' are (Megatron-LM's amax group).
+        self.quant = attach_histories(quant, self, amax_reduction_group(self.tp_group, self.config.tp_only_amax_red))
         self.capture_site = matched.site
         # A high-precision router's GEMM is not captured (as the LM head's): only its load record is.
-        self.gemm_site = matched.site if any(spec.fmt is not None for spec in quant.specs.values()) else None
+        self.gemm_site = matched.site if quantized else None
         self.weight_cache = QuantizedWeightCache()
         self.noise_root = module_noise_root(matched.seed, matched.site.module, self.quant.specs.values())
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """The logits, X W^T (+ bias) in ``moe_router_dtype``, with the recipe's router formats."""
         dtype = ROUTER_DTYPES[self.config.moe_router_dtype] or input.dtype
+        # The gating's operands are whole on every rank: no per-tensor amax to reduce (quant_group None).
         cfg = LinearGemmConfig(quant=self.quant, weight_cache=self.weight_cache or QuantizedWeightCache(),
                                quant_group=None, site=self.gemm_site, gradient_accumulation_fusion=False,
                                allreduce_dgrad=False, sequence_parallel=False, tp_group=self.tp_group,
