@@ -51,10 +51,21 @@ def _run(recipe: str, tp: int, ep: int, reference: dict | None, rank: int) -> di
     position.set_microbatch(0, 0)
     y, _ = moe(x)
     y.backward(dy)
-    return {"output": y.detach(), "grad_input": x.grad,
+    experts = [m.weight for name, m in linears.items() if ".experts." in name]
+    for weight in experts:
+        weight.main_grad = weight.grad  # what megatron-core's DDP hands the optimizer
+    return {"output": y.detach(), "grad_input": x.grad, "experts_grad_norm": _grad_norm(experts),
             "weights": {"router": moe.router.weight.detach().clone(),
                         **{name: m.weight.detach().clone() for name, m in linears.items()}},
             "grads": {name: m.weight.grad for name, m in linears.items() if ".experts." in name}}
+
+
+def _grad_norm(params) -> float:
+    """The training optimizer's gradient norm over ``params`` (expert-parallel ones summed over ranks)."""
+    from megatron.quant.training.optimizer import CpuAdamW
+
+    return CpuAdamW([(str(i), p) for i, p in enumerate(params)], lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95),
+                    eps=1e-8, clip_grad=1.0).grad_norm().item()
 
 
 def _shard(full: torch.Tensor, name: str, tp: int, rank: int) -> torch.Tensor:
@@ -94,6 +105,8 @@ def test_expert_parallelism_gives_the_bits_of_one_rank(layouts, recipe):
             ({"0", "1"} if rank == 0 else {"2", "3"})  # this rank's global experts
         for name, grad in ep2["grads"].items():
             assert torch.equal(grad, reference["grads"][name]), (rank, name)
+        # every rank clips by the norm of all experts' gradients, not of its own experts'
+        assert ep2["experts_grad_norm"] == pytest.approx(reference["experts_grad_norm"], rel=1e-12)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
