@@ -44,8 +44,9 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
             draw_experts, {"title": f"{quant_type}: load per expert and its quantization",
                            "layers": {layer: {"load": loads[layer], **errors.get(layer, {})} for layer in layers}}))
     if not plan.figures:
-        plan.notes.append("No MoE router load in these captures (a dense model, or the router's captures "
-                          "filtered out): no expert figures.")
+        plan.notes.append("No MoE router load in these captures (a dense model, the router's captures filtered "
+                          "out, or statistics-only capture: the counts are in the tensor files that full mode "
+                          "writes): no expert figures.")
     return plan
 
 
