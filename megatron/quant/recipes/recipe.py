@@ -118,10 +118,10 @@ class QuantRecipe:
         return any(not formats.is_passthrough(c.name) for layer in range(num_layers)
                    for c in self.choices("router", layer, num_layers).values())
 
-    def capture_roles(self, num_layers: int) -> tuple[str, ...]:
-        """The roles of the modules that capture: every decoder layer's (an MoE layer's router too: it
-        records the tokens each expert receives), and the output layer's when it is quantized."""
-        return (*LINEAR_ROLES, "core_attention", "router") + (
+    def capture_roles(self, num_layers: int, moe: bool = False) -> tuple[str, ...]:
+        """The roles of the modules that capture: every decoder layer's (with ``moe``, the MoE routers': they
+        record the tokens each expert receives), and the output layer's when it is quantized."""
+        return (*LINEAR_ROLES, "core_attention") + (("router",) if moe else ()) + (
             ("output_layer",) if self.quantizes_output_layer(num_layers) else ())
 
     def formats(self, num_layers: int) -> list[NumericFormat]:

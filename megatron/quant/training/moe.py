@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from megatron.quant.recipes.precision import PrecisionConfig
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 MOE_SHAPE_DEFAULTS = dict(num_experts=None, moe_router_topk=2, moe_ffn_hidden_size=None,
                           moe_shared_expert_intermediate_size=None, moe_layer_freq=1,
                           moe_router_score_function="softmax")
+# Run settings (flags only) -> Megatron-LM's defaults, as moe_config_fields takes them.
+MOE_RUN_DEFAULTS = dict(expert_parallel=1, dispatcher="allgather", router_dtype=None, load_balancing="aux_loss",
+                        aux_loss_coeff=0.0)
 DISPATCHERS = ("allgather", "alltoall")  # megatron-core's; "flex" needs DeepEP
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 ROUTER_DTYPES = ("fp32", "fp64")
@@ -52,13 +55,14 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-layer-freq", type=layer_freq, default=S,
                    help="N: every N-th layer is MoE; or a 0/1 list per layer, e.g. [0,1,1,1] (first layer dense)")
     g.add_argument("--moe-router-score-function", choices=SCORE_FUNCTIONS, default=S)
-    g.add_argument("--expert-model-parallel-size", type=int, default=1)
-    g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHERS, default="allgather",
+    run = MOE_RUN_DEFAULTS
+    g.add_argument("--expert-model-parallel-size", type=int, default=run["expert_parallel"])
+    g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHERS, default=run["dispatcher"],
                    help="alltoall needs a GPU (megatron-core opens a CUDA stream for it)")
-    g.add_argument("--moe-router-dtype", choices=ROUTER_DTYPES, default=None,
+    g.add_argument("--moe-router-dtype", choices=ROUTER_DTYPES, default=run["router_dtype"],
                    help="the router's GEMM and softmax dtype (default: the model's, as Megatron-LM)")
-    g.add_argument("--moe-router-load-balancing-type", choices=LOAD_BALANCING, default="aux_loss")
-    g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    g.add_argument("--moe-router-load-balancing-type", choices=LOAD_BALANCING, default=run["load_balancing"])
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=run["aux_loss_coeff"])
     g.add_argument("--moe-grouped-gemm", action="store_true",
                    help="refused: grouped-GEMM experts have no emulated counterpart (SequentialMLP runs them)")
 
@@ -114,20 +118,21 @@ def check_router_precision(precision: "PrecisionConfig", args: argparse.Namespac
             raise MoEError(f"{precision.source}: recipe {key!r} quantizes the MoE router, but {problem}")
 
 
-def moe_config_fields(shape: Mapping, *, expert_parallel: int = 1, dispatcher: str = "allgather",
-                      router_dtype: Optional[str] = None, load_balancing: str = "aux_loss",
-                      aux_loss_coeff: float = 0.0) -> dict[str, Any]:
-    """TransformerConfig's MoE fields for ``shape`` (none for a dense shape)."""
+def moe_config_fields(shape: Mapping, **run: Any) -> dict[str, Any]:
+    """TransformerConfig's MoE fields for ``shape`` (none for a dense shape); ``run``: ``MOE_RUN_DEFAULTS``'
+    keys, those not given at their defaults."""
     if not shape.get("num_experts"):
         return {}
-    return dict(num_moe_experts=shape["num_experts"], moe_router_topk=shape.get("moe_router_topk") or 2,
-                moe_ffn_hidden_size=shape.get("moe_ffn_hidden_size") or shape["ffn_hidden_size"],
-                moe_shared_expert_intermediate_size=shape.get("moe_shared_expert_intermediate_size"),
-                moe_layer_freq=_layer_freq(shape.get("moe_layer_freq") or 1),
-                moe_router_score_function=shape.get("moe_router_score_function") or "softmax",
-                expert_model_parallel_size=expert_parallel, moe_token_dispatcher_type=dispatcher,
-                moe_router_dtype=router_dtype, moe_router_load_balancing_type=load_balancing,
-                moe_aux_loss_coeff=aux_loss_coeff, moe_grouped_gemm=False)
+    given = {key: MOE_SHAPE_DEFAULTS[key] if shape.get(key) is None else shape[key] for key in MOE_SHAPE_DEFAULTS}
+    run = {**MOE_RUN_DEFAULTS, **run}
+    return dict(num_moe_experts=given["num_experts"], moe_router_topk=given["moe_router_topk"],
+                moe_ffn_hidden_size=given["moe_ffn_hidden_size"] or shape["ffn_hidden_size"],
+                moe_shared_expert_intermediate_size=given["moe_shared_expert_intermediate_size"],
+                moe_layer_freq=_layer_freq(given["moe_layer_freq"]),
+                moe_router_score_function=given["moe_router_score_function"],
+                expert_model_parallel_size=run["expert_parallel"], moe_token_dispatcher_type=run["dispatcher"],
+                moe_router_dtype=run["router_dtype"], moe_router_load_balancing_type=run["load_balancing"],
+                moe_aux_loss_coeff=run["aux_loss_coeff"], moe_grouped_gemm=False)
 
 
 def _layer_freq(freq: Any) -> Any:

@@ -97,7 +97,7 @@ def draw_experts(payload: dict) -> Figure:
             values = data.get(metric, {})
             if not values:
                 figures.no_data(ax, "no quantized expert operand captured")
-            else:
+            elif not figures.one_value(ax, list(values.values()), f"{ylabel}, every expert"):
                 measured = sorted(values)
                 ax.scatter([share[e] for e in measured], [values[e] for e in measured], color="C1")
                 for e in measured:
