@@ -91,3 +91,20 @@ def test_a_toy_moe_sweep_trains_the_deepseek_recipe(clean_env, tmp_path):
              "--micro-batch-size", "2", "--eval-iters", "0", "--moe-router-dtype", "fp32"]
     assert sweep.main([str(out), "deepseek-v3-fp8", "--", *flags]) == 0
     assert json.loads((out / "deepseek-v3-fp8" / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_study_plan_takes_an_moe_preset(clean_env, tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from megatron.quant.training.study_plan import parse_plan
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
+    raw = dict(yaml.safe_load(path.read_text()), model={"preset": "llama-moe-tiny", "seq_length": 128})
+    plan = parse_plan(raw, path)
+    assert plan.non_embedding_parameters == metrics.num_parameters(get_preset("llama-moe-tiny")) - 512 * 128
+    assert plan.flops_per_iteration == metrics.flops_per_iteration(
+        get_preset("llama-moe-tiny"), global_batch_size=plan.global_batch_size, seq_length=128, vocab_size=512)
+    flags = [*plan.model_flags(), "--mock-data", "--train-iters", "1", "--save", str(tmp_path)]
+    assert check_inputs(flags).shape["num_experts"] == 4
