@@ -89,32 +89,30 @@ def _layouts(rank: int, world_size: int) -> dict:
     return results
 
 
-@pytest.fixture(scope="module")
-def layouts():
-    return run_distributed(_layouts, 2)
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_expert_parallelism_gives_the_bits_of_one_rank(layouts, recipe):
-    for rank, results in enumerate(layouts):
-        reference, ep2 = results[recipe]["reference"], results[recipe]["ep2"]
+def test_expert_and_tensor_parallelism_against_one_rank():
+    # One test: its two spawned processes run every layout and recipe (a spawn costs more than the runs).
+    for rank, results in enumerate(run_distributed(_layouts, 2)):
         part = slice(rank * SEQ, (rank + 1) * SEQ)
-        assert torch.equal(ep2["output"], reference["output"][part]), rank
-        assert torch.equal(ep2["grad_input"], reference["grad_input"][part]), rank
-        assert len(ep2["grads"]) == 4 and {n.split(".experts.")[1][0] for n in ep2["grads"]} == \
-            ({"0", "1"} if rank == 0 else {"2", "3"})  # this rank's global experts
-        for name, grad in ep2["grads"].items():
-            assert torch.equal(grad, reference["grads"][name]), (rank, name)
-        # every rank clips by the norm of all experts' gradients, not of its own experts'
-        assert ep2["experts_grad_norm"] == pytest.approx(reference["experts_grad_norm"], rel=1e-12)
+        for recipe in RECIPES:
+            _check_expert_parallel(results[recipe]["reference"], results[recipe]["ep2"], rank, part)
+            _check_tensor_parallel(results[recipe]["reference"], results[recipe]["tp2"], rank, part)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_expert_tensor_parallelism_equals_one_rank(layouts, recipe):
-    for rank, results in enumerate(layouts):
-        reference, tp2 = results[recipe]["reference"], results[recipe]["tp2"]
-        part = slice(rank * SEQ, (rank + 1) * SEQ)
-        torch.testing.assert_close(tp2["output"], reference["output"][part], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(tp2["grad_input"], reference["grad_input"][part], rtol=1e-5, atol=1e-5)
-        for name, grad in tp2["grads"].items():
-            torch.testing.assert_close(grad, _shard(reference["grads"][name], name, 2, rank), rtol=1e-5, atol=1e-5)
+def _check_expert_parallel(reference: dict, ep2: dict, rank: int, part: slice) -> None:
+    """Expert parallelism 2: the bits of one rank."""
+    assert torch.equal(ep2["output"], reference["output"][part]), rank
+    assert torch.equal(ep2["grad_input"], reference["grad_input"][part]), rank
+    assert len(ep2["grads"]) == 4 and {n.split(".experts.")[1][0] for n in ep2["grads"]} == \
+        ({"0", "1"} if rank == 0 else {"2", "3"})  # this rank's global experts
+    for name, grad in ep2["grads"].items():
+        assert torch.equal(grad, reference["grads"][name]), (rank, name)
+    # every rank clips by the norm of all experts' gradients, not of its own experts'
+    assert ep2["experts_grad_norm"] == pytest.approx(reference["experts_grad_norm"], rel=1e-12)
+
+
+def _check_tensor_parallel(reference: dict, tp2: dict, rank: int, part: slice) -> None:
+    """Expert tensor parallelism 2 (sequence parallel): one rank's values up to fc2's summation order."""
+    torch.testing.assert_close(tp2["output"], reference["output"][part], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tp2["grad_input"], reference["grad_input"][part], rtol=1e-5, atol=1e-5)
+    for name, grad in tp2["grads"].items():
+        torch.testing.assert_close(grad, _shard(reference["grads"][name], name, 2, rank), rtol=1e-5, atol=1e-5)
