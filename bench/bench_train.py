@@ -8,6 +8,7 @@ of the same run.
     python bench/bench_train.py [--iters 8] [--rounds 2] [--formats hifp8,mxfp8_e4m3]
     python bench/bench_train.py --model llama3.2-1b --seq-length 2048 --bf16 --rounds 1 --iters 4 \
         --variants bf16,mxfp8+compile,hifp8+compile+stats          # one GPU
+    python bench/bench_train.py --model llama-moe-tiny --variants bf16,mxfp8,deepseek-v3-fp8   # the MoE model
 A variant is FORMAT[+compile][+linear][+stats|+full][@CHECKOUT]: CUSTOM_QUANT_COMPILE=1, only the linear
 layers quantized (CUSTOM_QUANT_SCOPE=linear: attention keeps megatron-core's fused path), capture of
 every iteration after the first in stats mode or (full) of iteration 2 only, and the package imported

@@ -132,6 +132,7 @@ def init_parallel(
     tensor_model_parallel_size: int = 1,
     pipeline_model_parallel_size: int = 1,
     seed: int = 1234,
+    expert_model_parallel_size: int = 1,
 ) -> None:
     """Initialise torch.distributed, megatron-core parallel state and its RNG tracker.
 
@@ -142,7 +143,8 @@ def init_parallel(
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     for name, value in (("tensor_model_parallel_size", tensor_model_parallel_size),
-                        ("pipeline_model_parallel_size", pipeline_model_parallel_size)):
+                        ("pipeline_model_parallel_size", pipeline_model_parallel_size),
+                        ("expert_model_parallel_size", expert_model_parallel_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     cpu = enable_cpu_compat()
@@ -167,6 +169,7 @@ def init_parallel(
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
+        expert_model_parallel_size=expert_model_parallel_size,
         # Megatron-LM's default: the distributed optimizer and checkpointing need gloo groups on GPU too.
         create_gloo_process_groups=True,
     )

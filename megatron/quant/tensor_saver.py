@@ -35,10 +35,10 @@ from megatron.quant import position
 from megatron.quant.capture.config import ENV_VARS, IterationWindow, SaverConfig
 from megatron.quant.capture.directory import check_writable
 from megatron.quant.capture.session import CaptureSession
-from megatron.quant.capture.site import CaptureSite, Operand
+from megatron.quant.capture.site import CaptureSite, Operand, expert_index, expert_module
 
 __all__ = [
-    "CaptureSite", "Operand", "SaverConfig", "IterationWindow", "ENV_VARS",
+    "CaptureSite", "Operand", "expert_index", "expert_module", "SaverConfig", "IterationWindow", "ENV_VARS",
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
     "writer_stats", "stats_level", "check_writable",
 ]

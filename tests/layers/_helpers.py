@@ -92,3 +92,49 @@ class CountingFormat(FormatWrapper):
     def quantize_for_gemm(self, x, axis=-1, amax=None, **kwargs):
         self._count(x)
         return self.fmt.quantize_for_gemm(x, axis=axis, amax=amax, **kwargs)
+
+
+def moe_config(**overrides: Any):
+    """``transformer_config`` with 4 routed experts (top-2, 64 wide) and one shared expert, run as on CPU:
+    SequentialMLP experts, the all-gather dispatcher, an FP32 router."""
+    values = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=64,
+                  moe_grouped_gemm=False, moe_token_dispatcher_type="allgather", moe_router_dtype="fp32",
+                  bias_activation_fusion=False)
+    values.update(overrides)
+    return transformer_config(**values)
+
+
+def moe_layer(config, layer_idx: int = 0):
+    """One MoE TransformerLayer from megatron-core's local spec with our backend, finished as ``GPTModel``
+    finishes ``decoder.layers.<layer_idx>``."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    layer = TransformerLayer(config, _moe_spec(config).submodules, layer_number=layer_idx + 1)
+    _finish(layer, config, f"decoder.layers.{layer_idx}.")
+    return layer
+
+
+def moe_mlp(config, layer_idx: int = 0):
+    """The MoE layer (``MoELayer``: router, experts, shared experts) of ``moe_layer`` alone: no norms, so
+    sequence parallelism builds without Transformer Engine."""
+    from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+
+    spec = _moe_spec(config).submodules.mlp  # 0.19: a partial of MoELayer
+    moe = build_module(spec, config=config) if isinstance(spec, ModuleSpec) else spec(config=config)
+    _finish(moe, config, f"decoder.layers.{layer_idx}.mlp.")
+    return moe
+
+
+def _moe_spec(config):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from megatron.quant.layers.backend import QuantSpecProvider, with_backend
+
+    return with_backend(get_gpt_layer_local_spec(num_experts=config.num_moe_experts, normalization="RMSNorm"),
+                        QuantSpecProvider())
+
+
+def _finish(module, config, prefix: str) -> None:
+    from megatron.quant.layers.module_quant import finish_init
+
+    finish_init(module, config, prefix=prefix)

@@ -20,12 +20,14 @@ MODES = ("full", "stats")
 # so that a typo cannot silently capture nothing.
 LINEAR_TENSORS = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
 ATTENTION_TENSORS = ("query", "key", "value", "output", "grad_output", "grad_query", "grad_key", "grad_value")
-KNOWN_TENSOR_NAMES = tuple(dict.fromkeys(LINEAR_TENSORS + ATTENTION_TENSORS))
+# An MoE router's gating GEMM, and the tokens it routes to each expert (layers/router.py).
+ROUTER_TENSORS = LINEAR_TENSORS + ("tokens_per_expert",)
+KNOWN_TENSOR_NAMES = tuple(dict.fromkeys(ROUTER_TENSORS + ATTENTION_TENSORS))
 
 
 def tensors_of_role(role: str) -> tuple[str, ...]:
     """The tensor names a module of ``role`` captures (core attention's differ from the GEMMs')."""
-    return ATTENTION_TENSORS if role == "core_attention" else LINEAR_TENSORS
+    return {"core_attention": ATTENTION_TENSORS, "router": ROUTER_TENSORS}.get(role, LINEAR_TENSORS)
 
 
 def _bad(source: str, value: object, allowed: str) -> ValueError:

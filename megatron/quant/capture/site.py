@@ -1,6 +1,7 @@
 """What a layer hands to the saver: where a capture comes from and the operands it saw."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -8,6 +9,21 @@ from torch import Tensor
 
 if TYPE_CHECKING:  # formats never need importing here: the saver only passes them to stats
     from megatron.quant.formats.interface import QuantFormat
+
+
+# A routed expert's site names it by its global index: "<moe layer>.experts.<e>.<linear>".
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def expert_module(moe_layer: str, expert: int, linear: str) -> str:
+    """The module name of global expert ``expert``'s ``linear`` in the MoE layer ``moe_layer``."""
+    return f"{moe_layer}.experts.{expert}.{linear}"
+
+
+def expert_index(module: str) -> Optional[int]:
+    """The global expert a site's module name belongs to (``expert_module``'s); None outside routed experts."""
+    found = _EXPERT.search(module)
+    return None if found is None else int(found.group(1))
 
 
 @dataclass(frozen=True)

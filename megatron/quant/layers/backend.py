@@ -2,9 +2,10 @@
 
 ``QuantSpecProvider`` is megatron-core's ``LocalSpecProvider`` (its norms, its activation) with the
 column- and row-parallel linear layers, core attention and the experts' linear layers replaced by
-the quantized subclasses. Each of those modules resolves its formats in ``finish_init``, which
-``GPTModel`` calls at the end of its construction with the config ``TransformerConfig.quant_recipe``
-matches to the module's path (``recipes/precision.py``): nothing is configured after the build.
+the quantized subclasses, and the MoE router (``MoESubmodules.router``) by ``QuantTopKRouter``. Each
+of those modules resolves its formats in ``finish_init``, which ``GPTModel`` calls at the end of its
+construction with the config ``TransformerConfig.quant_recipe`` matches to the module's path
+(``recipes/precision.py``): nothing is configured after the build.
 
 megatron-core's spec builders that take a backend (``get_mlp_module_spec_for_backend``,
 ``get_moe_module_spec_for_backend``) take this one as is. Those that build a whole layer
@@ -20,10 +21,12 @@ import functools
 from typing import Any
 
 from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megatron.quant.layers.attention import QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear
+from megatron.quant.layers.router import QuantTopKRouter
 
 
 class QuantSpecProvider(LocalSpecProvider):
@@ -60,7 +63,8 @@ class QuantSpecProvider(LocalSpecProvider):
         stock = LocalSpecProvider()
         return {stock.column_parallel_linear(): self.column_parallel_linear(),
                 stock.row_parallel_linear(): self.row_parallel_linear(),
-                stock.core_attention(): self.core_attention()}
+                stock.core_attention(): self.core_attention(),
+                TopKRouter: QuantTopKRouter}  # MoESubmodules' default router, which no backend method names
 
 
 def with_backend(spec: Any, backend: QuantSpecProvider) -> Any:

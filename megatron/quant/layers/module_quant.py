@@ -9,6 +9,7 @@ the path (megatron-core's own ``layers.N``, a stage-local index) and the pipelin
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -21,11 +22,15 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.position import Position
 from megatron.quant.recipes.precision import PrecisionConfig
-from megatron.quant.tensor_saver import CaptureSite
+from megatron.quant.tensor_saver import CaptureSite, expert_module
 
 # Attribute name of a module -> role used by recipes and captures.
 ROLE_BY_ATTRIBUTE = {"linear_qkv": "qkv", "linear_proj": "proj", "linear_fc1": "fc1", "linear_fc2": "fc2",
-                     "core_attention": "core_attention", "output_layer": "output_layer"}
+                     "core_attention": "core_attention", "output_layer": "output_layer", "router": "router"}
+# megatron-core's SequentialMLP holds an MoE layer's experts as ``experts.local_experts.<i>`` on each
+# expert-parallel rank; sites name them by the global expert (``capture.site.expert_module``), so
+# captures and stochastic rounding do not depend on the expert-parallel size.
+_LOCAL_EXPERT = re.compile(r"\.experts\.local_experts\.(\d+)\.")
 
 
 class FinishesInit:
@@ -66,13 +71,30 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
     layer_idx = -1 if role == "output_layer" else _global_layer(matched, config)
     attention = role == "core_attention"
     site = CaptureSite(layer_type="attention" if attention else "linear", component="FA" if attention else "linear",
-                       layer_idx=layer_idx, module=path, role=role, quant_type=precision.name)
+                       layer_idx=layer_idx, module=global_module_name(path, config), role=role,
+                       quant_type=precision.name)
     recipe = precision.recipe(matched)
     phases = precision.resolve_phases(matched, role, layer_idx, config.num_layers)
     if recipe.schedule.train_iters is None:  # outside a training run (``PrecisionConfig.for_run``): the base recipe
         phases = phases[:1]
     return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0,
                        recipe.dequantized_sources())
+
+
+def global_module_name(path: str, config: TransformerConfig) -> str:
+    """``path`` with a routed expert's local index replaced by its global one (``...mlp.experts.5.linear_fc1``
+    for ``...mlp.experts.local_experts.1.linear_fc1`` on expert-parallel rank 1 of 2, 4 experts each)."""
+    from megatron.core import parallel_state
+
+    found = _LOCAL_EXPERT.search(path)
+    if found is None:
+        return path
+    # megatron-core's BaseMoELayer: expert-parallel rank r holds experts r * local .. (r + 1) * local - 1
+    ep_size, ep_rank = ((parallel_state.get_expert_model_parallel_world_size(),
+                         parallel_state.get_expert_model_parallel_rank())
+                        if parallel_state.model_parallel_is_initialized() else (1, 0))
+    expert = ep_rank * (config.num_moe_experts // ep_size) + int(found.group(1))
+    return expert_module(path[:found.start()], expert, path[found.end():])
 
 
 def _global_layer(matched: QuantizationConfig, config: TransformerConfig) -> int:

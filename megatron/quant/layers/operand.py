@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -129,6 +130,9 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
             return Quantized(q, None, amax, seen)
     if record is None:
         values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
+    elif x.numel() == 0:  # an expert that got no tokens: its amax is 0, which the history skips
+        values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
+        record(x.new_zeros((), dtype=torch.float32))
     else:
         values, tensor_scale, own_amax = spec.fmt.quantize_for_gemm_with_amax(x, spec.axis, amax, noise=bits)
         record(own_amax)

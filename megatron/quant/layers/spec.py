@@ -1,4 +1,5 @@
-"""The Llama model: megatron-core's local GPT layer spec and GPTModel, built with our backend.
+"""The Llama model: megatron-core's local GPT layer spec and GPTModel, built with our backend; with
+``num_moe_experts`` in the config, megatron-core's local MoE block spec (``decoder_spec``).
 
 The layer is ``get_gpt_layer_local_spec(normalization="RMSNorm")`` (SwiGLU via the config's gated
 linear unit, RoPE and GQA via the config, no biases via ``add_bias_linear=False``) with
@@ -12,10 +13,11 @@ so when the recipe quantizes it, it is rebuilt as our layer and finished like th
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.quantization.utils import get_quant_config_or_none
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -36,6 +38,15 @@ def llama_layer_spec(backend: QuantSpecProvider | None = None) -> ModuleSpec:
     The quantized modules behave as stock ones until a config is matched to them, so the spec itself
     does not depend on a recipe."""
     return with_backend(get_gpt_layer_local_spec(normalization="RMSNorm"), backend or QuantSpecProvider())
+
+
+def decoder_spec(config: TransformerConfig, backend: QuantSpecProvider) -> Any:
+    """The decoder's spec: the Llama layer for a dense model; for an MoE one (``num_moe_experts``),
+    megatron-core's local block spec, whose layers are MoE or dense as ``moe_layer_freq`` says."""
+    if not config.num_moe_experts:
+        return llama_layer_spec(backend)
+    return with_backend(get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm"),
+                        backend)
 
 
 def precision_config(recipe: QuantRecipe | PrecisionConfig) -> PrecisionConfig:
@@ -67,8 +78,9 @@ def build_llama_model(config: TransformerConfig, recipe: QuantRecipe | Precision
     with it as ``quant_recipe``; None: ``config`` itself, whose ``quant_recipe`` a training run sets (its
     schedule and DDP read the model's config, so it must be the one they were given). ``sdpa``:
     ``QuantSpecProvider``'s ``allow_fused`` (``layers/fusions.py`` chooses it for training runs)."""
-    spec = llama_layer_spec(QuantSpecProvider(allow_fused=sdpa))
-    if config.sequence_parallel and spec.submodules.input_layernorm is WrappedTorchNorm:
+    spec = decoder_spec(config, QuantSpecProvider(allow_fused=sdpa))
+    first_layer = spec.layer_specs[0] if config.num_moe_experts else spec
+    if config.sequence_parallel and first_layer.submodules.input_layernorm is WrappedTorchNorm:
         raise ValueError("sequence_parallel=True needs Transformer Engine or Apex norms, which megatron-core "
                          "requires for sequence parallelism; neither is installed here. Set sequence_parallel=False.")
     if recipe is not None:

@@ -98,7 +98,7 @@ def _role_tables(recipe: QuantRecipe, layer: int, num_layers: int, roles: Sequen
 def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: Optional[str] = None) -> str:
     """The operand tables of ``recipe`` for a ``num_layers``-layer model, layers that differ shown apart."""
     axes = OPERAND_AXES
-    roles = (*LINEAR_ROLES, "core_attention")
+    roles = (*LINEAR_ROLES, "core_attention", "router")  # the router: MoE layers' only
     by_layer: dict[tuple, list[int]] = {}
     for layer in range(num_layers):
         key = tuple(tuple(recipe.choices(r, layer, num_layers).items()) for r in roles)

@@ -107,7 +107,10 @@ FORWARD_OPERANDS = (tuple(op.key for op in LINEAR_TABLE if op.gemm == "fprop")
                             for key, slot in zip(keys, BMM_SLOTS) if slot.gemm == "forward"))
 
 LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
-ROLES = LINEAR_ROLES + ("core_attention", "output_layer")
+# Modules that stay in high precision unless a recipe rule names them, as Transformer Engine and
+# DeepSeek-V3 keep them: the LM head and the MoE router (its gating GEMM, X W^T over the experts).
+NAMED_ONLY_ROLES = ("output_layer", "router")
+ROLES = LINEAR_ROLES + ("core_attention",) + NAMED_ONLY_ROLES
 # Block axes are fixed by the GEMMs: each operand is blocked along its GEMM's reduction dimension.
 LINEAR_AXES = {op.key: op.axis for op in LINEAR_TABLE}
 BMM_AXES = tuple(slot.axis for slot in BMM_SLOTS)

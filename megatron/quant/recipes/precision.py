@@ -93,9 +93,9 @@ class PrecisionConfig(RecipeConfig):
         """Some config quantizes through torch.compile."""
         return any(recipe.compile for recipe in self.configs.values())
 
-    def capture_roles(self, num_layers: int) -> tuple[str, ...]:
+    def capture_roles(self, num_layers: int, moe: bool = False) -> tuple[str, ...]:
         """The roles of the modules that capture (``QuantRecipe.capture_roles``, over the configs)."""
-        roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers)}
+        roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers, moe)}
         return tuple(roles)
 
     def describe(self) -> str:

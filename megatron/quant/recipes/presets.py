@@ -119,6 +119,16 @@ _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED),
         "operands": {key: {"format": "fp8_e5m2", "options": dict(_DELAYED)} for key in GRADIENTS}}),
     **_TE_2026,
+    # Mixture-of-experts recipes. DeepSeek-V3's FP8 training (DeepSeek-V3 technical report, section 3.3;
+    # its DeepGEMM kernels): E4M3 for every GEMM operand, forward and backward, 1x128 tiles for
+    # activations and gradients and 128x128 blocks for weights, each scaled from its own amax by an FP32
+    # factor (not rounded to a power of two, as TE's Float8BlockScaling does by default). The router, the
+    # embeddings, the LM head and attention's batched GEMMs stay in high precision, as in the report: the
+    # lab leaves them unquantized unless a rule names them.
+    "deepseek-v3-fp8": ("DeepSeek-V3 FP8 (1x128 activations and gradients, 128x128 weights, E4M3, FP32 scales)", {
+        "format": "fp8_e4m3", "scope": ["linear"],
+        "options": {"scaling": "block", "block_shape": [1, 128], "power_of_two_scales": False, **_TE},
+        "operands": {key: {"options": {"block_shape": [128, 128]}} for key in WEIGHTS}}),
 }
 # ---- Stochastic rounding's draw and recipes that change during a run (docs/recipes.md) ----
 

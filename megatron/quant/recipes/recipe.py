@@ -29,6 +29,7 @@ from megatron.quant.recipes.operands import (
     FORWARD_TWINS,
     LINEAR_BY_KEY,
     LINEAR_ROLES,
+    NAMED_ONLY_ROLES,
     ROLES,
     SCOPES,
     operands_for_role,
@@ -111,7 +112,7 @@ class QuantRecipe:
         if role not in ROLES:
             raise ValueError(f"unknown module role {role!r}; valid: {', '.join(ROLES)}")
         keys = operands_for_role(role)
-        in_scope = {k for s in self.scope for k in SCOPES[s]} if role != "output_layer" else set()
+        in_scope = {k for s in self.scope for k in SCOPES[s]} if role not in NAMED_ONLY_ROLES else set()
         none = FormatChoice("none")
         chosen = {k: self.format if k in in_scope else none for k in keys}
         for key, override in self.operands:
@@ -163,11 +164,16 @@ class QuantRecipe:
         capturing module."""
         return any(not formats.is_passthrough(c.name) for c in self.choices("output_layer", -1, num_layers).values())
 
-    def capture_roles(self, num_layers: int) -> tuple[str, ...]:
-        """The roles of the modules that capture: every decoder layer's, and the output layer's
-        when it is quantized."""
-        return (*LINEAR_ROLES, "core_attention") + (("output_layer",) if self.quantizes_output_layer(num_layers)
-                                                   else ())
+    def quantizes_router(self, num_layers: int) -> bool:
+        """Whether a rule gives some layer's MoE router a format (routers stay high precision otherwise)."""
+        return any(not formats.is_passthrough(c.name) for layer in range(num_layers)
+                   for c in self.choices("router", layer, num_layers).values())
+
+    def capture_roles(self, num_layers: int, moe: bool = False) -> tuple[str, ...]:
+        """The roles of the modules that capture: every decoder layer's (with ``moe``, the MoE routers': they
+        record the tokens each expert receives), and the output layer's when it is quantized."""
+        return (*LINEAR_ROLES, "core_attention") + (("router",) if moe else ()) + (
+            ("output_layer",) if self.quantizes_output_layer(num_layers) else ())
 
     def formats(self, num_layers: int) -> list[NumericFormat]:
         """Every distinct format the recipe quantizes with (plain ``NumericFormat`` objects)."""

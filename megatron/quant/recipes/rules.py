@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from megatron.quant.recipes.operands import NAMED_ONLY_ROLES
 from megatron.quant.settings.selectors import Selector as LayerSelector
 
 DEFAULT_SCOPE = ("linear", "attention")
@@ -32,8 +33,8 @@ class Rule:
     operands: tuple[tuple[str, FormatChoice], ...] = ()
 
     def matches(self, role: str, layer_idx: int, num_layers: int) -> bool:
-        if self.roles is None and role == "output_layer":
-            return False  # the LM head is quantized only by rules that name it
+        if self.roles is None and role in NAMED_ONLY_ROLES:
+            return False  # the LM head and the router are quantized only by rules that name them
         if self.roles is not None and role not in self.roles:
             return False
         return self.layers is None or any(s.matches(layer_idx, num_layers) for s in self.layers)

@@ -13,6 +13,7 @@ from typing import NoReturn, Sequence
 from megatron.quant.recipes.presets import FP8_RECIPES, emulates_precision
 from megatron.quant.training.data import parse_blend
 from megatron.quant.training.float_ranges import FLOAT_RANGES, allowed, within_range
+from megatron.quant.training.moe import MOE_SHAPE_DEFAULTS, MoEError, add_moe_arguments, check_moe
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
@@ -28,7 +29,7 @@ MAX_SEED = 2**32 - 1
 _SHAPE_DEFAULTS = dict(
     num_query_groups=None, max_position_embeddings=None, rotary_base=10000.0,
     rope_scaling_factor=None, untie_embeddings_and_output_weights=False, norm_epsilon=1e-5,
-    normalization="RMSNorm", swiglu=False, group_query_attention=False, vocab_size=None,
+    normalization="RMSNorm", swiglu=False, group_query_attention=False, vocab_size=None, **MOE_SHAPE_DEFAULTS,
 )
 
 
@@ -82,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hidden-dropout", type=float, default=0.0)
     g.add_argument("--hf-checkpoint", metavar="DIR",
                    help="initialise weights from a local Hugging Face Llama directory (config.json + safetensors)")
+
+    add_moe_arguments(p)
 
     g = p.add_argument_group("batch")
     g.add_argument("--micro-batch-size", type=int, default=1)
@@ -380,6 +383,10 @@ def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argp
     _check_recompute(args)
     _check_devices(args, cuda)
     _check_run(args, world_size)
+    try:
+        check_moe(args, args.data_parallel_size, cuda)
+    except MoEError as error:
+        raise ArgumentError(str(error)) from None
     _check_data(args)
     _check_logging(args)
     return args

@@ -12,6 +12,7 @@ FLOAT_RANGES = {
     "init_method_std": (0, None, False, False), "norm_epsilon": (0, None, False, False),
     "rotary_base": (0, None, False, False), "rope_scaling_factor": (0, None, False, False),
     "peak_tflops": (0, None, False, False), "divergence_threshold": (0, None, False, False),
+    "moe_aux_loss_coeff": (0, None, True, False),
 }
 
 

@@ -32,6 +32,7 @@ from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weigh
 from megatron.quant.training.lifetime import trainer_dies_with_parent  # noqa: E402
 from megatron.quant.training.loop import Run, iterations_run, train  # noqa: E402
 from megatron.quant.training.model import build_gpt, transformer_config  # noqa: E402
+from megatron.quant.training.moe import check_router_precision, moe_run_fields  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
 from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
 from megatron.quant.training.run_config import RunConfiguration, build_precision  # noqa: E402
@@ -112,7 +113,9 @@ def _print_start(logger, args, shape, precision: PrecisionConfig, num_params: in
         distributed_optimizer=args.use_distributed_optimizer)
     logger.print(f"model: {args.model or args.hf_checkpoint or 'custom'} | layers {shape['num_layers']}, hidden "
                  f"{shape['hidden_size']}, ffn {shape['ffn_hidden_size']}, heads {shape['num_attention_heads']}, "
-                 f"kv groups {shape['num_query_groups']}, vocab {shape['vocab_size']}, seq {args.seq_length}")
+                 f"kv groups {shape['num_query_groups']}, vocab {shape['vocab_size']}, seq {args.seq_length}"
+                 + (f" | experts {shape['num_experts']} (top-{shape['moe_router_topk']}, EP "
+                    f"{args.expert_model_parallel_size})" if shape["num_experts"] else ""))
     logger.print(f"parallel: TP {args.tensor_model_parallel_size} x PP {args.pipeline_model_parallel_size} x DP "
                  f"{args.data_parallel_size} | micro-batch {args.micro_batch_size} x {args.num_microbatches} "
                  f"micro-batches = global batch {args.global_batch_size} | precision {_precision(args)} | "
@@ -133,6 +136,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
     precision = build_precision(args, os.environ)  # stochastic rounding follows --seed unless a recipe fixes one
     kernel_backend = kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
     fast_paths = fusions.choose(os.environ, cuda=cuda, precision=_precision(args))  # and a bad CUSTOM_QUANT_FUSIONS
+    check_router_precision(precision, args)
     for recipe in precision.configs.values():
         _check_fp8_recipe(args, recipe)
         check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
@@ -142,7 +146,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
     saver_config.check_selectors(num_layers=shape["num_layers"], world_size=int(os.environ.get("WORLD_SIZE", "1")),
                                  num_microbatches=args.num_microbatches,
-                                 roles=precision.capture_roles(shape["num_layers"]))
+                                 roles=precision.capture_roles(shape["num_layers"], moe=bool(shape["num_experts"])))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
     for option in ("save", "tensorboard_dir", "data_cache_path"):  # refused now, not at the first write
@@ -164,7 +168,8 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     cuda = torch.cuda.is_available()
     args, precision, tokenizer, shape = inputs.args, inputs.precision, inputs.tokenizer, inputs.shape
 
-    init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed)
+    init_parallel(args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.seed,
+                  expert_model_parallel_size=args.expert_model_parallel_size)
     logger = metrics.MetricsLogger(args.tensorboard_dir, enabled=dist.get_rank() == dist.get_world_size() - 1)
     config = transformer_config(
         shape, precision=_precision(args), tensor_parallel=args.tensor_model_parallel_size,
@@ -173,7 +178,7 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
         hidden_dropout=args.hidden_dropout, fp8_format=_te_fp8_format(args), tp_only_amax_red=args.tp_only_amax_red,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, fusion_flags=inputs.fast_paths.config_flags(),
-        quant_recipe=precision)
+        quant_recipe=precision, moe_run=moe_run_fields(args))
     gpt = build_gpt(config, shape, sdpa=inputs.fast_paths.sdpa)
     if args.hf_checkpoint:
         load_hf_weights(gpt, args.hf_checkpoint, shape)

@@ -23,16 +23,33 @@ PEAK_BF16_TFLOPS = {
 DIVERGED = "diverged.json"
 
 
+def mlp_sizes(shape: Mapping) -> list[tuple[int, int]]:
+    """Each decoder layer's MLP as (parameters, multiply-adds per token): a dense SwiGLU (gate, up, down),
+    or an MoE layer (every routed expert's weights, top-k of them per token, the shared experts and the
+    router), placed by ``moe_layer_freq`` as megatron-core places them."""
+    h, ffn, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
+    dense = (3 * h * ffn, 3 * h * ffn)
+    experts = shape.get("num_experts")
+    if not experts:
+        return [dense] * layers
+    expert = 3 * h * (shape.get("moe_ffn_hidden_size") or ffn)
+    always = 3 * h * (shape.get("moe_shared_expert_intermediate_size") or 0) + h * experts  # shared + router
+    moe = (experts * expert + always, shape["moe_router_topk"] * expert + always)
+    freq = shape.get("moe_layer_freq") or 1
+    pattern = [i % freq == 0 for i in range(layers)] if isinstance(freq, int) else list(freq)
+    return [moe if is_moe else dense for is_moe in pattern]
+
+
 def forward_gemm_flops(shape: Mapping, *, tokens: int, seq_length: int, vocab_size: int) -> float:
     """Forward-pass GEMM FLOPs for ``tokens`` tokens in sequences of ``seq_length``."""
-    h, ffn, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
+    h, layers = shape["hidden_size"], shape["num_layers"]
     kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
     qkv = 2 * tokens * h * (h + 2 * kv)
     proj = 2 * tokens * h * h
     attention = 2 * 2 * tokens * seq_length * h  # Q K^T and P V over the full (unmasked) square
-    mlp = 2 * tokens * h * ffn * 3  # gate, up, down
+    mlp = sum(2 * tokens * active for _, active in mlp_sizes(shape))
     logits = 2 * tokens * h * vocab_size
-    return float(layers * (qkv + proj + attention + mlp) + logits)
+    return float(layers * (qkv + proj + attention) + mlp + logits)
 
 
 def flops_per_iteration(shape: Mapping, *, global_batch_size: int, seq_length: int, vocab_size: int) -> float:
@@ -168,8 +185,8 @@ def device_name() -> str | None:
 
 def num_parameters(shape: Mapping) -> int:
     """Parameter count of the Llama ``shape`` (whole model, all shards)."""
-    h, ffn, layers, vocab = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"], shape["vocab_size"]
+    h, layers, vocab = shape["hidden_size"], shape["num_layers"], shape["vocab_size"]
     kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
-    per_layer = h * (h + 2 * kv) + h * h + 3 * h * ffn + 2 * h  # qkv, proj, fc1 (gate+up), fc2, two norms
+    per_layer = h * (h + 2 * kv) + h * h + 2 * h  # qkv, proj, two norms; the MLPs from mlp_sizes
     embeddings = vocab * h * (2 if shape["untie_embeddings_and_output_weights"] else 1)
-    return embeddings + layers * per_layer + h  # + final norm
+    return embeddings + layers * per_layer + sum(params for params, _ in mlp_sizes(shape)) + h  # + final norm

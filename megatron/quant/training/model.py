@@ -1,4 +1,4 @@
-"""Llama shape -> megatron-core TransformerConfig and GPTModel with the quantized layer spec."""
+"""Llama shape (dense or MoE) -> megatron-core TransformerConfig and GPTModel with the quantized layer spec."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -16,12 +16,15 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
                        hidden_dropout: float = 0.0, fp8_format: str | None = None, tp_only_amax_red: bool = False,
                        recompute_granularity: str | None = None, recompute_method: str | None = None,
                        recompute_num_layers: int | None = None, fusion_flags: Mapping | None = None,
-                       quant_recipe=None):
+                       quant_recipe=None, moe_run: Mapping | None = None):
     """megatron-core's TransformerConfig for a Llama shape (preset-style keys); ``recompute_*``:
     megatron-core's activation recompute (selective recomputes core attention); ``fusion_flags``:
     ``FastPaths.config_flags()`` (``layers/fusions.py``; none: megatron-core's unfused operations);
-    ``quant_recipe``: the per-module precision (``layers.spec.precision_config``)."""
+    ``quant_recipe``: the per-module precision (``layers.spec.precision_config``); ``moe_run``: an MoE
+    shape's run settings (``moe.moe_run_fields``; default: megatron-core's)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron.quant.training.moe import moe_config_fields
 
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
@@ -40,7 +43,7 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         fp8=fp8_format, tp_only_amax_red=tp_only_amax_red,
         recompute_granularity=recompute_granularity, recompute_method=recompute_method,
         recompute_num_layers=recompute_num_layers, quant_recipe=quant_recipe,
-        **{**_UNFUSED, **(fusion_flags or {})})
+        **moe_config_fields(shape, **(moe_run or {})), **{**_UNFUSED, **(fusion_flags or {})})
 
 
 def build_gpt(config, shape: Mapping, *, vocab_size: int | None = None, sdpa: bool = True):

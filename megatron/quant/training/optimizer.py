@@ -46,17 +46,26 @@ class CpuAdamW:
 
     def grad_norm(self) -> torch.Tensor:
         """L2 norm of the full (all TP shards) gradient, TP-replicated params counted once: a float64
-        tensor, not read back (the loop reads it at its logging interval)."""
+        tensor, not read back (the loop reads it at its logging interval). Expert-parallel parameters
+        (megatron-core marks them ``allreduce=False``) differ across expert-parallel ranks: their squares
+        are summed over the expert model-parallel group, the others' over the model-parallel group, as
+        megatron-core's optimizers do, so every rank clips by the same norm."""
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         sq = torch.zeros((), dtype=torch.float64)
-        for param in self.model_params:
-            if param_is_not_tensor_parallel_duplicate(param):
-                sq += param.main_grad.double().square().sum()
-        group = parallel_state.get_model_parallel_group()
-        if torch.distributed.get_world_size(group) > 1:
-            torch.distributed.all_reduce(sq, group=group)
+        for expert, group in ((False, parallel_state.get_model_parallel_group()),
+                              (True, parallel_state.get_expert_tensor_model_pipeline_parallel_group())):
+            params = [p for p in self.model_params if (not getattr(p, "allreduce", True)) == expert]
+            if not params:
+                continue
+            part = torch.zeros((), dtype=torch.float64)
+            for param in params:
+                if param_is_not_tensor_parallel_duplicate(param):
+                    part += param.main_grad.double().square().sum()
+            if torch.distributed.get_world_size(group) > 1:
+                torch.distributed.all_reduce(part, group=group)
+            sq += part
         return sq.sqrt()
 
     def step(self) -> tuple[bool, torch.Tensor, None]:

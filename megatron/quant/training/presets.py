@@ -9,6 +9,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from megatron.quant.training.moe import MOE_SHAPE_DEFAULTS
+
 _LLAMA3 = dict(
     normalization="RMSNorm", swiglu=True, norm_epsilon=1e-5, group_query_attention=True,
 )
@@ -59,12 +61,40 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
     "llama-study-3m": MappingProxyType(dict(
         _STUDY, num_layers=4, hidden_size=256, ffn_hidden_size=640, num_attention_heads=4, num_query_groups=4,
     )),
+    # Mixtures of experts (training/moe.py): Llama 3 attention, megatron-core's MoE layers.
+    # CPU-sized, trains in seconds: 4 routed experts (top-2) and one shared expert in each of 2 layers;
+    # at TP or expert TP 2 every shard is a multiple of 64, as in llama-tiny.
+    "llama-moe-tiny": MappingProxyType(dict(
+        _LLAMA3, num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4, num_query_groups=2,
+        vocab_size=512, seq_length=128, max_position_embeddings=128, rotary_base=10000.0, rope_scaling_factor=None,
+        untie_embeddings_and_output_weights=False, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=128,
+        moe_shared_expert_intermediate_size=128,
+    )),
+    # DeepSeek-V3's MoE (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json: fine-grained
+    # experts, top-8 of 256, one shared expert, the first 3 of 61 layers dense, sigmoid scores) at a size
+    # one H100 trains: 64 experts, top-6, the first layer dense. Attention is Llama's GQA, not MLA.
+    "deepseek-v3-small": MappingProxyType(dict(
+        _LLAMA3, num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16, num_query_groups=16,
+        vocab_size=129280, seq_length=2048, max_position_embeddings=4096, rotary_base=10000.0,
+        rope_scaling_factor=None, untie_embeddings_and_output_weights=True, num_experts=64, moe_router_topk=6,
+        moe_ffn_hidden_size=256, moe_shared_expert_intermediate_size=256, moe_layer_freq=(0,) + (1,) * 7,
+        moe_router_score_function="sigmoid",
+    )),
+    # Qwen3-MoE (https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: 128 experts, top-8, no
+    # shared expert, every layer MoE, GQA 32/4) at a size one H100 trains: 64 experts, top-8.
+    "qwen3-moe-small": MappingProxyType(dict(
+        _LLAMA3, num_layers=8, hidden_size=1024, ffn_hidden_size=3072, num_attention_heads=16, num_query_groups=4,
+        vocab_size=151936, seq_length=2048, max_position_embeddings=4096, rotary_base=1000000.0,
+        rope_scaling_factor=None, untie_embeddings_and_output_weights=True, num_experts=64, moe_router_topk=8,
+        moe_ffn_hidden_size=384,
+    )),
 })
 
+MOE_KEYS = tuple(MOE_SHAPE_DEFAULTS)  # a dense shape leaves them unset
 SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
               "num_query_groups", "vocab_size", "seq_length", "max_position_embeddings",
               "rotary_base", "rope_scaling_factor", "untie_embeddings_and_output_weights",
-              "norm_epsilon")
+              "norm_epsilon") + MOE_KEYS
 
 
 def get_preset(name: str) -> dict:

@@ -9,6 +9,7 @@ from megatron.quant.analysis.captures import (
     bf16,
     comparisons,
     distributions,
+    experts,
     exponents,
     fp8,
     heatmaps,
@@ -58,6 +59,9 @@ ANALYSES: tuple[Analysis, ...] = (
              _FORMAT),
     Analysis("trends", "Over training", trends.FOLDER,
              "Statistics over training iterations.", trends.build, _FORMAT),
+    Analysis("experts", "Mixture of experts", experts.FOLDER,
+             "Each routed expert's load beside the quantization error and underflow of its operands.",
+             experts.build, _FORMAT),
 )
 BY_KEY = {analysis.key: analysis for analysis in ANALYSES}
 SETS: dict[str, tuple[str, ...]] = {
@@ -66,7 +70,7 @@ SETS: dict[str, tuple[str, ...]] = {
     "basic": ("distributions", "heatmaps", "comparisons", "statistics", "attention"),
     # the folders of the original enhanced_tensor_visualizer.py, and the new analyses
     "enhanced": ("quantization", "layers", "overflow", "fp8", "bf16", "backward", "rank",
-                 "exponents", "trends"),
+                 "exponents", "trends", "experts"),
     "all": tuple(BY_KEY),
 }
 

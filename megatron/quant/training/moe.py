@@ -1,0 +1,146 @@
+"""Mixture-of-experts settings: Megatron-LM's MoE flags, their checks, and the TransformerConfig fields they set.
+
+The flags mean what they mean in Megatron-LM. The experts run as megatron-core's ``SequentialMLP``
+(one GEMM per expert, each with its own scales: grouped-GEMM experts have no emulated counterpart),
+routed by ``QuantTopKRouter`` (``layers/router.py``). A model shape with ``num_experts`` (a preset
+or ``--num-experts``) is an MoE model; without it every MoE flag is inert, as in Megatron-LM.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from megatron.quant.recipes.precision import PrecisionConfig
+
+# Shape keys (presets set them; explicit flags override) and their defaults when neither does.
+MOE_SHAPE_DEFAULTS = dict(num_experts=None, moe_router_topk=2, moe_ffn_hidden_size=None,
+                          moe_shared_expert_intermediate_size=None, moe_layer_freq=1,
+                          moe_router_score_function="softmax")
+# Run settings (flags only) -> Megatron-LM's defaults, as moe_config_fields takes them.
+MOE_RUN_DEFAULTS = dict(expert_parallel=1, dispatcher="allgather", router_dtype=None, load_balancing="aux_loss",
+                        aux_loss_coeff=0.0)
+DISPATCHERS = ("allgather", "alltoall")  # megatron-core's; "flex" needs DeepEP
+LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
+ROUTER_DTYPES = ("fp32", "fp64")
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+
+
+class MoEError(ValueError):
+    """A mixture-of-experts setting the run cannot take; the message names the value."""
+
+
+def layer_freq(text: str) -> Any:
+    """``--moe-layer-freq``: N (every N-th layer is MoE) or a 0/1 list per layer, e.g. ``[0,1,1,1]``."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor a list such as [0,1,1,1]") from None
+    if isinstance(value, int) or (isinstance(value, list) and all(v in (0, 1) for v in value)):
+        return value
+    raise argparse.ArgumentTypeError(f"{text!r} is neither an integer nor a list of 0 and 1")
+
+
+def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's MoE flags (shape flags absent unless given, so presets can fill them)."""
+    S = argparse.SUPPRESS
+    g = parser.add_argument_group("mixture of experts")
+    g.add_argument("--num-experts", type=int, default=S, help="routed experts per MoE layer (none: a dense model)")
+    g.add_argument("--moe-router-topk", type=int, default=S, help="experts per token (default 2)")
+    g.add_argument("--moe-ffn-hidden-size", type=int, default=S,
+                   help="one expert's FFN size (default: --ffn-hidden-size)")
+    g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=S,
+                   help="the shared experts' total FFN size (none: no shared expert)")
+    g.add_argument("--moe-layer-freq", type=layer_freq, default=S,
+                   help="N: every N-th layer is MoE; or a 0/1 list per layer, e.g. [0,1,1,1] (first layer dense)")
+    g.add_argument("--moe-router-score-function", choices=SCORE_FUNCTIONS, default=S)
+    run = MOE_RUN_DEFAULTS
+    g.add_argument("--expert-model-parallel-size", type=int, default=run["expert_parallel"])
+    g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHERS, default=run["dispatcher"],
+                   help="alltoall needs a GPU (megatron-core opens a CUDA stream for it)")
+    g.add_argument("--moe-router-dtype", choices=ROUTER_DTYPES, default=run["router_dtype"],
+                   help="the router's GEMM and softmax dtype (default: the model's, as Megatron-LM)")
+    g.add_argument("--moe-router-load-balancing-type", choices=LOAD_BALANCING, default=run["load_balancing"])
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=run["aux_loss_coeff"])
+    g.add_argument("--moe-grouped-gemm", action="store_true",
+                   help="refused: grouped-GEMM experts have no emulated counterpart (SequentialMLP runs them)")
+
+
+def check_moe(args: argparse.Namespace, data_parallel: int, cuda: bool) -> None:
+    """MoEError (one line naming the value and what is allowed) for MoE settings the run cannot take."""
+    experts, ep = args.num_experts, args.expert_model_parallel_size
+    if ep < 1:
+        raise MoEError(f"--expert-model-parallel-size must be positive, got {ep}")
+    if experts is None:
+        if ep > 1:
+            raise MoEError(f"--expert-model-parallel-size {ep} needs an MoE model (--num-experts)")
+        return
+    if experts < 1:
+        raise MoEError(f"--num-experts must be positive, got {experts}")
+    if not 1 <= args.moe_router_topk <= experts:
+        raise MoEError(f"--moe-router-topk {args.moe_router_topk} must be between 1 and --num-experts {experts}")
+    if experts % ep:
+        raise MoEError(f"--expert-model-parallel-size {ep} does not divide --num-experts {experts}; "
+                       f"allowed: a divisor of {experts}")
+    if data_parallel % ep:
+        raise MoEError(f"--expert-model-parallel-size {ep} does not divide the data-parallel size {data_parallel} "
+                       f"(expert-parallel ranks are data-parallel ranks of the attention)")
+    for key in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise MoEError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    freq = args.moe_layer_freq
+    if isinstance(freq, (list, tuple)) and len(freq) != args.num_layers:
+        raise MoEError(f"--moe-layer-freq lists {len(freq)} layers; the model has --num-layers {args.num_layers}")
+    if isinstance(freq, int) and freq < 1:
+        raise MoEError(f"--moe-layer-freq must be positive, got {freq}")
+    if args.moe_grouped_gemm:
+        raise MoEError("--moe-grouped-gemm runs the experts in one grouped GEMM, which has no emulated "
+                       "counterpart; drop it (SequentialMLP runs each expert's GEMMs with its own scales)")
+    if args.moe_token_dispatcher_type == "alltoall" and not cuda:
+        raise MoEError("--moe-token-dispatcher-type alltoall needs a GPU (megatron-core opens a CUDA stream); "
+                       "use allgather on CPU")
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        raise MoEError(f"--tensor-model-parallel-size {args.tensor_model_parallel_size} with MoE needs "
+                       f"--sequence-parallel (megatron-core refuses MoE training under TP without it)")
+
+
+def check_router_precision(precision: "PrecisionConfig", args: argparse.Namespace) -> None:
+    """MoEError when some config of ``precision`` quantizes the router where the lab cannot emulate it."""
+    from megatron.quant.layers.router import router_quant_problem  # megatron-core: imported once a run starts
+
+    problem = router_quant_problem(args.moe_router_dtype, args.sequence_parallel)
+    if args.num_experts is None or problem is None:
+        return
+    for key, recipe in precision.configs.items():
+        if recipe.quantizes_router(args.num_layers):
+            raise MoEError(f"{precision.source}: recipe {key!r} quantizes the MoE router, but {problem}")
+
+
+def moe_config_fields(shape: Mapping, **run: Any) -> dict[str, Any]:
+    """TransformerConfig's MoE fields for ``shape`` (none for a dense shape); ``run``: ``MOE_RUN_DEFAULTS``'
+    keys, those not given at their defaults."""
+    if not shape.get("num_experts"):
+        return {}
+    given = {key: MOE_SHAPE_DEFAULTS[key] if shape.get(key) is None else shape[key] for key in MOE_SHAPE_DEFAULTS}
+    run = {**MOE_RUN_DEFAULTS, **run}
+    return dict(num_moe_experts=given["num_experts"], moe_router_topk=given["moe_router_topk"],
+                moe_ffn_hidden_size=given["moe_ffn_hidden_size"] or shape["ffn_hidden_size"],
+                moe_shared_expert_intermediate_size=given["moe_shared_expert_intermediate_size"],
+                moe_layer_freq=_layer_freq(given["moe_layer_freq"]),
+                moe_router_score_function=given["moe_router_score_function"],
+                expert_model_parallel_size=run["expert_parallel"], moe_token_dispatcher_type=run["dispatcher"],
+                moe_router_dtype=run["router_dtype"], moe_router_load_balancing_type=run["load_balancing"],
+                moe_aux_loss_coeff=run["aux_loss_coeff"], moe_grouped_gemm=False)
+
+
+def _layer_freq(freq: Any) -> Any:
+    return freq if isinstance(freq, int) else list(freq)  # megatron-core takes an int or a list
+
+
+def moe_run_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """``moe_config_fields``' run-level keywords from the parsed flags."""
+    return dict(expert_parallel=args.expert_model_parallel_size, dispatcher=args.moe_token_dispatcher_type,
+                router_dtype=args.moe_router_dtype, load_balancing=args.moe_router_load_balancing_type,
+                aux_loss_coeff=args.moe_aux_loss_coeff)
