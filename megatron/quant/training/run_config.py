@@ -10,9 +10,11 @@ rule, ``variables.PRECEDENCE``, decides between the sources. ``RunConfiguration`
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping, Optional
 
+from megatron.quant.capture.inspect_config import load_inspect_config
+from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.layers.fusions import FastPaths
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
@@ -59,6 +61,23 @@ def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> Pre
     return load_precision_file(files[0][1], source=f"{flag} {files[0][1]}").with_seed(args.seed)
 
 
+def build_capture(args: argparse.Namespace, environ: Mapping[str, str], precision: PrecisionConfig,
+                  num_layers: int) -> tuple[SaverConfig, PrecisionConfig, Optional[InspectPlan]]:
+    """TENSOR_SAVE_* and an nvdlfw-inspect config (``--tensor-inspect-config`` or TENSOR_INSPECT_CONFIG):
+    the capture settings, the precision with the config's disabled GEMMs, and the config's plan."""
+    capture = SaverConfig.from_env(environ)
+    flag = getattr(args, "tensor_inspect_config", None)
+    if flag:
+        if capture.inspect is not None:
+            raise ArgumentError("--tensor-inspect-config and TENSOR_INSPECT_CONFIG both give an inspect config; "
+                                "give one")
+        capture = replace(capture, inspect=load_inspect_config(flag, "--tensor-inspect-config"))
+    if capture.inspect is None:
+        return capture, precision, None
+    precision, plan = resolve_inspect(capture.inspect, precision, num_layers, capture.whatif)
+    return capture, precision, plan
+
+
 @dataclass(frozen=True)
 class RunConfiguration:
     """What a run is made of, decided and checked before any process group exists."""
@@ -71,6 +90,7 @@ class RunConfiguration:
     environment: tuple[tuple[str, str], ...]  # the VARIABLES that were set, as given
     shape: Mapping[str, Any]        # the model's shape (presets.SHAPE_KEYS, the padded vocabulary)
     tokenizer: Any
+    inspect: Optional[InspectPlan] = None  # an nvdlfw-inspect config resolved against the run
 
     def describe(self) -> str:
         """The start line's ``configuration:`` line: where the precision and capture came from."""

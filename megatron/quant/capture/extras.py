@@ -1,0 +1,111 @@
+"""Statistics a capture adds to ``capture_stats``' fields, keyed apart from them (the packed layout is
+``stats.packing``'s): ``block_scales`` (per-block statistics of a block format), ``whatif`` (the same
+operand under other formats), and what TE's names read that the lab's fields lack (``l1_norm``,
+``scale_min``/``scale_max``, ``max_blockwise_dynamic_range_*``).
+
+``OperandExtras`` is hashable: the saver's per-iteration memo of a weight's statistics keys on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from megatron.quant.capture.site import CaptureSite, Operand
+from megatron.quant.capture.whatif import WhatIfFormats
+from megatron.quant.formats.base import NumericFormat
+from megatron.quant.stats import capture_stats
+from megatron.quant.stats.block_scales import block_scale_stats
+from megatron.quant.stats.te_names import blockwise_name, max_blockwise_dynamic_range
+
+WHATIF_KEYS = ("numel", "nans", "infs", "overflow", "overflow_ratio", "underflow", "underflow_ratio", "mse", "rel_mse",
+               "sqnr_db", "scale_min", "scale_max")
+
+
+@dataclass(frozen=True)
+class ExtraNeeds:
+    """What to add: what-if sources (``whatif.WhatIfFormats``), TE's extra fields, per-block statistics."""
+
+    whatif: tuple[str, ...] = ()
+    te_fields: bool = False  # l1_norm, scale_min, scale_max
+    blockwise: tuple[tuple[int, int, bool], ...] = ()  # TE's max_blockwise_dynamic_range options
+    block_scales: bool = True
+
+    def __bool__(self) -> bool:
+        return bool(self.whatif or self.te_fields or self.blockwise or self.block_scales)
+
+
+@dataclass(frozen=True, eq=False)
+class OperandExtras:
+    """The extras of one record: where it was captured, under which name, what to add and at which level."""
+
+    site: CaptureSite
+    tensor_name: str
+    needs: ExtraNeeds
+    level: str
+    formats: WhatIfFormats
+
+    def key(self) -> tuple:
+        return (self.site, self.tensor_name, self.needs, self.level, id(self.formats))
+
+    def compute(self, operand: Operand) -> dict:
+        x = operand.tensor.detach()
+        result: dict = {}
+        if x.numel() == 0:
+            return result
+        needs = self.needs
+        if needs.block_scales and self.level != "counts" and operand.fmt is not None:
+            scale = operand.scale
+            if scale is None:
+                _, scale = operand.fmt.quantize_with_scale(x, axis=operand.axis, amax=operand.amax)
+            blocks = block_scale_stats(x, operand.fmt, operand.axis, scale, operand.amax)
+            if blocks is not None:
+                result["block_scales"] = blocks
+        if needs.te_fields:
+            result["l1_norm"] = float(torch.where(torch.isfinite(x), x, 0).double().abs().sum())
+            result.update(_scale_range(operand))
+        for block_size, dims, both in needs.blockwise:
+            result[blockwise_name(block_size, dims, both)] = max_blockwise_dynamic_range(x, block_size, dims, both)
+        whatif = {}
+        for source in needs.whatif:
+            found = self.formats.format_for(source, self.site.module, self.site.role, self.site.layer_idx,
+                                            self.tensor_name)
+            if found is not None:
+                whatif[source] = whatif_stats(x.reshape(-1, x.shape[-1]), *found, self.level)
+        if whatif:
+            result["whatif"] = whatif
+        return result
+
+
+def _scale_range(operand: Operand) -> dict:
+    """The smallest nonzero and the largest scale the operand's quantization used (None unquantized)."""
+    if operand.fmt is None:
+        return {"scale_min": None, "scale_max": None}
+    scale = operand.scale
+    if scale is None:
+        _, scale = operand.fmt.quantize_with_scale(operand.tensor.detach(), axis=operand.axis, amax=operand.amax)
+    return _range_of(scale)
+
+
+def _range_of(scale: Tensor) -> dict:
+    scale = scale.detach().float()
+    nonzero = scale[(scale != 0) & torch.isfinite(scale)]
+    if nonzero.numel() == 0:
+        return {"scale_min": 0.0, "scale_max": 0.0}
+    return {"scale_min": float(nonzero.min()), "scale_max": float(nonzero.max())}
+
+
+def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
+    """The quantization statistics of x under ``fmt`` (blocks along ``axis``) at the capture's level,
+    with the scale range and the per-block statistics."""
+    q, scale = fmt.quantize_with_scale(x, axis=axis)
+    stats = capture_stats(x, fmt, axis, q=q, scale=scale, level=level)
+    result = {key: stats.get(key) for key in WHATIF_KEYS if key in stats}
+    result.update(_range_of(scale))
+    if level != "counts":
+        blocks = block_scale_stats(x, fmt, axis, scale)
+        if blocks is not None:
+            result["block_scales"] = {k: v for k, v in blocks.items() if not k.endswith("_hist")}
+    return result
