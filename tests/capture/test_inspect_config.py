@@ -6,7 +6,13 @@ import pytest
 import yaml
 
 from megatron.quant.capture.inspect_config import InspectConfigError, Schedule, inspect_config_from_dict
-from megatron.quant.capture.inspect_plan import InspectPlan, disabled_gemm_rules, linear_modules, run_choices, with_rules
+from megatron.quant.capture.inspect_plan import (
+    InspectPlan,
+    disabled_gemm_rules,
+    linear_modules,
+    run_choices,
+    with_rules,
+)
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.recipe import QuantRecipe
 

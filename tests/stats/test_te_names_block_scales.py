@@ -9,8 +9,14 @@ import torch
 from megatron.quant import formats
 from megatron.quant.stats import capture_stats
 from megatron.quant.stats.block_scales import block_scale_stats
-from megatron.quant.stats.te_names import (TE_STAT, fold, markdown_table, max_blockwise_dynamic_range,
-                                           parse_quantized_stat, stat_parts)
+from megatron.quant.stats.te_names import (
+    TE_STAT,
+    fold,
+    markdown_table,
+    max_blockwise_dynamic_range,
+    parse_quantized_stat,
+    stat_parts,
+)
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "capture.md"
 

@@ -174,6 +174,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "queue_mb": ("TENSOR_SAVE_QUEUE_MB", _parse_positive_int),
     "stats": ("TENSOR_SAVE_STATS", _parse_stats_level),
     "whatif": ("TENSOR_SAVE_WHATIF", parse_whatif),
+    "block_scales": ("TENSOR_SAVE_BLOCK_SCALES", parse_bool),
     "inspect": ("TENSOR_INSPECT_CONFIG", load_inspect_config),
 }
 # What an inspect config decides itself (its sections' layers, tensors and steps; dumps per tensor).
@@ -210,6 +211,7 @@ class SaverConfig:
     queue_mb: int = 1024  # bound on tensor bytes waiting for the background writer
     stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.stats.levels.capture_stats)
     whatif: tuple[str, ...] = ()  # formats, presets or TE recipes each GEMM operand's statistics are also taken under
+    block_scales: bool = True  # stats mode: per-block statistics of block formats (capture/extras.py)
     inspect: Optional[InspectConfig] = None  # an nvdlfw-inspect config (capture/inspect_config.py): turns capture on
 
     def __post_init__(self) -> None:

@@ -8,7 +8,6 @@ operand under other formats), and what TE's names read that the lab's fields lac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -101,7 +100,10 @@ def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
     """The quantization statistics of x under ``fmt`` (blocks along ``axis``) at the capture's level,
     with the scale range and the per-block statistics."""
     q, scale = fmt.quantize_with_scale(x, axis=axis)
-    stats = capture_stats(x, fmt, axis, q=q, scale=scale, level=level)
+    # Tiles (16x16 NVFP4 weights, 128x128 FP8 block weights) are not sampled: the sample level's slices
+    # would cut them, and the full pass over a weight costs little.
+    tiled = fmt.kernel_contract is not None and fmt.kernel_contract.tiled
+    stats = capture_stats(x, fmt, axis, q=q, scale=scale, level="full" if tiled and level == "sample" else level)
     result = {key: stats.get(key) for key in WHATIF_KEYS if key in stats}
     result.update(_range_of(scale))
     if level != "counts":

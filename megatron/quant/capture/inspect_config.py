@@ -107,7 +107,9 @@ class LayerMatch:
         return any(t in layer or t == "all" for t in self.types)
 
     def describe(self) -> str:
-        return f"layer_name_regex_pattern {self.regex!r}" if self.regex is not None else f"layer_types {list(self.types)}"
+        if self.regex is not None:
+            return f"layer_name_regex_pattern {self.regex!r}"
+        return f"layer_types {list(self.types)}"
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,8 @@ def _section(name: str, body: Any, source: str) -> Optional[Section]:
             continue
         if key == NAMESPACE:
             if not isinstance(value, Mapping):
-                raise InspectConfigError(f"{where}.{NAMESPACE}: expected a mapping of features, got {show_value(value)}")
+                raise InspectConfigError(f"{where}.{NAMESPACE}: expected a mapping of features, "
+                                         f"got {show_value(value)}")
             for feature, config in value.items():
                 entries += _feature(str(feature), config, f"{where}.{NAMESPACE}.{feature}")
         elif key == "LogTensorStats":  # nvdlfw-inspect's own feature (the default namespace)

@@ -38,7 +38,8 @@ PASSTHROUGH = FormatChoice("bf16")
 
 def linear_modules(num_layers: int, roles: Iterable[str]) -> dict[str, tuple[str, int]]:
     """The run's linear modules: path -> (role, 0-based layer; -1 for the output layer)."""
-    modules = {f"decoder.layers.{i}.{MODULE_PATHS[role]}": (role, i) for i in range(num_layers) for role in LINEAR_ROLES}
+    modules = {f"decoder.layers.{i}.{MODULE_PATHS[role]}": (role, i)
+               for i in range(num_layers) for role in LINEAR_ROLES}
     if "output_layer" in roles:
         modules["output_layer"] = ("output_layer", -1)
     return modules

@@ -177,10 +177,11 @@ class CaptureSession:
         if request is None:
             full = cfg.mode == "full"
             save_quantized = full and cfg.save_quantized and operand.fmt is not None
-            needs = ExtraNeeds(whatif=cfg.whatif if name in ORIENTATIONS else (), block_scales=not full)
+            needs = ExtraNeeds(whatif=cfg.whatif if name in ORIENTATIONS else (),
+                               block_scales=cfg.block_scales and not full)
         else:
             full, save_quantized = request.keep_tensor, request.keep_quantized and operand.fmt is not None
-            needs = request.needs
+            needs = replace(request.needs, block_scales=cfg.block_scales)
         extras = OperandExtras(site, name, needs, cfg.stats, self._formats) if needs else None
         if save_quantized and operand.quantized is None:
             # Quantize once: the statistics and the saved copy then describe the same values.
