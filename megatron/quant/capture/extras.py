@@ -15,10 +15,11 @@ from torch import Tensor
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.whatif import WhatIfFormats
 from megatron.quant.formats.base import NumericFormat
-from megatron.quant.stats import capture_stats
+from megatron.quant.stats import SAMPLE_ELEMENTS, capture_stats
 from megatron.quant.stats.block_scales import block_scale_stats
 from megatron.quant.stats.te_names import blockwise_name, max_blockwise_dynamic_range
 
+MIN_GROUPS = 8  # rows (or tile rows) a what-if sample takes at least
 WHATIF_KEYS = ("numel", "nans", "infs", "overflow", "overflow_ratio", "underflow", "underflow_ratio", "mse", "rel_mse",
                "sqnr_db", "scale_min", "scale_max")
 
@@ -97,17 +98,40 @@ def _range_of(scale: Tensor) -> dict:
 
 
 def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
-    """The quantization statistics of x under ``fmt`` (blocks along ``axis``) at the capture's level,
-    with the scale range and the per-block statistics."""
-    q, scale = fmt.quantize_with_scale(x, axis=axis)
-    # Tiles (16x16 NVFP4 weights, 128x128 FP8 block weights) are not sampled: the sample level's slices
-    # would cut them, and the full pass over a weight costs little.
-    tiled = fmt.kernel_contract is not None and fmt.kernel_contract.tiled
-    stats = capture_stats(x, fmt, axis, q=q, scale=scale, level="full" if tiled and level == "sample" else level)
+    """The quantization statistics of x ([rows, cols]) under ``fmt`` (blocks along ``axis``), with the
+    scale range and the per-block statistics. At the ``sample`` level all of them, counts included, come
+    from whole blocks of about ``SAMPLE_ELEMENTS`` elements quantized with the whole tensor's amax (a
+    what-if quantization of every element would cost a training step per format on a CPU); at ``counts``
+    and ``full`` from every element."""
+    sampled = level == "sample"
+    part = _whole_blocks(x, fmt, axis) if sampled else x
+    amax = x.abs().amax().float() if part is not x else None
+    q, scale = fmt.quantize_with_scale(part, axis=axis, amax=amax)
+    stats = capture_stats(part, fmt, axis, amax=amax, q=q, scale=scale, level="full" if sampled else level)
     result = {key: stats.get(key) for key in WHATIF_KEYS if key in stats}
+    result["stats_sampled"] = part.numel() if level != "counts" else 0
     result.update(_range_of(scale))
     if level != "counts":
-        blocks = block_scale_stats(x, fmt, axis, scale)
+        blocks = block_scale_stats(part, fmt, axis, scale, amax)
         if blocks is not None:
             result["block_scales"] = {k: v for k, v in blocks.items() if not k.endswith("_hist")}
     return result
+
+
+def _whole_blocks(x: Tensor, fmt: NumericFormat, axis: int) -> Tensor:
+    """About ``SAMPLE_ELEMENTS`` elements of x ([rows, cols]) in whole blocks: rows when the blocks run
+    along rows (``axis`` -1 or 1), columns when along columns (0); for tiles, whole tile rows; at least
+    ``MIN_GROUPS`` of them, drawn at positions fixed by the size (random, so that strided layouts such as
+    heads or channels do not alias)."""
+    contract = fmt.kernel_contract
+    side = contract.block_size if contract is not None and contract.tiled else 1
+    view = x if axis % 2 else x.t()
+    groups = view.shape[0] // side
+    wanted = max(MIN_GROUPS, -(-SAMPLE_ELEMENTS // (view.shape[1] * side)))
+    if wanted >= groups or view.shape[0] % side:
+        return x
+    generator = torch.Generator().manual_seed(groups)
+    starts = torch.randperm(groups, generator=generator)[:wanted].sort().values * side
+    rows = (starts[:, None] + torch.arange(side)).flatten().to(x.device)
+    part = view.index_select(0, rows)
+    return part if axis % 2 else part.t()
