@@ -285,8 +285,8 @@ def _stat(feature: str, stat: Any, tensor: str, where: str, base: bool) -> StatR
     if feature == "LogTensorStats":
         if isinstance(stat, Mapping) and not base and list(stat) == ["max_blockwise_dynamic_range"]:
             return _blockwise(stat["max_blockwise_dynamic_range"], tensor, where)
-        known = BASE_LOG_STATS if base else LOG_STATS + ("max_blockwise_dynamic_range",)
-        if not isinstance(stat, str) or stat.lower() not in known or stat == "max_blockwise_dynamic_range":
+        known = BASE_LOG_STATS if base else LOG_STATS
+        if not isinstance(stat, str) or stat.lower() not in known:
             raise InspectConfigError(f"{where}: stat {show_value(stat)} is unknown; {feature} logs "
                                      f"{', '.join(known)}" + ("" if base else " ({max_blockwise_dynamic_range: "
                                                                               "{block_size, dims}})"))
