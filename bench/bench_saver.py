@@ -115,10 +115,9 @@ def inspect_plan(fmt: str, num_layers: int) -> tuple:
     """(the bench's inspect config, its plan over a uniform ``fmt`` model)."""
     import yaml
 
-    from megatron.quant.capture.inspect_config import inspect_config_from_dict
-    from megatron.quant.capture.inspect_plan import resolve_inspect
     from megatron.quant.recipes.precision import PrecisionConfig
     from megatron.quant.recipes.recipe import QuantRecipe
+    from megatron.quant.tensor_saver import inspect_config_from_dict, resolve_inspect
 
     config = inspect_config_from_dict(yaml.safe_load(INSPECT_CONFIG), "bench inspect config")
     return config, resolve_inspect(config, PrecisionConfig.uniform(QuantRecipe.uniform(fmt)), num_layers)[1]

@@ -34,14 +34,17 @@ from torch import Tensor
 from megatron.quant import position
 from megatron.quant.capture.config import ENV_VARS, IterationWindow, SaverConfig
 from megatron.quant.capture.directory import check_writable
-from megatron.quant.capture.inspect_plan import InspectPlan
+from megatron.quant.capture.inspect_config import InspectConfigError, inspect_config_from_dict, load_inspect_config
+from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.capture.session import CaptureSession
 from megatron.quant.capture.site import CaptureSite, Operand
 
 __all__ = [
     "CaptureSite", "Operand", "SaverConfig", "IterationWindow", "ENV_VARS",
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
-    "writer_stats", "stats_level", "check_writable",
+    "writer_stats", "stats_level", "check_writable", "InspectConfigError", "InspectPlan", "inspect_config_from_dict",
+    "load_inspect_config",
+    "resolve_inspect",
 ]
 
 _session: Optional[CaptureSession] = None

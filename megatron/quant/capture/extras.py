@@ -15,9 +15,13 @@ from torch import Tensor
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.whatif import WhatIfFormats
 from megatron.quant.formats.base import NumericFormat
-from megatron.quant.stats import SAMPLE_ELEMENTS, capture_stats
-from megatron.quant.stats.block_scales import block_scale_stats
-from megatron.quant.stats.te_names import blockwise_name, max_blockwise_dynamic_range
+from megatron.quant.stats import (
+    SAMPLE_ELEMENTS,
+    block_scale_stats,
+    blockwise_name,
+    capture_stats,
+    max_blockwise_dynamic_range,
+)
 
 MIN_GROUPS = 8  # rows (or tile rows) a what-if sample takes at least
 WHATIF_KEYS = ("numel", "nans", "infs", "overflow", "overflow_ratio", "underflow", "underflow_ratio", "mse", "rel_mse",

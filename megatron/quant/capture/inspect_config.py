@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from megatron.quant.formats.show import show_value
-from megatron.quant.stats.te_names import TE_RECIPES, blockwise_name, logged_name, parse_quantized_stat
+from megatron.quant.stats import TE_RECIPES, blockwise_name, logged_name, parse_quantized_stat
 from megatron.quant.yaml_safe import load_yaml
 
 NAMESPACE = "transformer_engine"

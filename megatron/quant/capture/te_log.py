@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 
 from megatron.quant.capture.inspect_config import StatRequest
 from megatron.quant.capture.manifest import ManifestFile
-from megatron.quant.stats.te_names import TE_STAT, Parts, fold, stat_parts
+from megatron.quant.stats import TE_STAT, fold, stat_parts
 
 LOG_DIR = "nvdlfw_inspect_statistics_logs"
 LINE = "INFO - {} \t\t\t\t iteration={:06d} \t\t\t\t value={:.6g}\n"  # nvdlfw-inspect's, 6 significant digits
@@ -34,7 +34,7 @@ class TeStatsLog:
     def __init__(self, save_dir: str) -> None:
         self._save_dir = save_dir
         self._file: Optional[ManifestFile] = None
-        self._rows: dict[tuple[str, str, StatRequest], list[Parts]] = defaultdict(list)
+        self._rows: dict[tuple[str, str, StatRequest], list[tuple[float, ...]]] = defaultdict(list)
         self._stopped = False
 
     def add(self, layer: str, te_tensor: str, requests: tuple[StatRequest, ...], stats: Mapping) -> None:

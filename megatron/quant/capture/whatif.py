@@ -17,7 +17,7 @@ from megatron.quant.formats.base import NumericFormat
 from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.rules import FormatChoice
-from megatron.quant.stats.te_names import TE_RECIPES
+from megatron.quant.stats import TE_RECIPES
 
 COLUMNWISE = "/columnwise"
 RUN = "run"

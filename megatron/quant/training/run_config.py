@@ -13,14 +13,12 @@ import argparse
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Optional
 
-from megatron.quant.capture.inspect_config import load_inspect_config
-from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.layers.fusions import FastPaths
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
-from megatron.quant.tensor_saver import SaverConfig
+from megatron.quant.tensor_saver import InspectPlan, SaverConfig, load_inspect_config, resolve_inspect
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.variables import PRECEDENCE, RECIPE_CHOOSING
 
