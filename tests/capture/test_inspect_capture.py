@@ -61,6 +61,7 @@ def test_a_step_is_logged_under_te_names_folded_over_micro_batches(tmp_path):
                 tensor_saver.capture(site, "forward", "pre", {"input": Operand(x, fmt), "weight": Operand(weight, fmt)})
             summary = tensor_saver.iteration_summary()
         assert summary[f"{FC1}_activation_underflows%"] == pytest.approx(100 / 256)
+        assert summary["whatif/te-mxfp8/fc1/input/underflow_ratio"] == pytest.approx(1 / 256)
     finally:
         tensor_saver.close()
     logged = _log(tmp_path)
@@ -126,3 +127,24 @@ def test_nvdlfw_inspect_example_runs_a_tiny_training(tmp_path, monkeypatch):
     low = min(math.log2(s["absmax"]) - s["dynamic_range_log2"] for s in inputs)
     assert logged[(f"{layers[2]}_activation_dynamic_range", 0)] == pytest.approx(
         math.log2(max(s["absmax"] for s in inputs)) - low, rel=1e-5)
+
+
+def test_whatif_formats_of_a_bf16_operand(tmp_path, capture_session):
+    """TENSOR_SAVE_WHATIF: one unquantized activation's statistics under MXFP8 and TE's current scaling,
+    against values worked out by hand."""
+    capture_session(mode="stats", whatif=("mxfp8", "fp8_current_scaling"), iterations="1")
+    x = torch.ones(2, 32)
+    x[0, 31] = 2.0 ** -20  # MXFP8 block scale 2**-8 (amax 1): 2**-12 is below half of E4M3's 2**-9
+    x[1, 0] = 448.0  # current scaling: scale 1, 2**-20 also flushed; MXFP8: a block of its own (scale 2**0)
+    position.set_iteration(1)
+    position.set_microbatch(0, first_sample=0)
+    tensor_saver.capture(CaptureSite("linear", "linear", 0, FC1, "fc1", "bf16"), "forward", "pre", {"input": x})
+    summary = tensor_saver.iteration_summary()
+    tensor_saver.flush()
+    (entry,) = [json.loads(line)["metadata"] for line in (tmp_path / "bf16" / "manifest-rank00.jsonl").open()]
+    whatif = entry["stats"]["whatif"]
+    assert whatif["mxfp8"]["underflow"] == 1 and whatif["mxfp8"]["overflow"] == 0
+    assert whatif["mxfp8"]["scale_min"] == 2.0 ** -8 and whatif["mxfp8"]["scale_max"] == 1.0
+    assert whatif["fp8_current_scaling"]["underflow"] == 1 and whatif["fp8_current_scaling"]["scale_max"] == 1.0
+    assert summary["whatif/mxfp8/fc1/input/underflow_ratio"] == 1 / 64
+    assert "block_scales" not in entry["stats"]  # the run's own operand is not block-quantized
