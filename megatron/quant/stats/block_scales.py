@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
-from megatron.quant.formats.blocks import blocks_in_order
+from megatron.quant.formats.blocks import blocks_in_order, split_blocks
 
 if TYPE_CHECKING:
     from megatron.quant.formats.contract import KernelContract
@@ -56,11 +56,7 @@ def block_scale_stats(x: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor,
     if contract is None or not contract.blocked or scale.dim() == 0:
         return None
     values = fmt.transform(x.detach(), axis) if fmt.transforms_operand else x.detach()
-    magnitude = blocks_in_order(values.float().abs(), fmt, axis)
-    magnitude = torch.where(torch.isfinite(magnitude), magnitude, 0.0)
-    block_scale = blocks_in_order(scale.detach().float().expand(x.shape), fmt, axis)[:, 0]
-    block_max = magnitude.amax(1)
-    block_min = torch.where(magnitude == 0, math.inf, magnitude).amin(1)
+    block_max, block_min, block_scale = _per_block(values, fmt, axis, scale.detach().expand(x.shape))
     used = (block_max > 0) & torch.isfinite(block_scale)
     count = int(used.count_nonzero())
     if count == 0:
@@ -82,6 +78,23 @@ def block_scale_stats(x: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor,
         "range_log2_max": float(ranges.max()), "range_log2_mean": float(ranges.mean()),
         "range_log2_hist": _histogram(ranges),
     }
+
+
+def _per_block(values: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each block's amax and min nonzero \|x\| (over its finite elements) and scale, flat, in one block
+    order. Blocks along an axis are viewed in place (no copy of x or of the per-element scale)."""
+    magnitude = values.float().abs()
+    if not bool(torch.isfinite(magnitude.amax())):
+        magnitude = torch.where(torch.isfinite(magnitude), magnitude, 0.0)
+    if fmt.kernel_contract.tiled:
+        rows = blocks_in_order(magnitude, fmt, axis)
+        return rows.amax(1), torch.where(rows == 0, math.inf, rows).amin(1), \
+            blocks_in_order(scale.float(), fmt, axis)[:, 0]
+    axis = axis % values.dim()
+    blocks = split_blocks(magnitude, axis, fmt.block_size)
+    nonzero_min = torch.where(blocks == 0, math.inf, blocks).amin(axis + 1)
+    block_scale = split_blocks(scale, axis, fmt.block_size).select(axis + 1, 0)
+    return blocks.amax(axis + 1).flatten(), nonzero_min.flatten(), block_scale.float().flatten()
 
 
 def _stored(scales: Tensor, contract: "KernelContract", values: Tensor, amax: Optional[Tensor]) -> Tensor:
