@@ -46,7 +46,7 @@ class CaptureSession:
             raise ValueError(f"run_iterations={run_iterations!r} is invalid; allowed: a non-empty range(start, stop)")
         if config.inspect is not None and plan is None:
             raise ValueError(f"{config.inspect.source}: an inspect config needs the run's layers and formats; pass "
-                             f"plan=capture.inspect_plan.resolve_inspect(...)[1] to configure")
+                             f"plan=tensor_saver.resolve_inspect(...)[1] to configure")
         if config.enabled:
             check_writable(config.save_dir)
         self.config = config
