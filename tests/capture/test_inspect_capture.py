@@ -148,3 +148,20 @@ def test_whatif_formats_of_a_bf16_operand(tmp_path, capture_session):
     assert whatif["fp8_current_scaling"]["underflow"] == 1 and whatif["fp8_current_scaling"]["scale_max"] == 1.0
     assert summary["whatif/mxfp8/fc1/input/underflow_ratio"] == 1 / 64
     assert "block_scales" not in entry["stats"]  # the run's own operand is not block-quantized
+
+
+@pytest.mark.parametrize("block_scales", [True, False])
+def test_stats_mode_adds_block_scales_of_block_formats(tmp_path, capture_session, block_scales):
+    capture_session(mode="stats", stats="sample", block_scales=block_scales, iterations="1")
+    fmt = formats.get_format("mxfp8_e4m3")
+    position.set_iteration(1)
+    position.set_microbatch(0, first_sample=0)
+    tensor_saver.capture(CaptureSite("linear", "linear", 0, FC1, "fc1", "mxfp8"), "forward", "pre",
+                         {"input": Operand(torch.ones(4, 64), fmt)})
+    tensor_saver.flush()
+    (entry,) = [json.loads(line)["metadata"] for line in (tmp_path / "mxfp8" / "manifest-rank00.jsonl").open()]
+    if block_scales:  # amax 1: every scale 2**-8, every block one value wide
+        assert entry["stats"]["block_scales"]["blocks"] == 8 and entry["stats"]["block_scales"]["scale_max"] == 2 ** -8
+        assert entry["stats"]["block_scales"]["range_log2_max"] == 0.0
+    else:
+        assert "block_scales" not in entry["stats"]
