@@ -8,6 +8,7 @@ operand under other formats), and what TE's names read that the lab's fields lac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -61,10 +62,7 @@ class OperandExtras:
             return result
         needs = self.needs
         if needs.block_scales and self.level != "counts" and operand.fmt is not None:
-            scale = operand.scale
-            if scale is None:
-                _, scale = operand.fmt.quantize_with_scale(x, axis=operand.axis, amax=operand.amax)
-            blocks = block_scale_stats(x, operand.fmt, operand.axis, scale, operand.amax)
+            blocks = _operand_block_scales(operand, self.level == "sample")
             if blocks is not None:
                 result["block_scales"] = blocks
         if needs.te_fields:
@@ -81,6 +79,27 @@ class OperandExtras:
         if whatif:
             result["whatif"] = whatif
         return result
+
+
+def _operand_block_scales(operand: Operand, sampled: bool) -> Optional[dict]:
+    """``block_scale_stats`` of the operand's own quantization: over every block, or (``sampled``) over
+    whole blocks of about ``SAMPLE_ELEMENTS`` elements where its blocks lie along rows of a 2-D view."""
+    x, fmt, axis = operand.tensor.detach(), operand.fmt, operand.axis
+    contract = fmt.kernel_contract
+    if contract is None or not contract.blocked:
+        return None
+    scale = operand.scale
+    if scale is None:
+        _, scale = fmt.quantize_with_scale(x, axis=axis, amax=operand.amax)
+    amax = operand.amax
+    last = axis % x.dim() == x.dim() - 1
+    if sampled and scale.dim() and (x.dim() == 2 or (last and not contract.tiled)):
+        if amax is None and not fmt.transforms_operand:
+            amax = x.abs().amax()  # the NVFP4 scale's encoding is the whole tensor's
+        axis = axis if x.dim() == 2 else -1
+        view = x.reshape(-1, x.shape[-1])
+        x, scale = _whole_blocks(view, fmt, axis, scale.expand(x.shape).reshape(view.shape))
+    return block_scale_stats(x, fmt, axis, scale, amax)
 
 
 def _scale_range(operand: Operand) -> dict:
@@ -108,7 +127,7 @@ def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
     what-if quantization of every element would cost a training step per format on a CPU); at ``counts``
     and ``full`` from every element."""
     sampled = level == "sample"
-    part = _whole_blocks(x, fmt, axis) if sampled else x
+    (part,) = _whole_blocks(x, fmt, axis) if sampled else (x,)
     amax = x.abs().amax().float() if part is not x else None
     q, scale = fmt.quantize_with_scale(part, axis=axis, amax=amax)
     stats = capture_stats(part, fmt, axis, amax=amax, q=q, scale=scale, level="full" if sampled else level)
@@ -122,20 +141,20 @@ def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
     return result
 
 
-def _whole_blocks(x: Tensor, fmt: NumericFormat, axis: int) -> Tensor:
-    """About ``SAMPLE_ELEMENTS`` elements of x ([rows, cols]) in whole blocks: rows when the blocks run
-    along rows (``axis`` -1 or 1), columns when along columns (0); for tiles, whole tile rows; at least
-    ``MIN_GROUPS`` of them, drawn at positions fixed by the size (random, so that strided layouts such as
-    heads or channels do not alias)."""
+def _whole_blocks(x: Tensor, fmt: NumericFormat, axis: int, *alike: Tensor) -> tuple[Tensor, ...]:
+    """About ``SAMPLE_ELEMENTS`` elements of x ([rows, cols]) in whole blocks, and the same elements of
+    each of ``alike`` (x's shape): rows when the blocks run along rows (``axis`` -1 or 1), columns when
+    along columns (0); for tiles, whole tile rows; at least ``MIN_GROUPS`` of them, drawn at positions
+    fixed by the size (random, so that strided layouts such as heads or channels do not alias)."""
     contract = fmt.kernel_contract
     side = contract.block_size if contract is not None and contract.tiled else 1
     view = x if axis % 2 else x.t()
     groups = view.shape[0] // side
     wanted = max(MIN_GROUPS, -(-SAMPLE_ELEMENTS // (view.shape[1] * side)))
     if wanted >= groups or view.shape[0] % side:
-        return x
+        return (x, *alike)
     generator = torch.Generator().manual_seed(groups)
     starts = torch.randperm(groups, generator=generator)[:wanted].sort().values * side
     rows = (starts[:, None] + torch.arange(side)).flatten().to(x.device)
-    part = view.index_select(0, rows)
-    return part if axis % 2 else part.t()
+    picked = [(t if axis % 2 else t.t()).index_select(0, rows) for t in (x, *alike)]
+    return tuple(p if axis % 2 else p.t() for p in picked)
