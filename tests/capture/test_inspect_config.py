@@ -120,3 +120,19 @@ def test_disable_quantization_gemm_keeps_those_gemms_in_high_precision():
     # step = iteration - 1: the activation entry runs at steps 10, 20, ... from 5
     assert plan.request("decoder.layers.0.mlp.linear_fc1", "input", "forward", 10).stats
     assert plan.request("decoder.layers.0.mlp.linear_fc2", "input", "forward", 10) is None
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"TENSOR_INSPECT_CONFIG": "{path}"}, "--tensor-inspect-config and TENSOR_INSPECT_CONFIG both give"),
+    ({"TENSOR_SAVE_LAYERS": "0"}, "the inspect config chooses the layers, tensors and steps; unset TENSOR_SAVE_LAYERS"),
+])
+def test_the_flag_refuses_a_second_choice_of_what_to_capture(tmp_path, env, words):
+    import argparse
+
+    from megatron.quant.training.run_config import build_capture
+    path = tmp_path / "inspect.yaml"
+    path.write_text(TE_EXAMPLE)
+    precision = PrecisionConfig.uniform(QuantRecipe.from_dict({"format": "mxfp8"}))
+    environ = {key: value.format(path=path) for key, value in env.items()}
+    with pytest.raises(ValueError, match=re.escape(words)):
+        build_capture(argparse.Namespace(tensor_inspect_config=str(path)), environ, precision, 2)
