@@ -7,6 +7,7 @@ operand under other formats), and what TE's names read that the lab's fields lac
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -113,11 +114,15 @@ def _scale_range(operand: Operand) -> dict:
 
 
 def _range_of(scale: Tensor) -> dict:
-    scale = scale.detach().float()
-    nonzero = scale[(scale != 0) & torch.isfinite(scale)]
-    if nonzero.numel() == 0:
-        return {"scale_min": 0.0, "scale_max": 0.0}
-    return {"scale_min": float(nonzero.min()), "scale_max": float(nonzero.max())}
+    """The smallest nonzero and the largest finite scale (0 and 0 when there is none)."""
+    scale = scale.detach()
+    lowest, highest = (float(v) for v in torch.aminmax(scale))
+    if not (math.isfinite(lowest) and math.isfinite(highest)):  # a block holding Inf or NaN: mask them
+        scale = torch.where(torch.isfinite(scale), scale, 0.0)
+        highest = float(scale.amax())
+    if lowest <= 0 or not math.isfinite(lowest):
+        lowest = float(torch.where(scale > 0, scale, math.inf).amin())
+    return {"scale_min": lowest if math.isfinite(lowest) else 0.0, "scale_max": highest}
 
 
 def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
