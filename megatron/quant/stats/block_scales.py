@@ -86,14 +86,15 @@ def _per_block(values: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor) -> 
     magnitude = values.float().abs()
     if not bool(torch.isfinite(magnitude.amax())):
         magnitude = torch.where(torch.isfinite(magnitude), magnitude, 0.0)
-    if fmt.kernel_contract.tiled:
+    contract = fmt.kernel_contract
+    if contract.tiled:
         rows = blocks_in_order(magnitude, fmt, axis)
         return rows.amax(1), torch.where(rows == 0, math.inf, rows).amin(1), \
             blocks_in_order(scale.float(), fmt, axis)[:, 0]
     axis = axis % values.dim()
-    blocks = split_blocks(magnitude, axis, fmt.block_size)
+    blocks = split_blocks(magnitude, axis, contract.block_size)
     nonzero_min = torch.where(blocks == 0, math.inf, blocks).amin(axis + 1)
-    block_scale = split_blocks(scale, axis, fmt.block_size).select(axis + 1, 0)
+    block_scale = split_blocks(scale, axis, contract.block_size).select(axis + 1, 0)
     return blocks.amax(axis + 1).flatten(), nonzero_min.flatten(), block_scale.float().flatten()
 
 
