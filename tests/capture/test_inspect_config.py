@@ -136,3 +136,13 @@ def test_the_flag_refuses_a_second_choice_of_what_to_capture(tmp_path, env, word
     environ = {key: value.format(path=path) for key, value in env.items()}
     with pytest.raises(ValueError, match=re.escape(words)):
         build_capture(argparse.Namespace(tensor_inspect_config=str(path)), environ, precision, 2)
+
+
+def test_the_config_shown_in_docs_runs_here():
+    import pathlib
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "capture.md").read_text()
+    section = text[text.index("## For Transformer Engine users"):]
+    shown = section[section.index("```yaml") + len("```yaml"):section.index("```", section.index("```yaml") + 7)]
+    precision, plan = _plan(shown, "bf16")
+    assert plan.request("decoder.layers.1.self_attention.linear_qkv", "grad_output", "backward", 0).stats
+    assert precision.configs["bf16"].choices("fc2", 0, 2)["dgrad.grad_output"].name == "bf16"
