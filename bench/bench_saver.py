@@ -8,12 +8,17 @@ in each mode, interleaved so machine noise hits all modes alike:
   stats         ... TENSOR_SAVE_STATS=full (the default)
   stats-every10 ... full statistics of every 10th iteration: 10 steps, the time per step
   full          TENSOR_SAVE_MODE=full, every iteration: files written by the background writer
+  sample-plain  stats-sample without the per-block statistics (TENSOR_SAVE_BLOCK_SCALES=0): the base of
+  sample-whatif stats-sample with TENSOR_SAVE_WHATIF (--whatif, default four formats), and
+  sample-inspect stats-sample driven by an inspect config (INSPECT_CONFIG: every TE statistic of every
+                linear layer's activation, weight and gradient, FP8 and NVFP4 what-ifs, every step)
 Reported (medians over rounds): each stats level's overhead vs off (goal <= 10%), the training
 thread's wait for the writer in full mode as a fraction of an off step (goal <= 25%), the
 full-mode added training-thread time, how long the background writing took, and the disk write
 speed (a lower bound: the bytes of one full iteration over its step and the drain after it).
 
     python bench/bench_saver.py [--model llama-tiny|wide|1b-2layers] [--format mxfp8] [--rounds 7] [--device cuda]
+                                [--modes off stats-sample ...]
 Models: llama-tiny (hidden 256), wide (llama-tiny at hidden 1024, FFN 3072, 8 heads), 1b-2layers
 (Llama 3.2 1B's widths and vocabulary, 2 layers, seq 2048: for a GPU).
 Writes bench/results/bench_saver_<model>.json (..._cuda.json on a GPU).
@@ -36,8 +41,27 @@ from megatron.quant import position, tensor_saver
 from megatron.quant.tensor_saver import SaverConfig
 from megatron.quant.training.presets import PRESETS
 
-MODES = ("off", "stats-counts", "stats-sample", "stats", "stats-every10", "full")
-STATS_LEVEL = {"stats-counts": "counts", "stats-sample": "sample"}  # others: full statistics
+MODES = ("off", "stats-counts", "stats-sample", "stats", "stats-every10", "full", "sample-plain", "sample-whatif",
+         "sample-inspect")
+STATS_LEVEL = {"stats-counts": "counts", "stats-sample": "sample", "sample-plain": "sample", "sample-whatif": "sample",
+               "sample-inspect": "sample"}  # others: full statistics
+EXTRAS = ("stats-sample", "sample-whatif", "sample-inspect")  # their cost over sample-plain
+INSPECT_CONFIG = """
+everything:
+  enabled: True
+  layers: {layer_name_regex_pattern: .*}
+  transformer_engine:
+    LogTensorStats:
+      enabled: True
+      tensors: [activation, weight, gradient]
+      stats: [min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range,
+              {max_blockwise_dynamic_range: {block_size: 32, dims: 1}}]
+    LogFp8TensorStats:
+      enabled: True
+      tensors: [activation, weight, gradient]
+      stats: [underflows%, mxfp8_underflows%, mxfp8_scale_inv_max_columnwise, fp8_block_scaling_mse]
+    LogNvfp4TensorStats: {enabled: True, tensors: [activation, weight, gradient], stats: [underflows%, mse]}
+"""
 STEPS = {"stats-every10": 10}  # steps per measurement (capture on the first); others: 1
 _1B = {key: value for key, value in PRESETS["llama3.2-1b"].items()
        if key in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "vocab_size")}
@@ -77,12 +101,34 @@ def training_step(model, optimizer, batches, iteration: int) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def timed_step(mode: str, model, optimizer, batches, iteration: int, save_dir: str, queue_mb: int) -> dict:
+def saver_config(mode: str, steps: int, save_dir: str, queue_mb: int, whatif: tuple[str, ...], plan) -> tuple:
+    """(SaverConfig, inspect plan or None) of ``mode``."""
+    level = STATS_LEVEL.get(mode, "full")
+    if mode == "sample-inspect":
+        return SaverConfig(stats=level, save_dir=save_dir, queue_mb=queue_mb, inspect=plan[0]), plan[1]
+    return SaverConfig(enabled=mode != "off", mode="full" if mode == "full" else "stats", stats=level,
+                       iterations=f"every:{steps}", save_dir=save_dir, queue_mb=queue_mb,
+                       block_scales=mode != "sample-plain", whatif=whatif if mode == "sample-whatif" else ()), None
+
+
+def inspect_plan(fmt: str, num_layers: int) -> tuple:
+    """(the bench's inspect config, its plan over a uniform ``fmt`` model)."""
+    import yaml
+
+    from megatron.quant.recipes.precision import PrecisionConfig
+    from megatron.quant.recipes.recipe import QuantRecipe
+    from megatron.quant.tensor_saver import inspect_config_from_dict, resolve_inspect
+
+    config = inspect_config_from_dict(yaml.safe_load(INSPECT_CONFIG), "bench inspect config")
+    return config, resolve_inspect(config, PrecisionConfig.uniform(QuantRecipe.uniform(fmt)), num_layers)[1]
+
+
+def timed_step(mode: str, model, optimizer, batches, iteration: int, save_dir: str, queue_mb: int,
+               whatif: tuple[str, ...] = (), plan: tuple = (None, None)) -> dict:
     """``STEPS[mode]`` training steps from ``iteration`` (a multiple of them: captured first); per step."""
     steps = STEPS.get(mode, 1)
-    tensor_saver.configure(SaverConfig(enabled=mode != "off", mode="full" if mode == "full" else "stats",
-                                       stats=STATS_LEVEL.get(mode, "full"), iterations=f"every:{steps}",
-                                       save_dir=save_dir, queue_mb=queue_mb))
+    config, resolved = saver_config(mode, steps, save_dir, queue_mb, whatif, plan)
+    tensor_saver.configure(config, plan=resolved)
     synchronize()
     start, cpu_start = time.perf_counter(), time.process_time()
     for step in range(steps):
@@ -110,6 +156,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--out", default=None, help="default bench/results/bench_saver_<model>[_cuda].json")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to run (off always)")
+    parser.add_argument("--whatif", default="te-mxfp8,te-nvfp4,hifp8,fp8_current_scaling",
+                        help="TENSOR_SAVE_WHATIF of sample-whatif")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
@@ -123,18 +172,22 @@ def main() -> None:
     seq = shape["seq_length"]
     batches = [(torch.randint(0, shape["vocab_size"], (args.batch, seq), device=args.device),
                 torch.arange(seq, device=args.device).expand(args.batch, seq)) for _ in range(args.microbatches)]
-    samples: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    modes = tuple(m for m in MODES if m == "off" or m in args.modes)
+    whatif = tuple(args.whatif.split(","))
+    plan = inspect_plan(args.format, shape["num_layers"]) if "sample-inspect" in modes else (None, None)
+    samples: dict[str, list[dict]] = {mode: [] for mode in modes}
+    bytes_full = 0
     with tempfile.TemporaryDirectory(prefix="bench_saver_") as root:
         training_step(model, optimizer, batches, 0)  # warm-up, capture off
         for round_idx in range(args.rounds):
-            for mode in MODES:
+            for mode in modes:
                 save_dir = os.path.join(root, f"{mode}{round_idx}")
                 # every mode's first iteration is captured: a multiple of its step count
                 samples[mode].append(timed_step(mode, model, optimizer, batches, (round_idx + 1) * STEPS.get(mode, 1),
-                                                save_dir, args.queue_mb))
+                                                save_dir, args.queue_mb, whatif, plan))
             bytes_full = sum(p.stat().st_size for p in Path(root, f"full{round_idx}").rglob("*") if p.is_file())
             print(f"round {round_idx + 1}/{args.rounds}: " + ", ".join(
-                f"{m} {samples[m][-1]['step_s']:.3f}s" for m in MODES) + f", full wrote {bytes_full / 2**20:.1f} MiB",
+                f"{m} {samples[m][-1]['step_s']:.3f}s" for m in modes) + f", full wrote {bytes_full / 2**20:.1f} MiB",
                 file=sys.stderr, flush=True)
 
     def median(mode: str, key: str) -> float:
@@ -142,34 +195,47 @@ def main() -> None:
 
     clock = "cpu_s" if args.clock == "cpu" else "step_s"
     off = median("off", clock)
+    levels = [m for m in ("stats-counts", "stats-sample", "stats") if m in modes]
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                    f"torch threads {torch.get_num_threads()}, device "
                    f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}",
-        "format": args.format, "model": args.model, "hidden_size": shape["hidden_size"],
-        "microbatches": args.microbatches, "batch": args.batch,
-        "seq_length": seq, "rounds": args.rounds, "queue_mb": args.queue_mb, "bytes_per_full_iteration": bytes_full,
-        "step_s": {mode: median(mode, "step_s") for mode in MODES},
-        "clock": args.clock, "step_s_by_clock": {mode: median(mode, clock) for mode in MODES},
-        "stats_overhead": median("stats", clock) / off - 1,
-        "stats_overhead_by_level": {STATS_LEVEL.get(m, "full"): median(m, clock) / off - 1
-                                    for m in MODES if m in ("stats-counts", "stats-sample", "stats")},
-        "stats_every10_overhead": median("stats-every10", clock) / off - 1,
-        "full_wait_fraction": median("full", "wait_s") / median("off", "step_s"),
-        "full_added_fraction": median("full", "step_s") / median("off", "step_s") - 1,
-        "full_background_drain_s": median("full", "drain_s"),
-        "full_write_gbps_at_least": bytes_full / (median("full", "step_s") + median("full", "drain_s")) / 1e9,
+        "date": time.strftime("%Y-%m-%d"), "format": args.format, "model": args.model,
+        "hidden_size": shape["hidden_size"], "microbatches": args.microbatches, "batch": args.batch,
+        "seq_length": seq, "rounds": args.rounds, "queue_mb": args.queue_mb, "modes": list(modes),
+        "step_s": {mode: median(mode, "step_s") for mode in modes},
+        "clock": args.clock, "step_s_by_clock": {mode: median(mode, clock) for mode in modes},
+        "stats_overhead_by_level": {STATS_LEVEL.get(m, "full"): median(m, clock) / off - 1 for m in levels},
         "goals": {"stats_overhead": 0.10, "full_wait_fraction": 0.25},
     }
+    if "stats" in modes:
+        results["stats_overhead"] = median("stats", clock) / off - 1
+    if "stats-every10" in modes:
+        results["stats_every10_overhead"] = median("stats-every10", clock) / off - 1
+    if "full" in modes:
+        results.update(bytes_per_full_iteration=bytes_full,
+                       full_wait_fraction=median("full", "wait_s") / median("off", "step_s"),
+                       full_added_fraction=median("full", "step_s") / median("off", "step_s") - 1,
+                       full_background_drain_s=median("full", "drain_s"),
+                       full_write_gbps_at_least=bytes_full / (median("full", "step_s")
+                                                              + median("full", "drain_s")) / 1e9)
+    if "sample-plain" in modes:  # the new statistics' cost: step time over stats capture without them
+        plain = median("sample-plain", clock)
+        results["ratio_to_sample_plain"] = {m: median(m, clock) / plain for m in EXTRAS if m in modes}
+        results["whatif"] = list(whatif)
     print(f"{'measure':<40}{'value':>10}{'goal':>8}")
     print(f"{f'off step ({args.clock} s, median)':<40}{off:>10.3f}")
     for level, overhead in results["stats_overhead_by_level"].items():
         print(f"{f'stats mode ({level}): added step time':<40}{overhead:>10.1%}{'<=10%':>8}")
-    print(f"{'stats mode, every 10th: added step time':<40}{results['stats_every10_overhead']:>10.1%}")
-    print(f"{'full mode: training-thread wait / step':<40}{results['full_wait_fraction']:>10.1%}{'<=25%':>8}")
-    print(f"{'full mode: added step time (all)':<40}{results['full_added_fraction']:>10.1%}")
-    print(f"{'full mode: background drain after (s)':<40}{results['full_background_drain_s']:>10.3f}")
-    print(f"{'full mode: disk write GB/s, at least':<40}{results['full_write_gbps_at_least']:>10.2f}")
+    if "stats_every10_overhead" in results:
+        print(f"{'stats mode, every 10th: added step time':<40}{results['stats_every10_overhead']:>10.1%}")
+    if "full" in modes:
+        print(f"{'full mode: training-thread wait / step':<40}{results['full_wait_fraction']:>10.1%}{'<=25%':>8}")
+        print(f"{'full mode: added step time (all)':<40}{results['full_added_fraction']:>10.1%}")
+        print(f"{'full mode: background drain after (s)':<40}{results['full_background_drain_s']:>10.3f}")
+        print(f"{'full mode: disk write GB/s, at least':<40}{results['full_write_gbps_at_least']:>10.2f}")
+    for mode, ratio in results.get("ratio_to_sample_plain", {}).items():
+        print(f"{f'{mode} / sample-plain step time':<40}{ratio:>10.2f}")
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

@@ -34,28 +34,36 @@ from torch import Tensor
 from megatron.quant import position
 from megatron.quant.capture.config import ENV_VARS, IterationWindow, SaverConfig
 from megatron.quant.capture.directory import check_writable
+from megatron.quant.capture.inspect_config import InspectConfigError, inspect_config_from_dict, load_inspect_config
+from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.capture.session import CaptureSession
 from megatron.quant.capture.site import CaptureSite, Operand, expert_index, expert_module
 
 __all__ = [
     "CaptureSite", "Operand", "expert_index", "expert_module", "SaverConfig", "IterationWindow", "ENV_VARS",
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
-    "writer_stats", "stats_level", "check_writable",
+    "writer_stats", "stats_level", "check_writable", "InspectConfigError", "InspectPlan", "inspect_config_from_dict",
+    "load_inspect_config",
+    "resolve_inspect",
 ]
 
 _session: Optional[CaptureSession] = None
 _seen = position.current()  # the loop's position the session last heard of
 
 
-def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[range] = None) -> None:
+def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[range] = None,
+              plan: Optional[InspectPlan] = None) -> None:
     """Start a capture session (replacing any previous one, which is flushed first).
 
     ``config`` None reads the TENSOR_SAVE_* environment (``SaverConfig.from_env()``); a bad
     value raises ``ValueError`` here. ``run_iterations`` (e.g. ``range(start, train_iters)``)
-    lets the saver guarantee a captured iteration when the window lies outside the run.
+    lets the saver guarantee a captured iteration when the window lies outside the run. ``plan``: the
+    config's nvdlfw-inspect config resolved against the run (``capture.inspect_plan``), which then
+    chooses what is recorded when.
     """
     global _session, _seen
-    new = CaptureSession(SaverConfig.from_env() if config is None else config, run_iterations=run_iterations)
+    new = CaptureSession(SaverConfig.from_env() if config is None else config, run_iterations=run_iterations,
+                         plan=plan)
     if _session is not None:
         _follow()
         _session.close()

@@ -142,6 +142,24 @@ def _values(rng: np.random.Generator, layer_type: str, tensor_name: str, layer_i
     return torch.from_numpy(x)
 
 
+BLOCK_FORMATS = ("mxfp8", "mxfp4", "nvfp4")
+WHATIF = ("te-nvfp4", "hifp8", "fp8_current_scaling")
+
+
+def _capture_extras(fmt: str, layer_idx: int, iteration: int, rng: np.random.Generator) -> dict:
+    """What stats-mode captures add (capture/extras.py): per-block statistics of a block format and
+    what-if statistics, varying by layer and iteration so that the figures have something to show."""
+    spread = 0.3 + 0.2 * layer_idx + 0.05 * iteration + float(rng.uniform(0, 0.05))
+    extras = {"whatif": {name: {"underflow_ratio": (i + 1) * 1e-3 * (layer_idx + 1) + float(rng.uniform(0, 1e-4)),
+                                "overflow_ratio": i * 1e-4 * (iteration + 1), "sqnr_db": 30.0 - 5 * i + layer_idx}
+                         for i, name in enumerate(WHATIF)}}
+    if fmt in BLOCK_FORMATS:
+        extras["block_scales"] = {"blocks": 64, "scale_log2_std": spread, "at_floor": 0.01 * layer_idx,
+                                  "at_ceiling": 0.0, "range_log2_max": 8.0 + layer_idx + iteration,
+                                  "scale_log2_hist": {"edges": [-8, -7], "counts": [10, 54]}}
+    return extras
+
+
 def tiny_run(root: Path, quant_types=("hifp8", "mxfp8", "mxfp4", "bf16"), layers=(0, 1),
              ranks=(0, 1), file_iterations=(0,), stats_iterations=(1, 2, 3),
              quantized_copies: bool = True, manifests: bool = True, modules=MODULES) -> list[Path]:
@@ -171,6 +189,7 @@ def tiny_run(root: Path, quant_types=("hifp8", "mxfp8", "mxfp4", "bf16"), layers
                                     stats = numpy_tensor_stats(x.numpy())
                                     if operand_fmt:
                                         stats.update(e4m3_quant_stats(x.numpy()))
+                                        stats.update(_capture_extras(operand_fmt, layer_idx, iteration, rng))
                                 captures.append(Capture(m, x if with_file else None, stats))
                                 if with_file and operand_fmt and quantized_copies and name == "input":
                                     copy = {**m, "tensor_name": "input_quantized", "quantized": True}

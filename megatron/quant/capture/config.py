@@ -10,6 +10,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from megatron.quant.capture.inspect_config import InspectConfig, load_inspect_config
+from megatron.quant.capture.whatif import parse_whatif
 from megatron.quant.recipes.operands import ROLES
 from megatron.quant.settings.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
 from megatron.quant.settings.switches import switch_value, unknown_variables
@@ -173,13 +175,19 @@ _ENV: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "exit_after_capture": ("TENSOR_SAVE_EXIT_AFTER", parse_bool),
     "queue_mb": ("TENSOR_SAVE_QUEUE_MB", _parse_positive_int),
     "stats": ("TENSOR_SAVE_STATS", _parse_stats_level),
+    "whatif": ("TENSOR_SAVE_WHATIF", parse_whatif),
+    "block_scales": ("TENSOR_SAVE_BLOCK_SCALES", parse_bool),
+    "inspect": ("TENSOR_INSPECT_CONFIG", load_inspect_config),
 }
+# What an inspect config decides itself (its sections' layers, tensors and steps; dumps per tensor).
+_INSPECT_DECIDES = ("iterations", "layers", "roles", "tensors", "mode", "save_quantized", "exit_after_capture")
 _SET_FIELDS = ("layers", "roles", "tensors", "ranks", "microbatches")
 # index filter -> what it counts, for check_selectors
 _COUNTED = {"layers": "transformer layers", "ranks": "ranks", "microbatches": "micro-batches per iteration"}
 
 
 ENV_VARS = tuple(env for env, _ in _ENV.values())
+_DEFAULTS: dict[str, object] = {}  # the fields' defaults, filled below the class
 _ENV_PREFIXES = ("TENSOR_SAVE_", "TENSOR_SAVER_")
 
 
@@ -204,6 +212,9 @@ class SaverConfig:
     exit_after_capture: bool = False
     queue_mb: int = 1024  # bound on tensor bytes waiting for the background writer
     stats: str = "full"  # statistics level: counts, sample or full (megatron.quant.stats.levels.capture_stats)
+    whatif: tuple[str, ...] = ()  # formats, presets or TE recipes each GEMM operand's statistics are also taken under
+    block_scales: bool = True  # stats mode: per-block statistics of block formats (capture/extras.py)
+    inspect: Optional[InspectConfig] = None  # an nvdlfw-inspect config (capture/inspect_config.py): turns capture on
 
     def __post_init__(self) -> None:
         for name, (_, parse) in _ENV.items():
@@ -220,6 +231,12 @@ class SaverConfig:
             _parse_positive_float(str(self.max_gb), "SaverConfig.max_gb")
         _parse_positive_int(str(self.queue_mb), "SaverConfig.queue_mb")
         _parse_stats_level(self.stats, "SaverConfig.stats")
+        if self.inspect is not None:
+            given = [_ENV[name][0] for name in _INSPECT_DECIDES if getattr(self, name) != _DEFAULTS[name]]
+            if given:
+                raise ValueError(f"{self.inspect.source}: the inspect config chooses the layers, tensors and steps; "
+                                 f"unset {', '.join(given)}")
+            object.__setattr__(self, "enabled", True)
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SaverConfig":
@@ -233,6 +250,9 @@ class SaverConfig:
             raw = environ.get(env, "")
             if raw.strip():
                 values[name] = parse(raw, env)
+        if "inspect" in values and values.get("enabled") is False:
+            raise ValueError(f"TENSOR_SAVE_ENABLED={environ['TENSOR_SAVE_ENABLED']!r} and TENSOR_INSPECT_CONFIG: an "
+                             f"inspect config turns capture on; unset one of them")
         return cls(**values)
 
     def check_selectors(self, *, num_layers: int, world_size: int, num_microbatches: Optional[int] = None,
@@ -270,6 +290,9 @@ class SaverConfig:
             emitted = tuple(dict.fromkeys(name for role in roles for name in tensors_of_role(role)))
             _check_overlap("TENSOR_SAVE_TENSORS", self.tensors, emitted,
                            f"roles {', '.join(roles)} capture {', '.join(emitted)}")
+
+
+_DEFAULTS.update({name: field.default for name, field in SaverConfig.__dataclass_fields__.items()})
 
 
 def _check_overlap(env: str, chosen: frozenset[str], available: tuple[str, ...], run: str) -> None:

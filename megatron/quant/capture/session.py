@@ -12,11 +12,15 @@ from torch import Tensor
 
 from megatron.quant.capture.config import IterationWindow, SaverConfig
 from megatron.quant.capture.directory import check_writable
+from megatron.quant.capture.extras import ExtraNeeds, OperandExtras
+from megatron.quant.capture.inspect_plan import InspectPlan, RecordRequest
 from megatron.quant.capture.naming import capture_directory
 from megatron.quant.capture.ranks import current_ranks
 from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
 from megatron.quant.capture.summary import IterationSummary
+from megatron.quant.capture.te_log import TeStatsLog
+from megatron.quant.capture.whatif import ORIENTATIONS, WhatIfFormats
 from megatron.quant.capture.writer import BackgroundWriter, WriteJob
 
 OPERATIONS = ("forward", "backward")
@@ -30,11 +34,19 @@ class CaptureSession:
     With ``run_iterations`` known, it is intersected with them; otherwise it keeps the
     iterations at or after the first one set. If nothing remains, the run's first iteration
     is captured instead (one warning). Unset ``iterations`` means that first iteration.
+
+    With an ``InspectPlan`` (an nvdlfw-inspect config resolved against the run), the plan chooses
+    instead what each capture records at each step (TE's step: iteration - 1), and the step's
+    statistics go to the TE-named log (``te_log``) at its end.
     """
 
-    def __init__(self, config: SaverConfig, run_iterations: Optional[range] = None) -> None:
+    def __init__(self, config: SaverConfig, run_iterations: Optional[range] = None,
+                 plan: Optional[InspectPlan] = None) -> None:
         if run_iterations is not None and (run_iterations.step != 1 or len(run_iterations) == 0):
             raise ValueError(f"run_iterations={run_iterations!r} is invalid; allowed: a non-empty range(start, stop)")
+        if config.inspect is not None and plan is None:
+            raise ValueError(f"{config.inspect.source}: an inspect config needs the run's layers and formats; pass "
+                             f"plan=tensor_saver.resolve_inspect(...)[1] to configure")
         if config.enabled:
             check_writable(config.save_dir)
         self.config = config
@@ -54,10 +66,14 @@ class CaptureSession:
         self._wait_at_iteration_start = 0.0
         self._directories: dict[str, str] = {}  # quant_type -> its checked capture directory
         self._paused = False
+        self._plan = plan
+        self._formats = WhatIfFormats() if plan is None else plan.formats
+        self._te_log = TeStatsLog(config.save_dir)
         self.active = False
 
     # -- training-loop side -------------------------------------------------------------
     def set_iteration(self, iteration: int) -> None:
+        self._finish_te_step()
         if self._window is None:
             self._window = self._resolve_window(iteration)
         self._iteration = iteration
@@ -85,16 +101,34 @@ class CaptureSession:
 
     def iteration_summary(self) -> dict[str, float]:
         self._writer.wait_for_stats()
+        te_values = self._finish_te_step()
         with self._summary_lock:
             if self._summary.records == 0:
-                return {}
-            summary = {**self._summary.as_dict(), "capture/records": float(self._summary.records)}
+                return te_values
+            summary = {**self._summary.as_dict(), "capture/records": float(self._summary.records), **te_values}
         return {**summary, "capture/wait_s": self._writer.wait_seconds - self._wait_at_iteration_start}
 
     def _add_to_summary(self, metadata: dict) -> None:
         with self._summary_lock:
-            if metadata["iteration"] == self._iteration:  # late results of an earlier iteration are not mixed in
-                self._summary.add(metadata["role"], metadata["tensor_name"], metadata["stats"])
+            if metadata["iteration"] != self._iteration:  # late results of an earlier iteration are not mixed in
+                return
+            self._summary.add(metadata["role"], metadata["tensor_name"], metadata["stats"])
+            request = self._request(metadata["module"], metadata["tensor_name"], metadata["operation"])
+            if request is not None and request.stats and not metadata["quantized"]:
+                self._te_log.add(metadata["module"], request.te_tensor, request.stats, metadata["stats"])
+
+    def _request(self, module: str, tensor_name: str, operation: str) -> Optional[RecordRequest]:
+        if self._plan is None or self._iteration is None:
+            return None
+        return self._plan.request(module, tensor_name, operation, self._iteration - 1)
+
+    def _finish_te_step(self) -> dict[str, float]:
+        """The current step's TE-named statistics, logged once (later calls in the step give nothing)."""
+        if self._plan is None or self._iteration is None:
+            return {}
+        self._writer.wait_for_stats()
+        with self._summary_lock:
+            return self._te_log.finish(self._iteration - 1, self._ranks["rank"] or 0)
 
     def writer_stats(self) -> dict[str, float]:
         return self._writer.stats()
@@ -104,7 +138,9 @@ class CaptureSession:
 
     def close(self) -> None:
         """Finish the session: flush, close files, and say so if the window was never reached."""
+        self._finish_te_step()
         self._writer.close()
+        self._te_log.close()
         if self._window_unreached():
             warnings.warn(f"tensor capture window {self._window.spec!r} was never reached (the last "
                           f"iteration run was {self._iteration}); nothing was captured. Pass "
@@ -129,24 +165,34 @@ class CaptureSession:
             return
         self._check_directory(site.quant_type)
         for name, value in tensors.items():
-            if cfg.tensors is not None and name not in cfg.tensors:
+            request = self._request(site.module, name, operation)
+            if (self._plan is not None and request is None) or (cfg.tensors is not None and name not in cfg.tensors):
                 continue
             operand = value if isinstance(value, Operand) else Operand(value)
-            self._record(site, operation, phase, name, operand)
+            self._record(site, operation, phase, name, operand, request)
             if self._writer.stopped:
                 self.active = False
                 return
 
-    def _record(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand) -> None:
-        full = self.config.mode == "full"
-        save_quantized = full and self.config.save_quantized and operand.fmt is not None
+    def _record(self, site: CaptureSite, operation: str, phase: str, name: str, operand: Operand,
+                request: Optional[RecordRequest]) -> None:
+        cfg = self.config
+        if request is None:
+            full = cfg.mode == "full"
+            save_quantized = full and cfg.save_quantized and operand.fmt is not None
+            needs = ExtraNeeds(whatif=cfg.whatif if name in ORIENTATIONS else (),
+                               block_scales=cfg.block_scales and not full)
+        else:
+            full, save_quantized = request.keep_tensor, request.keep_quantized and operand.fmt is not None
+            needs = replace(request.needs, block_scales=cfg.block_scales)
+        extras = OperandExtras(site, name, needs, cfg.stats, self._formats) if needs else None
         if save_quantized and operand.quantized is None:
             # Quantize once: the statistics and the saved copy then describe the same values.
             quantized, scale = operand.fmt.quantize_with_scale(operand.tensor.detach(), axis=operand.axis,
                                                                amax=operand.amax)
             operand = replace(operand, quantized=quantized, scale=scale)
         self._submit(site, self._metadata(site, operation, phase, name, operand, operand.tensor),
-                     take_snapshot(operand, full, self._memo, self.config.stats))
+                     take_snapshot(operand, full, self._memo, cfg.stats, extras))
         if save_quantized:
             metadata = self._metadata(site, operation, phase, f"{name}_quantized", operand, operand.quantized)
             self._submit(site, {**metadata, "quantized": True},
@@ -193,8 +239,9 @@ class CaptureSession:
 
     def _update_active(self) -> None:
         cfg = self.config
+        selected = self._iteration in self._window if self._plan is None else self._plan.runs_at(self._iteration - 1)
         self.active = (cfg.enabled and not self._paused and not self._writer.stopped and self._window is not None
-                       and self._iteration in self._window
+                       and selected
                        and (cfg.ranks is None or self._ranks["rank"] in cfg.ranks)
                        and (cfg.microbatches is None or self._microbatch in cfg.microbatches))
 

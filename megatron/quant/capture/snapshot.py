@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 from megatron.quant.capture.site import Operand
 from megatron.quant.stats import capture_stats, kernel_stats_serve, pack_stats, stats_from_packed
+
+if TYPE_CHECKING:
+    from megatron.quant.capture.extras import OperandExtras
 
 StatsResult = tuple[Callable[[], dict], tuple[Any, ...]]  # (finish_stats, CUDA events to wait for)
 
@@ -41,12 +44,12 @@ class StatsMemo:
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple[tuple, StatsResult]] = {}
 
-    def stats(self, operand: Operand, compute: Callable[[Operand], StatsResult]) -> StatsResult:
+    def stats(self, operand: Operand, compute: Callable[[Operand], StatsResult], extra_key: tuple = ()) -> StatsResult:
         x = operand.tensor
         if not (x.is_leaf and x.requires_grad):  # activations and gradients differ every call
             return compute(operand)
         parts = (x, operand.fmt, operand.quantized, operand.amax, operand.scale)
-        key = (operand.axis, *((id(p), getattr(p, "_version", None)) for p in parts))
+        key = (operand.axis, *((id(p), getattr(p, "_version", None)) for p in parts), extra_key)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = (parts, compute(operand))
@@ -63,6 +66,16 @@ def _recorded_event() -> Any:
     event = torch.cuda.Event()
     event.record()
     return event
+
+
+def with_extras(operand: Operand, level: str, extras: Optional["OperandExtras"]) -> StatsResult:
+    """``operand_stats`` with what ``extras`` adds (``capture.extras``: per-block, what-if and TE's extra
+    fields; computed at once, as the CPU path's statistics are)."""
+    finish, copied = operand_stats(operand, level)
+    if extras is None:
+        return finish, copied
+    added = extras.compute(operand)
+    return (lambda: {**finish(), **added}), copied
 
 
 def operand_stats(operand: Operand, level: str = "full") -> StatsResult:
@@ -93,10 +106,12 @@ def _host_copy(x: Tensor) -> tuple[Tensor, tuple[Any, ...]]:
     return x.clone(memory_format=torch.contiguous_format), ()
 
 
-def take_snapshot(operand: Operand, keep_tensor: bool, memo: StatsMemo, level: str = "full") -> Snapshot:
-    """What the writer needs from ``operand``: statistics at ``level`` always, the tensor if
-    ``keep_tensor``."""
-    finish_stats, stats_copied = memo.stats(operand, functools.partial(operand_stats, level=level))
+def take_snapshot(operand: Operand, keep_tensor: bool, memo: StatsMemo, level: str = "full",
+                  extras: Optional["OperandExtras"] = None) -> Snapshot:
+    """What the writer needs from ``operand``: statistics at ``level`` (with ``extras``') always, the
+    tensor if ``keep_tensor``."""
+    finish_stats, stats_copied = memo.stats(operand, functools.partial(with_extras, level=level, extras=extras),
+                                            () if extras is None else extras.key())
     if not keep_tensor:
         return Snapshot(None, finish_stats, 0, stats_copied)
     tensor, tensor_copied = _host_copy(operand.tensor)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-# Quantization metrics averaged per (role, tensor name) over the iteration's captures.
+# Quantization metrics averaged per (role, tensor name) over the iteration's captures; the what-if
+# formats' (capture/extras.py) as whatif/<name>/<role>/<tensor>/<metric>.
 SUMMARY_METRICS = ("overflow_ratio", "underflow_ratio", "sqnr_db", "rel_mse", "mse", "dynamic_range_log2")
+WHATIF_METRICS = ("overflow_ratio", "underflow_ratio", "sqnr_db")
 
 
 class IterationSummary:
@@ -18,10 +20,15 @@ class IterationSummary:
 
     def add(self, role: str, tensor_name: str, stats: dict) -> None:
         self.records += 1
-        for metric in SUMMARY_METRICS:
+        self._add(f"quant/{role}/{tensor_name}", stats, SUMMARY_METRICS)
+        for name, whatif in stats.get("whatif", {}).items():
+            self._add(f"whatif/{name}/{role}/{tensor_name}", whatif, WHATIF_METRICS)
+
+    def _add(self, prefix: str, stats: dict, metrics: tuple[str, ...]) -> None:
+        for metric in metrics:
             value = stats.get(metric)
             if value is not None and math.isfinite(value):  # an exact quantization has no finite SQNR
-                key = f"quant/{role}/{tensor_name}/{metric}"
+                key = f"{prefix}/{metric}"
                 self._sums[key] += value
                 self._counts[key] += 1
 

@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-load-rng", action="store_true",
                    help="with --load: keep fresh RNG states (needed when the parallel layout changed)")
     g.add_argument("--tensorboard-dir", metavar="DIR")
+    g.add_argument("--tensor-inspect-config", metavar="YAML", default=None,
+                   help="an nvdlfw-inspect config (TE's precision debug tools) that drives capture "
+                        "(as TENSOR_INSPECT_CONFIG; docs/capture.md)")
     g.add_argument("--check-args", action="store_true",
                    help="check the arguments, environment and --load checkpoint, then exit (0 when training "
                         "would start, 2 with the reason); the launch scripts run this before torchrun")

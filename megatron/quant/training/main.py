@@ -23,7 +23,7 @@ from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir 
 from megatron.quant.layers import fusions  # noqa: E402
 from megatron.quant.recipes.precision import PrecisionConfig  # noqa: E402
 from megatron.quant.recipes.presets import emulates_precision  # noqa: E402
-from megatron.quant.tensor_saver import SaverConfig, check_writable  # noqa: E402
+from megatron.quant.tensor_saver import check_writable  # noqa: E402
 from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args  # noqa: E402
 from megatron.quant.training.config import TrainingConfig  # noqa: E402
@@ -35,7 +35,7 @@ from megatron.quant.training.model import build_gpt, transformer_config  # noqa:
 from megatron.quant.training.moe import check_router_precision, moe_run_fields  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
 from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
-from megatron.quant.training.run_config import RunConfiguration, build_precision  # noqa: E402
+from megatron.quant.training.run_config import RunConfiguration, build_capture, build_precision  # noqa: E402
 from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size  # noqa: E402
 from megatron.quant.training.variables import environment_of  # noqa: E402
 
@@ -140,7 +140,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
     for recipe in precision.configs.values():
         _check_fp8_recipe(args, recipe)
         check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
-    saver_config = SaverConfig.from_env()
+    saver_config, precision, plan = build_capture(args, os.environ, precision, args.num_layers)
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model, args.vocab_size)
     shape = {key: getattr(args, key) for key in SHAPE_KEYS}
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
@@ -158,7 +158,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
     if args.load and (args.ckpt_step is not None or checkpoint.latest_iteration(args.load) is not None):
         checkpoint.check_resume(checkpoint.verified_checkpoint_dir(args.load, args.ckpt_step), args)
     return RunConfiguration(args, precision, saver_config, fast_paths, kernel_backend, environment_of(os.environ),
-                            shape, tokenizer)
+                            shape, tokenizer, plan)
 
 
 def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
@@ -206,7 +206,8 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     elif args.load:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
     # a resume at --train-iters trains (and captures) nothing: no window to intersect
-    tensor_saver.configure(inputs.capture, run_iterations=iterations_run(start, args.train_iters) or None)
+    tensor_saver.configure(inputs.capture, run_iterations=iterations_run(start, args.train_iters) or None,
+                           plan=inputs.inspect)
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,

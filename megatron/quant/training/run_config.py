@@ -10,15 +10,15 @@ rule, ``variables.PRECEDENCE``, decides between the sources. ``RunConfiguration`
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping, Optional
 
 from megatron.quant.layers.fusions import FastPaths
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
 from megatron.quant.recipes.presets import emulates_precision, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
-from megatron.quant.tensor_saver import SaverConfig
+from megatron.quant.tensor_saver import InspectPlan, SaverConfig, load_inspect_config, resolve_inspect
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.variables import PRECEDENCE, RECIPE_CHOOSING
 
@@ -62,6 +62,23 @@ def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> Pre
         args.train_iters, args.num_layers)
 
 
+def build_capture(args: argparse.Namespace, environ: Mapping[str, str], precision: PrecisionConfig,
+                  num_layers: int) -> tuple[SaverConfig, PrecisionConfig, Optional[InspectPlan]]:
+    """TENSOR_SAVE_* and an nvdlfw-inspect config (``--tensor-inspect-config`` or TENSOR_INSPECT_CONFIG):
+    the capture settings, the precision with the config's disabled GEMMs, and the config's plan."""
+    capture = SaverConfig.from_env(environ)
+    flag = getattr(args, "tensor_inspect_config", None)
+    if flag:
+        if capture.inspect is not None:
+            raise ArgumentError("--tensor-inspect-config and TENSOR_INSPECT_CONFIG both give an inspect config; "
+                                "give one")
+        capture = replace(capture, inspect=load_inspect_config(flag, "--tensor-inspect-config"))
+    if capture.inspect is None:
+        return capture, precision, None
+    precision, plan = resolve_inspect(capture.inspect, precision, num_layers, capture.whatif)
+    return capture, precision, plan
+
+
 @dataclass(frozen=True)
 class RunConfiguration:
     """What a run is made of, decided and checked before any process group exists."""
@@ -74,10 +91,13 @@ class RunConfiguration:
     environment: tuple[tuple[str, str], ...]  # the VARIABLES that were set, as given
     shape: Mapping[str, Any]        # the model's shape (presets.SHAPE_KEYS, the padded vocabulary)
     tokenizer: Any
+    inspect: Optional[InspectPlan] = None  # an nvdlfw-inspect config resolved against the run
 
     def describe(self) -> str:
         """The start line's ``configuration:`` line: where the precision and capture came from."""
         capture = f"capture to {self.capture.save_dir}" if self.capture.enabled else "capture off"
+        if self.inspect is not None:
+            capture += f" (inspect config {self.inspect.source})"
         set_vars = " ".join(f"{name}={value}" for name, value in self.environment) or "none"
         return (f"configuration: precision {self.precision.source} | {capture} | environment {set_vars} | "
                 f"precedence: {PRECEDENCE}")

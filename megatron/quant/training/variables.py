@@ -25,7 +25,9 @@ PRECEDENCE = ("one source chooses the precision: a precision file (--kitchen-con
               "--te-precision-config-file), the precision flags (--fp8-recipe, --fp4-format) or "
               "CUSTOM_QUANT_TYPE/SCOPE/RECIPE, and two are refused; within CUSTOM_QUANT_*, a recipe file's keys "
               "win and the variables fill the keys it omits; CUSTOM_QUANT_COMPILE/KERNELS/FUSIONS apply to any "
-              "source; TENSOR_SAVE_* alone configures capture; the flags, everything else")
+              "source; TENSOR_SAVE_* configure capture, with one inspect config (--tensor-inspect-config or "
+              "TENSOR_INSPECT_CONFIG, two are refused) choosing its layers, tensors and steps; the flags, "
+              "everything else")
 
 
 def environment_of(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

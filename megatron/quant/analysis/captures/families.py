@@ -7,6 +7,7 @@ from megatron.quant.analysis.captures import (
     attention,
     backward,
     bf16,
+    block_scales,
     comparisons,
     distributions,
     experts,
@@ -20,6 +21,7 @@ from megatron.quant.analysis.captures import (
     rank,
     statistics,
     trends,
+    whatif,
 )
 from megatron.quant.analysis.captures.inputs import Analysis
 
@@ -62,6 +64,11 @@ ANALYSES: tuple[Analysis, ...] = (
     Analysis("experts", "Mixture of experts", experts.FOLDER,
              "Each routed expert's load beside the quantization error and underflow of its operands.",
              experts.build, _FORMAT),
+    Analysis("block_scales", "Block scales", block_scales.FOLDER,
+             "Spread of the block scales of block formats, per layer and over training.", block_scales.build),
+    Analysis("whatif", "What-if formats", whatif.FOLDER,
+             "The captured operands under other formats: underflow, overflow and SQNR over training and per layer.",
+             whatif.build),
 )
 BY_KEY = {analysis.key: analysis for analysis in ANALYSES}
 SETS: dict[str, tuple[str, ...]] = {
@@ -70,7 +77,7 @@ SETS: dict[str, tuple[str, ...]] = {
     "basic": ("distributions", "heatmaps", "comparisons", "statistics", "attention"),
     # the folders of the original enhanced_tensor_visualizer.py, and the new analyses
     "enhanced": ("quantization", "layers", "overflow", "fp8", "bf16", "backward", "rank",
-                 "exponents", "trends", "experts"),
+                 "exponents", "trends", "experts", "block_scales", "whatif"),
     "all": tuple(BY_KEY),
 }
 

@@ -1,0 +1,179 @@
+"""An ``InspectConfig`` resolved against a run: which layers each section takes, what each capture
+records at each step, and the recipe rules ``DisableQuantizationGEMM`` stands for.
+
+Layers are the run's linear modules, named as megatron-core names them (``decoder.layers.0.mlp.
+linear_fc1``; TE's debug features see linear layers only). TE's tensors are the lab's captures
+(``TENSORS``); TE's steps count from 0 at the run's first iteration, as Megatron-LM steps its debug
+API after each iteration: step = iteration - 1. Every check that needs the run (a selector that matches
+no layer, a layer in two sections, a run-recipe statistic of an unquantized operand) fails here, before
+the model is built, in one line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Optional
+
+from megatron.core.quantization.quant_config import MatchContext
+
+from megatron.quant import formats
+from megatron.quant.capture.extras import ExtraNeeds
+from megatron.quant.capture.inspect_config import FeatureEntry, InspectConfig, InspectConfigError, StatRequest
+from megatron.quant.capture.whatif import COLUMNWISE, ORIENTATIONS, RUN, WhatIfFormats
+from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
+from megatron.quant.recipes.precision import PrecisionConfig
+from megatron.quant.recipes.rules import FormatChoice, Rule
+from megatron.quant.settings.selectors import Selector
+
+# TE's tensor -> (the lab's capture name, the pass that captures it)
+TENSORS = {"activation": ("input", "forward"), "weight": ("weight", "forward"), "output": ("output", "forward"),
+           "gradient": ("grad_output", "backward"), "dgrad": ("grad_input", "backward"),
+           "wgrad": ("grad_weight", "backward")}
+TE_TENSOR = {capture: te for te, capture in TENSORS.items()}
+GEMM_OPERANDS = {gemm: tuple(op.key for op in LINEAR_TABLE if op.gemm == gemm) for gemm in ("fprop", "dgrad", "wgrad")}
+MODULE_PATHS = {"qkv": "self_attention.linear_qkv", "proj": "self_attention.linear_proj", "fc1": "mlp.linear_fc1",
+                "fc2": "mlp.linear_fc2"}
+DISABLING = ("DisableQuantizationGEMM", "DisableFP8GEMM", "DisableQuantizationLayer", "DisableFP8Layer")
+PASSTHROUGH = FormatChoice("bf16")
+
+
+def linear_modules(num_layers: int, roles: Iterable[str]) -> dict[str, tuple[str, int]]:
+    """The run's linear modules: path -> (role, 0-based layer; -1 for the output layer)."""
+    modules = {f"decoder.layers.{i}.{MODULE_PATHS[role]}": (role, i)
+               for i in range(num_layers) for role in LINEAR_ROLES}
+    if "output_layer" in roles:
+        modules["output_layer"] = ("output_layer", -1)
+    return modules
+
+
+def section_layers(config: InspectConfig, modules: Iterable[str]) -> dict[str, list[str]]:
+    """Section name -> the modules it takes; InspectConfigError when one takes none or a module two."""
+    modules = list(modules)
+    taken: dict[str, str] = {}
+    result = {}
+    for section in config.sections:
+        matched = [m for m in modules if section.layers.matches(m)]
+        if not matched:
+            shown = ", ".join(modules[:6]) + (", ..." if len(modules) > 6 else "")
+            raise InspectConfigError(f"{config.source}: section {section.name}: {section.layers.describe()} matches "
+                                     f"no layer; the run's layers: {shown}")
+        for module in matched:
+            if module in taken:
+                raise InspectConfigError(f"{config.source}: layer {module} is in sections {taken[module]} and "
+                                         f"{section.name}; each layer belongs to one section")
+            taken[module] = section.name
+        result[section.name] = matched
+    return result
+
+
+def disabled_gemm_rules(config: InspectConfig, modules: Mapping[str, tuple[str, int]]) -> tuple[Rule, ...]:
+    """``DisableQuantizationGEMM`` (and TE's older names) as recipe rules: the GEMM's operands in bf16."""
+    layers = section_layers(config, modules)
+    rules = []
+    for section in config.sections:
+        gemms = [e.gemm for e in section.entries if e.feature in DISABLING]
+        if not gemms:
+            continue
+        operands = tuple((key, PASSTHROUGH) for gemm in dict.fromkeys(gemms) for key in GEMM_OPERANDS[gemm])
+        for module in layers[section.name]:
+            role, layer = modules[module]
+            where = None if layer < 0 else (Selector(layer, None),)
+            rules.append(Rule(roles=frozenset({role}), layers=where, operands=operands))
+    return tuple(rules)
+
+
+def with_rules(precision: PrecisionConfig, rules: tuple[Rule, ...]) -> PrecisionConfig:
+    """``precision`` with ``rules`` after each config's own (they win)."""
+    if not rules:
+        return precision
+    configs = {key: replace(recipe, rules=recipe.rules + rules) for key, recipe in precision.configs.items()}
+    return PrecisionConfig(precision.matchers, configs, precision.name, precision.source)
+
+
+def run_choices(precision: PrecisionConfig, modules: Mapping[str, tuple[str, int]],
+                num_layers: int) -> dict[str, dict[str, FormatChoice]]:
+    """Module path -> operand key -> the format choice the run gives it."""
+    result = {}
+    for path, (role, layer) in modules.items():
+        key = precision.match_to_config_key(MatchContext(path, None if layer < 0 else layer))
+        result[path] = {} if key is None else precision.configs[key].choices(role, layer, num_layers)
+    return result
+
+
+@dataclass(frozen=True)
+class RecordRequest:
+    """What one capture records under an inspect config."""
+
+    te_tensor: str
+    stats: tuple[StatRequest, ...]
+    keep_tensor: bool
+    keep_quantized: bool
+    needs: ExtraNeeds
+
+
+class InspectPlan:
+    """The config's entries per (module, TE tensor), checked against the run's formats."""
+
+    def __init__(self, config: InspectConfig, modules: Mapping[str, tuple[str, int]],
+                 choices: Mapping[str, Mapping[str, FormatChoice]], whatif: tuple[str, ...] = ()) -> None:
+        self.source = config.source
+        self.formats = WhatIfFormats(choices)
+        self._whatif = whatif
+        self._entries: dict[tuple[str, str], list[FeatureEntry]] = {}
+        layers = section_layers(config, modules)
+        for section in config.sections:
+            for module in layers[section.name]:
+                for entry in section.entries:
+                    if entry.tensor is not None:
+                        _check_quantized(entry, module, choices.get(module, {}), config.source)
+                        self._entries.setdefault((module, entry.tensor), []).append(entry)
+        self._schedules = tuple({e.schedule for entries in self._entries.values() for e in entries})
+        self._cache: dict[tuple, Optional[RecordRequest]] = {}
+
+    def runs_at(self, step: int) -> bool:
+        return any(schedule.runs_at(step) for schedule in self._schedules)
+
+    def request(self, module: str, tensor_name: str, operation: str, step: int) -> Optional[RecordRequest]:
+        te_tensor = TE_TENSOR.get((tensor_name, operation))
+        entries = self._entries.get((module, te_tensor), ())
+        active = tuple(i for i, e in enumerate(entries) if e.schedule.runs_at(step))
+        key = (module, te_tensor, active)
+        if key not in self._cache:
+            self._cache[key] = self._request(te_tensor, [entries[i] for i in active]) if active else None
+        return self._cache[key]
+
+    def _request(self, te_tensor: str, entries: list[FeatureEntry]) -> RecordRequest:
+        stats = tuple(dict.fromkeys(s for e in entries for s in e.stats))
+        sources = tuple(dict.fromkeys([s.source for s in stats if s.source is not None] + list(self._whatif)))
+        needs = ExtraNeeds(whatif=sources, te_fields=bool(stats),
+                           blockwise=tuple(dict.fromkeys(s.blockwise for s in stats if s.blockwise)))
+        dumps = [e for e in entries if e.feature == "DumpTensors"]
+        return RecordRequest(te_tensor, stats, any(e.high_precision for e in dumps), any(e.quantized for e in dumps),
+                             needs)
+
+
+def _check_quantized(entry: FeatureEntry, module: str, choices: Mapping[str, FormatChoice], source: str) -> None:
+    """A statistic of the run's own quantization, or a dump of it, needs the operand quantized."""
+    capture_name = TENSORS[entry.tensor][0]
+    own = [s for s in entry.stats if s.source is None or s.source == RUN + COLUMNWISE]
+    if entry.feature == "LogTensorStats" or not (own or entry.quantized):
+        return
+    orientations = ORIENTATIONS.get(capture_name)
+    if orientations is None:
+        raise InspectConfigError(f"{source}: {entry.feature} {entry.tensor} of {module}: the lab quantizes GEMM "
+                                 f"operands only (activation, weight, gradient)")
+    for stat in own or [None]:
+        key = orientations[int(stat is not None and stat.source == RUN + COLUMNWISE)][0]
+        choice = choices.get(key)
+        if choice is None or formats.is_passthrough(choice.name):
+            what = f"stat {stat.logged}" if stat is not None else "quantized_tensor"
+            hint = f"; name a recipe, e.g. mxfp8_{stat.stat}" if stat is not None else ""
+            raise InspectConfigError(f"{source}: {entry.feature} {what} of {module}'s {entry.tensor}: the run "
+                                     f"does not quantize it ({key}){hint}")
+
+
+def resolve_inspect(config: InspectConfig, precision: PrecisionConfig, num_layers: int,
+                    whatif: tuple[str, ...] = ()) -> tuple[PrecisionConfig, InspectPlan]:
+    """The run's precision with the config's disabled GEMMs in bf16, and the config's plan over it."""
+    modules = linear_modules(num_layers, precision.capture_roles(num_layers))
+    precision = with_rules(precision, disabled_gemm_rules(config, modules))
+    return precision, InspectPlan(config, modules, run_choices(precision, modules, num_layers), whatif)

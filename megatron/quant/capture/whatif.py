@@ -1,0 +1,77 @@
+"""What-if formats while training: the format another recipe would give a captured GEMM operand.
+
+A what-if name is a format (``mxfp8``, ``hifp8``), a preset (``te-nvfp4``) or one of TE's recipe names
+(``fp8_current_scaling``: ``te_names.TE_RECIPES``); ``/columnwise`` after it asks for the operand's other
+orientation (the GEMM that reduces it along the other axis: wgrad's for activations and gradients,
+dgrad's for weights); ``run/columnwise`` is the run's own format there. The operand keys and axes come
+from ``operands.LINEAR_TABLE``: a captured ``input``, ``weight`` or ``grad_output`` is rowwise in the
+first GEMM of its role and columnwise in the second.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Mapping, Optional
+
+from megatron.quant import formats
+from megatron.quant.formats.base import NumericFormat
+from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
+from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.recipes.rules import FormatChoice
+from megatron.quant.stats import TE_RECIPES
+
+COLUMNWISE = "/columnwise"
+RUN = "run"
+# captured tensor name -> (rowwise operand, columnwise operand), as (recipe key, block axis on the 2-D view)
+ORIENTATIONS: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {
+    role: tuple((op.key, op.axis) for op in LINEAR_TABLE if op.role == role)  # type: ignore[misc]
+    for role in dict.fromkeys(op.role for op in LINEAR_TABLE)
+}
+
+
+def parse_whatif(value: str, source: str) -> tuple[str, ...]:
+    """``TENSOR_SAVE_WHATIF``: comma-separated format, preset or TE recipe names; ValueError names a bad one."""
+    names = tuple(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))
+    for name in names:
+        try:
+            recipe = whatif_recipe(name)
+        except ValueError as exc:
+            raise ValueError(f"{source}={value!r}: {name!r} is not a format, preset or TE recipe name "
+                             f"({', '.join(TE_RECIPES)}): {' '.join(str(exc).split())[:200]}") from None
+        if dict(recipe.format.options).get("scaling") == "delayed":
+            raise ValueError(f"{source}={value!r}: {name!r} scales from an amax history, which only the run's own "
+                             f"quantization has (TE cannot recreate it either)")
+    return names
+
+
+@functools.lru_cache(maxsize=64)
+def whatif_recipe(name: str) -> QuantRecipe:
+    """The recipe a what-if name stands for (TE's recipe names map to the lab's presets)."""
+    return QuantRecipe.from_dict({"format": TE_RECIPES.get(name, name)}, source=f"what-if {name}")
+
+
+class WhatIfFormats:
+    """Resolves (what-if source, module role and layer, captured tensor) to a format and axis;
+    ``run_choices`` (module path -> operand key -> the run's choice) serves ``run/columnwise``."""
+
+    def __init__(self, run_choices: Optional[Mapping[str, Mapping[str, FormatChoice]]] = None) -> None:
+        self._run = run_choices or {}
+        self._built: dict[FormatChoice, NumericFormat] = {}
+
+    def format_for(self, source: str, module: str, role: str, layer_idx: int,
+                   tensor_name: str) -> Optional[tuple[NumericFormat, int]]:
+        """(format, block axis on the [-1, last dim] view), or None where the source leaves the operand
+        unquantized or the tensor is not a linear GEMM operand."""
+        if tensor_name not in ORIENTATIONS or role not in LINEAR_ROLES + ("output_layer",):
+            return None  # attention's products have operands of their own (recipes.operands.BMM_SLOTS)
+        name, columnwise = (source[:-len(COLUMNWISE)], True) if source.endswith(COLUMNWISE) else (source, False)
+        key, axis = ORIENTATIONS[tensor_name][int(columnwise)]
+        if name == RUN:
+            choice = self._run.get(module, {}).get(key)
+        else:  # the LM head is a linear like the others: presets scoped to "linear" would skip it
+            choice = whatif_recipe(name).choices("fc2" if role == "output_layer" else role, max(layer_idx, 0),
+                                                 max(layer_idx, 0) + 1)[key]
+        if choice is None or formats.is_passthrough(choice.name):
+            return None
+        if choice not in self._built:
+            self._built[choice] = formats.get_format(choice.name, **dict(choice.options))
+        return self._built[choice], axis
