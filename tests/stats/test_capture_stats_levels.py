@@ -111,6 +111,22 @@ def test_sample_level_looks_at_whole_blocks_of_a_fixed_sample():
     assert {**sampled, "stats_level": "full"} == exact
 
 
+@pytest.mark.parametrize("name, options", [("nvfp4", {"block_shape": (16, 16)}),
+                                           ("fp8_e4m3", {"scaling": "block", "block_shape": (128, 128)})])
+def test_sample_level_keeps_tiles_whole(name, options):
+    """A sample of a tiled format (16x16 NVFP4, 128x128 FP8 weights) takes whole bands of tile rows: every
+    tile here holds the rows 1..side, so its dynamic range is side; a row of it (what a sample whose
+    tiles were formed across the wrong dimensions saw as a block) has range 1."""
+    fmt = formats.get_format(name, **options)
+    side = fmt.block_size
+    x = (1.0 + torch.arange(16 * side) % side)[:, None].expand(16 * side, 8 * side).contiguous()
+    sampled = capture_stats(x, fmt, axis=-1, level="sample")
+    assert sampled["stats_sampled"] < x.numel()
+    assert sampled["block_dynamic_range_log2_max"] == math.log2(side)
+    assert sampled["block_scale_min"] == sampled["block_scale_max"] == capture_stats(x, fmt, level="full")[
+        "block_scale_max"]
+
+
 def test_statistics_level_is_validated_in_one_line():
     assert SaverConfig.from_env({"TENSOR_SAVE_STATS": "counts"}).stats == "counts"
     with pytest.raises(ValueError, match=r"^TENSOR_SAVE_STATS='fast' is invalid; allowed: counts or sample or full$"):

@@ -45,12 +45,22 @@ def _sample_positions(length: int, count: int) -> Tensor:
     return torch.randperm(length, generator=generator)[:count].sort().values
 
 
-def _sample(t: Tensor, axis: int, like: Tensor) -> Tensor:
+def _sample(t: Tensor, axis: int, like: Tensor, tile: Optional[int] = None) -> Tensor:
     """A deterministic subset of about SAMPLE_ELEMENTS elements of ``t`` (shaped like ``like``;
     a 0-d scale is kept whole), as (before, axis, after) with the block axis in the middle:
-    slices across ``axis`` are taken whole, so every block stays whole."""
+    slices across ``axis`` are taken whole, so every block stays whole. ``tile``: the format's
+    blocks are tiles of that side in the last two dimensions; whole bands of ``tile`` rows are
+    taken, as (matrices, rows, columns), so every tile stays whole and a tile."""
     if t.dim() == 0:
         return t
+    if tile is not None:
+        view = t.expand(like.shape).reshape(-1, *like.shape[-2:])
+        bands = -(-view.shape[1] // tile)
+        count = max(1, SAMPLE_ELEMENTS * bands // view.numel())
+        if count >= bands:
+            return view
+        rows = (_sample_positions(bands, count)[:, None] * tile + torch.arange(tile)).flatten()
+        return view.index_select(1, rows[rows < view.shape[1]].to(t.device))
     axis = axis % like.dim()
     view = t.expand(like.shape).reshape(math.prod(like.shape[:axis]), like.shape[axis], -1)
     dim = 0 if view.shape[0] > 1 else 2
@@ -136,9 +146,11 @@ def capture_stats(x: Tensor, fmt: Optional["QuantFormat"] = None, axis: int = -1
     if level == "counts":
         result, sampled = _counts_level_keys(fmt), 0
     else:
-        sampled = _sample(v, axis, v)
-        # the block axis of a sample is 1
-        q_sampled, scale_sampled = (None, None) if fmt is None else (_sample(qv, axis, v), _sample(v_scale, axis, v))
+        tile = fmt.block_size if fmt is not None and fmt.tiled and v.dim() >= 2 else None
+        sampled = _sample(v, axis, v, tile)
+        # the block axis of a sample is 1 (tiles: the rows)
+        q_sampled, scale_sampled = ((None, None) if fmt is None
+                                    else (_sample(qv, axis, v, tile), _sample(v_scale, axis, v, tile)))
         result = unpack_stats(pack_stats(sampled, fmt, 1, q=q_sampled, scale=scale_sampled).tolist(),
                               sampled.shape, x.dtype, fmt)
         sampled = sampled.numel()
