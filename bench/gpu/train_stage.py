@@ -1,7 +1,9 @@
 """Stage ``train``: Llama 3.2 1B, seq 2048, mock data: the bf16 baseline and each preset, one process per
 run, median step time after warm-up, MFU and the ratio to bf16, whose runs are interleaved with the
 presets' (ratios within one check); the kernel path each run's start line names; and where the
-baseline's time goes (``torch.profiler`` on its last steps, bucketed by kernel name)."""
+baseline's time goes (``torch.profiler`` on its last steps, bucketed by kernel name). Then a mixture of
+experts (DeepSeek-V3-style, megatron-core's MoE layers) in bf16 and under its own presets, each ratio
+against the bf16 run of its own model."""
 from __future__ import annotations
 
 import json
@@ -26,23 +28,27 @@ class Plan:
     variants: tuple[str, ...]
     baseline_every: int    # a baseline run before every group of this many variants
     run_estimate_s: float  # one run's process, start to end: a run that would not fit the stage's time is skipped
+    moe_model: str         # after the dense model's runs: its baseline, then ``moe_variants``
+    moe_variants: tuple[str, ...]
 
 
 COLD = Plan("llama3.2-1b", 2048, 2, True, iters=6, warmup=2, profile_steps=2,
             variants=("te-mxfp8", "te-nvfp4", "te-fp8-current", "te-fp8-delayed", "te-fp8-blockwise", "mxfp4", "hifp8"),
-            baseline_every=4, run_estimate_s=24)
+            baseline_every=4, run_estimate_s=24, moe_model="deepseek-v3-small", moe_variants=("deepseek-v3-fp8",))
 DRY_RUN = Plan("llama-tiny", 64, 1, False, iters=3, warmup=1, profile_steps=1, variants=("hifp8",),
-               baseline_every=4, run_estimate_s=6)
+               baseline_every=4, run_estimate_s=6, moe_model="llama-moe-tiny", moe_variants=("deepseek-v3-fp8",))
 # "kernels auto: triton mxfp8_e4m3; compiled nvfp4 (WARNING: ...)" in the start line, up to the next field
 KERNEL_PATH = re.compile(r"(?:^|\| )(kernels [\w-]+: .*?)(?= \| |$)", re.MULTILINE)
 
 
-def schedule(plan: Plan) -> list[str]:
-    """Run order: the baseline, then ``baseline_every`` variants, the baseline again, and so on."""
+def schedule(plan: Plan) -> list[tuple[str, str]]:
+    """Run order as (model, variant): the baseline, then ``baseline_every`` variants, the baseline again,
+    and so on; then the mixture of experts' baseline and variants."""
     order = []
     for start in range(0, len(plan.variants), plan.baseline_every):
         order += [BASELINE, *plan.variants[start:start + plan.baseline_every]]
-    return order or [BASELINE]
+    return ([(plan.model, variant) for variant in order or [BASELINE]]
+            + [(plan.moe_model, variant) for variant in (BASELINE, *plan.moe_variants)])
 
 
 def kernel_path(output: str) -> str | None:
@@ -51,13 +57,13 @@ def kernel_path(output: str) -> str | None:
     return found.group(1).strip() if found else None
 
 
-def _one_run(context: Context, plan: Plan, variant: str, index: int, profile: bool) -> dict:
+def _one_run(context: Context, plan: Plan, model: str, variant: str, index: int, profile: bool) -> dict:
     path = context.scratch / f"run{index}.json"
-    args = [str(path), "--variant", variant, "--model", plan.model, "--seq-length", str(plan.seq_length),
+    args = [str(path), "--variant", variant, "--model", model, "--seq-length", str(plan.seq_length),
             "--micro-batch-size", str(plan.micro_batch_size), "--iters", str(plan.iters),
             "--profile-steps", str(plan.profile_steps if profile else 0)] + (["--bf16"] if plan.bf16 else [])
     result = context.python("bench.gpu.train_worker", *args)
-    record = {"variant": variant, "exit_code": result.returncode, "seconds": result.seconds,
+    record = {"model": model, "variant": variant, "exit_code": result.returncode, "seconds": result.seconds,
               "kernel_path": kernel_path(result.output)}
     if result.returncode != 0 or not path.exists():
         tail = [line for line in result.output.splitlines() if line.strip()][-3:]
@@ -72,21 +78,23 @@ def _one_run(context: Context, plan: Plan, variant: str, index: int, profile: bo
 
 
 def rows(runs: list[dict], cuda: bool) -> list[dict]:
-    """One row per variant: median step, MFU, ratio to the median of the baseline runs."""
+    """One row per model and variant: median step, MFU, ratio to the median of that model's baseline runs."""
     done = [r for r in runs if "step_s" in r]
-    baseline = [r["step_s"] for r in done if r["variant"] == BASELINE]
-    base = statistics.median(baseline) if baseline else None
     out = []
-    for variant in dict.fromkeys(r["variant"] for r in runs):
-        mine = [r for r in done if r["variant"] == variant]
-        failed = [r for r in runs if r["variant"] == variant and "step_s" not in r]
+    for model, variant in dict.fromkeys((r["model"], r["variant"]) for r in runs):
+        baseline = [r["step_s"] for r in done if (r["model"], r["variant"]) == (model, BASELINE)]
+        base = statistics.median(baseline) if baseline else None
+        mine = [r for r in done if (r["model"], r["variant"]) == (model, variant)]
+        failed = [r for r in runs if (r["model"], r["variant"]) == (model, variant) and "step_s" not in r]
         if not mine:
-            out.append({"variant": variant, "error": failed[0]["error"], "kernel_path": failed[0]["kernel_path"]})
+            out.append({"model": model, "variant": variant, "error": failed[0]["error"],
+                        "kernel_path": failed[0]["kernel_path"]})
             continue
         step = statistics.median(r["step_s"] for r in mine)
         mfus = [r["mfu"] for r in mine if r["mfu"] is not None]
         path = mine[0]["kernel_path"] or ""
-        out.append({"variant": variant, "step_s": step, "mfu": statistics.median(mfus) if mfus else None,
+        out.append({"model": model, "variant": variant, "step_s": step,
+                    "mfu": statistics.median(mfus) if mfus else None,
                     "tflops": statistics.median(r["tflops"] for r in mine),
                     "ratio_to_bf16": step / base if base else None, "runs": len(mine),
                     "steps_s": [r["step_s"] for r in mine], "kernel_path": mine[0]["kernel_path"],
@@ -98,11 +106,11 @@ def rows(runs: list[dict], cuda: bool) -> list[dict]:
 def run(context: Context) -> dict:
     plan = DRY_RUN if context.dry_run else COLD
     runs, skipped = [], []
-    for index, variant in enumerate(schedule(plan)):
+    for index, (model, variant) in enumerate(schedule(plan)):
         if context.remaining() < plan.run_estimate_s:
-            skipped.append(variant)
+            skipped.append(f"{model} {variant}")
             continue
-        runs.append(_one_run(context, plan, variant, index, profile=index == 0))
+        runs.append(_one_run(context, plan, model, variant, index, profile=index == 0))
     peak = next((r["peak_tflops"] for r in runs if r.get("peak_tflops")), None)
     profile = runs[0].get("profile") if runs else None
     return {"plan": asdict(plan), "stopped": any(r["exit_code"] is None for r in runs),
@@ -114,15 +122,17 @@ def run(context: Context) -> dict:
 
 
 def summarize(record: dict) -> list[str]:
-    lines = ["| variant | step (s) | MFU | vs bf16 | kernel path |", "|---|---|---|---|---|"]
+    lines = ["| model | variant | step (s) | MFU | vs bf16 | kernel path |", "|---|---|---|---|---|---|"]
     for row in record["rows"]:
         if "error" in row:
-            lines.append(f"| {row['variant']} | failed: {row['error'][:80]} | | | {row['kernel_path']} |")
+            lines.append(f"| {row['model']} | {row['variant']} | failed: {row['error'][:80]} | | | "
+                         f"{row['kernel_path']} |")
             continue
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
         ratio = f"{row['ratio_to_bf16']:.2f}x" if row["ratio_to_bf16"] else "-"
         eager = " **EAGER ON GPU**" if row["eager_on_gpu"] else ""
-        lines.append(f"| {row['variant']} | {row['step_s']:.3f} | {mfu} | {ratio} | {row['kernel_path']}{eager} |")
+        lines.append(f"| {row['model']} | {row['variant']} | {row['step_s']:.3f} | {mfu} | {ratio} | "
+                     f"{row['kernel_path']}{eager} |")
     lines.append(f"MFU against {record['mfu_of']}.")
     if record["skipped_runs"]:
         lines.append(f"skipped runs (time): {', '.join(record['skipped_runs'])}")

@@ -36,7 +36,9 @@ def test_the_dry_run_writes_every_stage_with_its_fields(tmp_path):
         assert row["gbps"] > 0 and 0 < row["pct_of_copy"]
     assert {row["axes"] for row in kernels["rows"]} == {"single-axis", "dual-axis", "with-counts", "with-full-stats"}
     train = records["train"]
-    assert [row["variant"] for row in train["rows"]] == ["bf16", "hifp8"]
+    assert [(row["model"], row["variant"]) for row in train["rows"]] == [
+        ("llama-tiny", "bf16"), ("llama-tiny", "hifp8"), ("llama-moe-tiny", "bf16"),
+        ("llama-moe-tiny", "deepseek-v3-fp8")]
     for row in train["rows"]:
         assert row["step_s"] > 0 and "mfu" in row and row["kernel_path"].startswith("kernels auto: ")
     assert train["rows"][0]["ratio_to_bf16"] == 1.0 and train["rows"][1]["ratio_to_bf16"] > 0

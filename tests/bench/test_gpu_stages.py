@@ -27,9 +27,11 @@ def test_the_stages_fit_the_out_folder_and_the_default_ones_fit_the_budget():
 
 def test_train_interleaves_the_baseline_and_runs_every_preset():
     order = train_stage.schedule(train_stage.COLD)
-    assert order == ["bf16", "te-mxfp8", "te-nvfp4", "te-fp8-current", "te-fp8-delayed",
-                     "bf16", "te-fp8-blockwise", "mxfp4", "hifp8"]
-    for variant in train_stage.COLD.variants:
+    dense, moe = "llama3.2-1b", "deepseek-v3-small"
+    assert order == [(dense, v) for v in ("bf16", "te-mxfp8", "te-nvfp4", "te-fp8-current", "te-fp8-delayed",
+                                          "bf16", "te-fp8-blockwise", "mxfp4", "hifp8")] + [
+        (moe, "bf16"), (moe, "deepseek-v3-fp8")]  # the mixture of experts after the dense model
+    for variant in (*train_stage.COLD.variants, *train_stage.COLD.moe_variants):
         QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": variant})  # a recipe the training run accepts
 
 
@@ -42,20 +44,25 @@ def test_the_kernel_path_is_read_from_the_start_line_as_printed():
     assert train_stage.kernel_path("no start line") is None
 
 
-def _run(variant, step, path="kernels auto: triton mxfp8_e4m3"):
-    return {"variant": variant, "exit_code": 0, "step_s": step, "mfu": 0.1 / step, "tflops": 99 / step,
-            "kernel_path": path, "loss_last": 11.0}
+def _run(variant, step, path="kernels auto: triton mxfp8_e4m3", model="dense"):
+    return {"model": model, "variant": variant, "exit_code": 0, "step_s": step, "mfu": 0.1 / step,
+            "tflops": 99 / step, "kernel_path": path, "loss_last": 11.0}
 
 
 def test_train_rows_take_ratios_against_the_baseline_runs_median_and_flag_eager_on_the_gpu():
     runs = [_run("bf16", 1.0, "kernels auto: none"), _run("te-mxfp8", 2.2), _run("bf16", 1.2, "kernels auto: none"),
             _run("hifp8", 3.3, "kernels torch: eager hifp8 (WARNING: eager quantization on the GPU)"),
-            {"variant": "mxfp4", "exit_code": None, "kernel_path": None, "error": "killed at the deadline"}]
-    rows = {row["variant"]: row for row in train_stage.rows(runs, cuda=True)}
-    assert rows["bf16"]["step_s"] == pytest.approx(1.1) and rows["bf16"]["runs"] == 2
-    assert rows["te-mxfp8"]["ratio_to_bf16"] == pytest.approx(2.0) and not rows["te-mxfp8"]["eager_on_gpu"]
-    assert rows["hifp8"]["eager_on_gpu"] and rows["hifp8"]["ratio_to_bf16"] == pytest.approx(3.0)
-    assert rows["mxfp4"] == {"variant": "mxfp4", "error": "killed at the deadline", "kernel_path": None}
+            {"model": "dense", "variant": "mxfp4", "exit_code": None, "kernel_path": None,
+             "error": "killed at the deadline"},
+            _run("bf16", 5.0, "kernels auto: none", model="moe"), _run("deepseek-v3-fp8", 6.0, model="moe")]
+    rows = {(row["model"], row["variant"]): row for row in train_stage.rows(runs, cuda=True)}
+    assert rows["dense", "bf16"]["step_s"] == pytest.approx(1.1) and rows["dense", "bf16"]["runs"] == 2
+    assert rows["dense", "te-mxfp8"]["ratio_to_bf16"] == pytest.approx(2.0)
+    assert not rows["dense", "te-mxfp8"]["eager_on_gpu"]
+    assert rows["dense", "hifp8"]["eager_on_gpu"] and rows["dense", "hifp8"]["ratio_to_bf16"] == pytest.approx(3.0)
+    assert rows["dense", "mxfp4"] == {"model": "dense", "variant": "mxfp4", "error": "killed at the deadline",
+                                      "kernel_path": None}
+    assert rows["moe", "deepseek-v3-fp8"]["ratio_to_bf16"] == pytest.approx(1.2)  # against its own model's bf16
     assert not any(row.get("eager_on_gpu") for row in train_stage.rows(runs, cuda=False))
 
 
