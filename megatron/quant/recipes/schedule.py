@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from megatron.quant.formats.show import show_value
 from megatron.quant.position import Position
 from megatron.quant.recipes.operands import FORWARD_OPERANDS
 from megatron.quant.recipes.parse import RecipeError
+from megatron.quant.recipes.rules import FormatChoice
 
-if TYPE_CHECKING:
-    from megatron.quant.recipes.recipe import QuantRecipe
-    from megatron.quant.recipes.rules import FormatChoice
+
+class PhaseRecipe(Protocol):
+    """What a schedule needs of the recipes it switches to (``recipes.recipe.QuantRecipe``, which reads
+    its schedule through this module: the dependency runs one way)."""
+
+    name: str
 
 PHASE_KEYS = ("from", "until", "forward", "backward")
 Point = int | float  # an iteration (int >= 1) or a fraction of training (float in (0, 1))
@@ -47,8 +51,8 @@ class Phase:
 
     start: Point
     until: Optional[Point] = None
-    forward: Optional["QuantRecipe"] = None
-    backward: Optional["QuantRecipe"] = None
+    forward: Optional[PhaseRecipe] = None
+    backward: Optional[PhaseRecipe] = None
 
     def describe(self) -> str:
         parts = [f"{d} {r.name}" for d, r in (("forward", self.forward), ("backward", self.backward)) if r]
@@ -61,13 +65,13 @@ class Schedule:
     """A recipe's phases and its evaluation recipe; ``train_iters`` once ``bind`` knows the run's length."""
 
     phases: tuple[Phase, ...] = ()
-    evaluation: Optional["QuantRecipe"] = None
+    evaluation: Optional[PhaseRecipe] = None
     train_iters: Optional[int] = None
 
     def __bool__(self) -> bool:
         return bool(self.phases) or self.evaluation is not None
 
-    def recipes(self) -> list["QuantRecipe"]:
+    def recipes(self) -> list[PhaseRecipe]:
         """Every recipe the schedule switches to."""
         found = [r for p in self.phases for r in (p.forward, p.backward) if r is not None]
         return found + ([self.evaluation] if self.evaluation is not None else [])
@@ -115,8 +119,8 @@ class Schedule:
                 return i + 1
         return 0
 
-    def choices(self, base: Mapping[str, "FormatChoice"], choices_of: Callable[["QuantRecipe"], Mapping]
-                ) -> list[dict[str, "FormatChoice"]]:
+    def choices(self, base: Mapping[str, FormatChoice], choices_of: Callable[[PhaseRecipe], Mapping]
+                ) -> list[dict[str, FormatChoice]]:
         """A module's operand choices per phase index (``phase_of``): ``base`` (the base recipe's),
         each phase's (its recipes' choices for their direction's operands), the evaluation recipe's."""
         per_phase = [dict(base)]
@@ -142,7 +146,7 @@ class Schedule:
 
 
 def parse_schedule(schedule: Any, evaluation: Any, source: str,
-                   build: Callable[[Any, str], "QuantRecipe"]) -> Schedule:
+                   build: Callable[[Any, str], PhaseRecipe]) -> Schedule:
     """The ``schedule`` list and ``evaluation`` value of a recipe; ``build(value, path)`` parses a phase's
     recipe value (inheriting the base's scope). ScheduleError names the bad value."""
     if schedule is None:
@@ -153,7 +157,7 @@ def parse_schedule(schedule: Any, evaluation: Any, source: str,
     return Schedule(phases, None if evaluation is None else build(evaluation, "evaluation"))
 
 
-def _parse_phase(value: Any, path: str, source: str, build: Callable[[Any, str], "QuantRecipe"]) -> Phase:
+def _parse_phase(value: Any, path: str, source: str, build: Callable[[Any, str], PhaseRecipe]) -> Phase:
     if not isinstance(value, Mapping):
         raise ScheduleError(f"{source}: {path}: expected a mapping with {', '.join(PHASE_KEYS)}, got "
                             f"{show_value(value)}")
