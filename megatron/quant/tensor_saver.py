@@ -52,18 +52,19 @@ _seen = position.current()  # the loop's position the session last heard of
 
 
 def configure(config: Optional[SaverConfig] = None, *, run_iterations: Optional[range] = None,
-              plan: Optional[InspectPlan] = None) -> None:
+              plan: Optional[InspectPlan] = None, num_layers: Optional[int] = None) -> None:
     """Start a capture session (replacing any previous one, which is flushed first).
 
     ``config`` None reads the TENSOR_SAVE_* environment (``SaverConfig.from_env()``); a bad
     value raises ``ValueError`` here. ``run_iterations`` (e.g. ``range(start, train_iters)``)
     lets the saver guarantee a captured iteration when the window lies outside the run. ``plan``: the
     config's nvdlfw-inspect config resolved against the run (``capture.inspect_plan``), which then
-    chooses what is recorded when.
+    chooses what is recorded when. ``num_layers``: the model's, which what-if recipes' layer rules count
+    from (TENSOR_SAVE_WHATIF).
     """
     global _session, _seen
     new = CaptureSession(SaverConfig.from_env() if config is None else config, run_iterations=run_iterations,
-                         plan=plan)
+                         plan=plan, num_layers=num_layers)
     if _session is not None:
         _follow()
         _session.close()

@@ -165,3 +165,17 @@ def test_stats_mode_adds_block_scales_of_block_formats(tmp_path, capture_session
         assert entry["stats"]["block_scales"]["range_log2_max"] == 0.0
     else:
         assert "block_scales" not in entry["stats"]
+
+
+def test_whatif_layer_rules_count_from_the_models_layers():
+    """``te-nvfp4+bf16-layers`` keeps the first and the last decoder layer in BF16 (``0:1``, ``-1:``): the
+    last is the model's, not the captured layer (which had made every layer the last)."""
+    from megatron.quant.capture.whatif import WhatIfFormats
+
+    formats = WhatIfFormats(num_layers=16)
+    found = {layer: formats.format_for("te-nvfp4+bf16-layers", "m", "fc1", layer, "input") for layer in (0, 3, 15)}
+    assert found[0] is None and found[15] is None
+    assert found[3][0].name == "nvfp4"
+    assert WhatIfFormats().format_for("te-nvfp4", "m", "fc1", 3, "input")[0].name == "nvfp4"  # no rules: no count
+    with pytest.raises(ValueError, match="'te-nvfp4\\+bf16-layers' has layer rules: the model's layer count"):
+        WhatIfFormats().format_for("te-nvfp4+bf16-layers", "m", "fc1", 3, "input")

@@ -96,7 +96,7 @@ def _plan(text, recipe="mxfp8", layers=2):
     modules = linear_modules(layers, precision.capture_roles(layers))
     config = _config(text)
     precision = with_rules(precision, disabled_gemm_rules(config, modules))
-    return precision, InspectPlan(config, modules, run_choices(precision, modules, layers))
+    return precision, InspectPlan(config, modules, run_choices(precision, modules, layers), layers)
 
 
 @pytest.mark.parametrize("change,recipe,words", [

@@ -114,9 +114,10 @@ class InspectPlan:
     """The config's entries per (module, TE tensor), checked against the run's formats."""
 
     def __init__(self, config: InspectConfig, modules: Mapping[str, tuple[str, int]],
-                 choices: Mapping[str, Mapping[str, FormatChoice]], whatif: tuple[str, ...] = ()) -> None:
+                 choices: Mapping[str, Mapping[str, FormatChoice]], num_layers: int,
+                 whatif: tuple[str, ...] = ()) -> None:
         self.source = config.source
-        self.formats = WhatIfFormats(choices)
+        self.formats = WhatIfFormats(num_layers, choices)
         self._whatif = whatif
         self._entries: dict[tuple[str, str], list[FeatureEntry]] = {}
         layers = section_layers(config, modules)
@@ -176,4 +177,4 @@ def resolve_inspect(config: InspectConfig, precision: PrecisionConfig, num_layer
     """The run's precision with the config's disabled GEMMs in bf16, and the config's plan over it."""
     modules = linear_modules(num_layers, precision.capture_roles(num_layers))
     precision = with_rules(precision, disabled_gemm_rules(config, modules))
-    return precision, InspectPlan(config, modules, run_choices(precision, modules, num_layers), whatif)
+    return precision, InspectPlan(config, modules, run_choices(precision, modules, num_layers), num_layers, whatif)

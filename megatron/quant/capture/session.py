@@ -41,7 +41,7 @@ class CaptureSession:
     """
 
     def __init__(self, config: SaverConfig, run_iterations: Optional[range] = None,
-                 plan: Optional[InspectPlan] = None) -> None:
+                 plan: Optional[InspectPlan] = None, num_layers: Optional[int] = None) -> None:
         if run_iterations is not None and (run_iterations.step != 1 or len(run_iterations) == 0):
             raise ValueError(f"run_iterations={run_iterations!r} is invalid; allowed: a non-empty range(start, stop)")
         if config.inspect is not None and plan is None:
@@ -67,7 +67,7 @@ class CaptureSession:
         self._directories: dict[str, str] = {}  # quant_type -> its checked capture directory
         self._paused = False
         self._plan = plan
-        self._formats = WhatIfFormats() if plan is None else plan.formats
+        self._formats = WhatIfFormats(num_layers) if plan is None else plan.formats
         self._te_log = TeStatsLog(config.save_dir)
         self.active = False
 

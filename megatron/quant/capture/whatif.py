@@ -51,9 +51,12 @@ def whatif_recipe(name: str) -> QuantRecipe:
 
 class WhatIfFormats:
     """Resolves (what-if source, module role and layer, captured tensor) to a format and axis;
-    ``run_choices`` (module path -> operand key -> the run's choice) serves ``run/columnwise``."""
+    ``run_choices`` (module path -> operand key -> the run's choice) serves ``run/columnwise``;
+    ``num_layers``: the model's, which a recipe's layer rules count from (``-1:`` is the last layer)."""
 
-    def __init__(self, run_choices: Optional[Mapping[str, Mapping[str, FormatChoice]]] = None) -> None:
+    def __init__(self, num_layers: Optional[int] = None,
+                 run_choices: Optional[Mapping[str, Mapping[str, FormatChoice]]] = None) -> None:
+        self._num_layers = num_layers
         self._run = run_choices or {}
         self._built: dict[FormatChoice, NumericFormat] = {}
 
@@ -68,8 +71,12 @@ class WhatIfFormats:
         if name == RUN:
             choice = self._run.get(module, {}).get(key)
         else:  # the LM head is a linear like the others: presets scoped to "linear" would skip it
-            choice = whatif_recipe(name).choices("fc2" if role == "output_layer" else role, max(layer_idx, 0),
-                                                 max(layer_idx, 0) + 1)[key]
+            recipe, layer = whatif_recipe(name), max(layer_idx, 0)
+            if recipe.rules and self._num_layers is None:
+                raise ValueError(f"what-if {name!r} has layer rules: the model's layer count is needed "
+                                 f"(tensor_saver.configure(num_layers=...), as training passes it)")
+            num_layers = layer + 1 if self._num_layers is None else self._num_layers  # no rules: any count
+            choice = recipe.choices("fc2" if role == "output_layer" else role, layer, num_layers)[key]
         if choice is None or formats.is_passthrough(choice.name):
             return None
         if choice not in self._built:

@@ -207,7 +207,7 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
         logger.print(f"no checkpoint in {args.load}: starting from scratch")
     # a resume at --train-iters trains (and captures) nothing: no window to intersect
     tensor_saver.configure(inputs.capture, run_iterations=iterations_run(start, args.train_iters) or None,
-                           plan=inputs.inspect)
+                           plan=inputs.inspect, num_layers=shape["num_layers"])
 
     num_params = metrics.num_parameters(shape)
     flops = metrics.flops_per_iteration(shape, global_batch_size=args.global_batch_size,
