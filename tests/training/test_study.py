@@ -82,6 +82,37 @@ def test_the_ledger_counts_a_run_done_only_for_the_same_study_and_corpus():
     assert [run.name for run in study.pending_runs(plan, done)][:3] == ["te-nvfp4", "mxfp4", "te-mxfp8"]
 
 
+def test_a_run_whose_recipe_changed_since_its_entry_is_trained_again():
+    plan = load_plan(PLAN)
+    then = ["recipe te-nvfp4, 4 decoder layers", "  wgrad.grad_output  nvfp4  1x16  0  stochastic"]
+    entries = [dataclasses.replace(_entry("te-nvfp4", "te-nvfp4"), recipe_resolved=then),
+               dataclasses.replace(_entry("bf16", "bf16"), recipe_resolved=["recipe bf16, 4 decoder layers"]),
+               dataclasses.replace(_entry("mxfp4", "mxfp4", sha="b" * 64), recipe_resolved=then)]  # another corpus
+    today = {"te-nvfp4": [then[0], "  wgrad.grad_output  nvfp4  1x16  0  stochastic8"],
+             "bf16": ["recipe bf16, 4 decoder layers", " core_attention: not quantized"], "mxfp4": []}
+    changed = study.changed_in_ledger(entries, "s", "a" * 64, False, today)
+    assert changed == {"te-nvfp4": "'wgrad.grad_output nvfp4 1x16 0 stochastic' -> "
+                                   "'wgrad.grad_output nvfp4 1x16 0 stochastic8'"}
+    done = study.done_in_ledger(entries, "s", "a" * 64) - changed.keys()
+    assert [run.name for run in study.pending_runs(plan, done)][:2] == ["te-nvfp4", "mxfp4"]
+
+
+def test_the_committed_first_tier_holds_its_runs_but_the_24_bit_te_nvfp4():
+    """The committed ledger against today's recipes: only te-nvfp4's rounding changed since its runs
+    (24 random bits, then the hardware's 8); the table's layout changing must not re-run a study."""
+    from megatron.quant.training.study_ledger import resolved_today
+
+    plan = load_plan(PLAN.parent / "first-tier.yaml")
+    entries = ledger.read_ledger(PLAN.parent / "ledger" / plan.name)
+    built = corpus.Corpus(data_path="d", split="1,1,0", train_documents=1, valid_documents=1, bytes=1, source=[],
+                          seed=1, tokens=2, train_tokens=1, sha256=entries[0].corpus_hash)
+    flags = study.training_flags(plan, built, None, dry_run=False)
+    today = {recipe: resolved_today(recipe, plan.environment, flags) for recipe in plan.recipes}
+    changed = study.changed_in_ledger(entries, plan.name, built.sha256, False, today)
+    assert len(entries) == 15 and {run.split("-seed")[0] for run in changed} <= {"te-nvfp4"}
+    assert all(change.endswith(" stochastic8'") for change in changed.values())
+
+
 def test_a_ledger_entry_round_trips_through_its_file(tmp_path):
     entry = _entry("bf16-seed2", "bf16")
     path = ledger.write_entry(entry, tmp_path)

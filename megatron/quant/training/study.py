@@ -41,7 +41,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS
@@ -49,7 +49,7 @@ from megatron.quant.training import corpus, metrics, notices, sweep
 from megatron.quant.training.env import scoped_environ
 from megatron.quant.training.signals import SweepInterrupted
 from megatron.quant.training.study_checks import SessionError, check_seconds, check_session
-from megatron.quant.training.study_ledger import StudyError, add_entries, flag_value, ledger_entry
+from megatron.quant.training.study_ledger import StudyError, add_entries, flag_value, ledger_entry, resolved_today
 from megatron.quant.training.study_measure import describe, describe_measured, measure
 from megatron.quant.training.study_plan import (
     MAX_RUNS_AT_ONCE,
@@ -101,8 +101,23 @@ def done_in_ledger(entries: Sequence[ledger.LedgerEntry], study: str, corpus_has
                    dry_run: bool = False) -> set[str]:
     """Names of the runs the ledger holds for ``study`` on the corpus ``corpus_hash`` (dry runs count
     only for a dry run)."""
-    return {entry.run for entry in entries if entry.study == study and entry.corpus_hash == corpus_hash
-            and entry.status in sweep.DONE and entry.dry_run == dry_run}
+    return {entry.run for entry in _held(entries, study, corpus_hash, dry_run)}
+
+
+def changed_in_ledger(entries: Sequence[ledger.LedgerEntry], study: str, corpus_hash: str, dry_run: bool,
+                      resolved: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """The held runs whose recipe no longer resolves as their entry recorded (``resolved``: each
+    recipe's lines today), with what changed: their result answers for another recipe, so they are
+    trained again (the new entry replaces the old; git keeps it)."""
+    changes = {entry.run: ledger.recipe_change(entry.recipe_resolved, resolved[entry.recipe])
+               for entry in _held(entries, study, corpus_hash, dry_run) if entry.recipe in resolved}
+    return {run: change for run, change in changes.items() if change is not None}
+
+
+def _held(entries: Sequence[ledger.LedgerEntry], study: str, corpus_hash: str,
+          dry_run: bool) -> list[ledger.LedgerEntry]:
+    return [entry for entry in entries if entry.study == study and entry.corpus_hash == corpus_hash
+            and entry.status in sweep.DONE and entry.dry_run == dry_run]
 
 
 def corpus_sources(plan: StudyPlan, source: Path | None, dry_run: bool) -> list[Path]:
@@ -226,7 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     epochs = "" if args.dry_run else f" ({plan.tokens_per_run / built.train_tokens:.1f} epochs a run)"
     _say(f"corpus {built.sha256[:ledger.HASH_PREFIX]}: {built.train_tokens:,} training tokens{epochs}, ready after "
          f"{time.monotonic() - started:.0f} s")
-    pending = pending_runs(plan, done_in_ledger(entries, plan.name, built.sha256, args.dry_run))
+    flags = training_flags(plan, built, None, args.dry_run)
+    changed = changed_in_ledger(entries, plan.name, built.sha256, args.dry_run,
+                                {recipe: resolved_today(recipe, plan.environment, flags) for recipe in plan.recipes})
+    for run, change in changed.items():
+        _say(f"{run}: its ledger entry ran another definition of its recipe ({change}): trained again")
+    pending = pending_runs(plan, done_in_ledger(entries, plan.name, built.sha256, args.dry_run) - changed.keys())
     wave_seconds = ((lambda recipes: DRY_RUN_RUN_S * plan.slowdown(len(recipes))) if args.dry_run
                     else plan.wave_seconds)
     chosen = select_runs(pending, args.budget_s - (time.monotonic() - started), wave_seconds, at_once)

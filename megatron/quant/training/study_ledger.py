@@ -15,7 +15,7 @@ from megatron.quant.training import corpus, sweep
 from megatron.quant.training.machine import git_commit, seconds_between
 from megatron.quant.training.presets import get_preset
 from megatron.quant.training.study_plan import PlannedRun, StudyPlan
-from megatron.quant.training.sweep_plan import TENSORBOARD
+from megatron.quant.training.sweep_plan import TENSORBOARD, resolve_recipe
 
 
 class StudyError(ValueError):
@@ -39,6 +39,11 @@ def resolved_recipe(recipe_env: Mapping[str, str], environment: Mapping[str, str
     from megatron.quant.recipes.recipe import QuantRecipe
 
     return describe_recipe(QuantRecipe.from_env({**environment, **recipe_env}), num_layers).splitlines()
+
+
+def resolved_today(recipe: str, environment: Mapping[str, str], flags: Sequence[str]) -> list[str]:
+    """``recipe`` resolved as a run of it with ``flags`` would record it now (``resolved_recipe``)."""
+    return resolved_recipe(resolve_recipe(recipe)[1], environment, _num_layers(flags))
 
 
 def ledger_entry(plan: StudyPlan, run: PlannedRun, run_dir: Path, built: corpus.Corpus,

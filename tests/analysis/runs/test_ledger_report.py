@@ -74,3 +74,39 @@ def test_entries_of_two_studies_or_one_run_twice_are_refused():
         ledger.select_entries([bf16, dataclasses.replace(bf16, device=H200)])
     with pytest.raises(ledger.LedgerError, match="no ledger entry on a corpus whose hash starts with 'ff'"):
         ledger.select_entries([bf16], corpus="ff")
+
+
+# recipes show's lines of te-nvfp4's dgrad operand, as two versions of the code printed them
+TABLE = ["recipe te-nvfp4, 4 decoder layers", "layers 0-3:", " qkv, proj, fc1, fc2:",
+         "  operand            format  block  axis  rounding",
+         "  dgrad.grad_output  nvfp4   1x16   -1    stochastic", " core_attention: not quantized",
+         " output_layer: not quantized"]
+LATER = [*TABLE[:3], "  operand            format  block  axis  rounding   ",
+         "  dgrad.grad_output  nvfp4   1x16   -1    stochastic8", " core_attention: not quantized",
+         " router: not quantized", " output_layer: not quantized"]
+
+
+def test_a_recipe_change_is_the_operands_not_the_tables_layout():
+    relaid = [*TABLE[:3], "  operand format block axis rounding", "  dgrad.grad_output nvfp4 1x16 -1 stochastic",
+              *TABLE[5:], " router: not quantized"]  # other column widths, a module the model lacks
+    assert ledger.recipe_change(TABLE, relaid) is None
+    assert ledger.recipe_change(TABLE, LATER) == ("'dgrad.grad_output nvfp4 1x16 -1 stochastic' -> "
+                                                  "'dgrad.grad_output nvfp4 1x16 -1 stochastic8'")
+    quantized = [*TABLE[:5], " core_attention:", "  fprop.query  mxfp8  1x32  -1  nearest", TABLE[6]]
+    assert ledger.recipe_change(TABLE, quantized) == "'(nothing)' -> 'core_attention:'"  # attention now quantized
+
+
+def test_seeds_of_a_recipe_that_changed_between_them_are_noted(tmp_path):
+    import dataclasses
+
+    root = tmp_path / "ledger"
+    for run, resolved, commit in (("te-nvfp4", TABLE, "1111111111"), ("te-nvfp4-seed2", LATER, "2222222222"),
+                                  ("bf16", [], "1111111111")):
+        ledger.write_entry(dataclasses.replace(_entry(run, 1.0, H100), recipe_resolved=resolved, commit=commit),
+                           root / "gpu-8m-d20")
+    notes = {run.name: run.notes for run in ledger.ledger_runs(root)}
+    assert notes["bf16"] == [] and notes["te-nvfp4-seed2"] == []  # the first of the recipe's files is the reference
+    [note] = notes["te-nvfp4"]
+    assert note.startswith("recipe te-nvfp4 resolved otherwise than in te-nvfp4-seed2 (commit 22222222 -> 11111111)")
+    assert note.endswith("'dgrad.grad_output nvfp4 1x16 -1 stochastic8' -> "
+                         "'dgrad.grad_output nvfp4 1x16 -1 stochastic'")

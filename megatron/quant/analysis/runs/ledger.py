@@ -7,7 +7,8 @@ norm, learning rate, tokens/s), the tokens trained, the device, dates, the git c
 hash, and the recipe as given and as resolved. ``read_ledger`` reads a directory of entries (at any
 depth); ``ledger_runs`` turns them into the runs report's ``Run`` objects, refusing to mix entries
 of different studies or corpora (their losses are not comparable), and labels each run with its
-device when the entries come from more than one.
+device when the entries come from more than one, and notes a run whose recipe resolved otherwise than
+another seed's of the same recipe (``recipe_change``: its definition changed between their commits).
 """
 from __future__ import annotations
 
@@ -196,14 +197,31 @@ def select_entries(entries: Sequence[LedgerEntry], corpus: Optional[str] = None)
     return chosen
 
 
-def entry_run(entry: LedgerEntry, label_device: bool = False) -> Run:
+NOT_QUANTIZED = ": not quantized"  # a module line that says nothing the model has to have
+
+
+def recipe_change(then: Sequence[str], now: Sequence[str]) -> Optional[str]:
+    """None when two resolutions of a recipe (``recipe_resolved``: ``recipes show``'s lines) quantize
+    alike; else the first line that differs, as ``'was' -> 'now'``. Spacing is the table's layout, not
+    the recipe; lines naming a module that stays unquantized are left out: they say nothing about the
+    operands (a module the model may not even have), and a module that becomes quantized brings operand
+    lines of its own."""
+    kept = [[" ".join(line.split()) for line in lines if not line.endswith(NOT_QUANTIZED)] for lines in (then, now)]
+    if kept[0] == kept[1]:
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(*kept)) if a != b), min(map(len, kept)))
+    was, is_now = (lines[first] if first < len(lines) else "(nothing)" for lines in kept)
+    return f"{was!r} -> {is_now!r}"
+
+
+def entry_run(entry: LedgerEntry, label_device: bool = False, recipe_note: str = "") -> Run:
     """The runs report's ``Run`` of ``entry``: its scalars, and a run.json-like record."""
     scalars = {tag: (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))
                for tag, (steps, values) in entry.scalars.items()}
     record = {"status": entry.status, "recipe": entry.recipe, "git_commit": entry.commit,
               "machine": dict(entry.machine), "start_time": entry.start_time, "end_time": entry.end_time,
               "attempts": [], "device": entry.device, "corpus_sha256": entry.corpus_hash}
-    notes = [f"ran on {entry.device}"] if label_device else []
+    notes = ([f"ran on {entry.device}"] if label_device else []) + ([recipe_note] if recipe_note else [])
     return Run(entry.run, scalars, record, notes)
 
 
@@ -214,4 +232,13 @@ def ledger_runs(directory: Path, corpus: Optional[str] = None) -> list[Run]:
     if not entries:
         raise LedgerError(f"no ledger entries (*{SUFFIX}) under {str(directory)!r}")
     several = len({entry.device for entry in entries}) > 1
-    return [entry_run(entry, several) for entry in entries]
+    return [entry_run(entry, several, _recipe_note(entry, entries)) for entry in entries]
+
+
+def _recipe_note(entry: LedgerEntry, entries: Sequence[LedgerEntry]) -> str:
+    """What sets ``entry``'s recipe apart from the first entry of the same recipe (seeds compared
+    across a change of its definition mix two recipes), or ''."""
+    first = next(other for other in entries if other.recipe == entry.recipe)
+    change = recipe_change(first.recipe_resolved, entry.recipe_resolved)
+    return "" if change is None else (f"recipe {entry.recipe} resolved otherwise than in {first.run} "
+                                      f"(commit {(first.commit or '?')[:8]} -> {(entry.commit or '?')[:8]}): {change}")
