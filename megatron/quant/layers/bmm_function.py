@@ -23,8 +23,8 @@ from megatron.quant.layers.operand import (
     quantize_operand,
     reusable_amax,
     same_quantization,
-    scaled_product,
 )
+from megatron.quant.layers.scaled_gemm import matmul, scaled_product
 from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.tensor_saver import CaptureSite
@@ -61,8 +61,16 @@ class BmmQuant:
         check_gemm_transforms(gemms)
 
 
-def _bmm(a: Tensor, b: Tensor) -> Tensor:
-    return torch.bmm(a, b)
+def _bmm(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return matmul(a, b, out_dtype)
+
+
+def _bmm_nt(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return matmul(a, b.transpose(1, 2), out_dtype)
+
+
+def _bmm_tn(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return matmul(a.transpose(1, 2), b, out_dtype)
 
 
 def _scaled(t: Tensor, alpha: Optional[float]) -> Tensor:
@@ -100,7 +108,7 @@ class QuantBmmFunction(torch.autograd.Function):
         if a_q.tensor_scale is None and b_q.tensor_scale is None:
             out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype, device=a.device)
             return torch.baddbmm(out, a_q.values, b_q.values, beta=0.0, alpha=alpha)
-        return scaled_product(lambda x, y: torch.bmm(x, y).mul_(alpha), a_q, b_q)
+        return scaled_product(lambda x, y, dtype: matmul(x, y, dtype).mul_(alpha), a_q, b_q)
 
     @staticmethod
     def backward(ctx, grad_c: Tensor):
@@ -118,7 +126,7 @@ class QuantBmmFunction(torch.autograd.Function):
                 dc_a = _quantize_bmm(grad_c, q.grad_a_dc, given)
             b_q = replace(ctx.b_quantized, values=b) if ctx.b_quantized else \
                 _quantize_bmm(b, q.grad_a_b, given, ctx.amaxes[1])
-            grad_a = _scaled(scaled_product(lambda x, y: x.bmm(y.transpose(1, 2)), dc_a, b_q), ctx.alpha)
+            grad_a = _scaled(scaled_product(_bmm_nt, dc_a, b_q), ctx.alpha)
         if ctx.needs_input_grad[1]:
             a_q = replace(ctx.a_quantized, values=a) if ctx.a_quantized else \
                 _quantize_bmm(a, q.grad_b_a, given, ctx.amaxes[0])
@@ -126,7 +134,7 @@ class QuantBmmFunction(torch.autograd.Function):
                 dc_b = dc_a if dc_a is not None and same_quantization(q.grad_a_dc, q.grad_b_dc) else \
                     _quantize_bmm(grad_c, q.grad_b_dc, given,
                                   None if dc_a is None else reusable_amax(dc_a, q.grad_a_dc, q.grad_b_dc))
-            grad_b = _scaled(scaled_product(lambda x, y: x.transpose(1, 2).bmm(y), a_q, dc_b), ctx.alpha)
+            grad_b = _scaled(scaled_product(_bmm_tn, a_q, dc_b), ctx.alpha)
         return grad_a, grad_b, None, None, None
 
 

@@ -29,8 +29,8 @@ from megatron.quant.layers.operand import (
     quantize_operand,
     reusable_amax,
     same_quantization,
-    scaled_product,
 )
+from megatron.quant.layers.scaled_gemm import matmul, scaled_product
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import OperandSpec, Parallel
@@ -159,16 +159,16 @@ def _dgrad_weight(weight: Tensor, cfg: LinearGemmConfig, noise: Optional[NoiseSc
                             capture=capture)
 
 
-def _fprop(x: Tensor, w: Tensor) -> Tensor:
-    return torch.matmul(x, w.t())
+def _fprop(x: Tensor, w: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return matmul(x, w.t(), out_dtype)
 
 
-def _dgrad(dy: Tensor, w: Tensor) -> Tensor:
-    return dy.matmul(w)
+def _dgrad(dy: Tensor, w: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return matmul(dy, w, out_dtype)
 
 
-def _wgrad(dy: Tensor, x: Tensor) -> Tensor:
-    return dy.t().matmul(x)
+def _wgrad(dy: Tensor, x: Tensor, out_dtype: Optional[torch.dtype]) -> Tensor:
+    return matmul(dy.t(), x, out_dtype)
 
 
 class QuantLinearFunction(torch.autograd.Function):

@@ -2,15 +2,15 @@
 
 Every GEMM operand is quantized with its own ``OperandSpec`` (format, block axis along that
 GEMM's reduction dimension); a spec without a format leaves the operand untouched. Here: the
-quantized operand (``Quantized``), its TP-reduced per-tensor amax, the stochastic-rounding noise
-scope of a module's forward, quantizing one operand along both axes in one read, and the rules
-for reusing a forward's quantized copy or amax in the backward (``same_quantization``,
-``reusable_amax``).
+quantized operand (``Quantized``; ``scaled_gemm`` multiplies two), its TP-reduced per-tensor amax,
+the stochastic-rounding noise scope of a module's forward, quantizing one operand along both axes in
+one read, and the rules for reusing a forward's quantized copy or amax in the backward
+(``same_quantization``, ``reusable_amax``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -169,17 +169,6 @@ def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) ->
     if is_delayed(spec.fmt) or is_delayed(done_spec.fmt):
         return None
     return done.amax if done_spec.fmt.options.get("hadamard") == spec.fmt.options.get("hadamard") else None
-
-
-def scaled_product(product: Callable[[Tensor, Tensor], Tensor], a: Quantized, b: Quantized) -> Tensor:
-    """``product(a, b)`` with the operands' per-tensor scales applied to the FP32 result, then
-    rounded once to the operands' dtype, as a scaled low-precision GEMM does. Without scales it
-    is exactly ``product`` (stock megatron-core arithmetic)."""
-    scales = [s for s in (a.tensor_scale, b.tensor_scale) if s is not None]
-    if not scales:
-        return product(a.values, b.values)
-    scale = scales[0] if len(scales) == 1 else scales[0] * scales[1]
-    return product(a.values.float(), b.values.float()).mul_(scale).to(a.values.dtype)
 
 
 def _transform(spec: OperandSpec) -> Optional[tuple]:

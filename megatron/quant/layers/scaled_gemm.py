@@ -1,0 +1,51 @@
+"""The GEMM of two fake-quantized operands, as a scaled low-precision GEMM computes it: the operands'
+products summed in FP32, the per-tensor scales applied to that FP32 result, one rounding to the
+operands' dtype.
+
+The operands hold low-precision values (FP8, FP4 elements, block scales folded in) in bf16, fp16 or
+fp32, so every product is exact in FP32. Where torch has a GEMM of bf16/fp16 inputs with an FP32
+output (``mm``/``bmm`` with ``out_dtype``: CUDA, and the meta device), that is the product: tensor-core
+speed, the sums in FP32. Elsewhere (CPU) the operands are widened to FP32 first, the same sums. An FP32
+GEMM of widened operands on a GPU would run at FP32's rate, several times slower than the bf16 GEMM
+it stands for.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from megatron.quant.layers.operand import Quantized
+
+# inputs torch multiplies into an FP32 output without widening them (mm/bmm with out_dtype)
+NARROW = (torch.bfloat16, torch.float16)
+OUT_DTYPE_DEVICES = ("cuda", "meta")
+
+Product = Callable[[Tensor, Tensor, Optional[torch.dtype]], Tensor]
+
+
+def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """``torch.matmul(a, b)`` for a (..., k) @ (k, n) or a batched (B, m, k) @ (B, k, n); with
+    ``out_dtype`` float32 the sums of the products in FP32, returned unrounded."""
+    if out_dtype is None:
+        return torch.matmul(a, b)
+    if a.dtype in NARROW and b.dtype == a.dtype and a.device.type in OUT_DTYPE_DEVICES:
+        if b.dim() == 2:
+            flat = torch.mm(a.reshape(-1, a.shape[-1]), b, out_dtype=out_dtype)
+            return flat.reshape(*a.shape[:-1], b.shape[-1])
+        if a.dim() == 3 and b.dim() == 3:
+            return torch.bmm(a, b, out_dtype=out_dtype)
+    return torch.matmul(a.to(out_dtype), b.to(out_dtype))
+
+
+def scaled_product(product: Product, a: Quantized, b: Quantized) -> Tensor:
+    """``product(a, b, None)`` with the operands' per-tensor scales applied to the FP32 result
+    (``product(a, b, torch.float32)``), then rounded once to the operands' dtype, as a scaled
+    low-precision GEMM does. Without scales it is exactly ``product`` in the operands' dtype (stock
+    megatron-core arithmetic)."""
+    scales = [s for s in (a.tensor_scale, b.tensor_scale) if s is not None]
+    if not scales:
+        return product(a.values, b.values, None)
+    scale = scales[0] if len(scales) == 1 else scales[0] * scales[1]
+    return product(a.values, b.values, torch.float32).mul_(scale).to(a.values.dtype)
