@@ -2,6 +2,7 @@
 per test process and per process a test launches; the ``slow`` marker; the capture-session fixture."""
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -52,6 +53,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "device: runs on --device (cpu by default, cuda on a GPU machine)")
     config.addinivalue_line("markers", "slow: trains a model (training processes or many steps); CI runs them, "
                                        "-m 'not slow' leaves them out")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        # xdist workers compile in parallel already: one inductor compile thread each (16 workers each
+        # starting a pool of 16 compile processes is 256), and a cache directory of their own (inductor's
+        # default is one per user, written by every worker at once). On a 16-core GPU machine the
+        # torch.compile device tests failed under 16 workers and passed in one process.
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor-{worker}"))
     if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: torch sees no CUDA device")
     if config.getoption("--device") == "cpu":
