@@ -1,7 +1,8 @@
 """Stage ``train``: Llama 3.2 1B, seq 2048, mock data: the bf16 baseline and each preset, one process per
 run, median step time after warm-up, MFU and the ratio to bf16, whose runs are interleaved with the
-presets' (ratios within one check); the kernel path each run's start line names; and where the
-baseline's time goes (``torch.profiler`` on its last steps, bucketed by kernel name). Then a mixture of
+presets' (ratios within one check); the kernel path each run's start line names; and where each run's
+time goes (``torch.profiler`` on 2 more steps, bucketed by kernel name, and the share of the step the
+device was busy: well under 1, the host sets the pace). Then a mixture of
 experts (DeepSeek-V3-style, megatron-core's MoE layers) in bf16 and under its own presets, each ratio
 against the bf16 run of its own model."""
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Plan:
     bf16: bool
     iters: int             # per run; the first ``warmup`` are not timed
     warmup: int
-    profile_steps: int     # after the first baseline run's timed steps
+    profile_steps: int     # after each run's timed steps
     variants: tuple[str, ...]
     baseline_every: int    # a baseline run before every group of this many variants
     run_estimate_s: float  # one run's process, start to end: a run that would not fit the stage's time is skipped
@@ -57,11 +58,11 @@ def kernel_path(output: str) -> str | None:
     return found.group(1).strip() if found else None
 
 
-def _one_run(context: Context, plan: Plan, model: str, variant: str, index: int, profile: bool) -> dict:
+def _one_run(context: Context, plan: Plan, model: str, variant: str, index: int) -> dict:
     path = context.scratch / f"run{index}.json"
     args = [str(path), "--variant", variant, "--model", model, "--seq-length", str(plan.seq_length),
             "--micro-batch-size", str(plan.micro_batch_size), "--iters", str(plan.iters),
-            "--profile-steps", str(plan.profile_steps if profile else 0)] + (["--bf16"] if plan.bf16 else [])
+            "--profile-steps", str(plan.profile_steps)] + (["--bf16"] if plan.bf16 else [])
     result = context.python("bench.gpu.train_worker", *args)
     record = {"model": model, "variant": variant, "exit_code": result.returncode, "seconds": result.seconds,
               "kernel_path": kernel_path(result.output)}
@@ -99,8 +100,18 @@ def rows(runs: list[dict], cuda: bool) -> list[dict]:
                     "ratio_to_bf16": step / base if base else None, "runs": len(mine),
                     "steps_s": [r["step_s"] for r in mine], "kernel_path": mine[0]["kernel_path"],
                     "eager_on_gpu": cuda and ("eager" in path.split(": ", 1)[-1] or "WARNING" in path),
-                    "loss_last": mine[-1]["loss_last"]})
+                    "loss_last": mine[-1]["loss_last"], **_where_time_went(mine[0], step)})
     return out
+
+
+def _where_time_went(run: dict, step_s: float) -> dict:
+    """A run's profile as row fields: seconds per step by bucket, and ``busy``, the profiled kernel
+    time over the timed step (on a CPU the ops' self time: near 1)."""
+    profile = run.get("profile")
+    if not profile:
+        return {}
+    return {"bucket_s": {name: b["s_per_step"] for name, b in profile["buckets"].items()},
+            "busy": profile["total_s_per_step"] / step_s}
 
 
 def run(context: Context) -> dict:
@@ -110,7 +121,7 @@ def run(context: Context) -> dict:
         if context.remaining() < plan.run_estimate_s:
             skipped.append(f"{model} {variant}")
             continue
-        runs.append(_one_run(context, plan, model, variant, index, profile=index == 0))
+        runs.append(_one_run(context, plan, model, variant, index))
     peak = next((r["peak_tflops"] for r in runs if r.get("peak_tflops")), None)
     profile = runs[0].get("profile") if runs else None
     return {"plan": asdict(plan), "stopped": any(r["exit_code"] is None for r in runs),
@@ -136,8 +147,12 @@ def summarize(record: dict) -> list[str]:
     lines.append(f"MFU against {record['mfu_of']}.")
     if record["skipped_runs"]:
         lines.append(f"skipped runs (time): {', '.join(record['skipped_runs'])}")
-    profile = record["baseline_profile"]
-    if profile:
-        lines.append("baseline step by bucket: " + ", ".join(
-            f"{name} {b['share']:.0%}" for name, b in profile["buckets"].items()))
+    profiled = [row for row in record["rows"] if "bucket_s" in row]
+    if profiled:
+        buckets = list(profiled[0]["bucket_s"])
+        lines += ["", "Where a step goes (ms by kernel bucket; busy: kernel time over the step):", "",
+                  "| model | variant | " + " | ".join(buckets) + " | busy |", "|---|---|" + "---|" * (len(buckets) + 1)]
+        for row in profiled:
+            ms = " | ".join(f"{row['bucket_s'][name] * 1e3:.1f}" for name in buckets)
+            lines.append(f"| {row['model']} | {row['variant']} | {ms} | {row['busy']:.0%} |")
     return lines

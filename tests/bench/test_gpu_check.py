@@ -43,6 +43,8 @@ def test_the_dry_run_writes_every_stage_with_its_fields(tmp_path):
         assert row["step_s"] > 0 and "mfu" in row and row["kernel_path"].startswith("kernels auto: ")
     assert train["rows"][0]["ratio_to_bf16"] == 1.0 and train["rows"][1]["ratio_to_bf16"] > 0
     assert sum(b["share"] for b in train["baseline_profile"]["buckets"].values()) == pytest.approx(1.0)
+    for row in train["rows"]:  # every run profiled: its buckets' time per step, and how busy the device was
+        assert sum(row["bucket_s"].values()) == pytest.approx(row["busy"] * row["step_s"]) and row["busy"] > 0
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("# GPU check: cpu (dry run)") and "| train | done |" in summary
 
