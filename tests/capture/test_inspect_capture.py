@@ -1,5 +1,6 @@
 """An inspect config driving capture: the TE-named statistics log of a step (micro-batches folded, a
 weight once, what-if recipes), and nvdlfw-inspect's own example config running a tiny CPU training."""
+import dataclasses
 import json
 import math
 import re
@@ -179,3 +180,20 @@ def test_whatif_layer_rules_count_from_the_models_layers():
     assert WhatIfFormats().format_for("te-nvfp4", "m", "fc1", 3, "input")[0].name == "nvfp4"  # no rules: no count
     with pytest.raises(ValueError, match="'te-nvfp4\\+bf16-layers' has layer rules: the model's layer count"):
         WhatIfFormats().format_for("te-nvfp4+bf16-layers", "m", "fc1", 3, "input")
+
+
+def test_whatif_gives_the_lm_head_its_own_format_not_a_decoder_layers():
+    """The head is no decoder layer: ``te-nvfp4+bf16-layers``' BF16 first layer is not its format (it had
+    been resolved as layer 0's fc2, so that what-if left it unquantized); a rule naming ``output_layer``
+    is."""
+    from megatron.quant.capture import whatif
+
+    resolver = whatif.WhatIfFormats(num_layers=16)
+    weight, axis = resolver.format_for("te-nvfp4+bf16-layers", "output_layer", "output_layer", -1, "weight")
+    assert weight.name == "nvfp4" and tuple(weight.options["block_shape"]) == (16, 16) and axis == 1
+    assert resolver.format_for("te-nvfp4+bf16-layers", "m", "fc2", 0, "weight") is None  # layer 0 itself: BF16
+    named = QuantRecipe.from_dict({"format": "fp8_e4m3", "rules": [
+        {"match": {"roles": ["output_layer"]}, "format": "mxfp8"},
+        {"match": {"layers": ["0"]}, "format": "none"}]})
+    assert whatif._head_choice(named, "fprop.input", 16).name == "mxfp8"
+    assert whatif._head_choice(dataclasses.replace(named, rules=named.rules[1:]), "fprop.input", 16).name == "fp8_e4m3"

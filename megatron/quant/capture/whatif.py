@@ -9,6 +9,7 @@ first GEMM of its role and columnwise in the second.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Mapping, Optional
 
@@ -70,15 +71,26 @@ class WhatIfFormats:
         key, axis = ORIENTATIONS[tensor_name][int(columnwise)]
         if name == RUN:
             choice = self._run.get(module, {}).get(key)
-        else:  # the LM head is a linear like the others: presets scoped to "linear" would skip it
-            recipe, layer = whatif_recipe(name), max(layer_idx, 0)
+        else:
+            recipe = whatif_recipe(name)
             if recipe.rules and self._num_layers is None:
                 raise ValueError(f"what-if {name!r} has layer rules: the model's layer count is needed "
                                  f"(tensor_saver.configure(num_layers=...), as training passes it)")
-            num_layers = layer + 1 if self._num_layers is None else self._num_layers  # no rules: any count
-            choice = recipe.choices("fc2" if role == "output_layer" else role, layer, num_layers)[key]
+            num_layers = max(layer_idx, 0) + 1 if self._num_layers is None else self._num_layers  # no rules: any
+            choice = (_head_choice(recipe, key, num_layers) if role == "output_layer"
+                      else recipe.choices(role, layer_idx, num_layers)[key])
         if choice is None or formats.is_passthrough(choice.name):
             return None
         if choice not in self._built:
             self._built[choice] = formats.get_format(choice.name, **dict(choice.options))
         return self._built[choice], axis
+
+
+def _head_choice(recipe: QuantRecipe, key: str, num_layers: int) -> FormatChoice:
+    """The LM head's format under ``recipe``: what a rule naming ``output_layer`` gives it, else the
+    recipe's own format for a linear layer (a preset scoped to the decoder's linear layers leaves the
+    head out, but the question asked is how the head's operands would fare). A decoder layer's rules
+    (``te-nvfp4+bf16-layers``' BF16 first and last layers) are not the head's."""
+    if any(rule.roles is not None and "output_layer" in rule.roles for rule in recipe.rules):
+        return recipe.choices("output_layer", -1, num_layers)[key]
+    return dataclasses.replace(recipe, rules=()).choices("fc2", 0, num_layers)[key]
