@@ -47,8 +47,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "estimate exceeds what is left is skipped, running commands are killed at its end")
     parser.add_argument("--dry-run", action="store_true", help="every stage on the CPU at toy sizes")
     parser.add_argument("--study-plan", type=Path, default=None,
-                        help="the study stage's plan (default docs/study/plan.yaml; docs/study/first-tier.yaml: the "
-                             "first tier, sized on the device)")
+                        help="the study stage's plan (default docs/study/anchor-3m.yaml, the anchor tier a wave per "
+                             "call; docs/study/first-tier.yaml: the first tier, sized on the device; "
+                             "docs/study/plan.yaml: the anchor at 7.6M, for a GPU of one's own)")
     args = parser.parse_args(argv)
     if not (math.isfinite(args.budget_s) and args.budget_s > 0):
         parser.error(f"--budget-s must be positive, not {args.budget_s:g}; allowed: a finite number of seconds above 0")

@@ -19,8 +19,9 @@ and inductor caches; bench/results/gpu_check_nvidia-h200/, 2026-11-27), rounded 
 - capture (not measured yet): bench_saver at 1B widths and 2 layers, 3 rounds of 6 modes after a ~15 s start.
 - study: the runner fits its runs to the time the stage is given, so the stage runs whenever 150 s
   are left (a corpus and one wave of the first tier, warm) and takes the budget's rest; 400 s is what
-  the first tier took with its sizing on a cold H200. The anchor plan (docs/study/plan.yaml: a corpus of ~90 s, runs of
-  132-197 s estimated) gets about one run in it; the first tier (--study-plan docs/study/first-tier.yaml)
+  the first tier took with its sizing on a cold H200. The anchor tier (docs/study/anchor-3m.yaml, the
+  default: a corpus of up to ~120 s, waves of 5 runs of 144-290 s) gets one wave in it; the first tier
+  (--study-plan docs/study/first-tier.yaml)
   needs about 400 s: a corpus (~20 s), the sizing's three measuring waves (~45 s each on a cold
   machine, mostly start-up) and its 15 runs in 3 waves (~200 s at the smallest size).
 

@@ -24,7 +24,7 @@ class Context:
     deadline: float
     log: TextIO
     clock: Callable[[], float] = time.monotonic
-    study_plan: Path | None = None  # the study stage's plan (--study-plan); None: docs/study/plan.yaml
+    study_plan: Path | None = None  # the study stage's plan (--study-plan); None: docs/study/anchor-3m.yaml
 
     def remaining(self) -> float:
         return self.deadline - self.clock()

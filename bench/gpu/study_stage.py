@@ -1,16 +1,18 @@
-"""Stage ``study``: the next runs of the GPU study (docs/study/plan.yaml) that fit the stage's time,
+"""Stage ``study``: the next runs of a GPU study (docs/study/anchor-3m.yaml unless --study-plan names
+another) that fit the stage's time,
 through the study runner (``python -m megatron.quant.training.study``, which leaves out the runs the
 committed ledger holds). The ledger entries of the runs that finished come back inside
 ``study.json`` (``entries``; a run's name may hold a '+', which no file coming back from a device
 may), to be put into the ledger here with ``python -m megatron.quant.training.study --plan
-docs/study/plan.yaml --add study.json --ledger docs/study/ledger`` (docs/comparing.md)."""
+docs/study/anchor-3m.yaml --add study.json --ledger docs/study/ledger`` (docs/comparing.md)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from .stage import REPO, Context
 
-PLAN = REPO / "docs" / "study" / "plan.yaml"
+PLAN = REPO / "docs" / "study" / "anchor-3m.yaml"
 LEDGER = REPO / "docs" / "study" / "ledger"
 MARGIN_S = 20  # the runner's start and its last entry written, inside the stage's deadline
 PREFIX = "study: "  # the runner's lines
@@ -47,6 +49,12 @@ def summarize(record: dict) -> list[str]:
                       f"{record['sizing']['measurements'][0]['at_once']} at once: each step "
                       f"{record['sizing']['shared_slowdown']:.2f}x alone"]
     lines += ["", *[f"    {line}" for line in record["runner"]],
-              "", "Into the ledger: `python -m megatron.quant.training.study --plan docs/study/plan.yaml --add "
+              "", f"Into the ledger: `python -m megatron.quant.training.study --plan {_in_repo(record['plan'])} --add "
                   "study.json --ledger docs/study/ledger`."]
     return lines
+
+
+def _in_repo(plan: str) -> str:
+    """The plan's path as a checkout names it (the device's copy of the tree lies elsewhere)."""
+    parts = Path(plan).parts
+    return "/".join(parts[parts.index("docs"):]) if "docs" in parts else plan

@@ -1,5 +1,6 @@
-"""The study plan (docs/study/plan.yaml): the committed plan loads, its recipes are the ones
-`python -m megatron.quant.recipes show` knows, its order is the brief's, and bad plans are one line."""
+"""The study plans (docs/study/*.yaml): the committed plans load, their recipes are the ones
+`python -m megatron.quant.recipes show` knows, their order is the brief's, the anchor for 10-minute GPU
+calls grows a wave per call, and bad plans are one line."""
 import copy
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from megatron.quant.training.presets import get_preset
 from megatron.quant.training.study_measure import describe
 from megatron.quant.training.study_plan import StudyPlanError, load_plan, parse_plan
 
-PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
+STUDY = Path(__file__).resolve().parents[2] / "docs" / "study"
+PLAN = STUDY / "plan.yaml"
+COMMITTED = sorted(STUDY.glob("*.yaml"))
 HEADLINE = ["bf16", "te-nvfp4", "mxfp4", "te-mxfp8"]
 
 
@@ -77,7 +80,9 @@ def test_runs_at_once_share_the_gpu_in_waves_gaining_nothing_until_measured(raw)
     assert f"all runs: {sequential:.0f} minutes" not in describe(plan)  # the waves' time, shorter
 
 
-def test_every_recipe_is_one_recipes_show_knows(plan, capsys):
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.name)
+def test_every_recipe_is_one_recipes_show_knows(path, capsys):
+    plan = load_plan(path)
     for recipe in plan.recipes:
         assert recipes_cli.main(["show", recipe]) == 0, recipe
     assert capsys.readouterr().out.count("recipe ") >= len(plan.recipes)
@@ -131,10 +136,28 @@ def test_unreadable_plans_are_one_line(tmp_path):
         load_plan(tmp_path / "bad.yaml")
 
 
-def test_the_committed_plans_flags_are_ones_training_accepts_on_a_gpu(plan):
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.name)
+def test_the_committed_plans_flags_are_ones_training_accepts_on_a_gpu(path):
     from megatron.quant.training.arguments import parse_args, validate_args
 
+    plan = load_plan(path)
     flags = [*plan.model_flags(), *plan.training_flags, "--mock-data", "--seed", "1", "--save", "ckpt"]
     args = validate_args(parse_args(flags), 1, True)  # what the sweep adds per run: data, seed, --save
     assert (args.train_iters, args.seq_length, args.global_batch_size, args.bf16) == (
         plan.train_iters, plan.seq_length, plan.global_batch_size, True)
+
+
+def test_the_anchor_for_short_gpu_calls_grows_a_wave_per_call():
+    """anchor-3m.yaml: plan.yaml's nine recipes at 3.0M parameters and 20 tokens per parameter; each wave
+    of 5 (the NVFP4 family first) fits a 10-minute call beside the corpus, by the H200's measured steps."""
+    from megatron.quant.training.study_plan import waves
+
+    anchor, full = load_plan(STUDY / "anchor-3m.yaml"), load_plan(PLAN)
+    assert anchor.recipes == full.recipes and anchor.seeds == full.seeds and anchor.name != full.name
+    assert 2.9e6 < anchor.non_embedding_parameters < 3.1e6 and 19.9 < anchor.tokens_per_parameter < 20.1
+    assert [run.name for run in anchor.order[:5]] == ["bf16", "te-nvfp4", "te-nvfp4-no-sr", "te-nvfp4-no-rht",
+                                                      "te-nvfp4-no-2d"]
+    assert [run.seed for run in anchor.order] == [1] * 9 + [2] * 9 + [3] * 9
+    corpus_s, call_s = 120, 540 - 20  # the corpus on a cold machine (80 MB took 24-47 s), the stage's budget
+    assert all(corpus_s + anchor.wave_seconds([run.recipe for run in wave]) < call_s
+               for wave in waves(anchor.order, anchor.runs_at_once))
