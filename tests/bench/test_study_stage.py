@@ -38,7 +38,7 @@ def test_the_stage_gives_the_runner_its_time_and_returns_the_entries(tmp_path):
     assert [entry["run"] for entry in record["entries"]] == ["mxfp4+sr+rht"] and not record["stopped"]
     summary = "\n".join(study_stage.summarize(record))
     assert "| mxfp4+sr+rht | finished | 3.5100 | 0.0310 | 190 | 1 | abababab |" in summary
-    assert "--add study.json" in summary
+    assert "--plan docs/study/anchor-3m.yaml --add study.json" in summary  # the checkout's path of the plan run
     assert STAGES["study"].run is study_stage.run
 
 
@@ -68,3 +68,4 @@ def test_the_stage_runs_the_plan_given_and_carries_the_sized_plan_back(tmp_path)
     summary = "\n".join(study_stage.summarize(record))
     assert "sized: llama-study-1m (0.85M parameters, 521 iterations), the tier ~120 s; 5 at once: each step 1.80x" \
         in summary
+    assert "--plan docs/study/first-tier.yaml --add study.json" in summary
