@@ -160,6 +160,27 @@ def test_gradient_accumulation_into_main_grad(parallel):
     torch.testing.assert_close(layer.weight.main_grad, plain["weight"] + 1)
 
 
+def test_a_scaled_wgrad_accumulates_into_main_grad_unrounded(parallel):
+    """A per-tensor-scaled wgrad GEMM adds its FP32 result into the FP32 main_grad, as TE's fused wgrad
+    GEMM and apex's kernel do: never rounded to bf16 on the way (which had cost the scaled recipes a
+    rounding the bf16 baseline's kernel does not make)."""
+    from megatron.quant.formats import get_format
+
+    layer = _build("column", dtype=torch.bfloat16, bias=False, gradient_accumulation_fusion=False)
+    layer.configure_quant(LinearQuant.from_formats(linear_formats(TENSOR_FORMAT)), SITE)  # per-tensor scales
+    x, grad = _data(torch.bfloat16, seed=5)
+    layer.weight.main_grad = torch.zeros(layer.weight.shape, dtype=torch.float32)
+    layer.gradient_accumulation_fusion = True
+    _run(layer, x, grad)
+    fmt = get_format(TENSOR_FORMAT)
+    dy, dy_scale = fmt.quantize_for_gemm(grad.reshape(-1, OUT), axis=0)
+    xq, x_scale = fmt.quantize_for_gemm(x.reshape(-1, IN), axis=0)
+    exact = (dy.double().t() @ xq.double()) * (dy_scale.double() * x_scale.double())  # float64 oracle
+    main_grad = layer.weight.main_grad
+    torch.testing.assert_close(main_grad.double(), exact, rtol=1e-6, atol=1e-9)
+    assert not torch.equal(main_grad, main_grad.bfloat16().float())  # FP32 digits kept
+
+
 def test_frozen_weight_gets_no_grad_and_same_dgrad(parallel):
     layer = _build("column", bias=False)
     layer.configure_quant(LinearQuant.from_formats(linear_formats(BLOCK_FORMAT)), SITE)

@@ -122,21 +122,23 @@ def _gather_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
 
 def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quantized, total_input: Quantized,
                           dtype: torch.dtype) -> Optional[Tensor]:
-    """megatron-core's gradient-accumulation fusion: dW += dY^T X into main_grad (same kernels when present)."""
+    """megatron-core's gradient-accumulation fusion: dW += dY^T X into main_grad (same kernels when present),
+    the product summed in main_grad's dtype, never rounded to the operands' on the way (as apex's kernel
+    and TE's fused wgrad GEMM accumulate)."""
     from megatron.core.tensor_parallel import layers as mlayers
 
     weight.main_grad = main_grad
     scaled = grad_output.tensor_scale is not None or total_input.tensor_scale is not None
     if hasattr(weight, "__fsdp_param__"):
         weight.main_grad = weight.get_main_grad()
-        weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input))
+        weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input, weight.main_grad.dtype))
     elif mlayers._grad_accum_fusion_available and not scaled:
         kernel = (mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32
                   if main_grad.dtype == torch.float32 else
                   mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16)
         kernel(total_input.values, grad_output.values, main_grad)
-    else:  # no apex kernel (CPU), or per-tensor scales to apply: same sum, unfused
-        main_grad.add_(scaled_product(_wgrad, grad_output, total_input).to(main_grad.dtype))
+    else:  # no apex kernel (CPU), or per-tensor scales to apply: the kernel's sum, unfused
+        main_grad.add_(scaled_product(_wgrad, grad_output, total_input, main_grad.dtype))
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     # As megatron-core: hand autograd a dummy so DDP hooks run on the main thread.

@@ -39,13 +39,15 @@ def matmul(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Ten
     return torch.matmul(a.to(out_dtype), b.to(out_dtype))
 
 
-def scaled_product(product: Product, a: Quantized, b: Quantized) -> Tensor:
+def scaled_product(product: Product, a: Quantized, b: Quantized, out_dtype: Optional[torch.dtype] = None) -> Tensor:
     """``product(a, b, None)`` with the operands' per-tensor scales applied to the FP32 result
-    (``product(a, b, torch.float32)``), then rounded once to the operands' dtype, as a scaled
-    low-precision GEMM does. Without scales it is exactly ``product`` in the operands' dtype (stock
-    megatron-core arithmetic)."""
+    (``product(a, b, torch.float32)``), then rounded once to ``out_dtype`` (default: the operands'
+    dtype), as a scaled low-precision GEMM does. Without scales and in the operands' dtype it is
+    exactly ``product`` (stock megatron-core arithmetic); with ``out_dtype`` float32 nothing is
+    rounded to the operands' dtype (a GEMM that accumulates into an FP32 buffer)."""
+    dtype = out_dtype or a.values.dtype
     scales = [s for s in (a.tensor_scale, b.tensor_scale) if s is not None]
     if not scales:
-        return product(a.values, b.values, None)
+        return product(a.values, b.values, None if dtype == a.values.dtype else dtype)
     scale = scales[0] if len(scales) == 1 else scales[0] * scales[1]
-    return product(a.values, b.values, torch.float32).mul_(scale).to(a.values.dtype)
+    return product(a.values, b.values, torch.float32).mul_(scale).to(dtype)
