@@ -56,5 +56,5 @@ def summarize(record: dict) -> list[str]:
 
 def _in_repo(plan: str) -> str:
     """The plan's path as a checkout names it (the device's copy of the tree lies elsewhere)."""
-    parts = Path(plan).parts
-    return "/".join(parts[parts.index("docs"):]) if "docs" in parts else plan
+    path = Path(plan)
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else plan

@@ -91,6 +91,6 @@ def _head_choice(recipe: QuantRecipe, key: str, num_layers: int) -> FormatChoice
     recipe's own format for a linear layer (a preset scoped to the decoder's linear layers leaves the
     head out, but the question asked is how the head's operands would fare). A decoder layer's rules
     (``te-nvfp4+bf16-layers``' BF16 first and last layers) are not the head's."""
-    if any(rule.roles is not None and "output_layer" in rule.roles for rule in recipe.rules):
+    if any(rule.matches("output_layer", -1, num_layers) for rule in recipe.rules):  # as the run resolves it
         return recipe.choices("output_layer", -1, num_layers)[key]
     return dataclasses.replace(recipe, rules=()).choices("fc2", 0, num_layers)[key]

@@ -197,7 +197,8 @@ def select_entries(entries: Sequence[LedgerEntry], corpus: Optional[str] = None)
     return chosen
 
 
-NOT_QUANTIZED = ": not quantized"  # a module line that says nothing the model has to have
+# a module line that says nothing the model has to have, as entries recorded it (recipes/cli.py writes it)
+NOT_QUANTIZED = ": not quantized"
 
 
 def recipe_change(then: Sequence[str], now: Sequence[str]) -> Optional[str]:
