@@ -33,10 +33,10 @@ run_study() {
     else
         local corpus=${CORPUS_DIR:-$out/corpus}
         if [ ! -f "$corpus/corpus.json" ]; then
-            python -m megatron.quant.training.corpus "$corpus" ${CORPUS_SOURCE:+--source "$CORPUS_SOURCE"}
+            python -m megatron.quant.lab.corpus "$corpus" ${CORPUS_SOURCE:+--source "$CORPUS_SOURCE"}
         fi
         local manifest
-        manifest=$(python -m megatron.quant.training.corpus "$corpus" --print-data) || return 2
+        manifest=$(python -m megatron.quant.lab.corpus "$corpus" --print-data) || return 2
         data_args=(--data-path "${manifest% *}" --split "${manifest##* }")  # the path may hold spaces
     fi
     local status=0

@@ -16,11 +16,16 @@ def test_namespace_keeps_megatron_core_importable():
 # The package's layers, bottom first: a module imports only from its own room or from a room
 # below it (the package map in README.md). ``cpu`` patches megatron-core and ``compat`` bridges its
 # releases; ``position`` (the run position) is read by the layers and the saver alike; ``yaml_safe``
-# reads every YAML (recipes, plans) with aliases bounded; ``settings`` is the vocabulary of settings
-# (switch words, index selectors, the name rule) that recipes, capture and training share; none of
-# the five imports anything of ours.
-LAYERS = (("cpu", "compat", "position", "yaml_safe", "settings"), ("formats",), ("stats",), ("kernels",), ("recipes",),
-          ("capture",), ("tensor_saver",), ("layers",), ("analysis",), ("training",), ("compare",))
+# reads every YAML (recipes, plans) with aliases bounded; ``output_dir`` checks a folder a command will
+# write; ``settings`` is the vocabulary of settings (switch words, index selectors, the name rule) that
+# recipes, capture and training share; none of the six imports anything of ours. ``lab`` (studies and
+# sweeps of whole runs) sits on top: it drives the trainer and reads runs through analysis.
+LAYERS = (("cpu", "compat", "position", "yaml_safe", "output_dir", "settings"), ("formats",), ("stats",),
+          ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",), ("training",),
+          ("compare",), ("lab",))
+# Rooms that a room must not import although they lie below it: the trainer trains and knows nothing
+# of reports (analysis) or of the studies that drive it.
+APART = {"training": {"analysis"}}
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 # Inside analysis: the kit both reports use (top-level modules), then the capture report and the runs
 # comparison (independent of each other), then the command line that dispatches to them.
@@ -85,6 +90,12 @@ def test_no_module_imports_from_a_higher_room():
     upward = sorted(f"{module} -> {target}" for module, targets in _graph().items() for target in targets
                     if _room(module) and RANK[_room(target)] > RANK[_room(module)])
     assert not upward
+
+
+def test_apart_rooms_do_not_import_each_other():
+    crossing = sorted(f"{module} -> {target}" for module, targets in _graph().items() for target in targets
+                      if _room(target) in APART.get(_room(module), ()))
+    assert not crossing
 
 
 def test_no_import_circles():

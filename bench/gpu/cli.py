@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 
 from .registry import DEFAULT_BUDGET_S, DEFAULT_STAGES, STAGES
 from .runner import SUMMARY_NAME, run_stages

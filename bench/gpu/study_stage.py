@@ -1,9 +1,9 @@
 """Stage ``study``: the next runs of a GPU study (docs/study/anchor-3m.yaml unless --study-plan names
 another) that fit the stage's time,
-through the study runner (``python -m megatron.quant.training.study``, which leaves out the runs the
+through the study runner (``python -m megatron.quant.lab.study``, which leaves out the runs the
 committed ledger holds). The ledger entries of the runs that finished come back inside
 ``study.json`` (``entries``; a run's name may hold a '+', which no file coming back from a device
-may), to be put into the ledger here with ``python -m megatron.quant.training.study --plan
+may), to be put into the ledger here with ``python -m megatron.quant.lab.study --plan
 docs/study/anchor-3m.yaml --add study.json --ledger docs/study/ledger`` (docs/comparing.md)."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def run(context: Context) -> dict:
     plan = context.study_plan or PLAN
     budget = context.remaining() - MARGIN_S
     args = ["--plan", str(plan), "--ledger", str(LEDGER), "--budget-s", f"{budget:.0f}", "--out", str(out)]
-    result = context.python("megatron.quant.training.study", *args, *(["--dry-run"] if context.dry_run else []))
+    result = context.python("megatron.quant.lab.study", *args, *(["--dry-run"] if context.dry_run else []))
     entries = [json.loads(path.read_text()) for path in sorted((out / "ledger").glob("*.json"))]
     sized = out / "plan.yaml"  # a plan sized here (its sizing block): the text to commit, and the measurements
     return {"stopped": result.killed, "exit_code": result.returncode, "budget_s": round(budget), "plan": str(plan),
@@ -49,7 +49,7 @@ def summarize(record: dict) -> list[str]:
                       f"{record['sizing']['measurements'][0]['at_once']} at once: each step "
                       f"{record['sizing']['shared_slowdown']:.2f}x alone"]
     lines += ["", *[f"    {line}" for line in record["runner"]],
-              "", f"Into the ledger: `python -m megatron.quant.training.study --plan {_in_repo(record['plan'])} --add "
+              "", f"Into the ledger: `python -m megatron.quant.lab.study --plan {_in_repo(record['plan'])} --add "
                   "study.json --ledger docs/study/ledger`."]
     return lines
 

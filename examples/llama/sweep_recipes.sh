@@ -27,4 +27,4 @@ for preset in ${SWEEP_ABLATE:-}; do
 done
 [ -n "${SWEEP_BASELINE:-}" ] && options+=(--baseline "$SWEEP_BASELINE")
 [ "${SWEEP_PRINT:-0}" != "0" ] && options+=(--print)
-exec python -m megatron.quant.training.sweep "${options[@]}" "$out" "$recipes" -- "$@"
+exec python -m megatron.quant.lab.sweep "${options[@]}" "$out" "$recipes" -- "$@"

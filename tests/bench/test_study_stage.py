@@ -30,7 +30,7 @@ def test_the_stage_gives_the_runner_its_time_and_returns_the_entries(tmp_path):
                          clock=clock)
     record = study_stage.run(context)
     argv = json.loads((tmp_path / "argv.json").read_text())
-    assert argv[0] == "megatron.quant.training.study" and argv[-1] == "--dry-run"
+    assert argv[0] == "megatron.quant.lab.study" and argv[-1] == "--dry-run"
     assert argv[argv.index("--budget-s") + 1] == str(300 - study_stage.MARGIN_S)
     assert argv[argv.index("--plan") + 1] == str(study_stage.PLAN) and study_stage.PLAN.is_file()
     assert argv[argv.index("--ledger") + 1] == str(study_stage.LEDGER) and study_stage.LEDGER.is_dir()

@@ -5,11 +5,11 @@ import pytest
 
 from megatron.quant import formats
 from megatron.quant.compare.whatif import parse_candidates
+from megatron.quant.lab.sweep_plan import SweepError, resolve_recipe
 from megatron.quant.recipes import ablations
 from megatron.quant.recipes.cli import main as recipes_main
 from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
-from megatron.quant.training.sweep_plan import SweepError, resolve_recipe
 
 NUM_LAYERS = 4
 GRADIENTS = {"dgrad.grad_output", "wgrad.grad_output"}

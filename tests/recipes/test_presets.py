@@ -78,7 +78,7 @@ def test_unknown_format_lists_the_presets():
 
 
 def test_sweep_takes_preset_names():
-    from megatron.quant.training.sweep_plan import SweepError, plan_runs
+    from megatron.quant.lab.sweep_plan import SweepError, plan_runs
 
     runs = plan_runs("bf16 te-nvfp4 te-fp8-delayed")
     assert [(r.name, dict(r.env)) for r in runs[1:]] == [("te-nvfp4", {"CUSTOM_QUANT_TYPE": "te-nvfp4"}),

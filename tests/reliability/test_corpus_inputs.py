@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from megatron.quant.training import corpus
+from megatron.quant.lab import corpus
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def test_non_utf8_recipe_names_the_variable_and_the_file(tmp_path, monkeypatch, 
 
 
 def test_sweep_names_a_non_utf8_recipe_file(tmp_path, capsys):
-    from megatron.quant.training.sweep import main
+    from megatron.quant.lab.sweep import main
 
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\nformat: mxfp8\n".encode("latin-1"))

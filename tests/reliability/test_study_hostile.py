@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from megatron.quant.analysis.runs import ledger
-from megatron.quant.training import corpus, study
-from megatron.quant.training.signals import SweepInterrupted
-from megatron.quant.training.study_plan import StudyPlanError, load_plan, parse_plan
+from megatron.quant.lab import corpus, study
+from megatron.quant.lab.signals import SweepInterrupted
+from megatron.quant.lab.study_plan import StudyPlanError, load_plan, parse_plan
 from tests.training.test_study import _entry
 
 PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from megatron.quant.training import sweep
+from megatron.quant.lab import sweep
+from megatron.quant.lab.run_lock import run_locks
 from megatron.quant.training.preprocess import write_indexed_dataset
-from megatron.quant.training.run_lock import run_locks
 from tests.reliability._faults import run_command
 from tests.training.test_sweep import FAKE_TRAIN
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from megatron.quant.training import sweep
-from megatron.quant.training.run_lock import RunLockedError, run_locks
+from megatron.quant.lab import sweep
+from megatron.quant.lab.run_lock import RunLockedError, run_locks
 from tests.reliability._faults import REPO
 from tests.reliability.test_sweep_signals import _alive
 from tests.training.test_sweep import FAKE_TRAIN
@@ -59,7 +59,7 @@ def test_kill_9_of_a_sweep_ends_its_trainer_and_a_restart_resumes_the_run(tmp_pa
     pidfile, out = tmp_path / "pids", tmp_path / "out"
     launcher = shlex.join([sys.executable, str(tmp_path / "torchrun.py"), str(pidfile), str(LIFETIME)])
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([sys.executable, "-m", "megatron.quant.training.sweep", "--launcher", launcher,
+    process = subprocess.Popen([sys.executable, "-m", "megatron.quant.lab.sweep", "--launcher", launcher,
                                 str(out), "bf16", "--", *FLAGS], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, start_new_session=True)
     pids = []

@@ -30,7 +30,7 @@ def test_sigterm_reaches_the_run_and_is_recorded(tmp_path, parallel):
     launcher = f"sh -c 'sleep 300 & echo $! >> {pidfile}; wait' sh"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     recipes = ["bf16", "mxfp8"][:parallel]
-    sweep = subprocess.Popen([sys.executable, "-m", "megatron.quant.training.sweep", "--launcher", launcher,
+    sweep = subprocess.Popen([sys.executable, "-m", "megatron.quant.lab.sweep", "--launcher", launcher,
                               "--parallel", str(parallel), str(tmp_path / "out"), " ".join(recipes), *FLAGS],
                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers: list[int] = []
@@ -63,7 +63,7 @@ def test_sigterm_reaches_the_run_and_is_recorded(tmp_path, parallel):
 
 
 def test_output_dir_that_is_a_file_is_one_line(tmp_path, capsys):
-    from megatron.quant.training.sweep import main
+    from megatron.quant.lab.sweep import main
 
     target = tmp_path / "out"
     target.write_text("a file")

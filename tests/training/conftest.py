@@ -38,7 +38,7 @@ def corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def built_corpus(tmp_path_factory):
     """``corpus.build_corpus`` over CORPUS_TEXTS: (source directory, output directory, Corpus)."""
-    from megatron.quant.training.corpus import build_corpus
+    from megatron.quant.lab.corpus import build_corpus
 
     source = tmp_path_factory.mktemp("text_files")
     for name, text in CORPUS_TEXTS.items():

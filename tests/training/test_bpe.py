@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from megatron.quant.lab import corpus as corpus_module
 from megatron.quant.training import bpe
-from megatron.quant.training import corpus as corpus_module
 from megatron.quant.training.tokenizers import build_tokenizer
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.\n",

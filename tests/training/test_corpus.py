@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from megatron.quant.training import corpus as corpus_module
+from megatron.quant.lab import corpus as corpus_module
 from megatron.quant.training.tokenizers import ByteTokenizer
 from tests.training._corpus_files import CORPUS_TEXTS
 

@@ -8,8 +8,9 @@ import pytest
 
 from megatron.quant.analysis.captures.families import resolve
 from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
+from megatron.quant.lab import sweep
 from megatron.quant.tensor_saver import expert_index
-from megatron.quant.training import metrics, sweep
+from megatron.quant.training import metrics
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.main import check_inputs, main
 from megatron.quant.training.presets import get_preset
@@ -98,7 +99,7 @@ def test_a_study_plan_takes_an_moe_preset(clean_env, tmp_path):
 
     import yaml
 
-    from megatron.quant.training.study_plan import parse_plan
+    from megatron.quant.lab.study_plan import parse_plan
 
     path = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
     raw = dict(yaml.safe_load(path.read_text()), model={"preset": "llama-moe-tiny", "seq_length": 128})

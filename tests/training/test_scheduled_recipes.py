@@ -126,8 +126,8 @@ def test_a_malformed_schedule_is_refused_at_start_in_one_line(tmp_path, monkeypa
 
 
 def test_sweeps_and_the_study_take_scheduled_recipes_and_the_sweep_refuses_a_bad_one_before_any_run(tmp_path):
-    from megatron.quant.training import sweep_plan
-    from megatron.quant.training.plan_checks import recipe_problem
+    from megatron.quant.lab import sweep_plan
+    from megatron.quant.lab.plan_checks import recipe_problem
 
     runs = sweep_plan.plan_runs("te-nvfp4 te-nvfp4+bf16-fwd-tail")
     sweep_plan.check_schedules(runs, 4)

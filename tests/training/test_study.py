@@ -9,9 +9,9 @@ import pytest
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs import report as runs_report
-from megatron.quant.training import corpus, study
-from megatron.quant.training.machine import git_commit
-from megatron.quant.training.study_plan import PlannedRun, load_plan
+from megatron.quant.lab import corpus, study
+from megatron.quant.lab.machine import git_commit
+from megatron.quant.lab.study_plan import PlannedRun, load_plan
 
 PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
 COST = {"bf16": 100.0, "te-nvfp4": 200.0, "mxfp4": 150.0, "te-mxfp8": 150.0}
@@ -100,7 +100,7 @@ def test_a_run_whose_recipe_changed_since_its_entry_is_trained_again():
 def test_the_committed_first_tier_holds_its_runs_but_the_24_bit_te_nvfp4():
     """The committed ledger against today's recipes: only te-nvfp4's rounding changed since its runs
     (24 random bits, then the hardware's 8); the table's layout changing must not re-run a study."""
-    from megatron.quant.training.study_ledger import resolved_today
+    from megatron.quant.lab.study_ledger import resolved_today
 
     plan = load_plan(PLAN.parent / "first-tier.yaml")
     entries = ledger.read_ledger(PLAN.parent / "ledger" / plan.name)

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from megatron.quant.analysis.runs import ledger
-from megatron.quant.training import study
-from megatron.quant.training.study_measure import fitting_iterations, measure
-from megatron.quant.training.study_plan import load_plan, parse_plan
+from megatron.quant.lab import study
+from megatron.quant.lab.study_measure import fitting_iterations, measure
+from megatron.quant.lab.study_plan import load_plan, parse_plan
 
 PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

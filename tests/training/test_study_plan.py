@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from megatron.quant.lab.study_measure import describe
+from megatron.quant.lab.study_plan import StudyPlanError, load_plan, parse_plan
 from megatron.quant.recipes import cli as recipes_cli
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_measure import describe
-from megatron.quant.training.study_plan import StudyPlanError, load_plan, parse_plan
 
 STUDY = Path(__file__).resolve().parents[2] / "docs" / "study"
 PLAN = STUDY / "plan.yaml"
@@ -150,7 +150,7 @@ def test_the_committed_plans_flags_are_ones_training_accepts_on_a_gpu(path):
 def test_the_anchor_for_short_gpu_calls_grows_a_wave_per_call():
     """anchor-3m.yaml: plan.yaml's nine recipes at 3.0M parameters and 20 tokens per parameter; each wave
     of 5 (the NVFP4 family first) fits a 10-minute call beside the corpus, by the H200's measured steps."""
-    from megatron.quant.training.study_plan import waves
+    from megatron.quant.lab.study_plan import waves
 
     anchor, full = load_plan(STUDY / "anchor-3m.yaml"), load_plan(PLAN)
     assert anchor.recipes == full.recipes and anchor.seeds == full.seeds and anchor.name != full.name

@@ -1,4 +1,4 @@
-"""The first tier's sizing (docs/study/first-tier.yaml, training/study_sizing.py): the committed plan
+"""The first tier's sizing (docs/study/first-tier.yaml, lab/study_sizing.py): the committed plan
 loads with its sizing block; from measured steps the largest candidate whose waves fit is chosen, with
 times computed here by hand; the size is written into the plan's text, comments kept; bad sizing blocks
 are one line."""
@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_plan import StudyPlanError, load_plan, non_embedding_parameters, parse_plan
-from megatron.quant.training.study_sizing import (
+from megatron.quant.lab.study_plan import StudyPlanError, load_plan, non_embedding_parameters, parse_plan
+from megatron.quant.lab.study_sizing import (
     SAFETY,
     Measurement,
     flops,
@@ -18,6 +17,7 @@ from megatron.quant.training.study_sizing import (
     size,
     sized_plan_text,
 )
+from megatron.quant.training.presets import get_preset
 
 TIER = Path(__file__).resolve().parents[2] / "docs" / "study" / "first-tier.yaml"
 HEADLINE = ["bf16", "te-nvfp4", "mxfp4", "te-mxfp8", "te-fp8-blockwise"]

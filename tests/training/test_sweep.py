@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.quant.training import sweep, sweep_plan
+from megatron.quant.lab import sweep, sweep_plan
 from megatron.quant.training.arguments import ArgumentError, parse_args, validate_args
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
@@ -91,7 +91,7 @@ def test_print_gives_one_command_per_run_that_runs_only_that_run(tmp_path, capsy
     assert len(lines) == len(names)
     for line, name in zip(lines, names):
         argv = shlex.split(line)
-        assert argv[1:4] == ["-m", "megatron.quant.training.sweep", "--only"] and argv[4] == name
+        assert argv[1:4] == ["-m", "megatron.quant.lab.sweep", "--only"] and argv[4] == name
         assert argv[-len(FLAGS) - 1:] == ["--", *FLAGS]
     assert not out.exists()
 

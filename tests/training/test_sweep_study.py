@@ -10,9 +10,9 @@ import sys
 import pytest
 from test_sweep import _calls
 
-from megatron.quant.training import sweep, sweep_plan
+from megatron.quant.lab import sweep, sweep_plan
+from megatron.quant.lab.slots import SlotError, slot_environments, visible_gpus
 from megatron.quant.training.preprocess import write_indexed_dataset
-from megatron.quant.training.slots import SlotError, slot_environments, visible_gpus
 
 FLAGS = ["--model", "llama-tiny", "--mock-data", "--train-iters", "4"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -14,9 +14,9 @@ from megatron.quant.analysis.captures.families import BY_KEY, SETS, resolve
 from megatron.quant.analysis.captures.loading import SummaryOptions
 from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
 from megatron.quant.analysis.captures.selection import CaptureFilter, FilterError
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.parallel import default_workers
 from megatron.quant.analysis.plans import PlotSettings
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 from megatron.quant.settings.selectors import IndexSet
 
 _FILTERS = {  # option -> (parser of one token, help)

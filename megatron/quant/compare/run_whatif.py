@@ -9,8 +9,8 @@ from typing import Callable, Sequence
 
 from megatron.quant.analysis import cli, report
 from megatron.quant.analysis.captures.catalog import CatalogError
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.compare import whatif, whatif_report
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 from megatron.quant.recipes import presets
 
 DEFAULT_FORMATS = ("hifp8", "mxfp8", "mxfp4", "nvfp4")

@@ -19,8 +19,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron.quant import kernels, tensor_saver  # noqa: E402
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.layers import fusions  # noqa: E402
+from megatron.quant.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.recipes.precision import PrecisionConfig  # noqa: E402
 from megatron.quant.recipes.presets import emulates_precision  # noqa: E402
 from megatron.quant.tensor_saver import check_writable  # noqa: E402

@@ -47,7 +47,7 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
     )),
     # The first GPU tier's candidate sizes (docs/study/first-tier.yaml): the study model narrowed until a
     # run of 20 tokens per parameter finishes in well under a minute; the tier measures two of them on the
-    # device and keeps the largest whose 15 runs fit (training/study_sizing.py). GEMM dimensions are
+    # device and keeps the largest whose 15 runs fit (lab/study_sizing.py). GEMM dimensions are
     # multiples of 64, as above.
     "llama-study-0.4m": MappingProxyType(dict(
         _STUDY, num_layers=2, hidden_size=128, ffn_hidden_size=384, num_attention_heads=2, num_query_groups=2,

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron.quant.analysis import figure_render
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.runs.draw import draw_bands, figure_jobs
 from megatron.quant.analysis.runs.forest import forest_job
@@ -31,6 +30,7 @@ from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, render_html
 from megatron.quant.analysis.runs.ledger import ledger_runs
 from megatron.quant.analysis.runs.metrics import band_payload, noise_band, recipe_groups, recipe_table, summarize
 from megatron.quant.analysis.runs.read import LOSS, Run, RunsReportError, load_runs
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 
 
 @dataclass

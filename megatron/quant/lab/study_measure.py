@@ -1,6 +1,6 @@
 """A plan's sizes and estimated times (``describe``), and what the ledger has measured, per device:
 each recipe's step time alone, how much longer a run takes when K runs share the GPU, the start-up,
-and the plan's size that fits a run into a target time. ``python -m megatron.quant.training.study
+and the plan's size that fits a run into a target time. ``python -m megatron.quant.lab.study
 --plan PLAN --ledger LEDGER --measured`` prints it with the plan's ``step_time.measured`` block to
 paste (docs/comparing.md).
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from megatron.quant.analysis.runs.ledger import LedgerEntry
-from megatron.quant.training import sweep
-from megatron.quant.training.study_plan import VALIDATION_COST, StudyPlan, waves
+from megatron.quant.lab import sweep
+from megatron.quant.lab.study_plan import VALIDATION_COST, StudyPlan, waves
 
 
 @dataclass(frozen=True)

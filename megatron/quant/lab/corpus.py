@@ -1,4 +1,4 @@
-"""A real text corpus from files on this machine: ``python -m megatron.quant.training.corpus OUTPUT_DIR``.
+"""A real text corpus from files on this machine: ``python -m megatron.quant.lab.corpus OUTPUT_DIR``.
 
 Collects the text files under ``--source`` (default: the Python standard library's sources,
 ``sysconfig.get_paths()["stdlib"]`` without site-packages: code with English docstrings and
@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 from megatron.quant.training import bpe, preprocess
 from megatron.quant.training.arguments import TOKENIZER_TYPES
 
@@ -228,7 +228,7 @@ def read_manifest(output_dir: Path) -> Corpus | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron.quant.training.corpus",
+    p = argparse.ArgumentParser(prog="python -m megatron.quant.lab.corpus",
                                 description="Build a train/validation text corpus (JSONL and indexed dataset) "
                                             "from the text files of a directory.")
     p.add_argument("output_dir", type=Path)

@@ -11,11 +11,11 @@ from typing import Mapping, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import TOKENS_PER_S, read_scalars
-from megatron.quant.training import corpus, sweep
-from megatron.quant.training.machine import git_commit, seconds_between
+from megatron.quant.lab import corpus, sweep
+from megatron.quant.lab.machine import git_commit, seconds_between
+from megatron.quant.lab.study_plan import PlannedRun, StudyPlan
+from megatron.quant.lab.sweep_plan import TENSORBOARD, resolve_recipe
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_plan import PlannedRun, StudyPlan
-from megatron.quant.training.sweep_plan import TENSORBOARD, resolve_recipe
 
 
 class StudyError(ValueError):

@@ -18,11 +18,11 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from megatron.quant.lab.plan_checks import flags_problem, recipe_problem
+from megatron.quant.lab.sweep_plan import SEED_SUFFIX
 from megatron.quant.training import metrics
 from megatron.quant.training.env import environment_problem
-from megatron.quant.training.plan_checks import flags_problem, recipe_problem
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.sweep_plan import SEED_SUFFIX
 from megatron.quant.yaml_safe import YamlError, load_yaml
 
 VERSION = 1
@@ -62,7 +62,7 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class Sizing:
-    """A tier sized on the device (training/study_sizing.py): ``candidates`` smallest first, two of them
+    """A tier sized on the device (lab/study_sizing.py): ``candidates`` smallest first, two of them
     ``measured``, ``alone`` the recipe also measured without company; ``fixed_on`` once a device sized it."""
     candidates: tuple[str, ...]
     measured: tuple[str, str]

@@ -1,7 +1,7 @@
 """The study runner: the next runs of a study plan that fit a time budget, trained through the
 sweep, each finished one written as a ledger entry.
 
-``python -m megatron.quant.training.study --plan docs/study/plan.yaml --ledger docs/study/ledger
+``python -m megatron.quant.lab.study --plan docs/study/plan.yaml --ledger docs/study/ledger
 --budget-s 600 --out DIR [--dry-run]``:
 
 1. builds the plan's corpus in ``DIR/corpus`` (or reuses the one there): the Python
@@ -45,13 +45,12 @@ from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS
-from megatron.quant.training import corpus, metrics, notices, sweep
-from megatron.quant.training.env import scoped_environ
-from megatron.quant.training.signals import SweepInterrupted
-from megatron.quant.training.study_checks import SessionError, check_seconds, check_session
-from megatron.quant.training.study_ledger import StudyError, add_entries, flag_value, ledger_entry, resolved_today
-from megatron.quant.training.study_measure import describe, describe_measured, measure
-from megatron.quant.training.study_plan import (
+from megatron.quant.lab import corpus, sweep
+from megatron.quant.lab.signals import SweepInterrupted
+from megatron.quant.lab.study_checks import SessionError, check_seconds, check_session
+from megatron.quant.lab.study_ledger import StudyError, add_entries, flag_value, ledger_entry, resolved_today
+from megatron.quant.lab.study_measure import describe, describe_measured, measure
+from megatron.quant.lab.study_plan import (
     MAX_RUNS_AT_ONCE,
     PlannedRun,
     StudyPlan,
@@ -59,13 +58,15 @@ from megatron.quant.training.study_plan import (
     load_plan,
     waves,
 )
-from megatron.quant.training.study_sizing import (
+from megatron.quant.lab.study_sizing import (
     Measurement,
     measurement_flags,
     read_measurement,
     size,
     write_sizing,
 )
+from megatron.quant.training import metrics, notices
+from megatron.quant.training.env import scoped_environ
 
 CORPUS, RUNS, LEDGER, SIZING = "corpus", "runs", "ledger", "sizing"  # under --out; and sizing.json, plan.yaml
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
@@ -168,7 +169,7 @@ def run_wave(plan: StudyPlan, wave: Sequence[PlannedRun], runs_dir: Path, flags:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron.quant.training.study",
+    p = argparse.ArgumentParser(prog="python -m megatron.quant.lab.study",
                                 description="Run the next runs of a study plan that fit a time budget and write "
                                             "their ledger entries.")
     p.add_argument("--plan", type=Path, required=True, help="the study plan (docs/study/plan.yaml)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from megatron.quant.formats.show import show_value
-from megatron.quant.training.sweep_plan import SweepError, check_flag_values
+from megatron.quant.lab.sweep_plan import SweepError, check_flag_values
 
 
 def recipe_problem(name: str) -> str | None:

@@ -168,7 +168,7 @@ def print_command(output_dir: Path, recipes: str, run: SweepRun, options: argpar
                   flags: Sequence[str]) -> str:
     """The sweep itself restricted to ``run`` (``--only``): a job-array line that keeps run.json,
     skip/resume and divergence handling."""
-    argv = [sys.executable, "-m", "megatron.quant.training.sweep", "--only", run.name,
+    argv = [sys.executable, "-m", "megatron.quant.lab.sweep", "--only", run.name,
             "--launcher", options.launcher]
     if options.seeds:
         argv += ["--seeds", " ".join(map(str, options.seeds))]

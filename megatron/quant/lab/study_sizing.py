@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs.read import TOKENS_PER_S, read_scalars
-from megatron.quant.training import sweep
-from megatron.quant.training.machine import seconds_between
+from megatron.quant.lab import sweep
+from megatron.quant.lab.machine import seconds_between
+from megatron.quant.lab.study_measure import all_runs_seconds
+from megatron.quant.lab.study_plan import StudyPlan, StudyPlanError, non_embedding_parameters
+from megatron.quant.lab.sweep_plan import TENSORBOARD
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.study_measure import all_runs_seconds
-from megatron.quant.training.study_plan import StudyPlan, StudyPlanError, non_embedding_parameters
-from megatron.quant.training.sweep_plan import TENSORBOARD
 
 SAFETY = 0.85  # of the time left: the tier is sized to finish with a margin
 MEASURE_LOG_INTERVAL = 5

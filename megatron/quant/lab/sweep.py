@@ -1,4 +1,4 @@
-"""One model, several recipes: ``python -m megatron.quant.training.sweep OUTPUT_DIR RECIPES -- FLAGS``.
+"""One model, several recipes: ``python -m megatron.quant.lab.sweep OUTPUT_DIR RECIPES -- FLAGS``.
 
 Every run gets the same training flags (model, data order, initialisation, seed) and differs
 only in its recipe (``CUSTOM_QUANT_TYPE`` for a format name, ``CUSTOM_QUANT_RECIPE`` for a recipe
@@ -29,17 +29,12 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
 from megatron.quant.formats.show import show_value
-from megatron.quant.training import checkpoint, notices
-from megatron.quant.training.arguments import MAX_SEED, ArgumentError
-from megatron.quant.training.lifetime import DIE_WITH_PARENT
-from megatron.quant.training.machine import git_commit, machine, utc_now
-from megatron.quant.training.metrics import DIVERGED
-from megatron.quant.training.run_lock import RunLockedError, run_locks
-from megatron.quant.training.signals import FORWARDER, SweepInterrupted
-from megatron.quant.training.slots import SlotError, run_in_slots, slot_environments, visible_gpus
-from megatron.quant.training.sweep_plan import (
+from megatron.quant.lab.machine import git_commit, machine, utc_now
+from megatron.quant.lab.run_lock import RunLockedError, run_locks
+from megatron.quant.lab.signals import FORWARDER, SweepInterrupted
+from megatron.quant.lab.slots import SlotError, run_in_slots, slot_environments, visible_gpus
+from megatron.quant.lab.sweep_plan import (
     CHECKPOINTS,
     SweepError,
     SweepRun,
@@ -49,6 +44,11 @@ from megatron.quant.training.sweep_plan import (
     print_command,
     train_command,
 )
+from megatron.quant.output_dir import OutputDirError, check_output_dir
+from megatron.quant.training import checkpoint, notices
+from megatron.quant.training.arguments import MAX_SEED, ArgumentError
+from megatron.quant.training.lifetime import DIE_WITH_PARENT
+from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.variables import RECIPE_NAMING, environment_of
 
 RUN_JSON = "run.json"
@@ -175,7 +175,7 @@ def check_launcher(launcher: Sequence[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m megatron.quant.training.sweep",
+        prog="python -m megatron.quant.lab.sweep",
         description="Train the same model once per recipe into OUTPUT_DIR/<recipe>/ (training flags after --).")
     p.add_argument("output_dir", type=Path)
     p.add_argument("recipes", help="format names, recipe presets (te-nvfp4, ...), comparison presets "

@@ -7,9 +7,9 @@ import math
 import shlex
 from pathlib import Path
 
-from megatron.quant.analysis.output_dir import OutputDirError, check_output_dir
-from megatron.quant.training import sweep
-from megatron.quant.training.slots import SlotError
+from megatron.quant.lab import sweep
+from megatron.quant.lab.slots import SlotError
+from megatron.quant.output_dir import OutputDirError, check_output_dir
 
 
 class SessionError(ValueError):
