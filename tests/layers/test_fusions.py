@@ -1,7 +1,6 @@
 """layers/fusions.py: what CUSTOM_QUANT_FUSIONS chooses, and each fast path against the plain path it
 replaces (megatron-core's unfused operations). The compiled regions run eagerly here (dynamo
-disabled: the same Python, the tests stay cheap) except RoPE, compiled once for real (``compiled_rope``
-is never called with dynamo disabled: torch would then never compile it in this process)."""
+disabled: the same Python, the tests stay cheap)."""
 import pytest
 import torch
 from megatron.core import parallel_state, tensor_parallel
@@ -57,20 +56,28 @@ def test_fused_model_computes_what_the_unfused_model_computes(parallel, monkeypa
     plain = fusions.FastPaths("off", sdpa=False, compiled=False, cross_entropy=False)
     swiglu = _counting(monkeypatch, mlp, "bias_swiglu_impl")
     fused = _model(fast)
-    assert rope_utils.fused_apply_rotary_pos_emb is fusions.compiled_rope  # what apply_rope_fusion calls
-    # Its eager twin stands in (a compiled function once called with dynamo disabled never compiles).
-    rope = []
-    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", lambda t, freqs, interleaved: rope.append(1) or
-                        rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=interleaved))
     with torch._dynamo.config.patch(disable=True):
         loss_f, grads_f = _loss_and_grads(fused)
     loss_p, grads_p = _loss_and_grads(_model(plain))
-    assert len(swiglu) == 2 and len(rope) == 2 * 2  # per layer: one SwiGLU; RoPE on Q and on K
-    assert fast.describe(fused) == ("fusions auto: attention=sdpa, rmsnorm=torch, swiglu=compiled, rope=compiled, "
+    assert len(swiglu) == 2  # per layer: one SwiGLU
+    assert fast.describe(fused) == ("fusions auto: attention=sdpa, rmsnorm=torch, swiglu=compiled, rope=eager, "
                                     "cross-entropy=eager")
     torch.testing.assert_close(loss_f, loss_p, rtol=1e-6, atol=0)
     for name in grads_p:  # SDPA's and SwiGLU's hand-written backward round differently
         torch.testing.assert_close(grads_f[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fast_paths_leave_megatron_core_s_rope_kernel_alone(monkeypatch):
+    """Nothing of megatron-core is replaced for the process: without Transformer Engine's kernel RoPE
+    stays eager (apply_rope_fusion off), with it megatron-core's own fusion runs TE's kernel."""
+    fast = fusions.FastPaths("auto", sdpa=True, compiled=True, cross_entropy=True)
+    kernel = rope_utils.fused_apply_rotary_pos_emb
+    assert fast.config_flags()["apply_rope_fusion"] is (kernel is not None)
+    assert rope_utils.fused_apply_rotary_pos_emb is kernel
+    te_kernel = object()
+    monkeypatch.setattr(rope_utils, "fused_apply_rotary_pos_emb", te_kernel)
+    assert fast.config_flags()["apply_rope_fusion"] is True
+    assert rope_utils.fused_apply_rotary_pos_emb is te_kernel
 
 
 def test_fused_cross_entropy_equals_megatron_s_vocab_parallel_one(parallel):
@@ -91,23 +98,6 @@ def test_fused_cross_entropy_equals_megatron_s_vocab_parallel_one(parallel):
     torch.testing.assert_close(loss_f, loss_p, rtol=1e-6, atol=1e-6)
     assert grad_f.dtype == grad_p.dtype == torch.bfloat16
     torch.testing.assert_close(grad_f, grad_p, rtol=0, atol=0)  # the same formula, rounded once to bf16
-
-
-def test_compiled_rope_equals_megatron_s_unfused_rope():
-    # The one real torch.compile on CPU here (~10 s): the kernel apply_rope_fusion runs on CUDA.
-    g = torch.Generator().manual_seed(2)
-    t = torch.randn(8, 2, 4, 16, generator=g)
-    freqs = torch.randn(8, 1, 1, 16, generator=g)
-    grad = torch.randn(8, 2, 4, 16, generator=g)
-    results = []
-    for rope in (fusions.compiled_rope, lambda x, f: rope_utils._apply_rotary_pos_emb_bshd(x, f)):
-        leaf = t.clone().requires_grad_()
-        out = rope(leaf, freqs)
-        out.backward(grad)
-        results.append((out.detach(), leaf.grad))
-    (out_c, grad_c), (out_p, grad_p) = results
-    torch.testing.assert_close(out_c, out_p, rtol=1e-6, atol=1e-6)  # inductor may contract into FMAs
-    torch.testing.assert_close(grad_c, grad_p, rtol=1e-6, atol=1e-6)
 
 
 def test_rmsnorm_is_torch_s_whose_cuda_kernel_is_fused(parallel):

@@ -7,8 +7,9 @@ default) chooses instead:
 - attention that nothing quantizes: ``F.scaled_dot_product_attention`` (flash / cuDNN on a GPU),
   on every device, where SDPA reproduces megatron-core's mask and dropout (``layers/attention.py``);
 - SwiGLU: megatron-core's ``bias_swiglu`` fusion (``bias_activation_fusion``; ``torch.compile``), CUDA;
-- RoPE: megatron-core's own unfused RoPE under ``torch.compile``, as the kernel of
-  ``apply_rope_fusion`` (which without TE has none), CUDA;
+- RoPE: megatron-core's ``apply_rope_fusion`` where Transformer Engine provides its kernel, CUDA;
+  without TE, eager: megatron-core offers no seam for another kernel, and replacing its module's
+  function would change every model in the process (docs/design.md);
 - the vocab-parallel cross entropy: megatron-core's native fusion (``cross_entropy_loss_fusion``;
   ``torch.compile``), CUDA with bf16 logits only: it returns bf16 gradients;
 - RMSNorm: nothing to choose, megatron-core's ``WrappedTorchNorm`` is ``torch.nn.RMSNorm``, whose
@@ -26,8 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 import torch
-from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
-from torch import Tensor
+from megatron.core.models.common.embeddings import rope_utils
 
 from megatron.quant.formats.show import show_value
 from megatron.quant.layers.attention import QuantDotProductAttention
@@ -43,14 +43,17 @@ class FastPaths:
 
     choice: str              # "auto" | "off"
     sdpa: bool               # attention nothing quantizes runs SDPA (and quantized Q/K/V the fused path)
-    compiled: bool           # SwiGLU and RoPE through their compiled fusions
+    compiled: bool           # SwiGLU through its compiled fusion, RoPE through TE's kernel where installed
     cross_entropy: bool      # megatron-core's fused cross entropy
 
+    @property
+    def rope(self) -> bool:
+        """RoPE through ``apply_rope_fusion``: only with the kernel Transformer Engine gives megatron-core."""
+        return self.compiled and rope_utils.fused_apply_rotary_pos_emb is not None
+
     def config_flags(self) -> dict:
-        """The TransformerConfig fields that select the fusions (installs the RoPE kernel when used)."""
-        if self.compiled:
-            install_rope()
-        return {"bias_activation_fusion": self.compiled, "apply_rope_fusion": self.compiled,
+        """The TransformerConfig fields that select the fusions."""
+        return {"bias_activation_fusion": self.compiled, "apply_rope_fusion": self.rope,
                 "cross_entropy_loss_fusion": self.cross_entropy, "cross_entropy_fusion_impl": "native"}
 
     def describe(self, model: torch.nn.Module) -> str:
@@ -61,7 +64,7 @@ class FastPaths:
         attention = ", ".join(p if len(paths) == 1 else f"{p} x{n}" for p, n in sorted(paths.items())) or "stock"
         fused = lambda on: "compiled" if on else "eager"  # noqa: E731
         return (f"fusions {self.choice}: attention={attention}, rmsnorm=torch, swiglu={fused(self.compiled)}, "
-                f"rope={fused(self.compiled)}, cross-entropy={fused(self.cross_entropy)}")
+                f"rope={'te' if self.rope else 'eager'}, cross-entropy={fused(self.cross_entropy)}")
 
 
 def choose(environ: Optional[Mapping[str, str]] = None, *, cuda: bool, precision: str) -> FastPaths:
@@ -74,22 +77,3 @@ def choose(environ: Optional[Mapping[str, str]] = None, *, cuda: bool, precision
     auto = value == "auto"
     compiled = auto and cuda  # torch.compile on CPU costs more compile time than the tiny runs there save
     return FastPaths(choice=value, sdpa=auto, compiled=compiled, cross_entropy=compiled and precision == "bf16")
-
-
-# Compiled lazily, at the first call; static shapes: Q and K (GQA: fewer heads) compile once each.
-_rope = torch.compile(_apply_rotary_pos_emb_bshd, dynamic=False)
-
-
-def compiled_rope(t: Tensor, freqs: Tensor, interleaved: bool = False) -> Tensor:
-    """megatron-core's unfused RoPE (``[s, b, heads, d]``, freqs ``[s, 1, 1, d]``), compiled; the
-    signature of the TE kernel megatron-core's ``apply_rope_fusion`` calls."""
-    return _rope(t, freqs, rotary_interleaved=interleaved)
-
-
-def install_rope() -> None:
-    """Make ``compiled_rope`` the kernel of megatron-core's ``apply_rope_fusion`` where Transformer
-    Engine provides none (idempotent; TE's own kernel, where installed, stays)."""
-    from megatron.core.models.common.embeddings import rope_utils
-
-    if rope_utils.fused_apply_rotary_pos_emb is None:
-        rope_utils.fused_apply_rotary_pos_emb = compiled_rope
