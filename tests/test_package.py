@@ -167,3 +167,64 @@ def test_capture_and_stats_are_reached_through_their_facades():
     assert not inside, "import from megatron.quant.stats"
     layers = {target for module, targets in graph.items() if _room(module) == "layers" for target in targets}
     assert not {t for t in layers if _room(t) in ("capture", "stats")}, "the layers use tensor_saver only"
+
+
+def _core_bindings(tree: ast.AST) -> dict[str, object]:
+    """The local names a module binds to megatron-core modules, classes and functions, resolved."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("megatron.core"):
+            module = importlib.import_module(node.module)
+            for a in node.names:
+                value = getattr(module, a.name, None)
+                bound[a.asname or a.name] = (importlib.import_module(f"{node.module}.{a.name}")
+                                             if value is None else value)
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname or a.name: importlib.import_module(a.name) for a in node.names
+                      if a.name.startswith("megatron.core")}
+    return bound
+
+
+def _private_core_names(path: pathlib.Path) -> set[str]:
+    """Private megatron-core names ``path`` uses: imported, read off a megatron-core module or class, or
+    overridden or called through ``super()`` in a subclass of a megatron-core class (a private method
+    of our own in such a subclass is ours)."""
+    tree = ast.parse(path.read_text())
+    bound, found = _core_bindings(tree), set()
+    private = lambda name: name.startswith("_") and not name.startswith("__")  # noqa: E731
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("megatron.core"):
+            found |= {a.name for a in node.names if private(a.name)}
+        elif (isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name)
+              and node.value.id in bound and hasattr(bound[node.value.id], node.attr)):
+            found.add(node.attr)
+        elif isinstance(node, ast.ClassDef) and {getattr(b, "id", None) for b in node.bases} & set(bound):
+            cls = getattr(importlib.import_module(_module_name(path)), node.name)
+            core = [b for b in cls.__mro__ if b.__module__.startswith("megatron.core")]
+            used = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            used |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call)
+                     and getattr(n.value.func, "id", None) == "super"}
+            found |= {name for name in used if private(name) and any(name in vars(b) for b in core)}
+    return found
+
+
+def test_private_megatron_core_names_are_listed_in_compat():
+    from megatron.quant import compat
+
+    listed = {entry.name.rsplit(".", 1)[-1] for entry in compat.PRIVATE_NAMES}
+    unlisted = sorted(f"{path.relative_to(PACKAGE)}: {name}" for path in PACKAGE.rglob("*.py")
+                      if path.name != "compat.py" for name in _private_core_names(path) - listed)
+    assert not unlisted, "use a public name, or list it in compat.PRIVATE_NAMES with why"
+
+
+def test_listed_private_names_exist_in_the_installed_megatron_core():
+    from megatron.quant import compat
+
+    missing = []
+    for entry in compat.PRIVATE_NAMES:
+        owner = importlib.import_module(entry.module)
+        for part in entry.name.split("."):
+            owner = getattr(owner, part, missing)
+        if owner is missing:
+            missing.append(f"{entry.module}.{entry.name}")
+    assert not missing, f"gone from this megatron-core (checked on {compat.CHECKED_ON}): {missing}"

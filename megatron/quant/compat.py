@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
 
 # 0.19 (Megatron-LM PR 5160): dist_checkpointing.save stores the common (non-tensor) state as the
 # ShardedObject "common_state" inside the PyTorch DCP files, listed in their index under this key,
@@ -46,3 +47,47 @@ def core_imports_triton() -> bool:
         return importlib.util.find_spec("megatron.core.transformer.moe.ops.paged_stash") is not None
     except ModuleNotFoundError:  # 0.16 has no moe/ops package
         return False
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """A name megatron-core keeps private that the package still relies on, and why no public one serves."""
+
+    module: str   # where it lives in megatron-core
+    name: str     # attribute path inside that module
+    used_in: str  # our module
+    why: str
+
+
+# Every private megatron-core name the package uses, checked on CHECKED_ON (tests/test_package.py holds
+# that each exists in the installed release and that no other private megatron-core name is used).
+CHECKED_ON = ("0.16.1", "0.19.2")
+PRIVATE_NAMES = (
+    PrivateName("megatron.core.tensor_parallel.layers", "ColumnParallelLinear._forward_impl", "layers/linear.py",
+                "the one point where the column-parallel layer runs its GEMM; its forward does the TP "
+                "communication around it and differs between releases (docs/design.md)"),
+    PrivateName("megatron.core.tensor_parallel.layers", "RowParallelLinear._forward_impl", "layers/linear.py",
+                "the same for the row-parallel layer"),
+    PrivateName("megatron.core.tensor_parallel.layers", "_grad_accum_fusion_available", "layers/linear_function.py",
+                "whether apex's fused wgrad kernel imported: gradient-accumulation fusion must add into main_grad "
+                "as that kernel does"),
+    PrivateName("megatron.core.tensor_parallel.random", "_CUDA_RNG_STATE_TRACKER", "cpu.py",
+                "CPU runs only: the RNG tracker megatron-core builds holds CUDA generators"),
+    PrivateName("megatron.core.tensor_parallel.random", "_CUDA_RNG_STATE_TRACKER_INITIALIZED", "cpu.py",
+                "CPU runs only: marks the CPU tracker as the initialised one"),
+    PrivateName("megatron.core.tensor_parallel.random", "_MODEL_PARALLEL_RNG_TRACKER_NAME", "cpu.py",
+                "CPU runs only: the tracker's default stream name, which the CPU tracker's fork keeps"),
+    PrivateName("megatron.core.tensor_parallel.random", "_get_cuda_rng_state", "cpu.py",
+                "CPU runs only: activation recompute saves the CUDA RNG state"),
+    PrivateName("megatron.core.tensor_parallel.random", "_set_cuda_rng_state", "cpu.py",
+                "CPU runs only: and restores it"),
+    PrivateName("megatron.core.extensions.transformer_engine", "_TE_CONFIG_TYPE_KEY", "recipes/precision_file.py",
+                "the key of a TE per-module precision entry, spelled as its value (the module needs TE to import)"),
+)
+
+
+def grad_accum_fusion_available() -> bool:
+    """Whether megatron-core found apex's fused wgrad-accumulation kernel (``PRIVATE_NAMES``)."""
+    from megatron.core.tensor_parallel import layers
+
+    return layers._grad_accum_fusion_available

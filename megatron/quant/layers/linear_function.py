@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import tensor_saver
+from megatron.quant.compat import grad_accum_fusion_available
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.operand import (
@@ -132,7 +133,7 @@ def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quanti
     if hasattr(weight, "__fsdp_param__"):
         weight.main_grad = weight.get_main_grad()
         weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input, weight.main_grad.dtype))
-    elif mlayers._grad_accum_fusion_available and not scaled:
+    elif grad_accum_fusion_available() and not scaled:
         kernel = (mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32
                   if main_grad.dtype == torch.float32 else
                   mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16)
