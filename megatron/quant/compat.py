@@ -63,11 +63,6 @@ class PrivateName:
 # that each exists in the installed release and that no other private megatron-core name is used).
 CHECKED_ON = ("0.16.1", "0.19.2")
 PRIVATE_NAMES = (
-    PrivateName("megatron.core.tensor_parallel.layers", "ColumnParallelLinear._forward_impl", "layers/linear.py",
-                "the one point where the column-parallel layer runs its GEMM; its forward does the TP "
-                "communication around it and differs between releases (docs/design.md)"),
-    PrivateName("megatron.core.tensor_parallel.layers", "RowParallelLinear._forward_impl", "layers/linear.py",
-                "the same for the row-parallel layer"),
     PrivateName("megatron.core.tensor_parallel.layers", "_grad_accum_fusion_available", "layers/linear_function.py",
                 "whether apex's fused wgrad kernel imported: gradient-accumulation fusion must add into main_grad "
                 "as that kernel does"),

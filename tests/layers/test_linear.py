@@ -220,6 +220,12 @@ def test_unconfigured_layer_is_stock(parallel):
     assert torch.equal(_run(stock, x, grad)[0], _run(quant, x, grad)[0])
 
 
+def test_cpu_offloading_is_refused_for_a_quantized_layer(parallel):
+    layer = _build("column", cpu_offloading=True, cpu_offloading_num_layers=1)
+    with pytest.raises(ValueError, match="test.linear: cpu_offloading is not supported"):
+        layer.configure_quant(LinearQuant.from_formats(linear_formats("mxfp8")), SITE)
+
+
 def test_compiled_quantization_equals_eager(parallel):
     from megatron.quant.recipes.recipe import QuantRecipe
 

@@ -1,16 +1,15 @@
 """Quantized subclasses of megatron-core's tensor-parallel linear layers.
 
-They keep all of megatron-core's behaviour (TP communication, sequence parallel, bias,
-``main_grad`` accumulation, weight passed at call time, expert flags) and replace only
-``_forward_impl``, the point where megatron-core runs its linear autograd function. Until
-``configure_quant`` is called (``finish_init`` does it, with the config megatron-core matched to the
-layer) they are the stock layers.
-
-``_forward_impl`` is private, and the one place megatron-core leaves for this: ``forward`` does the
-tensor-parallel communication, sequence parallelism, the embedding's deferred wgrad and CPU offload
-around it (and differs between releases), and the autograd function it calls is a module-level
-name; TE's and Kitchen's linear layers are classes of their own instead. No public method of
-``ColumnParallelLinear`` or ``RowParallelLinear`` hands the GEMM to a subclass.
+They take megatron-core's construction whole (weight allocation and initialisation, sharding,
+checkpoint layout, expert flags) and its public tensor-parallel pieces, and implement the public
+``forward`` themselves, as megatron-core's Transformer Engine layers do: the tensor-parallel
+communication around the GEMM (``megatron.core.tensor_parallel``'s mappings, sequence parallelism),
+the bias, and the GEMM as our autograd function (``QuantLinearFunction``: quantized operands,
+``main_grad`` accumulation). Until ``configure_quant`` is called (``finish_init`` does it, with the
+config megatron-core matched to the layer) a layer runs megatron-core's own ``forward``: the stock
+layer, bit for bit. Nothing private of megatron-core is overridden (``compat.PRIVATE_NAMES``).
+Megatron-core's CPU activation offloading is not supported under quantization (refused at
+configuration): its switch is private to megatron-core's layers.
 """
 from __future__ import annotations
 
@@ -18,7 +17,16 @@ from typing import Optional
 
 import torch
 from megatron.core.quantization.quant_config import QuantizationConfig
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
+from torch import Tensor
 
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.delayed import amax_reduction_group
@@ -34,7 +42,7 @@ from megatron.quant.tensor_saver import CaptureSite
 
 
 class QuantLinearMixin(FinishesInit, Phased):
-    """The quantized ``_forward_impl`` shared by the column- and row-parallel layers."""
+    """What the column- and row-parallel quantized layers share: configuration and the GEMM."""
 
     PHASED = ("quant", "weight_cache", "noise_root")  # what configure_quant sets per phase of a schedule
 
@@ -68,6 +76,9 @@ class QuantLinearMixin(FinishesInit, Phased):
         whose shards hold [gate; up] slices), so the noise follows the unsharded layout.
         Delayed-scaled operands get fresh amax histories (``amax_histories``, checkpointed with
         the weights)."""
+        if self.config.cpu_offloading:
+            raise ValueError(f"{site.module if site else type(self).__name__}: cpu_offloading is not supported "
+                             "for quantized layers; disable it or leave this layer unquantized")
         if torch.distributed.get_world_size(self.tp_group) > 1:
             quant.check_shards(self.parallel, self._shard_size(), site.module if site else type(self).__name__)
         if any(quant[op.key].fmt is not None for op in operands.LINEAR_TABLE if op.gemm == "wgrad"):
@@ -88,22 +99,24 @@ class QuantLinearMixin(FinishesInit, Phased):
             if state["weight_cache"] is not None:
                 state["weight_cache"].invalidate()
 
-    def _forward_impl(self, input, weight, **kwargs):
-        # megatron-core calls this with keywords: bias, gradient_accumulation_fusion,
-        # allreduce_dgrad, sequence_parallel, tp_group (None from RowParallelLinear),
-        # grad_output_buffer, wgrad_deferral_limit (ColumnParallelLinear only).
+    def forward(self, *args, **kwargs):
         self.enter_phase()
         if self.quant is None:
-            return super()._forward_impl(input=input, weight=weight, **kwargs)
-        tp_group = kwargs.get("tp_group")
+            return super().forward(*args, **kwargs)
+        return self.quantized_forward(*args, **kwargs)
+
+    def gemm(self, input: Tensor, weight: Tensor, bias: Optional[Tensor], *, allreduce_dgrad: bool,
+             sequence_parallel: bool, tp_group, grad_output_buffer=None, wgrad_deferral_limit=None) -> Tensor:
+        """input @ weight.T (+ bias) on this rank's shard, with quantized operands; the backward's
+        TP communication (the dgrad all-reduce, the sequence-parallel gathers) as megatron-core's."""
         cfg = LinearGemmConfig(
             quant=self.quant, weight_cache=self.weight_cache, quant_group=self.tp_group, site=self.capture_site,
-            gradient_accumulation_fusion=kwargs["gradient_accumulation_fusion"],
-            allreduce_dgrad=kwargs["allreduce_dgrad"], sequence_parallel=kwargs["sequence_parallel"],
+            gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+            allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel,
             tp_group=self.tp_group if tp_group is None else tp_group,
-            grad_output_buffer=kwargs.get("grad_output_buffer"),
-            wgrad_deferral_limit=kwargs.get("wgrad_deferral_limit"), noise_root=self.noise_root)
-        return QuantLinearFunction.apply(input, weight, kwargs.get("bias"), cfg)
+            grad_output_buffer=grad_output_buffer, wgrad_deferral_limit=wgrad_deferral_limit,
+            noise_root=self.noise_root)
+        return QuantLinearFunction.apply(input, weight, bias, cfg)
 
 
 class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
@@ -114,6 +127,37 @@ class QuantColumnParallelLinear(QuantLinearMixin, ColumnParallelLinear):
     def _shard_size(self) -> int:
         return self.output_size_per_partition
 
+    def quantized_forward(self, input_: Tensor, weight: Optional[Tensor] = None,
+                          runtime_gather_output: Optional[bool] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """``ColumnParallelLinear.forward``'s contract: [s, b, h] in, (output, bias if skip_bias_add)."""
+        if weight is None:
+            if self.weight is None:
+                raise RuntimeError(f"{type(self).__name__}: skip_weight_param_allocation is set, so forward needs "
+                                   "the weight")
+            weight = self.weight
+        elif weight.shape != (self.output_size_per_partition, self.input_size):
+            raise RuntimeError(f"supplied weight's shape is {tuple(weight.shape)}, "
+                               f"not {(self.output_size_per_partition, self.input_size)} as expected")
+        explicit = self.explicit_expert_comm
+        if self.allreduce_dgrad or self.sequence_parallel or explicit or self.disable_grad_reduce:
+            input_parallel = input_  # the backward's all-reduce or gather is the GEMM's own
+        else:
+            input_parallel = copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
+        deferred = self.config.defer_embedding_wgrad_compute
+        if deferred and (self.config.wgrad_deferral_limit == 0
+                         or len(self.embedding_activation_buffer) < self.config.wgrad_deferral_limit):
+            self.embedding_activation_buffer.append(input_parallel)
+        output_parallel = self.gemm(
+            input_parallel, weight, None if self.skip_bias_add else self.bias,
+            allreduce_dgrad=False if explicit else self.allreduce_dgrad,
+            sequence_parallel=False if explicit else self.sequence_parallel, tp_group=self.tp_group,
+            grad_output_buffer=self.grad_output_buffer if deferred else None,
+            wgrad_deferral_limit=self.config.wgrad_deferral_limit if deferred else None)
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        output = (gather_from_tensor_model_parallel_region(output_parallel, group=self.tp_group) if gather
+                  else output_parallel)
+        return output, self.bias if self.skip_bias_add else None
+
 
 class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
     """RowParallelLinear (weight sharded along in_features) with quantized GEMMs."""
@@ -122,6 +166,26 @@ class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
 
     def _shard_size(self) -> int:
         return self.input_size_per_partition
+
+    def quantized_forward(self, input_: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """``RowParallelLinear.forward``'s contract: [s, b, h / tp] in, (output, bias if skip_bias_add)."""
+        if self.input_is_parallel:
+            input_parallel = input_
+        elif self.sequence_parallel:
+            raise ValueError(f"{type(self).__name__}: sequence parallelism needs input_is_parallel")
+        else:
+            input_parallel = scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
+        output_parallel = self.gemm(input_parallel, self.weight, None, allreduce_dgrad=False,
+                                    sequence_parallel=False, tp_group=None)
+        if self.explicit_expert_comm:  # the expert dispatcher reduces; megatron-core asserts skip_bias_add
+            output = output_parallel
+        elif self.sequence_parallel:
+            output = reduce_scatter_to_sequence_parallel_region(output_parallel, group=self.tp_group)
+        else:
+            output = reduce_from_tensor_model_parallel_region(output_parallel, group=self.tp_group)
+        if self.skip_bias_add:
+            return output, self.bias
+        return (output + self.bias if self.bias is not None else output), None
 
 
 def invalidate_quantized_weights(model: torch.nn.Module) -> None:
