@@ -12,9 +12,15 @@ The lab's own recipe (``CUSTOM_QUANT_*``, a recipe file) is the one-matcher case
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
-from megatron.core.quantization.quant_config import GlobMatcher, Matcher, QuantizationConfig, RecipeConfig
+from megatron.core.quantization.quant_config import (
+    GlobMatcher,
+    MatchContext,
+    Matcher,
+    QuantizationConfig,
+    RecipeConfig,
+)
 
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
@@ -98,7 +104,35 @@ class PrecisionConfig(RecipeConfig):
         roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers, moe)}
         return tuple(roles)
 
+    def matcher_problems(self, paths: Iterable[str]) -> list[str]:
+        """One line per matcher that decides no module of ``paths`` (the model's matched modules): one that
+        matches none of them (a typo in a pattern trains those modules in another precision, silently),
+        or one shadowed by earlier matchers (first match wins: every module it matches is taken)."""
+        paths = list(paths)
+        taken: set[str] = set()
+        problems = []
+        for i, matcher in enumerate(self.matchers):
+            matched = {p for p in paths if matcher.match(MatchContext(p, None)) is not None}
+            shown = _matcher_name(matcher)
+            if not matched:
+                problems.append(f"{self.source}: matcher {shown} matches no module of the model; its config "
+                                f"{matcher.config_key!r} quantizes nothing (modules: {_some(paths)})")
+            elif matched <= taken:
+                problems.append(f"{self.source}: matcher {shown} is shadowed: every module it matches is taken by "
+                                f"an earlier matcher (first match wins), so its config {matcher.config_key!r} "
+                                f"quantizes nothing")
+            taken |= matched
+        return problems
+
     def describe(self) -> str:
         """One line: each matcher's pattern and config, in matching order."""
         pairs = [f"{m.pattern} -> {m.config_key}" for m in self.matchers if isinstance(m, GlobMatcher)]
         return f"{self.source}: " + ", ".join(pairs)
+
+
+def _matcher_name(matcher: Matcher) -> str:
+    return f"{matcher.pattern!r}" if isinstance(matcher, GlobMatcher) else repr(matcher)
+
+
+def _some(paths: list[str]) -> str:
+    return ", ".join(paths[:4]) + (f", ... ({len(paths)} in all)" if len(paths) > 4 else "")

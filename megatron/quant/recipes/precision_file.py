@@ -35,6 +35,7 @@ from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.presets import PresetError, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.settings.names import name_problem
+from megatron.quant.yaml_safe import YamlError, read_text_file
 
 FILE_KEYS = ("configs", "matchers")
 TE_TYPE_KEY = "transformer_engine_config_type"  # megatron-core's _TE_CONFIG_TYPE_KEY
@@ -59,10 +60,12 @@ def load_precision_file(path: str | Path, source: str | None = None) -> Precisio
     path = Path(path)
     source = source or str(path)
     try:
-        data = load_yaml(path.read_text(encoding="utf-8"), source)
-    except OSError as exc:
-        raise RecipeError(f"{source}: cannot read precision file: {exc}") from None
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        text = read_text_file(path, source)
+    except YamlError as exc:
+        raise RecipeError(f"{exc} (a precision file)") from None
+    try:
+        data = load_yaml(text, source)
+    except yaml.YAMLError as exc:
         raise RecipeError(f"{source}: not a valid YAML precision file: {' '.join(str(exc).split())[:300]}") from None
     problem = name_problem(path.stem)
     if problem is not None:
