@@ -15,9 +15,9 @@ import yaml
 # Aliases may add at most this many values to what the document writes out: a recipe or a plan is a
 # few hundred values, an inspect config's longest lists a few hundred thousand (written, not aliased).
 MAX_YAML_VALUES = 100_000
-# A configuration file is at most a few hundred kB (40,000 start_end_list pairs are ~600 kB); 4 MiB
-# bounds the memory and the PyYAML parse time (seconds) a file named by hand can cost.
-MAX_FILE_BYTES = 4 * 1024 * 1024
+# A configuration file is a few kB; 1 MiB (a start_end_list of 40,000 pairs is ~700 kB) bounds the memory and
+# the time PyYAML's parser takes on a file named by hand (it reads some 50 kB a second on a slow core).
+MAX_FILE_BYTES = 1024 * 1024
 
 
 class YamlError(ValueError):
@@ -46,8 +46,8 @@ def read_text_file(path: str | os.PathLike, source: str, limit: int = MAX_FILE_B
         except OSError as exc:
             raise YamlError(f"{source}: cannot read: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise YamlError(f"{source}: larger than {limit // (1024 * 1024)} MiB; a configuration file is a few "
-                        f"hundred kB at most")
+        raise YamlError(f"{source}: larger than {limit // 1024} kB; a configuration file is a few kB, and "
+                        f"this bound keeps its parse to seconds")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -69,7 +69,7 @@ def test_a_file_of_tens_of_megabytes_is_refused_unread(tmp_path):
     path = tmp_path / "precision.yaml"
     with open(path, "wb") as handle:
         handle.write(GOOD.encode() + b"#" * (MAX_FILE_BYTES + 1))
-    _refused(path, "larger than 4 MiB")
+    _refused(path, "larger than 1024 kB")
 
 
 def test_non_utf8_bytes_are_named_by_offset(tmp_path):

@@ -1,0 +1,86 @@
+"""Transformer Engine's published debug configs (te_debug_configs/, copied from TE's own tests) as the lab reads
+them: each one runs against an eight-layer run, its FakeQuant and PerTensorScaling turned into the per-module,
+per-GEMM formats TE means, or it is refused in one line that says why it cannot mean anything here."""
+import re
+from pathlib import Path
+
+import pytest
+
+from megatron.quant.capture.inspect_config import InspectConfigError, load_inspect_config
+from megatron.quant.capture.inspect_plan import resolve_inspect
+from megatron.quant.recipes.precision import PrecisionConfig
+from megatron.quant.recipes.recipe import QuantRecipe
+
+CONFIGS = Path(__file__).parent / "te_debug_configs"
+LAYERS = 8
+RUNS = ("disable_fp8_gemms", "disable_fp8_layer", "fake_quantization_config", "log_config", "per_tensor_scaling",
+        "perf_config", "stats_collection_test_config", "tensor_manipulation_transformer_engine")
+# TE's feature for its own tests (tests/pytorch/debug: registered from a feature_dirs folder of TE's tests)
+REFUSED = {"dummy_feature": "unknown feature 'TestDummyFeature'",
+           "test_switch_to_nondebug_mode": "unknown feature 'TestDummyFeature'"}
+
+
+def _resolve(name, recipe="te-fp8-delayed"):
+    config = load_inspect_config(str(CONFIGS / f"{name}.yaml"), "--tensor-inspect-config")
+    return resolve_inspect(config, PrecisionConfig.uniform(QuantRecipe.from_dict({"format": recipe})), LAYERS)
+
+
+def test_every_published_config_is_covered():
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(RUNS + tuple(REFUSED))
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_published_config_runs(name):
+    precision, plan = _resolve(name)
+    assert plan.describe().startswith("--tensor-inspect-config=")
+    assert precision.configs["te-fp8-delayed"].choices("fc1", 0, LAYERS)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_the_published_config_is_refused_in_one_line(name):
+    with pytest.raises(InspectConfigError) as error:
+        _resolve(name)
+    message = str(error.value)
+    assert REFUSED[name] in message and "\n" not in message and "features of your own" in message
+
+
+def _formats(precision, role, layer):
+    return {key: (c.name, dict(c.options).get("scaling")) for key, c in
+            precision.configs["te-fp8-delayed"].choices(role, layer, LAYERS).items()}
+
+
+def test_fake_quant_becomes_the_formats_of_te_layer_one():
+    # layer_numbers: [1] is megatron-core's layer_number 1: decoder.layers.0; FakeQuant's GEMMs run in high
+    # precision with the listed operands per-tensor FP8 (TE's fake_quantize), the others in BF16
+    precision, plan = _resolve("fake_quantization_config")
+    assert _formats(precision, "fc1", 0) == _formats(precision, "fc2", 0) == {
+        "fprop.input": ("fp8_e4m3", None), "fprop.weight": ("bf16", None), "dgrad.grad_output": ("fp8_e5m2", None),
+        "dgrad.weight": ("bf16", None), "wgrad.grad_output": ("fp8_e5m2", "delayed"),
+        "wgrad.input": ("fp8_e4m3", "delayed")}
+    assert _formats(precision, "fc1", 1)["fprop.weight"] == ("fp8_e4m3", "delayed")
+    assert _formats(precision, "qkv", 0)["fprop.weight"] == ("fp8_e4m3", "delayed")
+    assert "decoder.layers.0.mlp.linear_fc1, decoder.layers.0.mlp.linear_fc2: fprop.input fp8_e4m3 (tensor " \
+           "scaling), fprop.weight bf16" in plan.describe()
+    built = precision.configs["te-fp8-delayed"].resolve("fc1", 0, LAYERS)["fprop.input"]
+    assert (built.name, built.scaling) == ("fp8_e4m3", "tensor")
+
+
+def test_per_tensor_scaling_switches_delayed_operands_to_current_scaling():
+    precision, _ = _resolve("per_tensor_scaling")
+    assert _formats(precision, "fc2", 0) == {
+        "fprop.input": ("fp8_e4m3", None), "fprop.weight": ("fp8_e4m3", None), "dgrad.grad_output": ("fp8_e5m2", None),
+        "dgrad.weight": ("fp8_e4m3", "delayed"), "wgrad.grad_output": ("bf16", None), "wgrad.input": ("bf16", None)}
+    assert precision.configs["te-fp8-delayed"].resolve("fc2", 0, LAYERS)["fprop.input"].scaling == "tensor"
+
+
+def test_per_tensor_scaling_outside_delayed_scaling_is_refused_as_te_asserts():
+    with pytest.raises(InspectConfigError, match=re.escape("PerTensorScaling of decoder.layers.0.mlp.linear_fc1's "
+                                                           "fprop.input: TE allows it only under delayed scaling")):
+        _resolve("per_tensor_scaling", "te-mxfp8")
+
+
+def test_layer_numbers_count_from_one_as_megatron_core_numbers_te_layers():
+    _, plan = _resolve("stats_collection_test_config")
+    assert plan.request("decoder.layers.0.mlp.linear_fc1", "input", "forward", 100).stats
+    assert plan.request("decoder.layers.1.mlp.linear_fc1", "input", "forward", 100) is None
+    assert plan.request("decoder.layers.6.mlp.linear_fc1", "weight", "forward", 100).stats
