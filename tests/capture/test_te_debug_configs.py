@@ -59,7 +59,7 @@ def test_fake_quant_becomes_the_formats_of_te_layer_one():
         "wgrad.input": ("fp8_e4m3", "delayed")}
     assert _formats(precision, "fc1", 1)["fprop.weight"] == ("fp8_e4m3", "delayed")
     assert _formats(precision, "qkv", 0)["fprop.weight"] == ("fp8_e4m3", "delayed")
-    assert "decoder.layers.0.mlp.linear_fc1, decoder.layers.0.mlp.linear_fc2: fprop.input fp8_e4m3 (tensor " \
+    assert "decoder.layers.{0}.mlp.linear_fc1, decoder.layers.{0}.mlp.linear_fc2: fprop.input fp8_e4m3 (tensor " \
            "scaling), fprop.weight bf16" in plan.describe()
     built = precision.configs["te-fp8-delayed"].resolve("fc1", 0, LAYERS)["fprop.input"]
     assert (built.name, built.scaling) == ("fp8_e4m3", "tensor")
@@ -84,3 +84,34 @@ def test_layer_numbers_count_from_one_as_megatron_core_numbers_te_layers():
     assert plan.request("decoder.layers.0.mlp.linear_fc1", "input", "forward", 100).stats
     assert plan.request("decoder.layers.1.mlp.linear_fc1", "input", "forward", 100) is None
     assert plan.request("decoder.layers.6.mlp.linear_fc1", "weight", "forward", 100).stats
+
+
+CUSTOM = """
+mine:
+  enabled: True
+  layers: {layer_numbers: ["1-2"], layer_types: [fc2]}
+  tests.capture._inspect_feature:
+    HiFloat8Gradients: {enabled: True, gemms: [dgrad, wgrad], rounding: stochastic}
+"""
+
+
+def test_a_feature_of_your_own_is_registered_by_its_module(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(CUSTOM)
+    config = load_inspect_config(str(path))
+    precision, plan = resolve_inspect(config, PrecisionConfig.uniform(QuantRecipe.from_dict({"format": "mxfp8"})),
+                                      LAYERS)
+    for layer in (0, 1):
+        chosen = precision.configs["mxfp8"].choices("fc2", layer, LAYERS)
+        hifp8 = ("hifp8", "stochastic")
+        assert {k: (c.name, dict(c.options).get("rounding")) for k, c in chosen.items()} == {
+            "fprop.input": ("mxfp8", None), "fprop.weight": ("mxfp8", None), "dgrad.grad_output": hifp8,
+            "dgrad.weight": ("mxfp8", None), "wgrad.grad_output": hifp8, "wgrad.input": ("mxfp8", None)}
+    assert precision.configs["mxfp8"].choices("fc2", 2, LAYERS)["dgrad.grad_output"].name == "mxfp8"
+    assert "dgrad.grad_output hifp8" in plan.describe()
+    path.write_text(CUSTOM.replace("stochastic", "upward"))
+    with pytest.raises(InspectConfigError, match=r"mine.tests.capture._inspect_feature.HiFloat8Gradients: rounding"):
+        load_inspect_config(str(path))
+    path.write_text(CUSTOM.replace("tests.capture._inspect_feature", "tests.capture.no_such_module"))
+    with pytest.raises(InspectConfigError, match=r"unknown feature or namespace 'tests.capture.no_such_module'"):
+        load_inspect_config(str(path))

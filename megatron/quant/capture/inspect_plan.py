@@ -11,6 +11,7 @@ the model is built, in one line.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional
 
@@ -38,6 +39,7 @@ PASSTHROUGH = FormatChoice("bf16")
 # TE's PerTensorScaling needs a Float8Quantizer (DelayedScaling); these options are delayed scaling's own
 DELAYED_OPTIONS = ("scaling", "amax_history_len", "amax_compute_algo", "margin")
 PER_TENSOR_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+_DECODER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
 
 def linear_modules(num_layers: int, roles: Iterable[str]) -> dict[str, tuple[str, int]]:
@@ -169,7 +171,7 @@ class InspectPlan:
         by_formats: dict[tuple, list[str]] = {}
         for module, operands in self.changed.items():
             by_formats.setdefault(tuple(operands.items()), []).append(module)
-        parts = [f"{', '.join(modules)}: " + ", ".join(f"{key} {_shown(choice)}" for key, choice in operands)
+        parts = [f"{_modules_text(modules)}: " + ", ".join(f"{key} {_shown(choice)}" for key, choice in operands)
                  for operands, modules in by_formats.items()]
         return self.source + (f"; sets {'; '.join(parts)}" if parts else "")
 
@@ -230,3 +232,26 @@ def _shown(choice: FormatChoice) -> str:
     scaling = dict(choice.options).get("scaling")
     return choice.name if choice.name in ("bf16", "none") else f"{choice.name} ({scaling or 'tensor'} scaling)" \
         if choice.name in PER_TENSOR_FORMATS else choice.name
+
+
+def _modules_text(modules: list[str]) -> str:
+    """``decoder.layers.{0-7}.mlp.linear_fc1`` for the modules of one role over a range of layers."""
+    layers: dict[str, list[int]] = {}
+    others = []
+    for module in modules:
+        found = _DECODER.fullmatch(module)
+        if found is None:
+            others.append(module)
+        else:
+            layers.setdefault(found.group(2), []).append(int(found.group(1)))
+    spans = []
+    for suffix, numbers in layers.items():
+        runs: list[list[int]] = []
+        for number in sorted(numbers):
+            if runs and number == runs[-1][1] + 1:
+                runs[-1][1] = number
+            else:
+                runs.append([number, number])
+        text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+        spans.append(f"decoder.layers.{{{text}}}.{suffix}")
+    return ", ".join(spans + others)
