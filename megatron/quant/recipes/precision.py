@@ -24,6 +24,7 @@ from megatron.core.quantization.quant_config import (
 
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.recipes.operands import ROLES
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.schedule import ScheduleError
 
@@ -66,10 +67,10 @@ class PrecisionConfig(RecipeConfig):
             if not recipe.schedule:
                 continue
             where = recipe.name if self.source == recipe.name else f"{self.source}: {recipe.name}"
-            delayed = sorted({f.name for f in recipe.formats(num_layers) if f.scaling == "delayed"})
-            if delayed:
-                raise ScheduleError(f"{where}: a recipe that changes during the run cannot use delayed scaling "
-                                    f"({', '.join(delayed)}: its amax histories belong to the operands, not to a "
+            delayed = _delayed_phase(recipe, num_layers)
+            if delayed is not None:
+                raise ScheduleError(f"{where}: {delayed[0]}: a recipe that changes during the run cannot use delayed "
+                                    f"scaling ({delayed[1]}: its amax histories belong to the operands, not to a "
                                     f"phase); use current scaling (scaling: tensor)")
             configs[key] = replace(recipe, schedule=recipe.schedule.bind(train_iters, where))
         return type(self)(self.matchers, configs, self.name, self.source)
@@ -128,6 +129,18 @@ class PrecisionConfig(RecipeConfig):
         """One line: each matcher's pattern and config, in matching order."""
         pairs = [f"{m.pattern} -> {m.config_key}" for m in self.matchers if isinstance(m, GlobMatcher)]
         return f"{self.source}: " + ", ".join(pairs)
+
+
+def _delayed_phase(recipe: QuantRecipe, num_layers: int) -> Optional[tuple[str, str]]:
+    """(the phase's name, its formats) of the first phase of ``recipe`` that some module runs with delayed scaling."""
+    found: dict[int, set[str]] = {}
+    for role in ROLES:
+        for layer in range(num_layers):
+            for phase, choices in enumerate(recipe.phase_choices(role, layer, num_layers)):
+                found.setdefault(phase, set()).update(
+                    c.name for c in choices.values() if dict(c.options).get("scaling") == "delayed")
+    first = min((phase for phase, names in found.items() if names), default=None)
+    return None if first is None else (recipe.schedule.phase_names()[first], ", ".join(sorted(found[first])))
 
 
 def _matcher_name(matcher: Matcher) -> str:
