@@ -70,7 +70,7 @@ def test_schedule_follows_te_next_enabled_iter():
 @pytest.mark.parametrize("change,words", [
     (("LogFp8TensorStats", "AutoswitchGemm"), "AutoswitchGemm is refused"),
     (("LogFp8TensorStats", "LogFancyStats"), "unknown feature 'LogFancyStats'"),
-    (("[[0, 20], [80, 100]]", "[[0, 20], [10, 100]]"), "start_end_list [[0, 20], [10, 100]] is malformed"),
+    (("[[0, 20], [80, 100]]", "[[0, 20], [100, 80]]"), "start_end_list [[0, 20], [100, 80]] is malformed"),
     (("[[0, 20], [80, 100]]", "[5]"), "start_end_list [5] is malformed"),
     (("tensor: weight", "tensor: query"), "tensor 'query' is unknown; allowed: activation, gradient, weight"),
     (("freq: 10", "freq: 0"), "freq 0 is invalid"),

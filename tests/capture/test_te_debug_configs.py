@@ -115,3 +115,20 @@ def test_a_feature_of_your_own_is_registered_by_its_module(tmp_path):
     path.write_text(CUSTOM.replace("tests.capture._inspect_feature", "tests.capture.no_such_module"))
     with pytest.raises(InspectConfigError, match=r"unknown feature or namespace 'tests.capture.no_such_module'"):
         load_inspect_config(str(path))
+
+
+def test_the_feature_shown_in_docs_runs(tmp_path, monkeypatch):
+    text = (Path(__file__).resolve().parents[2] / "docs" / "capture.md").read_text()
+    section = text[text.index("### Features of your own"):]
+    code = section[section.index("```python") + 9:section.index("```", section.index("```python") + 9)]
+    shown = section[section.index("```yaml") + 7:section.index("```", section.index("```yaml") + 7)]
+    (tmp_path / "my_lab").mkdir()
+    (tmp_path / "my_lab" / "__init__.py").write_text("")
+    (tmp_path / "my_lab" / "features.py").write_text(code)
+    (tmp_path / "mine.yaml").write_text(shown)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    precision, _ = resolve_inspect(load_inspect_config(str(tmp_path / "mine.yaml")),
+                                   PrecisionConfig.uniform(QuantRecipe.from_dict({"format": "mxfp8"})), LAYERS)
+    chosen = precision.configs["mxfp8"].choices("fc2", 3, LAYERS)
+    assert {k: c.name for k, c in chosen.items() if c.name == "hifp8"} == {"dgrad.grad_output": "hifp8",
+                                                                           "wgrad.grad_output": "hifp8"}

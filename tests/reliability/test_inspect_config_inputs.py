@@ -82,6 +82,13 @@ def test_a_section_without_tensors_is_refused():
     _refused(SECTION.replace("tensors: [activation], ", "") % "", "give one of tensors and tensors_struct")
 
 
+def test_a_start_end_list_is_sorted_and_merged_as_te_reads_it():
+    config = inspect_config_from_dict(yaml.safe_load(SECTION % ", start_end_list: [[50, 60], [0, 5], [3, 9]]"), "c")
+    (entry,) = config.sections[0].entries
+    assert entry.schedule.intervals == ((0, 9), (50, 60))
+    assert [s for s in range(70) if entry.schedule.runs_at(s)] == list(range(10)) + list(range(50, 61))
+
+
 def test_a_single_tensor_name_is_a_list_of_one_as_nvdlfw_inspect_reads_it():
     config = inspect_config_from_dict(yaml.safe_load(SECTION.replace("[activation]", "activation") % ""), "cfg")
     assert [e.tensor for e in config.sections[0].entries] == ["activation"]

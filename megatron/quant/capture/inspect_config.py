@@ -56,7 +56,7 @@ REFUSED = {
 @dataclass(frozen=True)
 class Schedule:
     """TE's step selector: every ``freq``-th step within [start, end] (end -1 or None: no end), or
-    within the ``intervals`` of ``start_end_list`` (which then replace start and end)."""
+    within the ``intervals`` of ``start_end_list`` (which then replace start and end; sorted and disjoint)."""
 
     freq: int = 1
     start: Optional[int] = None
@@ -276,12 +276,20 @@ def _schedule(options: dict, where: str) -> Schedule:
     listed = options.get("start_end_list")
     if listed is None:
         return Schedule(freq, start, end)
-    bad = InspectConfigError(f"{where}: start_end_list {show_value(listed)} is malformed; allowed: non-overlapping "
-                             f"[start, end] pairs of steps in increasing order, e.g. [[0, 20], [80, 100]]")
     if not isinstance(listed, list) or not listed or not all(
             isinstance(p, list) and len(p) == 2 and all(is_int(v) and v >= 0 for v in p) and p[0] <= p[1]
             for p in listed):
-        raise bad
-    if any(listed[i][1] >= listed[i + 1][0] for i in range(len(listed) - 1)):
-        raise bad
-    return Schedule(freq, intervals=tuple((s, e) for s, e in listed))
+        raise InspectConfigError(f"{where}: start_end_list {show_value(listed)} is malformed; allowed: [start, end] "
+                                 f"pairs of steps with start <= end, e.g. [[0, 20], [80, 100]]")
+    return Schedule(freq, intervals=_merged(listed))
+
+
+def _merged(pairs: list) -> tuple[tuple[int, int], ...]:
+    """TE's ``next_enabled_iter`` sorts the pairs and fires inside any of them: sorted, overlaps merged."""
+    merged: list[list[int]] = []
+    for start, end in sorted(pairs):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return tuple((start, end) for start, end in merged)
