@@ -2,7 +2,7 @@
 key; no regular expression can backtrack without end, a long start_end_list costs one search per step, and
 DumpTensors into a full directory lets the run go on and says so once."""
 import builtins
-import os
+import errno
 import re
 import signal
 import warnings
@@ -113,28 +113,44 @@ def test_the_alias_bound_counts_what_aliases_add_not_what_a_file_writes_out():
         load_yaml(aliased, "aliased", limit=100)
 
 
-def test_dump_tensors_into_a_full_directory_lets_the_run_go_on_and_says_so_once(tmp_path, monkeypatch):
-    text = SECTION.replace("LogTensorStats: {enabled: True, tensors: [activation], stats: [max]%s}",
-                           "DumpTensors: {enabled: True, tensors: [activation], high_precision_tensor: True}")
-    config = SaverConfig(save_dir=str(tmp_path), inspect=inspect_config_from_dict(yaml.safe_load(text), "cfg"))
+class _ReadOnly(FullDisk):
+    """A directory that turns read-only once the run has started: every file opened under it fails."""
+
+    def open(self, file, *args, **kwargs):
+        if str(file).startswith(self.root) and any(m in (args[0] if args else kwargs.get("mode", "r")) for m in "wax"):
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return super().open(file, *args, **kwargs)
+
+
+DUMP = SECTION.replace("LogTensorStats: {enabled: True, tensors: [activation], stats: [max]%s}",
+                       "DumpTensors: {enabled: True, tensors: [activation], high_precision_tensor: True}\n"
+                       "    LogTensorStats: {enabled: True, tensors: [activation], stats: [max]}")
+
+
+@pytest.mark.parametrize("disk, stopped", [(FullDisk, r"disk full at .*: capture stopped"),
+                                           (_ReadOnly, r"tensor capture stopped: .*Read-only file system")])
+def test_dump_tensors_into_a_full_or_read_only_directory_goes_on_and_each_output_says_so_once(
+        tmp_path, monkeypatch, disk, stopped):
+    config = SaverConfig(save_dir=str(tmp_path), inspect=inspect_config_from_dict(yaml.safe_load(DUMP), "cfg"))
     _, plan = resolve_inspect(config.inspect, PrecisionConfig.uniform(QuantRecipe.from_dict({"format": "bf16"})), 1)
-    tensor_saver.configure(config, plan=plan)
+    tensor_saver.configure(config, plan=plan)  # the directory is writable at start (checked then)
     site = CaptureSite("linear", "linear", 0, FC1, "fc1", "bf16")
-    disk = FullDisk(str(tmp_path), fail_at=1)
     try:
         with warnings.catch_warnings(record=True) as caught, monkeypatch.context() as patch:
             warnings.simplefilter("always")
-            patch.setattr(builtins, "open", disk.open)
+            patch.setattr(builtins, "open", disk(str(tmp_path), fail_at=1).open)
             for iteration in (1, 2, 3):
                 position.set_iteration(iteration)
                 position.set_microbatch(0, first_sample=iteration)
                 if tensor_saver.is_active():
                     tensor_saver.capture(site, "forward", "pre", {"input": Operand(torch.ones(4, 8),
                                                                                    formats.get_format("bf16"))})
-                tensor_saver.iteration_summary()
+                tensor_saver.iteration_summary()  # the training loop goes on
             tensor_saver.close()
     finally:
         tensor_saver.close()
-    stopped = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert len(stopped) == 1 and re.search(r"disk full at .*: capture stopped", stopped[0]), stopped
-    assert os.path.isdir(tmp_path)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    # each output says so once: the capture (DumpTensors' files) and the TE statistics log
+    assert len([m for m in messages if re.search(stopped, m)]) == 1, messages
+    assert [m for m in messages if not re.search(stopped, m)] == [m for m in messages if m.startswith(
+        f"TE statistics log in {tmp_path / 'nvdlfw_inspect_statistics_logs'}: ")][:1], messages
