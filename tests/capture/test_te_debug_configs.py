@@ -5,11 +5,14 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from megatron.quant.capture.inspect_config import InspectConfigError, load_inspect_config
+from megatron.quant.capture.inspect_config import InspectConfigError, inspect_config_from_dict, load_inspect_config
+from megatron.quant.capture.inspect_features import Translation
 from megatron.quant.capture.inspect_plan import resolve_inspect
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.recipes.rules import FormatChoice
 
 CONFIGS = Path(__file__).parent / "te_debug_configs"
 LAYERS = 8
@@ -132,3 +135,24 @@ def test_the_feature_shown_in_docs_runs(tmp_path, monkeypatch):
     chosen = precision.configs["mxfp8"].choices("fc2", 3, LAYERS)
     assert {k: c.name for k, c in chosen.items() if c.name == "hifp8"} == {"dgrad.grad_output": "hifp8",
                                                                            "wgrad.grad_output": "hifp8"}
+
+
+class _Broken:
+    def __init__(self, translated):
+        self.translated = translated
+
+    def translate(self, options, where):
+        return self.translated
+
+
+@pytest.mark.parametrize("translated, expected", [
+    ({"fprop.input": "fp8"}, "returned {'fprop.input': 'fp8'}, not a Translation"),
+    (Translation("X", (("fprop.bias", FormatChoice("bf16")),)), "operand 'fprop.bias' is unknown"),
+    (Translation("X", (("fprop.input", FormatChoice("fp9")),)), "fprop.input: unknown numeric format 'fp9'"),
+])
+def test_a_feature_of_your_own_that_translates_into_nonsense_is_refused_at_start(monkeypatch, translated, expected):
+    import tests.capture._inspect_feature as module
+
+    monkeypatch.setitem(module.INSPECT_FEATURES, "HiFloat8Gradients", _Broken(translated))
+    with pytest.raises(InspectConfigError, match=re.escape(expected)):
+        inspect_config_from_dict(yaml.safe_load(CUSTOM), "mine.yaml")

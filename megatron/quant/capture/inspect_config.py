@@ -18,7 +18,13 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from megatron.quant.capture.inspect_features import TE_FEATURES, Translation, namespace_features
+from megatron.quant.capture.inspect_features import (
+    TE_FEATURES,
+    InspectFeature,
+    Translation,
+    check_translation,
+    namespace_features,
+)
 from megatron.quant.capture.inspect_grammar import (
     ALL_TENSORS,
     GEMMS,
@@ -166,12 +172,14 @@ def _section(name: str, body: Any, source: str) -> Optional[Section]:
     return Section(name, layers, tuple(entries), tuple(translations))
 
 
-def _translation(feature: Any, config: Any, where: str) -> list[Translation]:
+def _translation(feature: InspectFeature, config: Any, where: str) -> list[Translation]:
     if not isinstance(config, Mapping):
         raise InspectConfigError(f"{where}: expected a mapping of options, got {show_value(config)}")
     if not bool_value(config.get("enabled", True), f"{where}.enabled"):
         return []
-    return [feature.translate({k: v for k, v in config.items() if k != "enabled"}, where)]
+    translated = feature.translate({k: v for k, v in config.items() if k != "enabled"}, where)
+    check_translation(translated, f"{where}: {type(feature).__name__}.translate")
+    return [translated]
 
 
 def _feature(feature: str, config: Any, where: str, base: bool = False) -> list[FeatureEntry]:

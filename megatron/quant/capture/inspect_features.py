@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, runtime_checkable
 
+from megatron.quant import formats
 from megatron.quant.capture.inspect_grammar import QUANTIZED_TENSORS, InspectConfigError, gemm_tensor_items
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes.rules import FormatChoice
@@ -97,6 +98,22 @@ class PerTensorScaling:
     def translate(self, options: Mapping[str, Any], where: str) -> Translation:
         items = operand_items(options, (), "PerTensorScaling", where)
         return Translation("PerTensorScaling", rescaled=tuple(dict.fromkeys(key for _, key, _ in items)))
+
+
+def check_translation(translated: Any, where: str) -> None:
+    """InspectConfigError unless ``translated`` is a Translation of known operand keys and buildable formats
+    (a feature of your own is checked at start, not when the model is built)."""
+    if not isinstance(translated, Translation):
+        raise InspectConfigError(f"{where} returned {show_value(translated)}, not a Translation")
+    keys = set(OPERAND_KEYS.values())
+    for key in [k for k, _ in translated.operands] + list(translated.rescaled):
+        if key not in keys:
+            raise InspectConfigError(f"{where}: operand {show_value(key)} is unknown; allowed: {', '.join(keys)}")
+    for key, choice in translated.operands:
+        try:
+            formats.get_format(choice.name, **dict(choice.options))
+        except (ValueError, TypeError) as exc:
+            raise InspectConfigError(f"{where}: {key}: {exc}") from None
 
 
 TE_FEATURES: dict[str, InspectFeature] = {"FakeQuant": FakeQuant(), "PerTensorScaling": PerTensorScaling()}
