@@ -98,6 +98,20 @@ def test_unknown_payload_keys_and_formats_are_refused(tmp_path, payload, expecte
     _refused(path, expected)
 
 
+@pytest.mark.parametrize("matcher, expected", [
+    ("{type: glob, pattern: 5, config: a, enabled: true}", "matchers.m.pattern: expected a non-empty string, got 5"),
+    ("{type: glob, pattern: [x], config: a, enabled: true}", "matchers.m.pattern: expected a non-empty string"),
+    ("{type: glob, pattern: '*', config: [a], enabled: true}", "matchers.m.config: expected a non-empty string"),
+    ("{type: glob, pattern: '*', config: a, enabled: 'false'}", "matchers.m.enabled: expected true or false, got "
+                                                                "'false'"),
+])
+def test_matcher_values_of_the_wrong_type_are_refused_before_the_model(tmp_path, matcher, expected):
+    # today a number as pattern loads and fails in fnmatch when the model is built; a quoted "false" enables
+    path = tmp_path / "precision.yaml"
+    path.write_text(f"configs: {{a: mxfp8}}\nmatchers: {{m: {matcher}}}\n")
+    _refused(path, expected)
+
+
 def test_a_regex_matcher_is_refused_so_no_pattern_can_backtrack(tmp_path):
     # megatron-core builds glob matchers only (fnmatch's translation cannot backtrack catastrophically)
     path = tmp_path / "precision.yaml"

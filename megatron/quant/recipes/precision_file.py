@@ -87,6 +87,7 @@ def precision_from_dict(data: Any, name: str, source: str) -> PrecisionConfig:
     for key, matcher in matchers.items():
         if not isinstance(matcher, Mapping):
             raise RecipeError(f"{source}: matchers.{key}: expected a mapping, got {show_value(matcher)}")
+        _check_matcher_values(matcher, f"{source}: matchers.{key}")
         if matcher.get("enabled", False) and matcher.get("config") is None:
             raise RecipeError(f"{source}: matchers.{key} names no config; give config: one of {', '.join(configs)}")
         if matcher.get("enabled", False) and matcher["config"] not in configs:
@@ -100,6 +101,16 @@ def precision_from_dict(data: Any, name: str, source: str) -> PrecisionConfig:
         raise RecipeError(f"{source}: no enabled matcher (megatron-core counts only matchers with enabled: true)")
     parsed = {str(key): payload_recipe(payload, f"{source}: configs.{key}") for key, payload in configs.items()}
     return PrecisionConfig(built.matchers, parsed, name, source)
+
+
+def _check_matcher_values(matcher: Mapping, where: str) -> None:
+    """``enabled`` a boolean (megatron-core tests its truth, so a quoted "false" would enable it), and
+    ``type``, ``pattern`` and ``config`` strings (a number is matched only when the model is built, and fails)."""
+    if not isinstance(matcher.get("enabled", False), bool):
+        raise RecipeError(f"{where}.enabled: expected true or false, got {show_value(matcher['enabled'])}")
+    for field in ("type", "pattern", "config"):
+        if field in matcher and not (isinstance(matcher[field], str) and matcher[field]):
+            raise RecipeError(f"{where}.{field}: expected a non-empty string, got {show_value(matcher[field])}")
 
 
 def payload_recipe(payload: Any, source: str) -> QuantRecipe:
