@@ -72,6 +72,12 @@ def test_steps_that_select_nothing_are_refused_naming_the_key(options, expected)
     _refused(SECTION % options, "section s.transformer_engine.LogTensorStats", expected)
 
 
+@pytest.mark.parametrize("numbers", ["['1-999999']", "[0]", "[10001]", "[1.5]", "['3-1']"])
+def test_layer_numbers_out_of_range_are_refused_naming_the_key(numbers):
+    _refused(SECTION.replace("layer_types: [fc1]", f"layer_numbers: {numbers}") % "",
+             "s.layers.layer_numbers", "allowed: layer numbers from 1 (the first layer) to 10000")
+
+
 def test_unknown_features_are_refused_naming_them():
     _refused(SECTION.replace("LogTensorStats", "LogEverything") % "", "unknown feature 'LogEverything'")
     _refused(SECTION.replace("transformer_engine", "my_vendor") % "", "unknown feature or namespace 'my_vendor'")

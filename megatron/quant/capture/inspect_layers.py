@@ -24,6 +24,7 @@ LAYER_KEYS = ("layer_name_regex_pattern", "layer_types", "layer_numbers", "exact
 MAX_PATTERN = 1000  # characters of a layer_name_regex_pattern
 MAX_UNBOUNDED = 3  # unbounded quantifiers in one pattern: n**3 steps at most on a name of n characters
 ALL = "all"
+MAX_LAYER_NUMBER = 10_000  # no model has this many layers; a range beyond it would only cost memory
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _REPEATS = (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.POSSESSIVE_REPEAT)
 
@@ -50,8 +51,10 @@ class LayerMatch:
         return by_number or by_type
 
     def describe(self) -> str:
-        given = {"exact_layer_names": self.exact, "layer_name_regex_pattern": self.regex,
-                 "layer_numbers": sorted(self.numbers) if isinstance(self.numbers, frozenset) else self.numbers,
+        numbers = sorted(self.numbers) if isinstance(self.numbers, frozenset) else self.numbers
+        if isinstance(numbers, list) and len(numbers) > 8:
+            numbers = f"{numbers[:8]} and {len(numbers) - 8} more"
+        given = {"exact_layer_names": self.exact, "layer_name_regex_pattern": self.regex, "layer_numbers": numbers,
                  "layer_types": self.types and list(self.types)}
         return ", ".join(f"{key} {value!r}" for key, value in given.items() if value is not None)
 
@@ -92,8 +95,8 @@ def _numbers(raw: Any, where: str) -> Optional[frozenset[int] | str]:
     """nvdlfw-inspect's ``_parse_layer_numbers``: an int, "all", or a list of ints and "a-b" ranges."""
     if raw is None:
         return None
-    bad = InspectConfigError(f"{where}.layer_numbers: {show_value(raw)} is invalid; allowed: layer numbers "
-                             f"(1 is the first layer), ranges such as \"2-5\", or \"all\"")
+    bad = InspectConfigError(f"{where}.layer_numbers: {show_value(raw)} is invalid; allowed: layer numbers from 1 "
+                             f"(the first layer) to {MAX_LAYER_NUMBER}, ranges such as \"2-5\", or \"all\"")
     if isinstance(raw, str) and raw.lower() == ALL or isinstance(raw, list) and ALL in raw:
         return ALL
     items = [raw] if is_int(raw) else raw
@@ -101,11 +104,11 @@ def _numbers(raw: Any, where: str) -> Optional[frozenset[int] | str]:
         raise bad
     numbers: set[int] = set()
     for item in items:
-        if is_int(item) and item >= 1:
+        if is_int(item) and 1 <= item <= MAX_LAYER_NUMBER:
             numbers.add(item)
         elif isinstance(item, str) and re.fullmatch(r"\d{1,6}-\d{1,6}", item):
             low, high = map(int, item.split("-"))
-            if not 1 <= low <= high:
+            if not 1 <= low <= high <= MAX_LAYER_NUMBER:
                 raise bad
             numbers.update(range(low, high + 1))
         else:
