@@ -106,7 +106,7 @@ def test_unknown_payload_keys_and_formats_are_refused(tmp_path, payload, expecte
                                                                 "'false'"),
 ])
 def test_matcher_values_of_the_wrong_type_are_refused_before_the_model(tmp_path, matcher, expected):
-    # today a number as pattern loads and fails in fnmatch when the model is built; a quoted "false" enables
+    # unchecked, a numeric pattern loads and fails in fnmatch when the model is built; a quoted "false" enables
     path = tmp_path / "precision.yaml"
     path.write_text(f"configs: {{a: mxfp8}}\nmatchers: {{m: {matcher}}}\n")
     _refused(path, expected)
