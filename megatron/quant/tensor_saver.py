@@ -35,6 +35,7 @@ from megatron.quant import position
 from megatron.quant.capture.config import ENV_VARS, IterationWindow, SaverConfig
 from megatron.quant.capture.directory import check_writable
 from megatron.quant.capture.inspect_config import InspectConfigError, inspect_config_from_dict, load_inspect_config
+from megatron.quant.capture.inspect_features import InspectFeature, Translation, operand_items
 from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.capture.session import CaptureSession
 from megatron.quant.capture.site import CaptureSite, Operand, expert_index, expert_module
@@ -44,7 +45,7 @@ __all__ = [
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
     "writer_stats", "stats_level", "check_writable", "InspectConfigError", "InspectPlan", "inspect_config_from_dict",
     "load_inspect_config",
-    "resolve_inspect",
+    "resolve_inspect", "InspectFeature", "Translation", "operand_items",
 ]
 
 _session: Optional[CaptureSession] = None

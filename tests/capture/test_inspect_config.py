@@ -6,13 +6,7 @@ import pytest
 import yaml
 
 from megatron.quant.capture.inspect_config import InspectConfigError, Schedule, inspect_config_from_dict
-from megatron.quant.capture.inspect_plan import (
-    InspectPlan,
-    disabled_gemm_rules,
-    linear_modules,
-    run_choices,
-    with_rules,
-)
+from megatron.quant.capture.inspect_plan import resolve_inspect
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.recipe import QuantRecipe
 
@@ -74,15 +68,15 @@ def test_schedule_follows_te_next_enabled_iter():
 
 
 @pytest.mark.parametrize("change,words", [
-    (("LogFp8TensorStats", "PerTensorScaling"), "PerTensorScaling is refused"),
+    (("LogFp8TensorStats", "AutoswitchGemm"), "AutoswitchGemm is refused"),
     (("LogFp8TensorStats", "LogFancyStats"), "unknown feature 'LogFancyStats'"),
-    (("[[0, 20], [80, 100]]", "[[0, 20], [10, 100]]"), "start_end_list [[0, 20], [10, 100]] is malformed"),
+    (("[[0, 20], [80, 100]]", "[[0, 20], [100, 80]]"), "start_end_list [[0, 20], [100, 80]] is malformed"),
     (("[[0, 20], [80, 100]]", "[5]"), "start_end_list [5] is malformed"),
     (("tensor: weight", "tensor: query"), "tensor 'query' is unknown; allowed: activation, gradient, weight"),
     (("freq: 10", "freq: 0"), "freq 0 is invalid"),
     (("[mean, max, min]", "[mean, median]"), "stat 'median' is unknown"),
     (("mxfp8_underflows%", "mxfp8_underflow"), "stat 'mxfp8_underflow' is unknown"),
-    (("layer_types: [fc2]", "layer_numbers: [1]"), "layers.layer_numbers is refused"),
+    (("layer_types: [fc2]", "layer_numbers: [0]"), "layers.layer_numbers: [0] is invalid"),
     (("gemms: [dgrad, wgrad]", "gemms: [dgrad]\n            freq: 2"), "unknown option 'freq'"),
 ])
 def test_bad_configs_stop_in_one_line(change, words):
@@ -93,10 +87,7 @@ def test_bad_configs_stop_in_one_line(change, words):
 
 def _plan(text, recipe="mxfp8", layers=2):
     precision = PrecisionConfig.uniform(QuantRecipe.from_dict({"format": recipe}))
-    modules = linear_modules(layers, precision.capture_roles(layers))
-    config = _config(text)
-    precision = with_rules(precision, disabled_gemm_rules(config, modules))
-    return precision, InspectPlan(config, modules, run_choices(precision, modules, layers), layers)
+    return resolve_inspect(_config(text), precision, layers)
 
 
 @pytest.mark.parametrize("change,recipe,words", [

@@ -114,7 +114,7 @@ def test_linear_and_attention_layers_take_the_phase_of_the_position():
     ("[{from: 2}]", r"schedule\[0\]: a phase needs 'forward' and/or 'backward'"),
     ("[{from: 2, forward: bf16, at: 3}]", r"schedule\[0\]: unknown key 'at'"),
     ("[{from: 2, forward: te-fp8-delayed}]",
-     r"^bad: a recipe that changes during the run cannot use delayed scaling \(fp8_e4m3:"),
+     r"^bad: schedule\[0\]: a recipe that changes during the run cannot use delayed scaling \(fp8_e4m3:"),
 ])
 def test_a_malformed_schedule_is_refused_at_start_in_one_line(tmp_path, monkeypatch, schedule, message):
     path = tmp_path / "bad.yaml"

@@ -1,5 +1,6 @@
 """An ``InspectConfig`` resolved against a run: which layers each section takes, what each capture
-records at each step, and the recipe rules ``DisableQuantizationGEMM`` stands for.
+records at each step, and the recipe rules ``DisableQuantizationGEMM``, ``FakeQuant``, ``PerTensorScaling``
+and features of your own stand for (``describe`` is the start line's account of them).
 
 Layers are the run's linear modules, named as megatron-core names them (``decoder.layers.0.mlp.
 linear_fc1``; TE's debug features see linear layers only). TE's tensors are the lab's captures
@@ -10,6 +11,7 @@ the model is built, in one line.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional
 
@@ -34,6 +36,10 @@ MODULE_PATHS = {"qkv": "self_attention.linear_qkv", "proj": "self_attention.line
                 "fc2": "mlp.linear_fc2"}
 DISABLING = ("DisableQuantizationGEMM", "DisableFP8GEMM", "DisableQuantizationLayer", "DisableFP8Layer")
 PASSTHROUGH = FormatChoice("bf16")
+# TE's PerTensorScaling needs a Float8Quantizer (DelayedScaling); these options are delayed scaling's own
+DELAYED_OPTIONS = ("scaling", "amax_history_len", "amax_compute_algo", "margin")
+PER_TENSOR_FORMATS = ("fp8_e4m3", "fp8_e5m2")
+_DECODER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 
 
 def linear_modules(num_layers: int, roles: Iterable[str]) -> dict[str, tuple[str, int]]:
@@ -65,19 +71,47 @@ def section_layers(config: InspectConfig, modules: Iterable[str]) -> dict[str, l
     return result
 
 
-def disabled_gemm_rules(config: InspectConfig, modules: Mapping[str, tuple[str, int]]) -> tuple[Rule, ...]:
-    """``DisableQuantizationGEMM`` (and TE's older names) as recipe rules: the GEMM's operands in bf16."""
+def section_operands(config: InspectConfig, modules: Mapping[str, tuple[str, int]],
+                     choices: Mapping[str, Mapping[str, FormatChoice]]) -> dict[str, dict[str, FormatChoice]]:
+    """Module path -> the operand choices its section changes, over the run's ``choices``: the disabled
+    GEMMs' operands in BF16, then each translated feature's (``inspect_features``) in the config's order."""
     layers = section_layers(config, modules)
-    rules = []
+    changed: dict[str, dict[str, FormatChoice]] = {}
     for section in config.sections:
-        gemms = [e.gemm for e in section.entries if e.feature in DISABLING]
-        if not gemms:
+        gemms = dict.fromkeys(e.gemm for e in section.entries if e.feature in DISABLING)
+        if not gemms and not section.translations:
             continue
-        operands = tuple((key, PASSTHROUGH) for gemm in dict.fromkeys(gemms) for key in GEMM_OPERANDS[gemm])
         for module in layers[section.name]:
-            role, layer = modules[module]
-            where = None if layer < 0 else (Selector(layer, None),)
-            rules.append(Rule(roles=frozenset({role}), layers=where, operands=operands))
+            run = choices.get(module, {})
+            final = {key: PASSTHROUGH for gemm in gemms for key in GEMM_OPERANDS[gemm]}
+            for translation in section.translations:
+                final.update(translation.operands)
+                for key in translation.rescaled:
+                    final[key] = _per_tensor(final.get(key, run.get(key)), module, key, config.source, section.name)
+            changed[module] = final
+    return changed
+
+
+def _per_tensor(choice: Optional[FormatChoice], module: str, key: str, source: str, section: str) -> FormatChoice:
+    options = dict(choice.options) if choice is not None else {}
+    if choice is None or choice.name not in PER_TENSOR_FORMATS or options.get("scaling") != "delayed":
+        shown = "no quantization" if choice is None else f"{choice.name} ({options.get('scaling', 'tensor')} scaling)"
+        raise InspectConfigError(f"{source}: section {section}: PerTensorScaling of {module}'s {key}: TE allows it "
+                                 f"only under delayed scaling (a Float8Quantizer), the run gives {shown}; run "
+                                 f"te-fp8-delayed (--fp8-recipe delayed)")
+    return FormatChoice(choice.name, tuple((k, v) for k, v in choice.options if k not in DELAYED_OPTIONS))
+
+
+def section_rules(changed: Mapping[str, Mapping[str, FormatChoice]], modules: Mapping[str, tuple[str, int]],
+                  choices: Mapping[str, Mapping[str, FormatChoice]]) -> tuple[Rule, ...]:
+    """``section_operands`` as recipe rules, one per module; each names every operand's whole choice
+    over BF16, so the run's options (a delayed scaling's history) do not merge into a changed one."""
+    rules = []
+    for module, operands in changed.items():
+        role, layer = modules[module]
+        where = None if layer < 0 else (Selector(layer, None),)
+        whole = {**choices[module], **operands}
+        rules.append(Rule(roles=frozenset({role}), layers=where, format=PASSTHROUGH, operands=tuple(whole.items())))
     return tuple(rules)
 
 
@@ -115,8 +149,10 @@ class InspectPlan:
 
     def __init__(self, config: InspectConfig, modules: Mapping[str, tuple[str, int]],
                  choices: Mapping[str, Mapping[str, FormatChoice]], num_layers: int,
-                 whatif: tuple[str, ...] = ()) -> None:
+                 whatif: tuple[str, ...] = (),
+                 changed: Optional[Mapping[str, Mapping[str, FormatChoice]]] = None) -> None:
         self.source = config.source
+        self.changed = dict(changed or {})  # module -> operand -> the choice the config gives it (section_operands)
         self.formats = WhatIfFormats(num_layers, choices)
         self._whatif = whatif
         self._entries: dict[tuple[str, str], list[FeatureEntry]] = {}
@@ -129,6 +165,15 @@ class InspectPlan:
                         self._entries.setdefault((module, entry.tensor), []).append(entry)
         self._schedules = tuple({e.schedule for entries in self._entries.values() for e in entries})
         self._cache: dict[tuple, Optional[RecordRequest]] = {}
+
+    def describe(self) -> str:
+        """One line for the start: the config and the per-module, per-GEMM formats it sets."""
+        by_formats: dict[tuple, list[str]] = {}
+        for module, operands in self.changed.items():
+            by_formats.setdefault(tuple(operands.items()), []).append(module)
+        parts = [f"{_modules_text(modules)}: " + ", ".join(f"{key} {_shown(choice)}" for key, choice in operands)
+                 for operands, modules in by_formats.items()]
+        return self.source + (f"; sets {'; '.join(parts)}" if parts else "")
 
     def runs_at(self, step: int) -> bool:
         return any(schedule.runs_at(step) for schedule in self._schedules)
@@ -176,5 +221,37 @@ def resolve_inspect(config: InspectConfig, precision: PrecisionConfig, num_layer
                     whatif: tuple[str, ...] = ()) -> tuple[PrecisionConfig, InspectPlan]:
     """The run's precision with the config's disabled GEMMs in bf16, and the config's plan over it."""
     modules = linear_modules(num_layers, precision.capture_roles(num_layers))
-    precision = with_rules(precision, disabled_gemm_rules(config, modules))
-    return precision, InspectPlan(config, modules, run_choices(precision, modules, num_layers), num_layers, whatif)
+    choices = run_choices(precision, modules, num_layers)
+    changed = section_operands(config, modules, choices)
+    precision = with_rules(precision, section_rules(changed, modules, choices))
+    return precision, InspectPlan(config, modules, run_choices(precision, modules, num_layers), num_layers, whatif,
+                                  changed)
+
+
+def _shown(choice: FormatChoice) -> str:
+    scaling = dict(choice.options).get("scaling")
+    return choice.name if choice.name in ("bf16", "none") else f"{choice.name} ({scaling or 'tensor'} scaling)" \
+        if choice.name in PER_TENSOR_FORMATS else choice.name
+
+
+def _modules_text(modules: list[str]) -> str:
+    """``decoder.layers.{0-7}.mlp.linear_fc1`` for the modules of one role over a range of layers."""
+    layers: dict[str, list[int]] = {}
+    others = []
+    for module in modules:
+        found = _DECODER.fullmatch(module)
+        if found is None:
+            others.append(module)
+        else:
+            layers.setdefault(found.group(2), []).append(int(found.group(1)))
+    spans = []
+    for suffix, numbers in layers.items():
+        runs: list[list[int]] = []
+        for number in sorted(numbers):
+            if runs and number == runs[-1][1] + 1:
+                runs[-1][1] = number
+            else:
+                runs.append([number, number])
+        text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+        spans.append(f"decoder.layers.{{{text}}}.{suffix}")
+    return ", ".join(spans + others)

@@ -58,18 +58,28 @@ class TeStatsLog:
         return values
 
     def close(self) -> None:
+        """Close the log; a failing close (a full disk) is said once, as a failing write is: never raised."""
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as exc:
+                self._stop(exc)
             self._file = None
 
     def _write(self, text: str, rank: int) -> None:
         path = log_path(self._save_dir, rank)
+        if self._stopped:
+            return
         try:
             if self._file is None:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 self._file = ManifestFile(path)
             self._file.append(text)
         except OSError as exc:
-            self._stopped = True
-            warnings.warn(f"TE statistics log {path}: {exc}; no more TE-named statistics are written",
-                          RuntimeWarning, stacklevel=3)
+            self._stop(exc)
+
+    def _stop(self, exc: OSError) -> None:
+        if not self._stopped:
+            warnings.warn(f"TE statistics log in {os.path.join(self._save_dir, LOG_DIR)}: {exc}; no more TE-named "
+                          f"statistics are written, training continues", RuntimeWarning, stacklevel=4)
+        self._stopped = True

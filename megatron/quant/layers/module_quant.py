@@ -10,6 +10,7 @@ the path (megatron-core's own ``layers.N``, a stage-local index) and the pipelin
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -113,3 +114,12 @@ def finish_init(model: torch.nn.Module, config: TransformerConfig, prefix: str =
         if isinstance(module, FinishesInit):
             module.finish_init(get_quant_config_or_none(prefix + name, config.quant_recipe))
 
+
+
+def warn_idle_matchers(model: torch.nn.Module, precision: PrecisionConfig, extra: Sequence[str] = ()) -> None:
+    """A warning per matcher of ``precision`` that decides none of the modules megatron-core matches in
+    ``model`` (those with ``finish_init``, and ``extra`` paths such as the output layer), so a file whose
+    only matcher matches nothing does not train BF16 while the start line names a format."""
+    paths = [name for name, module in model.named_modules() if isinstance(module, FinishesInit)] + list(extra)
+    for problem in precision.matcher_problems(paths):
+        warnings.warn(problem, UserWarning, stacklevel=2)

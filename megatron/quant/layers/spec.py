@@ -26,6 +26,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.quant.layers import recompute
 from megatron.quant.layers.backend import QuantSpecProvider, with_backend
 from megatron.quant.layers.linear import QuantColumnParallelLinear
+from megatron.quant.layers.module_quant import warn_idle_matchers
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.recipe import QuantRecipe
 
@@ -98,6 +99,7 @@ def build_llama_model(config: TransformerConfig, recipe: QuantRecipe | Precision
     if matched is not None and config.quant_recipe.recipe(matched).quantizes_output_layer(config.num_layers):
         model.output_layer = _output_layer(model)
         model.output_layer.finish_init(matched)
+    warn_idle_matchers(model, config.quant_recipe, extra=(OUTPUT_LAYER,))
     if config.recompute_granularity is not None:
         recompute.route_recompute(model)  # recomputed forwards reproduce the first one (layers/recompute.py)
     return model

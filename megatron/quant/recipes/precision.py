@@ -12,12 +12,19 @@ The lab's own recipe (``CUSTOM_QUANT_*``, a recipe file) is the one-matcher case
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
-from megatron.core.quantization.quant_config import GlobMatcher, Matcher, QuantizationConfig, RecipeConfig
+from megatron.core.quantization.quant_config import (
+    GlobMatcher,
+    MatchContext,
+    Matcher,
+    QuantizationConfig,
+    RecipeConfig,
+)
 
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.recipes.operands import ROLES
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.schedule import ScheduleError
 
@@ -60,10 +67,10 @@ class PrecisionConfig(RecipeConfig):
             if not recipe.schedule:
                 continue
             where = recipe.name if self.source == recipe.name else f"{self.source}: {recipe.name}"
-            delayed = sorted({f.name for f in recipe.formats(num_layers) if f.scaling == "delayed"})
-            if delayed:
-                raise ScheduleError(f"{where}: a recipe that changes during the run cannot use delayed scaling "
-                                    f"({', '.join(delayed)}: its amax histories belong to the operands, not to a "
+            delayed = _delayed_phase(recipe, num_layers)
+            if delayed is not None:
+                raise ScheduleError(f"{where}: {delayed[0]}: a recipe that changes during the run cannot use delayed "
+                                    f"scaling ({delayed[1]}: its amax histories belong to the operands, not to a "
                                     f"phase); use current scaling (scaling: tensor)")
             configs[key] = replace(recipe, schedule=recipe.schedule.bind(train_iters, where))
         return type(self)(self.matchers, configs, self.name, self.source)
@@ -98,7 +105,47 @@ class PrecisionConfig(RecipeConfig):
         roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers, moe)}
         return tuple(roles)
 
+    def matcher_problems(self, paths: Iterable[str]) -> list[str]:
+        """One line per matcher that decides no module of ``paths`` (the model's matched modules): one that
+        matches none of them (a typo in a pattern trains those modules in another precision, silently),
+        or one shadowed by earlier matchers (first match wins: every module it matches is taken)."""
+        paths = list(paths)
+        taken: set[str] = set()
+        problems = []
+        for i, matcher in enumerate(self.matchers):
+            matched = {p for p in paths if matcher.match(MatchContext(p, None)) is not None}
+            shown = _matcher_name(matcher)
+            if not matched:
+                problems.append(f"{self.source}: matcher {shown} matches no module of the model; its config "
+                                f"{matcher.config_key!r} quantizes nothing (modules: {_some(paths)})")
+            elif matched <= taken:
+                problems.append(f"{self.source}: matcher {shown} is shadowed: every module it matches is taken by "
+                                f"an earlier matcher (first match wins), so its config {matcher.config_key!r} "
+                                f"quantizes nothing")
+            taken |= matched
+        return problems
+
     def describe(self) -> str:
         """One line: each matcher's pattern and config, in matching order."""
         pairs = [f"{m.pattern} -> {m.config_key}" for m in self.matchers if isinstance(m, GlobMatcher)]
         return f"{self.source}: " + ", ".join(pairs)
+
+
+def _delayed_phase(recipe: QuantRecipe, num_layers: int) -> Optional[tuple[str, str]]:
+    """(the phase's name, its formats) of the first phase of ``recipe`` that some module runs with delayed scaling."""
+    found: dict[int, set[str]] = {}
+    for role in ROLES:
+        for layer in range(num_layers):
+            for phase, choices in enumerate(recipe.phase_choices(role, layer, num_layers)):
+                found.setdefault(phase, set()).update(
+                    c.name for c in choices.values() if dict(c.options).get("scaling") == "delayed")
+    first = min((phase for phase, names in found.items() if names), default=None)
+    return None if first is None else (recipe.schedule.phase_names()[first], ", ".join(sorted(found[first])))
+
+
+def _matcher_name(matcher: Matcher) -> str:
+    return f"{matcher.pattern!r}" if isinstance(matcher, GlobMatcher) else repr(matcher)
+
+
+def _some(paths: list[str]) -> str:
+    return ", ".join(paths[:4]) + (f", ... ({len(paths)} in all)" if len(paths) > 4 else "")

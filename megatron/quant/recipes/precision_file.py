@@ -35,6 +35,7 @@ from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.presets import PresetError, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.settings.names import name_problem
+from megatron.quant.yaml_safe import YamlError, read_text_file
 
 FILE_KEYS = ("configs", "matchers")
 TE_TYPE_KEY = "transformer_engine_config_type"  # megatron-core's _TE_CONFIG_TYPE_KEY
@@ -59,10 +60,12 @@ def load_precision_file(path: str | Path, source: str | None = None) -> Precisio
     path = Path(path)
     source = source or str(path)
     try:
-        data = load_yaml(path.read_text(encoding="utf-8"), source)
-    except OSError as exc:
-        raise RecipeError(f"{source}: cannot read precision file: {exc}") from None
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        text = read_text_file(path, source)
+    except YamlError as exc:
+        raise RecipeError(f"{exc} (a precision file)") from None
+    try:
+        data = load_yaml(text, source)
+    except yaml.YAMLError as exc:
         raise RecipeError(f"{source}: not a valid YAML precision file: {' '.join(str(exc).split())[:300]}") from None
     problem = name_problem(path.stem)
     if problem is not None:
@@ -84,6 +87,7 @@ def precision_from_dict(data: Any, name: str, source: str) -> PrecisionConfig:
     for key, matcher in matchers.items():
         if not isinstance(matcher, Mapping):
             raise RecipeError(f"{source}: matchers.{key}: expected a mapping, got {show_value(matcher)}")
+        _check_matcher_values(matcher, f"{source}: matchers.{key}")
         if matcher.get("enabled", False) and matcher.get("config") is None:
             raise RecipeError(f"{source}: matchers.{key} names no config; give config: one of {', '.join(configs)}")
         if matcher.get("enabled", False) and matcher["config"] not in configs:
@@ -97,6 +101,16 @@ def precision_from_dict(data: Any, name: str, source: str) -> PrecisionConfig:
         raise RecipeError(f"{source}: no enabled matcher (megatron-core counts only matchers with enabled: true)")
     parsed = {str(key): payload_recipe(payload, f"{source}: configs.{key}") for key, payload in configs.items()}
     return PrecisionConfig(built.matchers, parsed, name, source)
+
+
+def _check_matcher_values(matcher: Mapping, where: str) -> None:
+    """``enabled`` a boolean (megatron-core tests its truth, so a quoted "false" would enable it), and
+    ``type``, ``pattern`` and ``config`` strings (a number is matched only when the model is built, and fails)."""
+    if not isinstance(matcher.get("enabled", False), bool):
+        raise RecipeError(f"{where}.enabled: expected true or false, got {show_value(matcher['enabled'])}")
+    for field in ("type", "pattern", "config"):
+        if field in matcher and not (isinstance(matcher[field], str) and matcher[field]):
+            raise RecipeError(f"{where}.{field}: expected a non-empty string, got {show_value(matcher[field])}")
 
 
 def payload_recipe(payload: Any, source: str) -> QuantRecipe:

@@ -38,6 +38,9 @@ class PhaseRecipe(Protocol):
     name: str
 
 PHASE_KEYS = ("from", "until", "forward", "backward")
+# Each phase is one more configuration of every quantized module, built with the model: a schedule is a
+# handful of phases, and a bound keeps a runaway list from costing memory and start time without end.
+MAX_PHASES = 100
 Point = int | float  # an iteration (int >= 1) or a fraction of training (float in (0, 1))
 
 
@@ -135,6 +138,11 @@ class Schedule:
             per_phase.append(dict(choices_of(self.evaluation)))
         return per_phase
 
+    def phase_names(self) -> list[str]:
+        """The name of each phase index (``phase_of``) in messages: the base recipe, schedule[i], evaluation."""
+        return (["the base recipe"] + [f"schedule[{i}]" for i in range(len(self.phases))]
+                + (["evaluation"] if self.evaluation is not None else []))
+
     def describe(self) -> str:
         """One line for the start line and run.json, e.g. 'from 0.8: forward bf16; evaluation bf16'."""
         parts = [phase.describe() for phase in self.phases]
@@ -153,6 +161,9 @@ def parse_schedule(schedule: Any, evaluation: Any, source: str,
         schedule = []
     if not isinstance(schedule, list):
         raise ScheduleError(f"{source}: schedule: expected a list of phases, got {show_value(schedule)}")
+    if len(schedule) > MAX_PHASES:
+        raise ScheduleError(f"{source}: schedule: {len(schedule)} phases; at most {MAX_PHASES} (each phase configures "
+                            f"every quantized module once more)")
     phases = tuple(_parse_phase(item, f"schedule[{i}]", source, build) for i, item in enumerate(schedule))
     return Schedule(phases, None if evaluation is None else build(evaluation, "evaluation"))
 

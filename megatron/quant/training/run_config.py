@@ -97,7 +97,7 @@ class RunConfiguration:
         """The start line's ``configuration:`` line: where the precision and capture came from."""
         capture = f"capture to {self.capture.save_dir}" if self.capture.enabled else "capture off"
         if self.inspect is not None:
-            capture += f" (inspect config {self.inspect.source})"
+            capture += f" (inspect config {self.inspect.describe()})"
         set_vars = " ".join(f"{name}={value}" for name, value in self.environment) or "none"
         return (f"configuration: precision {self.precision.source} | {capture} | environment {set_vars} | "
                 f"precedence: {PRECEDENCE}")
