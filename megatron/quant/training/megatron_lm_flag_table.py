@@ -1,8 +1,9 @@
 """Megatron-LM's training flags, each with the trainer's answer: the one table ``megatron_lm_flags`` reads.
 
 Read from Megatron-LM's ``megatron/training/arguments.py`` at its newest core release (tag core_v0.19.0,
-commit 5be9626): every option string its parser defines. A block starts with ``KIND | CONCERN | TEXT``:
-``honoured`` blocks list one flag a line with its meaning (the trainer's own parser defines it);
+commit 5be9626): every option string its parser defines (NVIDIA Kitchen's two included, which it adds where
+Kitchen is installed). A block starts with ``KIND | CONCERN | TEXT``: ``honoured`` blocks list one flag a
+line with its meaning (the trainer's own parser defines it);
 ``ignored`` and ``refused`` blocks list flags that share the reason or the way out. A flag's
 suffix says what it takes: none, a switch; ``=``, one value; ``=+``, ``=*``, ``=?`` or ``=N``, values
 as argparse's ``nargs`` counts them.
@@ -62,6 +63,7 @@ honoured | precision |
 --num-layers-at-start-in-bf16 with --first-last-layers-bf16 (default 1)
 --num-layers-at-end-in-bf16 with --first-last-layers-bf16 (default 1)
 --te-precision-config-file per-module precision (docs/recipes.md)
+--kitchen-config-file per-module precision (docs/recipes.md)
 honoured | parallelism |
 --tensor-model-parallel-size tensor parallelism
 --pipeline-model-parallel-size pipeline parallelism (GPUs)
@@ -127,7 +129,7 @@ refused | batch and run length | the trainer runs one --global-batch-size from t
 --rampup-batch-size=3 --step-batch-size-schedule= --decrease-batch-size-if-needed --iterations-to-skip=+ --batch-size=
 --phase-transition-iterations=
 ignored | checkpoints | Megatron-LM's checkpoint machinery (formats, async and parallel saves); the trainer
-    writes its own checkpoints (docs/training.md#checkpoints-and-resume)
+    always saves megatron-core torch_dist checkpoints in Megatron-LM's layout, synchronously
 --save-retain-interval= --non-persistent-save-interval= --non-persistent-ckpt-type= --non-persistent-global-ckpt-dir=
 --non-persistent-local-ckpt-dir= --non-persistent-local-ckpt-algo= --exit-on-missing-checkpoint --ckpt-format=
 --auto-detect-ckpt-format --no-ckpt-fully-parallel-save --async-save --async-strategy= --use-persistent-ckpt-worker
@@ -345,6 +347,8 @@ ignored | precision | gradients are reduced and accumulated in fp32 and master w
 ignored | precision | parameters are gathered in bf16: an emulated recipe quantizes each GEMM operand where it
     is used
 --reuse-grad-buf-for-mxfp8-param-ag --keep-fp8-transpose-cache --fp4-param-gather --fp8-param-gather
+refused | precision | NVIDIA Kitchen's numbered recipes; give the recipe in --kitchen-config-file or CUSTOM_QUANT_TYPE
+--kitchen-recipe-number=
 refused | precision | a precision path the lab does not emulate; choose the format with
     --fp8-recipe/--fp4-format, CUSTOM_QUANT_TYPE or a recipe file (docs/recipes.md)
 --fp32-residual-connection --apply-query-key-layer-scaling --fp8-quantizer-factory= --fp8-interval= --fp8-output-proj
