@@ -151,6 +151,8 @@ refused | checkpoints | changes what a checkpoint load means; use --load with --
 --use-checkpoint-args --use-mp-args-from-checkpoint-args --no-use-tokenizer-model-from-checkpoint-args
 --disable-use-tokenizer-model-from-checkpoint-args --ckpt-convert-format= --ckpt-convert-save=
 --ckpt-convert-update-legacy-dist-opt-format --override-ckpt-iteration=
+refused | cluster and fault tolerance | the trainer takes Megatron-LM's flags, not its YAML config: give them as flags
+--yaml-cfg=
 ignored | cluster and fault tolerance | cluster, restart and fault-tolerance machinery of Megatron-LM's
     launcher; the trainer runs under torchrun as it is
 --deterministic-mode --check-weight-hash-across-dp-replicas-interval= --gpu-sniff-test-interval=
@@ -161,7 +163,7 @@ ignored | cluster and fault tolerance | cluster, restart and fault-tolerance mac
 --no-flight-recorder-include-only-active --disable-flight-recorder-include-only-active
 --no-flight-recorder-extra-dump-on-exec --disable-flight-recorder-extra-dump-on-exec --disable-jit-fuser
 --fake-process-group --adlr-autoresume --adlr-autoresume-interval= --straggler-ctrlr-port= --straggler-minmax-count=
---disable-straggler-on-startup --run-workload-inspector-server --enable-experimental --yaml-cfg= --no-one-logger
+--disable-straggler-on-startup --run-workload-inspector-server --enable-experimental --no-one-logger
 --one-logger-project= --one-logger-run-name= --one-logger-async --app-tag-run-name= --app-tag-run-version=
 --inprocess-restart --inprocess-max-iterations= --inprocess-monitor-thread-interval=
 --inprocess-monitor-process-interval= --inprocess-progress-watchdog-interval= --inprocess-heartbeat-interval=
@@ -209,13 +211,13 @@ ignored | logging and profiling | profiling: run the trainer under nsys or torch
 --memory-snapshot-path= --record-shapes --nvtx-ranges
 refused | mixture of experts | an MoE variant the lab's router and SequentialMLP experts do not emulate: drop it
     (docs/training.md#mixture-of-experts)
---moe-shared-expert-gate --use-grouped-gemm-for-shared-expert --moe-shared-expert-glu-interleave-size=
---moe-enable-routing-replay --moe-router-num-groups= --moe-router-group-topk= --moe-router-topk-scaling-factor=
---moe-router-enable-expert-bias --moe-router-bias-update-rate= --moe-router-quantile-balancing-ema=
---moe-router-force-load-balancing --moe-router-force-biased= --moe-single-grouped-weight --moe-single-grouped-bias
---moe-z-loss-coeff= --moe-input-jitter-eps= --moe-expert-capacity-factor= --moe-pad-expert-input-to-capacity
---moe-token-drop-policy= --moe-latent-size= --moe-mlp-glu-interleave-size= --moe-expert-rank-capacity-factor=
---moe-use-upcycling --moe-upcycling-granularity=
+--moe-apply-probs-on-input --moe-shared-expert-gate --use-grouped-gemm-for-shared-expert
+--moe-shared-expert-glu-interleave-size= --moe-enable-routing-replay --moe-router-num-groups= --moe-router-group-topk=
+--moe-router-topk-scaling-factor= --moe-router-enable-expert-bias --moe-router-bias-update-rate=
+--moe-router-quantile-balancing-ema= --moe-router-force-load-balancing --moe-router-force-biased=
+--moe-single-grouped-weight --moe-single-grouped-bias --moe-z-loss-coeff= --moe-input-jitter-eps=
+--moe-expert-capacity-factor= --moe-pad-expert-input-to-capacity --moe-token-drop-policy= --moe-latent-size=
+--moe-mlp-glu-interleave-size= --moe-expert-rank-capacity-factor= --moe-use-upcycling --moe-upcycling-granularity=
 refused | mixture of experts | runs the experts in one grouped GEMM, which has no emulated counterpart
     (SequentialMLP runs each expert's GEMMs with its own scales): drop it
 --moe-grouped-gemm
@@ -371,13 +373,13 @@ ignored | speed and memory | a speed or memory setting of Megatron-LM's kernels,
 --moe-shared-expert-overlap --moe-router-padding-for-quantization --moe-router-padding-for-fp8
 --use-grouped-gemm-for-dense-mlp --moe-enable-deepep --moe-flex-dispatcher-backend= --moe-permute-fusion-into-hybridep
 --moe-hybridep-pad-uneven-dispatch-inputs --moe-layer-recompute --moe-permute-fusion --moe-router-fusion
---moe-apply-probs-on-input --moe-flex-dispatcher-num-sms= --moe-deepep-num-sms= --moe-hybridep-num-sms=
---moe-hybridep-num-blocks-permute= --moe-hybridep-num-blocks-unpermute= --moe-hybridep-num-sms-preprocessing=
---moe-ncclep-static-shape --moe-ncclep-zero-copy --enable-cuda-graph --cuda-graph-warmup-steps= --external-cuda-graph
---cuda-graph-impl= --no-clone-scatter-output-in-embedding --disable-clone-scatter-output-in-embedding
---batch-invariant-mode --use-te-activation-func --mlp-chunks-for-training= --fine-grained-activation-offloading
---offload-modules=+ --min-offloaded-tensor-size= --delay-offload-until-cuda-graph
---delta-offload-bytes-across-pp-ranks= --activation-offload-fraction= --moe-paged-stash --moe-paged-stash-page-size=
+--moe-flex-dispatcher-num-sms= --moe-deepep-num-sms= --moe-hybridep-num-sms= --moe-hybridep-num-blocks-permute=
+--moe-hybridep-num-blocks-unpermute= --moe-hybridep-num-sms-preprocessing= --moe-ncclep-static-shape
+--moe-ncclep-zero-copy --enable-cuda-graph --cuda-graph-warmup-steps= --external-cuda-graph --cuda-graph-impl=
+--no-clone-scatter-output-in-embedding --disable-clone-scatter-output-in-embedding --batch-invariant-mode
+--use-te-activation-func --mlp-chunks-for-training= --fine-grained-activation-offloading --offload-modules=+
+--min-offloaded-tensor-size= --delay-offload-until-cuda-graph --delta-offload-bytes-across-pp-ranks=
+--activation-offload-fraction= --moe-paged-stash --moe-paged-stash-page-size=
 --moe-paged-stash-buffer-size-factor-cuda= --moe-paged-stash-buffer-size-factor-cpu=
 --fine-grained-offloading-max-inflight-offloads= --empty-unused-memory-level= --manual-gc --manual-gc-interval=
 --no-manual-gc-eval --disable-manual-gc-eval --recompute-activations --tp-comm-overlap-cfg= --checkpoint-activations
