@@ -44,7 +44,8 @@ def test_bad_moe_settings_stop_at_start_in_one_line(clean_env, flags, message):
 
 @pytest.mark.parametrize("flags, message", [
     (["--moe-layer-freq", "[0,0]"], r"--moe-layer-freq \[0, 0\] makes no layer MoE; allowed: at least one 1"),
-], ids=["layer_freq_without_moe"])
+    (["--num-experts", "0"], "--num-experts must be positive, got 0"),
+], ids=["layer_freq_without_moe", "zero_experts"])
 def test_moe_settings_megatron_core_would_take_wrongly_stop_at_start(clean_env, flags, message):
     with pytest.raises(ArgumentError, match=message) as error:
         check_inputs(TINY_MOE + flags)
