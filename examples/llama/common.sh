@@ -7,7 +7,7 @@
 # with status 2 and one error line.
 #
 # TOKENIZER / DATA_PATH may be MOCK (synthetic). DTYPE: bf16, or fp8 (real FP8 through
-# Transformer Engine; to *simulate* FP8 use bf16 with CUSTOM_QUANT_TYPE=fp8_e4m3).
+# Transformer Engine on a GPU; without it, Megatron-LM's default delayed recipe, emulated).
 # The format comes from CUSTOM_QUANT_TYPE (or CUSTOM_QUANT_RECIPE), capture from TENSOR_SAVE_*:
 # both are read by the package from the environment. Multi-node: set NNODES, NODE_RANK,
 # MASTER_ADDR (and MASTER_PORT) on every node. Override run length etc. with TRAIN_ITERS,

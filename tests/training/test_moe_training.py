@@ -13,6 +13,8 @@ from megatron.quant.tensor_saver import expert_index
 from megatron.quant.training import metrics
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.main import check_inputs, main
+from megatron.quant.training.model import transformer_config
+from megatron.quant.training.moe import moe_run_fields
 from megatron.quant.training.presets import get_preset
 from megatron.quant.training.variables import VARIABLES
 
@@ -30,7 +32,7 @@ def clean_env(monkeypatch):
     (["--moe-router-topk", "5"], "--moe-router-topk 5 must be between 1 and --num-experts 4"),
     (["--expert-model-parallel-size", "3"], "--expert-model-parallel-size 3 does not divide --num-experts 4"),
     (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size 2 does not divide the data-parallel size 1"),
-    (["--moe-grouped-gemm"], "--moe-grouped-gemm runs the experts in one grouped GEMM"),
+    (["--moe-grouped-gemm"], r"--moe-grouped-gemm \(Megatron-LM\) is refused: runs the experts in one grouped GEMM"),
     (["--moe-token-dispatcher-type", "alltoall"], "alltoall needs a GPU"),
     (["--moe-layer-freq", "[0,1,1]"], "--moe-layer-freq lists 3 layers; the model has --num-layers 2"),
 ], ids=["topk", "ep_experts", "ep_data", "grouped", "alltoall", "layer_freq"])
@@ -38,6 +40,38 @@ def test_bad_moe_settings_stop_at_start_in_one_line(clean_env, flags, message):
     with pytest.raises(ArgumentError, match=message) as error:
         check_inputs(TINY_MOE + flags)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--moe-layer-freq", "[0,0]"], r"--moe-layer-freq \[0, 0\] makes no layer MoE; allowed: at least one 1"),
+    (["--num-experts", "0"], "--num-experts must be positive, got 0"),
+], ids=["layer_freq_without_moe", "zero_experts"])
+def test_moe_settings_megatron_core_would_take_wrongly_stop_at_start(clean_env, flags, message):
+    with pytest.raises(ArgumentError, match=message) as error:
+        check_inputs(TINY_MOE + flags)
+    assert "\n" not in str(error.value)
+
+
+def test_top1_softmax_routing_turns_pre_softmax_on_and_megatron_core_takes_it(clean_env, capsys):
+    """megatron-core demands --moe-router-pre-softmax for top-1 softmax routing; the trainer turns it on (a notice)
+    and passes it on, where it had stopped the run after --check-args passed."""
+    inputs = check_inputs(TINY_MOE + ["--moe-router-topk", "1"])
+    assert inputs.args.moe_router_pre_softmax
+    assert any(n.startswith("--moe-router-pre-softmax turned on for top-1") for n in inputs.args.notices)
+    config = transformer_config(inputs.shape, moe_run=moe_run_fields(inputs.args))
+    assert (config.moe_router_topk, config.moe_router_pre_softmax) == (1, True)
+    explicit = check_inputs(TINY_MOE + ["--moe-router-pre-softmax"])
+    assert explicit.args.moe_router_pre_softmax and not explicit.args.notices
+    assert transformer_config(explicit.shape, moe_run=moe_run_fields(explicit.args)).moe_router_pre_softmax
+
+
+def test_a_router_rule_for_a_dense_model_stops_at_start_naming_its_source(clean_env, tmp_path):
+    recipe = tmp_path / "router8.yaml"
+    recipe.write_text("format: mxfp8\nrules:\n  - match: {roles: [router]}\n    format: mxfp8\n")
+    clean_env.setenv("CUSTOM_QUANT_RECIPE", str(recipe))
+    with pytest.raises(ValueError, match=r"CUSTOM_QUANT_RECIPE.*recipe 'router8' has a rule for the MoE router, but "
+                                         r"the model is dense \(no --num-experts\)"):
+        check_inputs(["--model", "llama-tiny", "--mock-data", "--train-iters", "1"])
 
 
 def test_a_router_recipe_the_lab_cannot_emulate_stops_at_start(clean_env, tmp_path):

@@ -1,8 +1,10 @@
 """Command-line arguments with Megatron-LM's names and meanings, presets, and validation.
 
-Megatron users' launch scripts carry over: every flag here means what it means in
-Megatron-LM. ``parse_args`` applies a ``--model`` preset under explicit flags, then
-``validate_args`` refuses inconsistent combinations with a message naming the values.
+Megatron users' launch scripts carry over: every flag here means what it means in Megatron-LM,
+and every other Megatron-LM flag is parsed and answered (``megatron_lm_flags``: ignored with a
+notice, or refused). ``parse_args`` applies a ``--model`` preset under explicit flags, then
+``validate_args`` refuses inconsistent combinations with a message naming the values; both add
+the run's one-line notices to ``args.notices``.
 """
 from __future__ import annotations
 
@@ -13,14 +15,21 @@ from typing import NoReturn, Sequence
 from megatron.quant.recipes.presets import FP8_RECIPES, emulates_precision
 from megatron.quant.training.data import parse_blend
 from megatron.quant.training.float_ranges import FLOAT_RANGES, allowed, within_range
+from megatron.quant.training.megatron_lm_args import (
+    MegatronLMFlagError,
+    add_translated_arguments,
+    adjust,
+    check_llama_values,
+    samples_to_iterations,
+)
+from megatron.quant.training.megatron_lm_flags import add_answered_flags, take_answered
 from megatron.quant.training.moe import MOE_SHAPE_DEFAULTS, MoEError, add_moe_arguments, check_moe
 from megatron.quant.training.presets import PRESETS, get_preset
+from megatron.quant.training.recompute import RecomputeError, add_recompute_arguments, check_recompute
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 TOKENIZER_TYPES = ("ByteTokenizer", "HuggingFaceTokenizer", "NullTokenizer")
-RECOMPUTE_GRANULARITIES = ("full", "selective")
-RECOMPUTE_METHODS = ("uniform", "block")
 # megatron-core's datasets shuffle with numpy's RandomState, which takes seeds 0 .. 2**32 - 1.
 MAX_SEED = 2**32 - 1
 
@@ -123,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fp8-recipe delayed: which amax sets the scale (default most_recent, as Megatron-LM)")
     g.add_argument("--tp-only-amax-red", action="store_true",
                    help="delayed scaling: reduce amaxes over tensor-parallel ranks only, not data-parallel ones")
-    g.add_argument("--no-fp8-wgrad", action="store_true", help="emulated recipe: wgrad GEMM operands not quantized")
+    g.add_argument("--no-fp8-wgrad", "--disable-fp8-wgrad", action="store_true",
+                   help="emulated recipe: wgrad GEMM operands not quantized")
     g.add_argument("--fp4-format", choices=["e2m1"], default=None, help="emulate FP4 training (te-nvfp4)")
     g.add_argument("--fp4-recipe", choices=["nvfp4"], default=None, help="with --fp4-format: the FP4 recipe")
     # Megatron-LM's per-module precision files (megatron-core RecipeConfig YAML; recipes/precision_file.py).
@@ -142,22 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--recompute-granularity", choices=RECOMPUTE_GRANULARITIES, default=None,
-                   help="activation recompute (megatron-core's): full layers, or selective (core attention)")
-    g.add_argument("--recompute-method", choices=RECOMPUTE_METHODS, default=None,
-                   help="with full: uniform (chunks of --recompute-num-layers) or block (the first N layers)")
-    g.add_argument("--recompute-num-layers", type=int, default=None,
-                   help="with full: layers per chunk (uniform) or recomputed layers per pipeline stage (block)")
-
+    add_recompute_arguments(g)
     g = p.add_argument_group("run length, logging and checkpoints")
-    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--train-iters", type=int, default=None, help="iterations to train (or --train-samples)")
     g.add_argument("--exit-interval", type=int, default=None,
                    help="stop (saving a checkpoint with --save) when the iteration is a multiple of this")
     g.add_argument("--eval-interval", type=int, default=1000)
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--log-interval", type=int, default=1)
     g.add_argument("--save", metavar="DIR")
-    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None)
     g.add_argument("--load", metavar="DIR")
     g.add_argument("--ckpt-step", type=int, default=None, metavar="N",
                    help="with --load: load iteration N (DIR/iter_000000N) instead of the tracker's latest")
@@ -194,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
                    help="default: ByteTokenizer, or NullTokenizer with --mock-data and a preset vocab")
     g.add_argument("--tokenizer-model", default=None, help="local Hugging Face tokenizer directory")
+    add_translated_arguments(p)
+    add_answered_flags(p)
     return p
 
 
@@ -201,6 +207,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse Megatron-LM-style flags; unset shape flags come from ``--model`` or ``--hf-checkpoint``, then defaults."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        args.notices = take_answered(args)
+    except ValueError as error:
+        raise ArgumentError(str(error)) from None
     if args.model and args.hf_checkpoint:
         parser.error("--model and --hf-checkpoint both set the model shape; give one")
     if args.hf_checkpoint:
@@ -271,25 +281,6 @@ def _check_shape(args: argparse.Namespace) -> None:
              f"--seq-length {args.seq_length} exceeds --max-position-embeddings {args.max_position_embeddings}")
 
 
-def _check_recompute(args: argparse.Namespace) -> None:
-    """Megatron-LM's rules (its arguments.py and TransformerConfig.__post_init__), refused up front."""
-    granularity, method, count = args.recompute_granularity, args.recompute_method, args.recompute_num_layers
-    if granularity is None:
-        _require(method is None and count is None,
-                 "--recompute-method and --recompute-num-layers need --recompute-granularity full")
-    elif granularity == "selective":
-        _require(method is None, f"--recompute-method {method} is not supported with --recompute-granularity "
-                                 "selective (Megatron-LM); drop it")
-        _require(count is None, f"--recompute-num-layers {count} must not be given with --recompute-granularity "
-                                "selective (Megatron-LM)")
-    else:
-        per_stage = args.num_layers // args.pipeline_model_parallel_size
-        _require(method is not None, "--recompute-granularity full needs --recompute-method {uniform,block}")
-        _require(count is not None and 1 <= count <= per_stage,
-                 f"--recompute-granularity full needs --recompute-num-layers between 1 and the layers per pipeline "
-                 f"stage ({per_stage}), got {count}")
-
-
 def _check_devices(args: argparse.Namespace, cuda: bool) -> None:
     te = importlib.util.find_spec("transformer_engine") is not None
     _require(not (args.bf16 and args.fp16), "--bf16 and --fp16 are mutually exclusive")
@@ -323,6 +314,7 @@ def _check_run(args: argparse.Namespace, world_size: int) -> None:
         args.global_batch_size = per_step
     _require(args.micro_batch_size > 0 and args.global_batch_size > 0,
              "--micro-batch-size and --global-batch-size must be positive")
+    samples_to_iterations(args)
     _require(args.global_batch_size % per_step == 0,
              f"--global-batch-size {args.global_batch_size} is not divisible by --micro-batch-size "
              f"{args.micro_batch_size} x data-parallel size {args.data_parallel_size}")
@@ -380,15 +372,17 @@ def _check_data(args: argparse.Namespace) -> None:
 
 def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argparse.Namespace:
     """Complete derived values (data-parallel size, micro-batches, ...) and refuse bad combinations."""
+    args.notices = [*args.notices, *adjust(args, cuda, importlib.util.find_spec("transformer_engine") is not None)]
     _check_sizes(args)
     _check_floats(args)
     _check_shape(args)
-    _check_recompute(args)
     _check_devices(args, cuda)
-    _check_run(args, world_size)
     try:
-        check_moe(args, args.data_parallel_size, cuda)
-    except MoEError as error:
+        check_recompute(args)
+        check_llama_values(args)
+        _check_run(args, world_size)
+        args.notices += check_moe(args, args.data_parallel_size, cuda)
+    except (MoEError, MegatronLMFlagError, RecomputeError) as error:
         raise ArgumentError(str(error)) from None
     _check_data(args)
     _check_logging(args)

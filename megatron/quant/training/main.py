@@ -35,7 +35,7 @@ from megatron.quant.training.model import build_gpt, transformer_config  # noqa:
 from megatron.quant.training.moe import check_router_precision, moe_run_fields  # noqa: E402
 from megatron.quant.training.presets import SHAPE_KEYS  # noqa: E402
 from megatron.quant.training.recipe_fit import check_hadamard_fit  # noqa: E402
-from megatron.quant.training.run_config import RunConfiguration, build_capture, build_precision  # noqa: E402
+from megatron.quant.training.run_config import RunConfiguration, build_capture, build_precision, precision_origin  # noqa: E402
 from megatron.quant.training.tokenizers import build_tokenizer, padded_vocab_size  # noqa: E402
 from megatron.quant.training.variables import environment_of  # noqa: E402
 
@@ -136,7 +136,7 @@ def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
     precision = build_precision(args, os.environ)  # stochastic rounding follows --seed unless a recipe fixes one
     kernel_backend = kernels.backend(os.environ)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
     fast_paths = fusions.choose(os.environ, cuda=cuda, precision=_precision(args))  # and a bad CUSTOM_QUANT_FUSIONS
-    check_router_precision(precision, args)
+    check_router_precision(precision, args, precision_origin(args, os.environ))
     for recipe in precision.configs.values():
         _check_fp8_recipe(args, recipe)
         check_hadamard_fit(recipe, args.num_layers, args.micro_batch_size, args.seq_length)
@@ -245,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     owns_process_group = not dist.is_initialized()
     try:
         inputs = check_inputs(argv)
+        if os.environ.get("RANK", "0") == "0":  # one notice per flag, not one per rank
+            for notice in inputs.args.notices:
+                print(f"megatron-quant-train: notice: {notice}")
         if inputs.args.check_args:
             print("megatron-quant-train: arguments OK")
             return []

@@ -20,7 +20,7 @@ MOE_SHAPE_DEFAULTS = dict(num_experts=None, moe_router_topk=2, moe_ffn_hidden_si
                           moe_router_score_function="softmax")
 # Run settings (flags only) -> Megatron-LM's defaults, as moe_config_fields takes them.
 MOE_RUN_DEFAULTS = dict(expert_parallel=1, dispatcher="allgather", router_dtype=None, load_balancing="aux_loss",
-                        aux_loss_coeff=0.0)
+                        aux_loss_coeff=0.0, pre_softmax=False)
 DISPATCHERS = ("allgather", "alltoall")  # megatron-core's; "flex" needs DeepEP
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 ROUTER_DTYPES = ("fp32", "fp64")
@@ -55,6 +55,8 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-layer-freq", type=layer_freq, default=S,
                    help="N: every N-th layer is MoE; or a 0/1 list per layer, e.g. [0,1,1,1] (first layer dense)")
     g.add_argument("--moe-router-score-function", choices=SCORE_FUNCTIONS, default=S)
+    g.add_argument("--moe-router-pre-softmax", action="store_true",
+                   help="softmax over all experts before the top-k choice (on by itself for top-1 softmax routing)")
     run = MOE_RUN_DEFAULTS
     g.add_argument("--expert-model-parallel-size", type=int, default=run["expert_parallel"])
     g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHERS, default=run["dispatcher"],
@@ -63,19 +65,18 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the router's GEMM and softmax dtype (default: the model's, as Megatron-LM)")
     g.add_argument("--moe-router-load-balancing-type", choices=LOAD_BALANCING, default=run["load_balancing"])
     g.add_argument("--moe-aux-loss-coeff", type=float, default=run["aux_loss_coeff"])
-    g.add_argument("--moe-grouped-gemm", action="store_true",
-                   help="refused: grouped-GEMM experts have no emulated counterpart (SequentialMLP runs them)")
 
 
-def check_moe(args: argparse.Namespace, data_parallel: int, cuda: bool) -> None:
-    """MoEError (one line naming the value and what is allowed) for MoE settings the run cannot take."""
+def check_moe(args: argparse.Namespace, data_parallel: int, cuda: bool) -> list[str]:
+    """MoEError (one line naming the value and what is allowed) for MoE settings the run cannot take;
+    the notices of what it turned on."""
     experts, ep = args.num_experts, args.expert_model_parallel_size
     if ep < 1:
         raise MoEError(f"--expert-model-parallel-size must be positive, got {ep}")
     if experts is None:
         if ep > 1:
             raise MoEError(f"--expert-model-parallel-size {ep} needs an MoE model (--num-experts)")
-        return
+        return []
     if experts < 1:
         raise MoEError(f"--num-experts must be positive, got {experts}")
     if not 1 <= args.moe_router_topk <= experts:
@@ -95,23 +96,35 @@ def check_moe(args: argparse.Namespace, data_parallel: int, cuda: bool) -> None:
         raise MoEError(f"--moe-layer-freq lists {len(freq)} layers; the model has --num-layers {args.num_layers}")
     if isinstance(freq, int) and freq < 1:
         raise MoEError(f"--moe-layer-freq must be positive, got {freq}")
-    if args.moe_grouped_gemm:
-        raise MoEError("--moe-grouped-gemm runs the experts in one grouped GEMM, which has no emulated "
-                       "counterpart; drop it (SequentialMLP runs each expert's GEMMs with its own scales)")
+    if isinstance(freq, (list, tuple)) and 1 not in freq:
+        raise MoEError(f"--moe-layer-freq {list(freq)} makes no layer MoE; allowed: at least one 1 (or drop "
+                       f"--num-experts for a dense model)")
     if args.moe_token_dispatcher_type == "alltoall" and not cuda:
         raise MoEError("--moe-token-dispatcher-type alltoall needs a GPU (megatron-core opens a CUDA stream); "
                        "use allgather on CPU")
     if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
         raise MoEError(f"--tensor-model-parallel-size {args.tensor_model_parallel_size} with MoE needs "
                        f"--sequence-parallel (megatron-core refuses MoE training under TP without it)")
+    if args.moe_router_topk == 1 and args.moe_router_score_function == "softmax" and not args.moe_router_pre_softmax:
+        args.moe_router_pre_softmax = True  # megatron-core demands it: a softmax over one chosen expert is always 1
+        return ["--moe-router-pre-softmax turned on for top-1 softmax routing (megatron-core demands it: a softmax "
+                "over the one chosen expert would weigh every token 1)"]
+    return []
 
 
-def check_router_precision(precision: "PrecisionConfig", args: argparse.Namespace) -> None:
-    """MoEError when some config of ``precision`` quantizes the router where the lab cannot emulate it."""
+def check_router_precision(precision: "PrecisionConfig", args: argparse.Namespace, origin: str) -> None:
+    """MoEError when some config of ``precision`` (chosen by ``origin``) has a router rule for a dense model,
+    or quantizes the router where the lab cannot emulate it."""
     from megatron.quant.layers.router import router_quant_problem  # megatron-core: imported once a run starts
 
+    if args.num_experts is None:
+        for key, recipe in precision.configs.items():
+            if recipe.quantizes_router(args.num_layers):
+                raise MoEError(f"{origin}: recipe {key!r} has a rule for the MoE router, but the model is dense "
+                               f"(no --num-experts); drop the rule or give --num-experts")
+        return
     problem = router_quant_problem(args.moe_router_dtype, args.sequence_parallel)
-    if args.num_experts is None or problem is None:
+    if problem is None:
         return
     for key, recipe in precision.configs.items():
         if recipe.quantizes_router(args.num_layers):
@@ -132,7 +145,8 @@ def moe_config_fields(shape: Mapping, **run: Any) -> dict[str, Any]:
                 moe_router_score_function=given["moe_router_score_function"],
                 expert_model_parallel_size=run["expert_parallel"], moe_token_dispatcher_type=run["dispatcher"],
                 moe_router_dtype=run["router_dtype"], moe_router_load_balancing_type=run["load_balancing"],
-                moe_aux_loss_coeff=run["aux_loss_coeff"], moe_grouped_gemm=False)
+                moe_aux_loss_coeff=run["aux_loss_coeff"], moe_router_pre_softmax=run["pre_softmax"],
+                moe_grouped_gemm=False)
 
 
 def _layer_freq(freq: Any) -> Any:
@@ -143,4 +157,4 @@ def moe_run_fields(args: argparse.Namespace) -> dict[str, Any]:
     """``moe_config_fields``' run-level keywords from the parsed flags."""
     return dict(expert_parallel=args.expert_model_parallel_size, dispatcher=args.moe_token_dispatcher_type,
                 router_dtype=args.moe_router_dtype, load_balancing=args.moe_router_load_balancing_type,
-                aux_loss_coeff=args.moe_aux_loss_coeff)
+                aux_loss_coeff=args.moe_aux_loss_coeff, pre_softmax=args.moe_router_pre_softmax)

@@ -62,6 +62,16 @@ def build_precision(args: argparse.Namespace, environ: Mapping[str, str]) -> Pre
         args.train_iters, args.num_layers)
 
 
+def precision_origin(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """What chose the run's precision, as the user wrote it: the file flag, the precision flags or the variables."""
+    files = [f"{_flag(key)} {getattr(args, key)}" for key in PRECISION_FILE_FLAGS if getattr(args, key, None)]
+    if files:
+        return files[0]
+    if emulates_precision(args):
+        return "the precision flags (--fp8-recipe/--fp4-format)"
+    return ", ".join(f"{key}={environ[key]}" for key in RECIPE_CHOOSING if environ.get(key)) or "the default recipe"
+
+
 def build_capture(args: argparse.Namespace, environ: Mapping[str, str], precision: PrecisionConfig,
                   num_layers: int) -> tuple[SaverConfig, PrecisionConfig, Optional[InspectPlan]]:
     """TENSOR_SAVE_* and an nvdlfw-inspect config (``--tensor-inspect-config`` or TENSOR_INSPECT_CONFIG):
