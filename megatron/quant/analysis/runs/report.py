@@ -48,7 +48,7 @@ def _all_runs(runs_dir: Optional[Path], ledger_dir: Optional[Path], corpus: Opti
               skipped: list[tuple[str, str]]) -> list[Run]:
     """The run directories' runs, then the ledger's; a name in both is refused."""
     runs = load_runs(runs_dir, skipped) if runs_dir is not None else []
-    from_ledger = ledger_runs(ledger_dir, corpus) if ledger_dir is not None else []
+    from_ledger = ledger_runs(ledger_dir, corpus, skipped) if ledger_dir is not None else []
     twice = sorted({run.name for run in runs} & {run.name for run in from_ledger})
     if twice:
         raise RunsReportError(f"run(s) {', '.join(twice)} are both in {str(runs_dir)!r} and in the ledger "
