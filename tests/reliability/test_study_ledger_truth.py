@@ -122,10 +122,12 @@ def test_a_pair_of_different_code_is_shown_mixed():
     base = [_seed("", "a"), _seed("2", "a"), _seed("3", "a")]
     same = seed_stats.recipe_row("r", [_seed("", "a"), _seed("2", "a"), _seed("3", "a")], base)
     assert same["mixed pairs"] == 0 and same["notes"] == ""
-    runs = [_seed("", "a", clean=False, definition=("x",)), _seed("2", "a", definition=("x",)), _seed("3", "b", definition=("y",))]
+    runs = [_seed("", "a", clean=False, definition=("x",)), _seed("2", "a", definition=("x",)),
+            _seed("3", "b", definition=("y",))]
     row = seed_stats.recipe_row("r", runs, base)
     assert row["paired pairs"] == 3 and row["mixed pairs"] == 2
-    assert "seed first: uncommitted changes" in row["notes"] and "seed 3: commits b and a, another recipe" in row["notes"]
+    assert "seed first: uncommitted changes" in row["notes"]
+    assert "seed 3: commits b and a, another recipe definition" in row["notes"]
 
 
 def test_the_committed_first_tier_shows_its_mixed_commits():

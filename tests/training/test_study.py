@@ -189,8 +189,8 @@ def test_bad_runner_input_is_one_line(tmp_path, capsys):
 
 def test_add_puts_finished_runs_of_the_plan_into_the_ledger(tmp_path, capsys):
     plan = load_plan(PLAN)
-    good = dataclasses.replace(_entry("te-nvfp4-seed2", "te-nvfp4", study_name=plan.name), seed=2, commit=None, tree_clean=None,
-                               dirty_allowed=True)  # a checkout without git, trained with --allow-dirty
+    good = dataclasses.replace(_entry("te-nvfp4-seed2", "te-nvfp4", study_name=plan.name), seed=2, commit=None,
+                               tree_clean=None, dirty_allowed=True)  # no git there, trained with --allow-dirty
     stage = tmp_path / "study.json"  # the GPU check's stage record: entries inside
     stage.write_text(json.dumps({"stage": "study", "entries": [ledger.to_json(good)]}))
     argv = ["--plan", str(PLAN), "--ledger", str(tmp_path / "ledger"), "--add"]

@@ -1,15 +1,12 @@
-"""A study plan (``docs/study/plan.yaml``): the model, data, recipes, seeds, the order their runs
-go in, and how long each run takes, read and checked before anything runs.
-
-A run is (recipe, seed), named as the sweep names it: the plan's first seed's run after the recipe
-(``te-nvfp4``), the others ``<recipe>-seed<N>`` (the runs report's seed runs). ``order`` is a list
-of stages ``{recipes: [...] | all, seeds: [...]}``, each run seed by seed, and must name every run
-of the plan exactly once. A run's time is estimated from the FLOPs of an iteration, an assumed
-throughput and a per-recipe overhead, or taken from ``step_time.measured.step_s`` once a GPU has
-measured the recipe. ``runs_at_once`` runs share the GPU at a time, in waves of the order; each
-takes ``step_time.measured.shared_slowdown[K]`` times as long as alone, assumed K (no gain) until
-measured. Bad plans raise ``StudyPlanError``, one line naming the key and the value.
-"""
+"""A study plan (``docs/study/plan.yaml``): the model, data, recipes, seeds, the order their runs go in, and how
+long each run takes, read and checked before anything runs. A run is (recipe, seed), named as the sweep names it:
+the first seed's run after the recipe (``te-nvfp4``), the others ``<recipe>-seed<N>``. ``order`` is a list of
+stages ``{recipes: [...] | all, seeds: [...]}``, each run seed by seed, naming every run exactly once. A run's time
+is estimated from the FLOPs of an iteration, an assumed throughput and a per-recipe overhead, or taken from
+``step_time.measured.step_s`` once a GPU has measured the recipe. ``runs_at_once`` runs share the GPU, in waves of
+the order, each ``step_time.measured.shared_slowdown[K]`` times as long as alone (K until measured). A plan still
+to be sized must hold the lines the sizing writes into (checked at load). Bad plans raise ``StudyPlanError``, one
+line naming the key and the value."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from megatron.quant.lab.plan_checks import flags_problem, recipe_problem
+from megatron.quant.lab.plan_checks import flags_problem, recipe_problem, sized_lines_problem
 from megatron.quant.lab.sweep_plan import SEED_SUFFIX
 from megatron.quant.training import metrics
 from megatron.quant.training.env import environment_problem
@@ -390,11 +387,14 @@ def load_plan(path: Path) -> StudyPlan:
     """Read and check the plan at ``path``."""
     path = Path(path)
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+        raw = load_yaml(text := path.read_text(encoding="utf-8"), str(path))
     except YamlError as error:
         raise StudyPlanError(f"{error} (a plan needs a few hundred)") from error
     except OSError as error:
         raise StudyPlanError(f"{path}: cannot read the plan ({error.strerror or error})") from error
     except yaml.YAMLError as error:
         raise StudyPlanError(f"{path}: not YAML ({str(error).splitlines()[0]})") from error
-    return parse_plan(raw, path)
+    plan = parse_plan(raw, path)
+    if plan.sizing is not None and plan.sizing.fixed_on is None and (problem := sized_lines_problem(text)):
+        raise StudyPlanError(f"{path}: sizing: {problem}")  # found now, not after minutes of measuring
+    return plan
