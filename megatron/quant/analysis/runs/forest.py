@@ -1,12 +1,18 @@
-"""The study figure: does a recipe's final loss differ from the baseline's beyond the seeds' noise?
+"""The study figure: does a recipe train as well as the baseline, beyond the seeds' noise?
 
-A forest plot, one row per recipe: its final-loss gap to the baseline (``seed_stats``: mean of
-the last 10 % of training losses, averaged over seeds) with its one-std spread as a bar, and the
-baseline's own seed spread shaded around zero (a gap outside the shade is *beyond noise*, the
-recipe table's verdict). With the recipes' loss curves at hand, a second panel draws them with
-only the baseline and the selected recipes (those beyond noise, else the best and the worst)
-in colour. Drawn from the recipe table's rows, so ``recipes.csv`` alone is enough
-(``draw_from_csv``).
+A forest plot, one row per recipe, on two axes that measure two things:
+
+- the **paired validation-loss gap** (``seed_stats.paired_gap``): each run against the baseline run of
+  its seed, on the validation loss of the last evaluations, with the 95 % interval over the pairs
+  (red where it leaves 0; a hollow square and "mixed" in the row's name where some pairs ran different
+  code: ``seed_stats.mixed_pairs``);
+- the **unpaired last-10 % training-loss gap**: the mean over seeds of each run's mean of its last 10 %
+  of training losses, against the baseline's, with its one-std spread, and the baseline's own seed
+  spread shaded around zero (outside the shade: *beyond noise*, the table's unpaired verdict).
+
+With the recipes' loss curves at hand, a third panel draws them with only the baseline and the
+selected recipes (those beyond noise, else the best and the worst) in colour. Drawn from the recipe
+table's rows, so ``recipes.csv`` alone is enough (``draw_from_csv``).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ NAME = "study.png"
 HIGHLIGHTED = 3  # recipes in colour on the loss panel besides the baseline
 _NUMBERS = ("gap to baseline", "gap ±", "baseline seed spread")
 _PAIRED = ("paired gap", "paired 95% ±")  # absent from tables written before paired gaps: drawn without them
+_COUNTS = ("paired pairs", "mixed pairs")
 
 
 def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = None,
@@ -33,16 +40,18 @@ def forest_job(recipes: Sequence[dict], baseline: str, curves: Optional[dict] = 
     loss panel."""
     rows = [{"recipe": row["recipe"], "seeds": int(row["seeds"]), "beyond": row["beyond noise"],
              "beyond paired": row.get("beyond noise, paired"),
-             **{key: _number(row[key]) for key in _NUMBERS}, **{key: _number(row.get(key)) for key in _PAIRED}}
+             **{key: _number(row[key]) for key in _NUMBERS}, **{key: _number(row.get(key)) for key in _PAIRED},
+             **{key: int(_number(row.get(key)) if math.isfinite(_number(row.get(key))) else 0) for key in _COUNTS}}
             for row in recipes]
     rows = [row for row in rows if math.isfinite(row["gap to baseline"])]
-    rows.sort(key=lambda row: row["gap to baseline"])
+    rows.sort(key=lambda row: row["paired gap"] if math.isfinite(row["paired gap"]) else row["gap to baseline"])
     payload = {"rows": rows, "baseline": baseline, "curves": curves or {},
                "highlighted": _highlighted(rows, baseline)}
-    caption = (f"Final-loss gap of each recipe to {baseline} (dot: mean over seeds; bar: ± one std; shaded: "
-               f"{baseline}'s own seed spread, outside it a gap is beyond noise; square: the paired gap to the "
-               f"{baseline} run of the same seed, validation loss, with its 95 % interval)"
-               + (", and the loss curves with the baseline and the selected recipes in colour" if curves else ""))
+    caption = (f"Each recipe against {baseline}, on two axes. Left: the paired validation-loss gap (square: mean over "
+               f"seed pairs, each run against the {baseline} run of its seed; bar: 95 % interval; red: it leaves 0; "
+               "hollow, 'mixed': some pairs ran different code). Middle: the unpaired gap of the last-10 % training "
+               f"loss (dot: mean over seeds; bar: ± one std; shaded: {baseline}'s own seed spread)"
+               + ("; right: the loss curves with the baseline and the selected recipes in colour" if curves else ""))
     return FigureJob(path, caption, draw_forest, payload)
 
 
@@ -58,51 +67,68 @@ def draw_from_csv(recipes_csv: Path, target: Path, baseline: str = "bf16", dpi: 
 
 
 def draw_forest(payload: dict):
-    rows, curves = payload["rows"], payload["curves"]
+    rows, curves, baseline = payload["rows"], payload["curves"], payload["baseline"]
+    paired = [row for row in rows if math.isfinite(row["paired gap"]) and row["recipe"] != baseline]
     height = max(3.6, 1.6 + 0.32 * len(rows))
-    fig, axes = figures.subplot_grid(2 if curves else 1, ncols=2, panel_size=(6.2, height))
-    _forest(axes[0], rows, payload["baseline"])
-    if curves:
-        _loss_panel(axes[1], curves, payload["baseline"], payload["highlighted"])
-    others = [row for row in rows if row["recipe"] != payload["baseline"]]
-    beyond = sum(bool(row["beyond"]) for row in others)
-    paired = [row for row in others if row["beyond paired"] is not None]
+    fig, axes = figures.subplot_grid(bool(paired) + 1 + bool(curves), ncols=3, panel_size=(5.6, height))
+    labels = [_label(row, baseline) for row in rows]
     if paired:
-        return figures.finish(fig, f"{len(rows)} recipes: {beyond} of {len(others)} beyond {payload['baseline']}'s "
-                                   f"seed noise; {sum(bool(row['beyond paired']) for row in paired)} of {len(paired)} "
-                                   "paired")
-    return figures.finish(fig, f"{len(rows)} recipes: {beyond} of {len(others)} differ from {payload['baseline']} "
+        _paired_panel(axes[0], rows, labels, baseline)
+    _unpaired_panel(axes[int(bool(paired))], rows, [""] * len(rows) if paired else labels, baseline)  # same rows
+    if curves:
+        _loss_panel(axes[-1], curves, baseline, payload["highlighted"])
+    others = [row for row in rows if row["recipe"] != baseline]
+    beyond = sum(bool(row["beyond"]) for row in others)
+    if paired:
+        mixed = sum(row["mixed pairs"] > 0 for row in paired)
+        return figures.finish(fig, f"{len(others)} recipes against {baseline}: "
+                                   f"{sum(bool(row['beyond paired']) for row in paired)} of {len(paired)} beyond noise "
+                                   f"paired, {beyond} of {len(others)} unpaired"
+                                   + (f"; {mixed} with mixed pairs" if mixed else ""))
+    return figures.finish(fig, f"{len(rows)} recipes: {beyond} of {len(others)} differ from {baseline} "
                                "beyond its seed noise")
 
 
-def _forest(ax, rows: list[dict], baseline: str) -> None:
+def _label(row: dict, baseline: str) -> str:
+    mixed = row["mixed pairs"] and row["recipe"] != baseline
+    mixed = f", {row['mixed pairs']} of {row['paired pairs']} pairs mixed" if mixed else ""
+    return f"{row['recipe']} ({row['seeds']} seeds{mixed})"
+
+
+def _rows_axis(ax, labels: list[str], xlabel: str, title: str) -> None:
+    ax.axvline(0, color="0.4", linewidth=0.8)
+    ax.set_yticks(np.arange(len(labels)), labels, fontsize=8)
+    if any(labels):
+        figures.room_for_row_names(ax, labels, 8)
+    ax.set_ylim(len(labels) - 0.4, -0.6)  # the lowest gap on top
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+
+
+def _paired_panel(ax, rows: list[dict], labels: list[str], baseline: str) -> None:
+    for y, row in enumerate(rows):
+        if row["recipe"] == baseline or not math.isfinite(row["paired gap"]):
+            continue
+        colour = "C3" if row["beyond paired"] else "0.15"
+        interval = 100 * row["paired 95% ±"] if math.isfinite(row["paired 95% ±"]) else 0.0
+        ax.errorbar(100 * row["paired gap"], y, xerr=interval, fmt="s", color=colour, markersize=5, capsize=3,
+                    linewidth=1.2, markerfacecolor="white" if row["mixed pairs"] else colour)
+    _rows_axis(ax, labels, f"paired validation-loss gap to {baseline} (%)",
+               "Paired by seed: validation loss, 95 % interval\n(red: leaves 0; hollow: pairs of mixed code)")
+
+
+def _unpaired_panel(ax, rows: list[dict], labels: list[str], baseline: str) -> None:
     noise = next((row["baseline seed spread"] for row in rows if math.isfinite(row["baseline seed spread"])), math.nan)
     if math.isfinite(noise):
         ax.axvspan(-100 * noise, 100 * noise, color="0.88", linewidth=0)
-    ax.axvline(0, color="0.4", linewidth=0.8)
-    positions = np.arange(len(rows))
-    for y, row in zip(positions, rows):
+    for y, row in enumerate(rows):
         colour = "0.45" if row["recipe"] == baseline else ("C3" if row["beyond"] else "C0")
         spread = 100 * row["gap ±"] if math.isfinite(row["gap ±"]) else 0.0
         ax.errorbar(100 * row["gap to baseline"], y, xerr=spread, fmt="o", color=colour, markersize=5,
                     capsize=3, linewidth=1.4)
-    paired = [(y, row) for y, row in zip(positions, rows) if math.isfinite(row["paired gap"])
-              and row["recipe"] != baseline]
-    for y, row in paired:
-        colour = "C3" if row["beyond paired"] else "0.15"
-        interval = 100 * row["paired 95% ±"] if math.isfinite(row["paired 95% ±"]) else 0.0
-        ax.errorbar(100 * row["paired gap"], y + 0.22, xerr=interval, fmt="s", color=colour, markersize=4,
-                    capsize=2, linewidth=1.0, label="paired, 95 %" if (y, row) == paired[0] else None)
-    labels = [f"{row['recipe']} ({row['seeds']})" for row in rows]
-    ax.set_yticks(positions, labels, fontsize=8)
-    figures.room_for_row_names(ax, labels, 8)
-    ax.set_ylim(len(rows) - 0.4, -0.6)  # the lowest gap on top
-    ax.set_xlabel(f"final-loss gap to {baseline} (%)")
-    ax.set_title(f"Final-loss gap, ± one std over seeds\n(shaded: {baseline} seed spread; red: beyond it)",
-                 fontsize=10)
-    ax.grid(alpha=0.3, axis="x")
-    if paired:
-        figures.legend_above(ax)
+    _rows_axis(ax, labels, f"last-10 % training-loss gap to {baseline} (%)",
+               f"Unpaired: last-10 % training loss ± std\n(shaded: {baseline} seed spread; red: beyond)")
 
 
 def _loss_panel(ax, curves: dict, baseline: str, highlighted: list[str]) -> None:
