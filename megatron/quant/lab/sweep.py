@@ -138,7 +138,7 @@ def _launcher_value(launcher: Sequence[str], *names: str) -> str | None:
 
 
 def parallel_slots(parallel: int, launcher: Sequence[str], runs_per_gpu: int = 1) -> list[dict[str, str]]:
-    """``--parallel``'s slots on this machine: its GPUs shared by processes per run (and by
+    """``--parallel``'s slots on this node: its GPUs shared by processes per run (and by
     ``runs_per_gpu`` runs), else its cores."""
     import torch
 
