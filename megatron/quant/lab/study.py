@@ -74,6 +74,7 @@ from megatron.quant.lab.study_plan import (
     load_plan,
     waves,
 )
+from megatron.quant.lab.study_power import describe_power, for_target
 from megatron.quant.lab.study_sizing import (
     Measurement,
     measurement_flags,
@@ -164,7 +165,8 @@ def ensure_corpus(plan: StudyPlan, directory: Path, source: Path | None, dry_run
 def training_flags(plan: StudyPlan, built: corpus.Corpus, cache: Path | None, dry_run: bool) -> list[str]:
     """The flags every run of the plan gets (the sweep adds the seed runs' --seed). Without ``cache``
     (runs at once, which would race on building one) the sweep gives each run its own."""
-    return [*plan.model_flags(), *plan.training_flags, "--data-path", built.data_path, "--split", built.split,
+    shaped = dataclasses.replace(plan, shape_override={}) if dry_run else plan  # the toy model's shape, not the plan's
+    return [*shaped.model_flags(), *plan.training_flags, "--data-path", built.data_path, "--split", built.split,
             *built.tokenizer, *(["--data-cache-path", str(cache)] if cache else []), "--seed", str(plan.seeds[0]),
             *(DRY_RUN_FLAGS if dry_run else ())]
 
@@ -244,7 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"study: error: refused {why}", file=sys.stderr)
             return 2 if refused else 0
         if args.show:
-            _say(describe(plan).replace("\n", "\nstudy: "))
+            entries = ledger.read_ledger(args.ledger, []) if args.ledger is not None else []
+            plan, target = for_target(plan, entries)
+            _say("\n".join(filter(None, [describe(plan), target, describe_power(plan, entries) if entries else ""]))
+                 .replace("\n", "\nstudy: "))
             return 0
         if args.measured:
             return _print_measured(plan, args)
@@ -258,8 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_session(args.out, args.launcher, at_once)
         if not args.dry_run:
             check_tree(args.allow_dirty)
-        entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
-        _say(describe(plan).replace("\n", "\nstudy: "))
+        entries = ledger.read_ledger(args.ledger, []) if args.ledger is not None else []
+        plan, target = for_target(plan, entries)
+        _say("\n".join(filter(None, [describe(plan), target, describe_power(plan, entries) if entries else ""]))
+             .replace("\n", "\nstudy: "))
         built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
     except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError, SessionError) as error:
         print(f"study: error: {error}", file=sys.stderr)
