@@ -39,3 +39,23 @@ def test_a_label_shows_a_recipe_under_the_name_of_what_ran():
     for bad in ("te-nvfp4", "=x", "a=b=c"):
         with pytest.raises(report.RunsReportError, match="expected RECIPE=NAME"):
             report.parse_labels([bad])
+
+
+def test_published_gaps_are_anchor_rows_beside_ours(tmp_path):
+    anchors = forest.read_anchors(STUDY / "quartet2_anchors.csv")
+    assert {a["published"] for a in anchors} >= {"NVIDIA's NVFP4 recipe", "Quartet-II"}
+    nvidia = next(a for a in anchors if a["published"] == "NVIDIA's NVFP4 recipe")
+    assert nvidia["gap"] == pytest.approx(0.016, abs=5e-4) and nvidia["recipe"] == "te-nvfp4"
+    with open(STUDY / "tier1_recipes.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    job = forest.forest_job(rows, "bf16", anchors=anchors)
+    paired = job.draw(job.payload).axes[0]
+    names = [label.get_text() for label in paired.get_yticklabels()]
+    assert "NVIDIA's NVFP4 recipe (30M), published" in names and "grey diamonds: published gaps" in job.caption
+    matched = forest.forest_job(rows, "bf16", anchors=[{**anchors[0], "recipe": "mxfp4"}])
+    names = [label.get_text() for label in matched.draw(matched.payload).axes[0].get_yticklabels()]
+    assert "mxfp4 (3 seeds; grey: published 30M)" in names and len(names) == len(rows)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("published,recipe,gap,parameters\nX,,not a number,1\n")
+    with pytest.raises(ValueError, match="line 2"):
+        forest.read_anchors(bad)
