@@ -27,7 +27,7 @@ PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
     (["--budget-s", "inf"], "--budget-s must be positive, got inf"),
     (["--budget-s", "60", "--launcher", "no-such-python"], "'no-such-python' is not a program"),
     (["--budget-s", "60", "--runs-at-once", "3"], "--runs-at-once 3: needs at least one CPU core per run; "
-                                                  "this machine has 2"),
+                                                  "this node has 2"),
 ], ids=["nan", "inf", "launcher", "cores"])
 def test_session_options_are_one_line_before_the_corpus(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(study.sweep.os, "sched_getaffinity", lambda pid: {0, 1})  # a 2-core CPU machine

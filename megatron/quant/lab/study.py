@@ -12,7 +12,7 @@ sweep, each finished one written as a ledger entry.
    ``runs_at_once``) that share the GPU (``StudyPlan.wave_seconds``);
 3. trains each wave through the sweep (``DIR/runs/NAME``: run.json, checkpoints, event files; a
    re-run skips finished runs and resumes the others), checking before each that it still fits
-   (the estimate scaled by how much slower this session's waves were than estimated);
+   (the estimate scaled by how much slower this invocation's waves were than estimated);
 4. writes a ledger entry per finished or diverged run into ``DIR/ledger`` (``--add`` puts them
    into the committed ledger, ``docs/study/ledger/<study>/``).
 
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, required=True, help="the study plan (docs/study/plan.yaml)")
     p.add_argument("--ledger", type=Path, default=None,
                    help="the committed ledger (docs/study/ledger): its runs on this corpus are not run again")
-    p.add_argument("--budget-s", type=float, default=None, help="seconds this session may spend, corpus included")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds this invocation may spend, corpus included")
     p.add_argument("--out", type=Path, default=None, help=f"working directory: {CORPUS}/, {RUNS}/, {LEDGER}/ (the "
                                                           "new entries)")
     p.add_argument("--add", type=Path, nargs="+", default=None, metavar="FILE",
@@ -352,7 +352,7 @@ def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, d
 def run_chosen(plan: StudyPlan, chosen: Sequence[Sequence[PlannedRun]], wave_seconds: WaveSeconds,
                built: corpus.Corpus, args: argparse.Namespace, deadline: float) -> list[str]:
     """Train the waves ``chosen`` in order while each still fits before ``deadline`` (its estimate
-    scaled by how much longer this session's waves took than estimated); write the finished runs'
+    scaled by how much longer this invocation's waves took than estimated); write the finished runs'
     entries. Their statuses."""
     slower, statuses = 1.0, []
     for wave in chosen:
