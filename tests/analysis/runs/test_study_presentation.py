@@ -59,3 +59,21 @@ def test_published_gaps_are_anchor_rows_beside_ours(tmp_path):
     bad.write_text("published,recipe,gap,parameters\nX,,not a number,1\n")
     with pytest.raises(ValueError, match="line 2"):
         forest.read_anchors(bad)
+
+
+def test_the_runs_report_draws_published_anchors_beside_its_forest(tmp_path, capsys):
+    from megatron.quant.analysis.runs import metrics
+
+    runs = report.relabel(ledger.ledger_runs(STUDY / "ledger" / "gpu-tier1-d20"), {"te-nvfp4": "te-nvfp4-sr24"})
+    groups = metrics.recipe_groups(runs)
+    anchors = forest.read_anchors(STUDY / "quartet2_anchors.csv")
+    baseline = next(run for run in runs if run.name == "bf16")
+    curves = [run for run in runs if run.seed_of is None]
+    jobs = report.all_figure_jobs(curves, baseline, 0.6, None, groups, metrics.recipe_table(groups, "bf16"), anchors)
+    assert next(job for job in jobs if job.path == forest.NAME).payload["anchors"] == anchors
+    bad = tmp_path / "bad.csv"
+    bad.write_text("published,recipe,gap,parameters\nX,,1%,1\n")
+    argv = ["--ledger", str(STUDY / "ledger" / "gpu-tier1-d20"), "--output_dir", str(tmp_path / "r"), "--anchors"]
+    assert report.main([*argv, str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--anchors: " in err and "line 2" in err and len(err.splitlines()) == 1

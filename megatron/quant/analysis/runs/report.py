@@ -28,7 +28,7 @@ from typing import Mapping, Optional, Sequence
 from megatron.quant.analysis import figure_render
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.runs.draw import draw_bands, figure_jobs
-from megatron.quant.analysis.runs.forest import forest_job
+from megatron.quant.analysis.runs.forest import forest_job, read_anchors
 from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, render_html, write_csv_rows
 from megatron.quant.analysis.runs.ledger import ledger_runs
 from megatron.quant.analysis.runs.metrics import band_payload, noise_band, recipe_groups, recipe_table, summarize
@@ -90,7 +90,8 @@ def relabel(runs: Sequence[Run], labels: Mapping[str, str]) -> list[Run]:
 
 def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name: str = "bf16", smoothing: float = 0.6,
                       dpi: int = 100, command: str = "", ledger_dir: Optional[Path] = None,
-                      corpus: Optional[str] = None, labels: Optional[Mapping[str, str]] = None) -> RunsReport:
+                      corpus: Optional[str] = None, labels: Optional[Mapping[str, str]] = None,
+                      anchors: Sequence[dict] = ()) -> RunsReport:
     """Read the runs (of ``runs_dir``, of the ledger ``ledger_dir`` on the corpus ``corpus``, or both;
     ``labels``: recipes shown under another name), draw the figures, write index.html and runs.csv
     into ``report_dir``."""
@@ -114,7 +115,7 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     groups = recipe_groups(ordered)
     recipes = recipe_table(groups, baseline_name) if len(groups) < len(ordered) else []
     report_dir.mkdir(parents=True, exist_ok=True)
-    jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes)
+    jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes, anchors)
     if recipes:
         write_csv_rows(report_dir / RECIPES_CSV, recipes)
     outcomes = {job.path: figure_render.render(job, report_dir, dpi) for job in jobs}
@@ -128,15 +129,23 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
 
 
 def all_figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band, groups: dict[str, list[Run]],
-                    recipes: Sequence[dict]) -> list[FigureJob]:
+                    recipes: Sequence[dict], anchors: Sequence[dict] = ()) -> list[FigureJob]:
     """Every figure of the report; with a recipe table, the study's forest plot and the seed bands."""
     jobs = figure_jobs(curves, baseline, smoothing, band)
     if recipes:
         bands = band_payload(groups, baseline.name, smoothing)
-        jobs[1:1] = [forest_job(recipes, baseline.name, bands["loss"]),
+        jobs[1:1] = [forest_job(recipes, baseline.name, bands["loss"], anchors=anchors),
                      FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
                                                  "band) and its gap to the baseline's mean", draw_bands, bands)]
     return jobs
+
+
+def _anchors(path: Optional[Path]) -> list[dict]:
+    """``forest.read_anchors`` of ``path`` (none without one); RunsReportError for an unreadable table."""
+    try:
+        return read_anchors(path) if path is not None else []
+    except (OSError, ValueError) as error:
+        raise RunsReportError(f"--anchors: {error}") from error
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -155,6 +164,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--label", action="append", default=[], metavar="RECIPE=NAME",
                         help="show RECIPE's runs as NAME (e.g. a recipe whose definition changed since they ran: "
                              "te-nvfp4=te-nvfp4-sr24); repeatable")
+    parser.add_argument("--anchors", type=Path, default=None, metavar="CSV",
+                        help="published gaps drawn beside ours in the forest plot (docs/study/quartet2_anchors.csv)")
     parser.add_argument("--smoothing", type=float, default=0.6,
                         help="TensorBoard-style smoothing weight in [0, 1) (default: %(default)s)")
     parser.add_argument("--dpi", type=int, default=100, help="resolution of the PNG files (default: %(default)s)")
@@ -178,7 +189,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         check_output_dir(report_dir)
         result = write_runs_report(args.runs_dir, report_dir, args.baseline, args.smoothing, args.dpi,
                                    shlex.join([parser.prog, *argv]), args.ledger, args.corpus,
-                                   parse_labels(args.label))
+                                   parse_labels(args.label), _anchors(args.anchors))
     except (RunsReportError, OutputDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
