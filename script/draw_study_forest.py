@@ -3,6 +3,9 @@
 README's figure from the committed table:
 
     python script/draw_study_forest.py docs/study/study_150_recipes.csv docs/study/study_150_forest.png
+
+``--anchors docs/study/quartet2_anchors.csv`` adds published gaps (Quartet-II's released runs) as
+anchor rows beside ours.
 """
 import argparse
 import sys
@@ -16,12 +19,14 @@ def main() -> int:
     parser.add_argument("recipes_csv", type=Path, help="the recipe table (recipes.csv of a runs report)")
     parser.add_argument("png", type=Path, help="where the figure goes")
     parser.add_argument("--baseline", default="bf16", help="the baseline recipe (default: %(default)s)")
+    parser.add_argument("--anchors", type=Path, default=None,
+                        help="published gaps to draw beside ours (docs/study/quartet2_anchors.csv)")
     args = parser.parse_args()
     if not args.recipes_csv.is_file():
         parser.error(f"no recipe table at {str(args.recipes_csv)!r}")
     try:
-        drawn = draw_from_csv(args.recipes_csv, args.png, args.baseline)
-    except (ValueError, KeyError) as problem:
+        drawn = draw_from_csv(args.recipes_csv, args.png, args.baseline, anchors=args.anchors)
+    except (OSError, ValueError, KeyError) as problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if not drawn.drawn:

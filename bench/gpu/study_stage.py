@@ -22,7 +22,10 @@ def run(context: Context) -> dict:
     out = context.scratch / "study"
     plan = context.study_plan or PLAN
     budget = context.remaining() - MARGIN_S
-    args = ["--plan", str(plan), "--ledger", str(LEDGER), "--budget-s", f"{budget:.0f}", "--out", str(out)]
+    # The check trains the tree it was given, committed or not: --allow-dirty, and each entry says which
+    # (tree_clean, dirty_allowed), so the report marks pairs of changed or differing code as mixed.
+    args = ["--plan", str(plan), "--ledger", str(LEDGER), "--budget-s", f"{budget:.0f}", "--out", str(out),
+            "--allow-dirty"]
     result = context.python("megatron.quant.lab.study", *args, *(["--dry-run"] if context.dry_run else []))
     entries = [json.loads(path.read_text()) for path in sorted((out / "ledger").glob("*.json"))]
     sized = out / "plan.yaml"  # a plan sized here (its sizing block): the text to commit, and the measurements

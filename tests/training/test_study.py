@@ -10,7 +10,6 @@ import pytest
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs import report as runs_report
 from megatron.quant.lab import corpus, study
-from megatron.quant.lab.machine import git_commit
 from megatron.quant.lab.study_plan import PlannedRun, load_plan
 
 PLAN = Path(__file__).resolve().parents[2] / "docs" / "study" / "plan.yaml"
@@ -68,7 +67,7 @@ def _entry(run, recipe, sha="a" * 64, study_name="s", status="finished", device=
     return ledger.LedgerEntry(
         study=study_name, run=run, recipe=recipe, seed=1, status=status, device=device,
         start_time="2026-11-26T10:00:00+00:00", end_time="2026-11-26T10:02:00+00:00", wall_s=120.0, step_s=0.02,
-        iterations=4, tokens=4096, commit="abc", corpus={"sha256": sha, "tokens": 10}, recipe_env={},
+        iterations=4, tokens=4096, commit="abc", tree_clean=True, corpus={"sha256": sha, "tokens": 10}, recipe_env={},
         recipe_resolved=[], flags=[], machine={}, scalars={"train/lm loss": ([2, 4], [5.0, float("nan")])})
 
 
@@ -190,14 +189,15 @@ def test_bad_runner_input_is_one_line(tmp_path, capsys):
 
 def test_add_puts_finished_runs_of_the_plan_into_the_ledger(tmp_path, capsys):
     plan = load_plan(PLAN)
-    good = dataclasses.replace(_entry("te-nvfp4-seed2", "te-nvfp4", study_name=plan.name), seed=2, commit=None)
+    good = dataclasses.replace(_entry("te-nvfp4-seed2", "te-nvfp4", study_name=plan.name), seed=2, commit=None,
+                               tree_clean=None, dirty_allowed=True)  # no git there, trained with --allow-dirty
     stage = tmp_path / "study.json"  # the GPU check's stage record: entries inside
     stage.write_text(json.dumps({"stage": "study", "entries": [ledger.to_json(good)]}))
     argv = ["--plan", str(PLAN), "--ledger", str(tmp_path / "ledger"), "--add"]
     assert study.main([*argv, str(stage)]) == 0
     [added] = ledger.read_ledger(tmp_path / "ledger")
     assert (tmp_path / "ledger" / plan.name / good.file_name).is_file() and added.run == "te-nvfp4-seed2"
-    assert added.commit == git_commit() and added.commit  # none came from the device: this checkout's
+    assert added.commit is None and added.tree_clean is None  # unknown stays unknown: no other checkout's commit
     for bad, message in ((dataclasses.replace(good, seed=3), "is not a run of the plan"),
                          (dataclasses.replace(good, study="other"), "is not a run of the plan"),
                          (dataclasses.replace(good, dry_run=True), "is a dry run: not for the ledger"),
@@ -226,6 +226,7 @@ def test_runs_stop_when_this_sessions_pace_says_the_next_would_not_fit(tmp_path,
     monkeypatch.setattr(study, "ensure_corpus", lambda *args: built)
     monkeypatch.setattr(study, "run_wave", run_wave)
     monkeypatch.setattr(study.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(study.machine, "git_commit", lambda: "f" * 40)  # a clean checkout
     assert study.main(["--plan", str(PLAN), "--budget-s", str(budget), "--out", str(tmp_path)]) == 1
     assert ran == [run.name for run in first]
     chosen = study.select_runs(plan.order, budget, plan.wave_seconds)

@@ -95,7 +95,7 @@ def test_runs_per_gpu_puts_that_many_slots_on_each_gpu():
         slot_environments(5, ["0", "1"], 16, runs_per_gpu=2)
     with pytest.raises(SlotError, match="--runs-per-gpu must be at least 1, got 0"):
         slot_environments(2, ["0"], 16, runs_per_gpu=0)
-    with pytest.raises(SlotError, match="one CPU core per run; this machine has 2"):
+    with pytest.raises(SlotError, match="one CPU core per run; this node has 2"):
         slot_environments(3, [], 2)
 
 

@@ -1,4 +1,4 @@
-"""A real text corpus from files on this machine: ``python -m megatron.quant.lab.corpus OUTPUT_DIR``.
+"""A real text corpus from local files: ``python -m megatron.quant.lab.corpus OUTPUT_DIR``.
 
 Collects the text files under ``--source`` (default: the Python standard library's sources,
 ``sysconfig.get_paths()["stdlib"]`` without site-packages: code with English docstrings and

@@ -1,4 +1,5 @@
-"""Where a run ran: the git commit of this checkout, the machine, and the time (run.json's records)."""
+"""Where a run ran: the git commit of this checkout, the machine (its hardware and software, not its
+name: records are committed), and the time (run.json's records)."""
 from __future__ import annotations
 
 import datetime
@@ -32,6 +33,6 @@ def git_commit() -> str | None:
 def machine() -> dict:
     import torch
 
-    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+    return {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cpus": os.cpu_count(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}

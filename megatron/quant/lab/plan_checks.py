@@ -1,7 +1,9 @@
-"""A study plan's recipes and training flags checked as the sweep will use them, each problem one
-bounded line (the plan reader adds the file and the key)."""
+"""A study plan's recipes and training flags checked as the sweep will use them, and its text checked
+for the lines the sizing writes into; each problem one bounded line (the plan reader adds the file and
+the key)."""
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from megatron.quant.formats.show import show_value
@@ -35,3 +37,18 @@ def flags_problem(flags: Sequence[str], own: Sequence[str]) -> str | None:
     except SweepError as error:
         return str(error)
     return None
+
+
+# The lines of a plan that the sizing (lab/study_sizing.py) rewrites with the size it chose: (before, value, comment).
+SIZED_LINES = {"preset": r"^(  preset: *)(\S+)( *#.*)?$", "train_iters": r"^(train_iters: *)(\d+)( *#.*)?$",
+               "eval_interval": r"^(eval_interval: *)(\d+)( *#.*)?$", "fixed_on": r"^(  fixed_on: *)(.*?)( *#.*)?$"}
+
+
+def sized_lines_problem(text: str) -> str | None:
+    """Why the sizing could not write its size into the plan ``text``, or None: each of
+    ``SIZED_LINES`` must be there, one key a line in block style."""
+    missing = [key for key, pattern in SIZED_LINES.items() if not re.search(pattern, text, flags=re.MULTILINE)]
+    if not missing:
+        return None
+    return (f"no line for {', '.join(missing)} in block style (e.g. 'train_iters: 521', '  fixed_on: null' under "
+            "sizing:): the sizing writes its size into these lines")

@@ -45,7 +45,7 @@ def slot_environments(parallel: int, gpus: Sequence[str], cpus: int, gpus_per_ru
                                                        (i // runs_per_gpu + 1) * gpus_per_run])}
                 for i in range(parallel)]
     if parallel > cpus:
-        raise SlotError(f"--parallel {parallel} needs at least one CPU core per run; this machine has {cpus}")
+        raise SlotError(f"--parallel {parallel} needs at least one CPU core per run; this node has {cpus}")
     return [{"OMP_NUM_THREADS": str(cpus // parallel)} for _ in range(parallel)]
 
 

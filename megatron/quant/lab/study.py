@@ -12,18 +12,24 @@ sweep, each finished one written as a ledger entry.
    ``runs_at_once``) that share the GPU (``StudyPlan.wave_seconds``);
 3. trains each wave through the sweep (``DIR/runs/NAME``: run.json, checkpoints, event files; a
    re-run skips finished runs and resumes the others), checking before each that it still fits
-   (the estimate scaled by how much slower this session's waves were than estimated);
+   (the estimate scaled by how much slower this invocation's waves were than estimated);
 4. writes a ledger entry per finished or diverged run into ``DIR/ledger`` (``--add`` puts them
    into the committed ledger, ``docs/study/ledger/<study>/``).
 
+A run for the ledger (not ``--dry-run``) starts only from a git checkout without uncommitted changes:
+its entry's commit then names the code that ran. ``--allow-dirty`` trains from a changed tree (or one
+without git) anyway, and its entries say so (``tree_clean``, ``dirty_allowed``).
+
 ``--add FILE ...``: instead of running, put finished runs' entries into ``--ledger`` under
 ``<study>/``: entry files (``DIR/ledger/*.json``) or the GPU check's ``study.json`` (its
-``entries``); entries of another study or of runs the plan does not have are refused, and an
-entry without a commit (the device's copy of the tree has no git) gets this checkout's.
+``entries``). Each entry is read and checked on its own: one that is not JSON, not an entry, of another
+study, of a run the plan does not have, a dry run, a run given twice, or from a changed tree without
+``--allow-dirty`` is refused in one line naming it, and the good ones are written all the same.
 
-``--measured``: instead of running, print what the ledger measured per device (each recipe's step
-time alone, the slowdown of runs at once, the start-up) as the plan's ``step_time.measured`` block,
-and the ``train_iters`` that fit a run into ``--target-s`` (``study_measure``).
+``--measured``: instead of running (an unreadable entry is named and left out), print what the
+ledger measured per device (each recipe's step time alone, the slowdown of runs at once, the
+start-up) as the plan's ``step_time.measured`` block, and the ``train_iters`` that fit a run into
+``--target-s`` (``study_measure``).
 
 ``--dry-run``: the same path on CPU in seconds: a toy model (``DRY_RUN_FLAGS``, the plan's model
 and sizes overridden), a small corpus (``--corpus-source`` or the standard library's first
@@ -45,10 +51,20 @@ from typing import Callable, Mapping, Sequence
 
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS
-from megatron.quant.lab import corpus, sweep
+from megatron.quant.lab import corpus, machine, sweep
 from megatron.quant.lab.signals import SweepInterrupted
 from megatron.quant.lab.study_checks import SessionError, check_seconds, check_session
-from megatron.quant.lab.study_ledger import StudyError, add_entries, flag_value, ledger_entry, resolved_today
+from megatron.quant.lab.study_ledger import (
+    CORPUS,
+    LEDGER,
+    RUNS,
+    SIZING,
+    StudyError,
+    add_entries,
+    flag_value,
+    ledger_entry,
+    resolved_today,
+)
 from megatron.quant.lab.study_measure import describe, describe_measured, measure
 from megatron.quant.lab.study_plan import (
     MAX_RUNS_AT_ONCE,
@@ -58,6 +74,7 @@ from megatron.quant.lab.study_plan import (
     load_plan,
     waves,
 )
+from megatron.quant.lab.study_power import describe_power, for_target
 from megatron.quant.lab.study_sizing import (
     Measurement,
     measurement_flags,
@@ -68,7 +85,6 @@ from megatron.quant.lab.study_sizing import (
 from megatron.quant.training import metrics, notices
 from megatron.quant.training.env import scoped_environ
 
-CORPUS, RUNS, LEDGER, SIZING = "corpus", "runs", "ledger", "sizing"  # under --out; and sizing.json, plan.yaml
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
                  "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr-warmup-iters", "0",
                  "--log-interval", "1", "--eval-interval", "2", "--eval-iters", "1", "--save-interval", "2")
@@ -149,7 +165,8 @@ def ensure_corpus(plan: StudyPlan, directory: Path, source: Path | None, dry_run
 def training_flags(plan: StudyPlan, built: corpus.Corpus, cache: Path | None, dry_run: bool) -> list[str]:
     """The flags every run of the plan gets (the sweep adds the seed runs' --seed). Without ``cache``
     (runs at once, which would race on building one) the sweep gives each run its own."""
-    return [*plan.model_flags(), *plan.training_flags, "--data-path", built.data_path, "--split", built.split,
+    shaped = dataclasses.replace(plan, shape_override={}) if dry_run else plan  # the toy model's shape, not the plan's
+    return [*shaped.model_flags(), *plan.training_flags, "--data-path", built.data_path, "--split", built.split,
             *built.tokenizer, *(["--data-cache-path", str(cache)] if cache else []), "--seed", str(plan.seeds[0]),
             *(DRY_RUN_FLAGS if dry_run else ())]
 
@@ -175,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, required=True, help="the study plan (docs/study/plan.yaml)")
     p.add_argument("--ledger", type=Path, default=None,
                    help="the committed ledger (docs/study/ledger): its runs on this corpus are not run again")
-    p.add_argument("--budget-s", type=float, default=None, help="seconds this session may spend, corpus included")
+    p.add_argument("--budget-s", type=float, default=None, help="seconds this invocation may spend, corpus included")
     p.add_argument("--out", type=Path, default=None, help=f"working directory: {CORPUS}/, {RUNS}/, {LEDGER}/ (the "
                                                           "new entries)")
     p.add_argument("--add", type=Path, nargs="+", default=None, metavar="FILE",
@@ -191,7 +208,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print what --ledger measured per device as the plan's step_time.measured block, and the "
                         "train_iters that fit a run into --target-s; train nothing")
     p.add_argument("--target-s", type=float, default=120.0, help="a run's time to size for (default: %(default)s)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="train for the ledger from a tree with uncommitted changes (or without git); its entries "
+                        "say so, and the report marks their pairs mixed")
     return p
+
+
+def check_tree(allow_dirty: bool) -> None:
+    """Refuse a checkout whose commit would not name the code that runs, unless ``allow_dirty``."""
+    commit = machine.git_commit()
+    if commit is not None and not commit.endswith(ledger.DIRTY):
+        return
+    what = ("is not a git checkout: its entries could name no commit" if commit is None else
+            f"has uncommitted changes (commit {commit[:12]}): its entries' commit would not name the code that ran")
+    if not allow_dirty:
+        raise StudyError(f"this checkout {what}; commit them (git status), or give --allow-dirty")
+    _say(f"--allow-dirty: this checkout {what}; the entries say so")
 
 
 def _say(line: str) -> None:
@@ -207,11 +239,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.add is not None:
             if args.ledger is None:
                 raise StudyError("--add needs --ledger, the ledger directory to put the entries in")
-            for path in add_entries(plan, args.add, args.ledger):
+            written, refused = add_entries(plan, args.add, args.ledger)
+            for path in written:
                 _say(f"added {path}")
-            return 0
+            for why in refused:
+                print(f"study: error: refused {why}", file=sys.stderr)
+            return 2 if refused else 0
         if args.show:
-            _say(describe(plan).replace("\n", "\nstudy: "))
+            entries = ledger.read_ledger(args.ledger, []) if args.ledger is not None else []
+            plan, target = for_target(plan, entries)
+            _say("\n".join(filter(None, [describe(plan), target, describe_power(plan, entries) if entries else ""]))
+                 .replace("\n", "\nstudy: "))
             return 0
         if args.measured:
             return _print_measured(plan, args)
@@ -223,8 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = dataclasses.replace(plan, runs_at_once=args.runs_at_once or plan.runs_at_once)
         at_once = plan.runs_at_once
         check_session(args.out, args.launcher, at_once)
-        entries = ledger.read_ledger(args.ledger) if args.ledger is not None else []
-        _say(describe(plan).replace("\n", "\nstudy: "))
+        if not args.dry_run:
+            check_tree(args.allow_dirty)
+        entries = ledger.read_ledger(args.ledger, []) if args.ledger is not None else []
+        plan, target = for_target(plan, entries)
+        _say("\n".join(filter(None, [describe(plan), target, describe_power(plan, entries) if entries else ""]))
+             .replace("\n", "\nstudy: "))
         built = ensure_corpus(plan, args.out / CORPUS, args.corpus_source, args.dry_run)
     except (StudyError, StudyPlanError, ledger.LedgerError, corpus.CorpusError, SessionError) as error:
         print(f"study: error: {error}", file=sys.stderr)
@@ -272,7 +314,10 @@ def _print_measured(plan: StudyPlan, args: argparse.Namespace) -> int:
     if args.ledger is None:
         raise StudyError("--measured needs --ledger, the ledger directory to read the runs' times from")
     check_seconds(args.target_s, "--target-s")
-    found = measure(plan, ledger.read_ledger(args.ledger))
+    refused: list[tuple[str, str]] = []
+    found = measure(plan, ledger.read_ledger(args.ledger, refused))
+    for _path, why in refused:
+        print(f"study: error: refused {why}; left out", file=sys.stderr)
     if not found:
         _say(f"{args.ledger} holds no timed, finished runs of study {plan.name} yet")
     for device in found:
@@ -307,7 +352,7 @@ def size_tier(plan: StudyPlan, built: corpus.Corpus, args: argparse.Namespace, d
 def run_chosen(plan: StudyPlan, chosen: Sequence[Sequence[PlannedRun]], wave_seconds: WaveSeconds,
                built: corpus.Corpus, args: argparse.Namespace, deadline: float) -> list[str]:
     """Train the waves ``chosen`` in order while each still fits before ``deadline`` (its estimate
-    scaled by how much longer this session's waves took than estimated); write the finished runs'
+    scaled by how much longer this invocation's waves took than estimated); write the finished runs'
     entries. Their statuses."""
     slower, statuses = 1.0, []
     for wave in chosen:
@@ -334,7 +379,7 @@ def _report(plan: StudyPlan, run: PlannedRun, status: str, built: corpus.Corpus,
         _say(f"{run.name}: {status}, no ledger entry")
         return
     entry = ledger_entry(plan, run, args.out / RUNS / run.name, built, args.dry_run, at_once,
-                         DRY_RUN_VOCAB if args.dry_run else None)
+                         DRY_RUN_VOCAB if args.dry_run else None, args.allow_dirty)
     path = ledger.write_entry(entry, args.out / LEDGER)
     last = entry.scalars.get(LOSS, ([], [float("nan")]))[1][-1]
     planned = plan.step_seconds(run.recipe) * plan.slowdown(at_once)

@@ -24,7 +24,7 @@ def check_seconds(value: float, option: str) -> None:
 
 def check_session(out: Path, launcher: str, runs_at_once: int) -> None:
     """SessionError for an ``--out`` that cannot be written, a ``--launcher`` that cannot run, or
-    ``runs_at_once`` more than this machine gives slots for."""
+    ``runs_at_once`` more than this node gives slots for."""
     try:
         check_output_dir(out, "--out")
         argv = shlex.split(launcher)

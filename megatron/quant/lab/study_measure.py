@@ -18,6 +18,7 @@ from typing import Sequence
 from megatron.quant.analysis.runs.ledger import LedgerEntry
 from megatron.quant.lab import sweep
 from megatron.quant.lab.study_plan import VALIDATION_COST, StudyPlan, waves
+from megatron.quant.training import metrics
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,10 @@ def all_runs_seconds(plan: StudyPlan) -> float:
 
 def describe(plan: StudyPlan) -> str:
     """The plan's sizes and per-run estimates, one line each."""
-    lines = [f"study {plan.name}: {plan.preset}, {plan.non_embedding_parameters / 1e6:.2f}M non-embedding "
-             f"parameters, {plan.train_iters} iterations x {plan.tokens_per_iteration:,} tokens = "
+    shape = f"{plan.preset}" + "".join(f", {key} {value}" for key, value in plan.shape_override.items())
+    lines = [f"study {plan.name}: {shape}, {plan.non_embedding_parameters / 1e6:.2f}M non-embedding "
+             f"parameters ({metrics.num_parameters(plan.shape) / 1e6:.2f}M with the embeddings), {plan.train_iters} "
+             f"iterations x {plan.tokens_per_iteration:,} tokens = "
              f"{plan.tokens_per_run / 1e6:.0f}M tokens ({plan.tokens_per_parameter:.1f} per parameter), "
              f"{plan.flops_per_iteration / 1e12:.2f} TFLOP per iteration",
              f"{len(plan.order)} runs: {len(plan.recipes)} recipes x {len(plan.seeds)} seeds; per run "
@@ -104,5 +107,6 @@ def describe(plan: StudyPlan) -> str:
         how = "measured" if plan.runs_at_once in plan.step_time.shared_slowdown else "assumed until measured"
         lines.append(f"{plan.runs_at_once} runs at once share the GPU, each taking {slowdown:.2f}x as long as alone "
                      f"({how}): {plan.runs_at_once / slowdown:.2f}x the throughput")
-    lines.append(f"all runs: {all_runs_seconds(plan) / 60:.0f} minutes")
+    lines.append(f"all runs: {all_runs_seconds(plan) / 60:.0f} minutes = {all_runs_seconds(plan) / 3600:.1f} GPU-hours "
+                 f"on one GPU ({plan.runs_at_once} at once)")
     return "\n".join(lines)

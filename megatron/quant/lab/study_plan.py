@@ -1,24 +1,22 @@
-"""A study plan (``docs/study/plan.yaml``): the model, data, recipes, seeds, the order their runs
-go in, and how long each run takes, read and checked before anything runs.
-
-A run is (recipe, seed), named as the sweep names it: the plan's first seed's run after the recipe
-(``te-nvfp4``), the others ``<recipe>-seed<N>`` (the runs report's seed runs). ``order`` is a list
-of stages ``{recipes: [...] | all, seeds: [...]}``, each run seed by seed, and must name every run
-of the plan exactly once. A run's time is estimated from the FLOPs of an iteration, an assumed
-throughput and a per-recipe overhead, or taken from ``step_time.measured.step_s`` once a GPU has
-measured the recipe. ``runs_at_once`` runs share the GPU at a time, in waves of the order; each
-takes ``step_time.measured.shared_slowdown[K]`` times as long as alone, assumed K (no gain) until
-measured. Bad plans raise ``StudyPlanError``, one line naming the key and the value.
-"""
+"""A study plan (``docs/study/plan.yaml``): the model, data, recipes, seeds, the order their runs go in, and how
+long each run takes, read and checked before anything runs. A run is (recipe, seed), named as the sweep names it:
+the first seed's run after the recipe (``te-nvfp4``), the others ``<recipe>-seed<N>``. ``order`` is a list of
+stages ``{recipes: [...] | all, seeds: [...]}``, each run seed by seed, naming every run exactly once. A run's time
+is estimated from the FLOPs of an iteration, an assumed throughput and a per-recipe overhead, or taken from
+``step_time.measured.step_s`` once a GPU has measured the recipe. ``runs_at_once`` runs share the GPU, in waves of
+the order, each ``step_time.measured.shared_slowdown[K]`` times as long as alone (K until measured). A plan still
+to be sized must hold the lines the sizing writes into (checked at load). Bad plans raise ``StudyPlanError``, one
+line naming the key and the value."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
 
-from megatron.quant.lab.plan_checks import flags_problem, recipe_problem
+from megatron.quant.lab.plan_checks import flags_problem, recipe_problem, sized_lines_problem
+from megatron.quant.lab.plan_reader import PlanReader, StudyPlanError
 from megatron.quant.lab.sweep_plan import SEED_SUFFIX
 from megatron.quant.training import metrics
 from megatron.quant.training.env import environment_problem
@@ -29,18 +27,16 @@ VERSION = 1
 ALL = "all"
 _KEYS = ("version", "name", "model", "micro_batch_size", "global_batch_size", "train_iters", "log_interval",
          "eval_interval", "eval_iters", "training_flags", "environment", "data", "recipes", "seeds", "order",
-         "step_time", "runs_at_once", "sizing")
+         "step_time", "runs_at_once", "sizing", "target_interval", "power_from")
+SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups")
 VALIDATION_COST = 1 / 3  # of a training iteration: forward only
 MAX_RUNS_AT_ONCE = 8  # processes sharing one GPU; beyond that the study model's memory and the CPU cores run out
 _DATA_KEYS = ("site_packages", "max_bytes", "valid_fraction", "seed", "tokenizer_vocab", "tokenizer_train_bytes")
 # Flags the plan sets from its own keys (or the runner per run): refused in training_flags.
-_OWN_FLAGS = ("--model", "--seq-length", "--max-position-embeddings", "--micro-batch-size", "--global-batch-size",
-              "--train-iters", "--log-interval", "--eval-interval", "--eval-iters", "--seed", "--data-path",
-              "--split", "--tokenizer-type", "--tokenizer-model", "--save-interval")
-
-
-class StudyPlanError(ValueError):
-    """A plan that cannot run; the message names the file, the key and what is allowed."""
+_SHAPE_FLAGS = {key: f"--{key.replace('_', '-')}" for key in SHAPE_KEYS}
+_OWN_FLAGS = (*_SHAPE_FLAGS.values(), "--model", "--seq-length", "--max-position-embeddings", "--micro-batch-size",
+              "--global-batch-size", "--train-iters", "--log-interval", "--eval-interval", "--eval-iters", "--seed",
+              "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--save-interval")
 
 
 @dataclass(frozen=True)
@@ -104,10 +100,13 @@ class StudyPlan:
     step_time: StepEstimate
     runs_at_once: int = 1
     sizing: Sizing | None = None
+    shape_override: Mapping[str, int] = field(default_factory=dict)  # model.shape: the preset's shape changed
+    target_interval: float | None = None  # the paired 95 % half-width asked for (relative); None: the seeds given
+    power_from: str | None = None  # the study whose paired spread sizes the seeds (None: this one)
 
     @property
     def shape(self) -> dict:
-        return get_preset(self.preset)
+        return {**get_preset(self.preset), **self.shape_override}
 
     @property
     def tokens_per_iteration(self) -> int:
@@ -165,7 +164,8 @@ class StudyPlan:
                 str(self.seq_length), "--micro-batch-size", str(self.micro_batch_size), "--global-batch-size",
                 str(self.global_batch_size), "--train-iters", str(self.train_iters), "--log-interval",
                 str(self.log_interval), "--eval-interval", str(self.eval_interval), "--eval-iters",
-                str(self.eval_iters), "--save-interval", str(self.train_iters)]
+                str(self.eval_iters), "--save-interval", str(self.train_iters),
+                *(arg for key, value in self.shape_override.items() for arg in (_SHAPE_FLAGS[key], str(value)))]
 
 
 def non_embedding_parameters(shape: Mapping) -> int:
@@ -183,43 +183,7 @@ def run_name(recipe: str, seed: int, seeds: Sequence[int]) -> str:
     return recipe if seed == seeds[0] else f"{recipe}{SEED_SUFFIX}{seed}"
 
 
-class _Reader:
-    """Typed access to the plan's mapping; every failure names the file and the key."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, key: str, message: str) -> StudyPlanError:
-        return StudyPlanError(f"{self.path}: {key}: {message}")
-
-    def mapping(self, value: Any, key: str, allowed: Sequence[str] | None = None) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected a mapping, got {value!r}")
-        unknown = sorted(set(map(str, value)) - set(allowed)) if allowed is not None else []
-        if unknown:
-            raise self.fail(key, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
-        return value
-
-    def integer(self, value: Any, key: str, minimum: int = 1) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(key, f"expected an integer >= {minimum}, got {value!r}")
-        return value
-
-    def number(self, value: Any, key: str, low: float = 0.0, high: float = float("inf")) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
-            raise self.fail(key, f"expected a number in ({low:g}, {high:g}), got {value!r}")
-        return float(value)
-
-    def names(self, value: Any, key: str) -> list[str]:
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(key, f"expected a non-empty list of names, got {value!r}")
-        duplicates = sorted({v for v in value if value.count(v) > 1})
-        if duplicates:
-            raise self.fail(key, f"{', '.join(duplicates)} given twice")
-        return value
-
-
-def _seeds(read: _Reader, value: Any, key: str) -> list[int]:
+def _seeds(read: PlanReader, value: Any, key: str) -> list[int]:
     if not isinstance(value, list) or not value:
         raise read.fail(key, f"expected a non-empty list of integer seeds, got {value!r}")
     seeds = [read.integer(seed, key, minimum=0) for seed in value]
@@ -229,7 +193,7 @@ def _seeds(read: _Reader, value: Any, key: str) -> list[int]:
     return seeds
 
 
-def _order(read: _Reader, value: Any, recipes: list[str], seeds: list[int]) -> list[PlannedRun]:
+def _order(read: PlanReader, value: Any, recipes: list[str], seeds: list[int]) -> list[PlannedRun]:
     if not isinstance(value, list) or not value:
         raise read.fail("order", f"expected a non-empty list of stages {{recipes, seeds}}, got {value!r}")
     runs: list[PlannedRun] = []
@@ -260,7 +224,7 @@ def _order(read: _Reader, value: Any, recipes: list[str], seeds: list[int]) -> l
     return runs
 
 
-def _flags(read: _Reader, value: Any) -> tuple[str, ...]:
+def _flags(read: PlanReader, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(flag, str) for flag in value):
         raise read.fail("training_flags", f"expected a list of strings, got {value!r}")
     if problem := flags_problem(value, _OWN_FLAGS):
@@ -268,7 +232,7 @@ def _flags(read: _Reader, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _step_time(read: _Reader, value: Any) -> StepEstimate:
+def _step_time(read: PlanReader, value: Any) -> StepEstimate:
     value = read.mapping(value, "step_time", ("estimate", "measured"))
     estimate = read.mapping(value.get("estimate"), "step_time.estimate",
                             ("tflops", "startup_s", "default_overhead", "overhead"))
@@ -293,7 +257,7 @@ def _step_time(read: _Reader, value: Any) -> StepEstimate:
         shared_slowdown={k: read.number(v, f"step_time.measured.shared_slowdown.{k}") for k, v in shared.items()})
 
 
-def _data(read: _Reader, value: Any) -> DataSpec:
+def _data(read: PlanReader, value: Any) -> DataSpec:
     data = read.mapping(value, "data", _DATA_KEYS)
     optional = {key: read.integer(data[key], f"data.{key}") if data.get(key) is not None else None
                 for key in ("max_bytes", "tokenizer_train_bytes")}
@@ -306,7 +270,7 @@ def _data(read: _Reader, value: Any) -> DataSpec:
                     **optional)
 
 
-def _sizing(read: _Reader, value: Any, preset: str, seq_length: int, recipes: list[str], vocab: int) -> Sizing:
+def _sizing(read: PlanReader, value: Any, preset: str, seq_length: int, recipes: list[str], vocab: int) -> Sizing:
     value = read.mapping(value, "sizing", ("candidates", "measured", "alone", "tokens_per_parameter", "measure_iters",
                                            "fixed_on"))
     candidates = read.names(value.get("candidates"), "sizing.candidates")
@@ -338,18 +302,27 @@ def _sizing(read: _Reader, value: Any, preset: str, seq_length: int, recipes: li
 
 def parse_plan(raw: Any, path: Path) -> StudyPlan:
     """The checked plan from its parsed YAML."""
-    read = _Reader(path)
+    read = PlanReader(path)
     raw = read.mapping(raw, "plan", _KEYS)
     if raw.get("version") != VERSION:
         raise read.fail("version", f"this code reads plan version {VERSION}, got {raw.get('version')!r}")
     name = raw.get("name")
     if not isinstance(name, str) or not name or "/" in name:
         raise read.fail("name", f"expected a name (no '/'), got {name!r}")
-    model = read.mapping(raw.get("model"), "model", ("preset", "seq_length"))
+    model = read.mapping(raw.get("model"), "model", ("preset", "seq_length", "shape"))
     try:
         shape = get_preset(str(model.get("preset")))
     except ValueError as error:
         raise read.fail("model.preset", str(error)) from error
+    override = {str(k): read.integer(v, f"model.shape.{k}")
+                for k, v in read.mapping(model.get("shape") or {}, "model.shape", SHAPE_KEYS).items()}
+    if override and raw.get("sizing") is not None:
+        raise read.fail("model.shape", "a plan sized on the device takes its shapes from sizing.candidates; drop one")
+    shape = {**shape, **override}
+    if shape["hidden_size"] % shape["num_attention_heads"] or shape["num_attention_heads"] % shape["num_query_groups"]:
+        raise read.fail("model.shape", f"hidden_size {shape['hidden_size']}, num_attention_heads "
+                                       f"{shape['num_attention_heads']}, num_query_groups {shape['num_query_groups']}: "
+                                       "heads must divide the hidden size and query groups the heads")
     seq_length = read.integer(model.get("seq_length"), "model.seq_length")
     if seq_length > shape["max_position_embeddings"]:
         raise read.fail("model.seq_length", f"{seq_length} exceeds the preset's {shape['max_position_embeddings']} "
@@ -381,7 +354,10 @@ def parse_plan(raw: Any, path: Path) -> StudyPlan:
         training_flags=_flags(read, raw.get("training_flags") or []),
         environment={k: str(v) for k, v in environment.items()}, data=_data(read, raw.get("data")),
         recipes=tuple(recipes), seeds=tuple(seeds), order=tuple(_order(read, raw.get("order"), recipes, seeds)),
-        step_time=_step_time(read, raw.get("step_time")), runs_at_once=at_once,
+        step_time=_step_time(read, raw.get("step_time")), runs_at_once=at_once, shape_override=override,
+        target_interval=None if raw.get("target_interval") is None else read.number(
+            raw["target_interval"], "target_interval", high=0.5),
+        power_from=None if raw.get("power_from") is None else read.names([raw["power_from"]], "power_from")[0],
         sizing=None if raw.get("sizing") is None else _sizing(read, raw["sizing"], str(model["preset"]), seq_length,
                                                                recipes, _data(read, raw.get("data")).tokenizer_vocab))
 
@@ -390,11 +366,14 @@ def load_plan(path: Path) -> StudyPlan:
     """Read and check the plan at ``path``."""
     path = Path(path)
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
+        raw = load_yaml(text := path.read_text(encoding="utf-8"), str(path))
     except YamlError as error:
         raise StudyPlanError(f"{error} (a plan needs a few hundred)") from error
     except OSError as error:
         raise StudyPlanError(f"{path}: cannot read the plan ({error.strerror or error})") from error
     except yaml.YAMLError as error:
         raise StudyPlanError(f"{path}: not YAML ({str(error).splitlines()[0]})") from error
-    return parse_plan(raw, path)
+    plan = parse_plan(raw, path)
+    if plan.sizing is not None and plan.sizing.fixed_on is None and (problem := sized_lines_problem(text)):
+        raise StudyPlanError(f"{path}: sizing: {problem}")  # found now, not after minutes of measuring
+    return plan

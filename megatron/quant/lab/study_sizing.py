@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 from megatron.quant.analysis.runs.read import TOKENS_PER_S, read_scalars
 from megatron.quant.lab import sweep
 from megatron.quant.lab.machine import seconds_between
+from megatron.quant.lab.plan_checks import SIZED_LINES
 from megatron.quant.lab.study_measure import all_runs_seconds
 from megatron.quant.lab.study_plan import StudyPlan, StudyPlanError, non_embedding_parameters
 from megatron.quant.lab.sweep_plan import TENSORBOARD
@@ -202,15 +203,11 @@ def _describe(m: Measurement) -> str:
 
 
 # each line's key (kept), its value (replaced) and its comment (kept)
-_LINE = {"preset": r"^(  preset: *)(\S+)( *#.*)?$", "train_iters": r"^(train_iters: *)(\d+)( *#.*)?$",
-         "eval_interval": r"^(eval_interval: *)(\d+)( *#.*)?$", "fixed_on": r"^(  fixed_on: *)(.*?)( *#.*)?$"}
-
-
 def sized_plan_text(text: str, preset: str, train_iters: int, eval_interval: int, fixed_on: str) -> str:
     """The plan's text with the chosen size written in (its other lines and comments kept)."""
     values = {"preset": preset, "train_iters": str(train_iters), "eval_interval": str(eval_interval),
               "fixed_on": f'"{fixed_on}"'}
-    for key, pattern in _LINE.items():
+    for key, pattern in SIZED_LINES.items():
         text, count = re.subn(pattern, lambda m, v=values[key]: m.group(1) + v + (m.group(3) or ""), text,
                               count=1, flags=re.MULTILINE)
         if count != 1:

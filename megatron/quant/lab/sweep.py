@@ -92,9 +92,10 @@ def outcome(run_dir: Path, returncode: int, train_iters: int) -> str:
 
 
 def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[str], train_iters: int,
-            slot: Mapping[str, str] | None = None, lock: int | None = None) -> str:
+            slot: Mapping[str, str] | None = None, lock: int | None = None, phases: Sequence[str] = ()) -> str:
     """Run (or resume) ``run`` with ``command``, keeping run.json up to date; its status. In a
     ``slot`` (``--parallel``): with the slot's environment, output appended to ``run_dir/train.log``.
+    A scheduled recipe's ``phases`` (one line each, with its iterations) go into run.json.
     The trainer inherits the run's ``lock`` descriptor and dies with the sweep (``training.lifetime``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key not in RECIPE_NAMING}  # the run's recipe names it
@@ -107,7 +108,7 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     attempt = {"start_time": utc_now(), "command": command, "git_commit": git_commit(), "machine": machine(),
                "environment": dict(environment_of(env))}
     record.update(flags=[*flags, *run.extra_flags], git_commit=attempt["git_commit"], machine=attempt["machine"],
-                  status=RUNNING)
+                  status=RUNNING, **({"phases": list(phases)} if phases else {}))
     record["attempts"].append(attempt)
     _write_run(run_dir, record)
     status = INTERRUPTED
@@ -137,7 +138,7 @@ def _launcher_value(launcher: Sequence[str], *names: str) -> str | None:
 
 
 def parallel_slots(parallel: int, launcher: Sequence[str], runs_per_gpu: int = 1) -> list[dict[str, str]]:
-    """``--parallel``'s slots on this machine: its GPUs shared by processes per run (and by
+    """``--parallel``'s slots on this node: its GPUs shared by processes per run (and by
     ``runs_per_gpu`` runs), else its cores."""
     import torch
 
@@ -246,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SweepError(f"--seeds: seed {args.seed} is the training flags' --seed, which every recipe's own "
                              "run has already; drop it")
         runs = plan_runs(options.recipes, options.seeds, options.baseline, options.ablate)
-        check_schedules(runs, args.train_iters)
+        phases = check_schedules(runs, args.train_iters)
         if options.only is not None:
             runs = only_runs(runs, options.only)
         if options.runs_per_gpu != 1 and options.parallel == 1:
@@ -266,15 +267,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         slots = parallel_slots(options.parallel, launcher, options.runs_per_gpu) if options.parallel > 1 else None
         with run_locks(options.output_dir, [run.name for run in runs]) as locks:  # read the statuses under them
             statuses = {run.name: (read_run(options.output_dir / run.name) or {}).get("status") for run in runs}
-            return _sweep(options, args, runs, statuses, launcher, slots, locks)
+            return _sweep(options, args, runs, statuses, launcher, slots, locks, phases)
     except (SweepError, SlotError, RunLockedError, ValueError) as error:  # ValueError: shlex's unclosed quote
         print(f"sweep: error: {error}", file=sys.stderr)
         return 2
 
 
 def _sweep(options: argparse.Namespace, args: argparse.Namespace, runs: Sequence[SweepRun], statuses: dict,
-           launcher: list[str], slots: list[dict[str, str]] | None, locks: Mapping[str, int]) -> int:
-    """Execute ``runs`` (their locks held); the sweep's exit status."""
+           launcher: list[str], slots: list[dict[str, str]] | None, locks: Mapping[str, int],
+           phases: Mapping[str, list[str]]) -> int:
+    """Execute ``runs`` (their locks held; ``phases``: a scheduled run's, for its run.json); the sweep's
+    exit status."""
 
     def sweep_one(run: SweepRun, slot: dict[str, str] | None = None) -> str:
         run_dir = options.output_dir / run.name
@@ -288,7 +291,8 @@ def _sweep(options: argparse.Namespace, args: argparse.Namespace, runs: Sequence
         command = train_command(run, run_dir, launcher, options.flags, wandb=args.wandb_project is not None)
         if args.data_path is not None and args.data_cache_path is None:  # not beside the data, which may be
             command += ["--data-cache-path", str(run_dir / DATA_CACHE)]  # read-only; runs at once would race there
-        status = execute(run, run_dir, command, options.flags, args.train_iters, slot, locks[run.name])
+        status = execute(run, run_dir, command, options.flags, args.train_iters, slot, locks[run.name],
+                         phases.get(run.name, ()))
         _say(f"sweep: {run.name}: {status}")
         return status
 

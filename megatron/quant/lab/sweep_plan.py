@@ -92,18 +92,24 @@ def ablation_tokens(bases: Sequence[str], given: Sequence[str]) -> list[str]:
     return tokens
 
 
-def check_schedules(runs: Sequence[SweepRun], train_iters: int) -> None:
+def check_schedules(runs: Sequence[SweepRun], train_iters: int) -> dict[str, list[str]]:
     """SweepError, before any run starts, for a recipe whose schedule cannot run in ``train_iters``
-    iterations (a switch past the end, overlapping phases): what each run's trainer would refuse."""
+    iterations (a switch past the end, overlapping phases): what each run's trainer would refuse.
+    The phases of each scheduled run, one line each with its iterations (for its run.json)."""
     from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
+    phases = {}
     for run in runs:
         try:
             recipe = QuantRecipe.from_env(dict(run.env))
             if recipe.schedule:
-                recipe.schedule.bind(train_iters, f"run {run.name}")
+                bound = recipe.schedule.bind(train_iters, f"run {run.name}")
+                phases[run.name] = [f"phase {i}: {phase.describe()} (iterations {first}-{end - 1})" for i, (
+                    phase, (first, end)) in enumerate(zip(bound.phases, bound.spans()), start=1)] + (
+                    [f"evaluation: {bound.evaluation.name}"] if bound.evaluation is not None else [])
         except RecipeError as error:
             raise SweepError(str(error)) from error
+    return phases
 
 
 def plan_runs(recipes: str, seeds: Sequence[int] = (), baseline: str | None = None,

@@ -39,8 +39,8 @@ def test_recipe_table_gives_mean_gap_uncertainty_and_noise_verdict(seeded):
     assert list(rows) == ["bf16", "far", "near", "shaky", "single"]  # the baseline first
     end = seed_stats.endpoint(BASE)
     base = rows["bf16"]
-    assert base["seeds"] == 3 and base["loss mean"] == pytest.approx(end, rel=1e-6)
-    assert base["loss std"] == pytest.approx(0.01 * end, rel=1e-4)
+    assert base["seeds"] == 3 and base["last-10% loss mean"] == pytest.approx(end, rel=1e-6)
+    assert base["last-10% loss std"] == pytest.approx(0.01 * end, rel=1e-4)
     assert base["baseline seed spread"] == pytest.approx(0.02, rel=1e-4)
     assert base["validation loss mean"] == pytest.approx(2.0, rel=1e-6)
     assert base["validation loss std"] == pytest.approx(0.02, rel=1e-4)
@@ -50,7 +50,7 @@ def test_recipe_table_gives_mean_gap_uncertainty_and_noise_verdict(seeded):
     assert far["beyond noise"] is True and near["beyond noise"] is False
     assert near["gap to baseline"] == pytest.approx(0.005, rel=1e-3)
     assert (near["seeds"], near["incomplete"], near["diverged"]) == (4, 1, 0)
-    assert near["loss std"] == pytest.approx(0.01 * 1.005 * end, rel=1e-3)  # over the three complete seeds
+    assert near["last-10% loss std"] == pytest.approx(0.01 * 1.005 * end, rel=1e-3)  # over the three complete seeds
     assert rows["shaky"]["seeds"] == 2 and rows["shaky"]["diverged"] == 1
     assert rows["shaky"]["gap to baseline"] == pytest.approx(0.02, rel=1e-4)
     assert math.isnan(rows["single"]["gap ±"]) and rows["single"]["beyond noise"] is True  # 10 % > 2 % spread

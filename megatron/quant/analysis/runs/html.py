@@ -41,7 +41,10 @@ def recipes_html(rows: list[dict], study: str = "") -> str:
         "|gap| exceeds the baseline's seed spread ((max − min) / mean of its seeds). Paired: each run against "
         "its baseline twin of the same seed (same initialisation and data order), on the validation loss "
         f"averaged over the last {seed_stats.PAIRED_EVALUATIONS} evaluations; mean over the pairs, their std, "
-        "and the 95 % Student-t interval of the mean (beyond noise, paired: the interval leaves 0). All numbers in "
+        "and the 95 % Student-t interval of the mean (beyond noise, paired: the interval leaves 0). Mixed pairs: "
+        "pairs whose two runs ran from different commits, from a tree with uncommitted changes, or with the recipe "
+        "resolved otherwise than in its other seeds (the notes say which): such a pair may compare two codes, not "
+        "two recipes. All numbers in "
         f"<a href='{link(RECIPES_CSV)}'>{RECIPES_CSV}</a>.</p>"])
 
 

@@ -66,11 +66,19 @@ class LedgerEntry:
     scalars: Mapping[str, tuple[list[int], list[float]]]
     dry_run: bool = False
     runs_at_once: int = 1         # runs sharing the device while this one trained (its step_s is theirs too)
+    tree_clean: Optional[bool] = None  # the checkout had no uncommitted changes; None: unknown (no git)
+    dirty_allowed: bool = False   # the runner was told to train from a tree with changes (--allow-dirty)
     schema: int = field(default=SCHEMA_VERSION)
 
     @property
     def corpus_hash(self) -> str:
         return str(self.corpus.get("sha256", ""))
+
+    @property
+    def provenance(self) -> str:
+        """The code that ran: its commit, and whether the tree had changes no commit names."""
+        state = {True: "clean", False: "uncommitted changes", None: "tree unknown"}[self.tree_clean]
+        return f"{(self.commit or 'no commit')[:12].removesuffix('+dirty')} ({state})"
 
     @property
     def file_name(self) -> str:
@@ -91,6 +99,8 @@ def to_json(entry: LedgerEntry) -> dict:
 
 
 _TEXT, _INTEGER, _NUMBER = ((str,), "a string"), ((int,), "an integer"), ((int, float), "a number")
+MAX_COUNT = 2**53  # iterations, tokens, seeds: exact in a float, and far beyond any run
+DIRTY = "+dirty"  # a commit's suffix for a tree with uncommitted changes (lab/machine.py writes it)
 _OBJECT, _LIST = ((dict,), "an object"), ((list,), "a list")
 _REQUIRED = {"study": _TEXT, "run": _TEXT, "recipe": _TEXT, "seed": _INTEGER, "status": _TEXT, "device": _TEXT,
              "start_time": _TEXT, "end_time": _TEXT, "wall_s": _NUMBER, "iterations": _INTEGER, "tokens": _INTEGER,
@@ -107,13 +117,11 @@ def from_json(data: Any, source: str) -> LedgerEntry:
     for key, (types, what) in _REQUIRED.items():
         value = data.get(key)
         if not isinstance(value, types) or isinstance(value, bool):
-            raise LedgerError(f"{source}: {key}: expected {what}, got {value!r:.60}")
-    scalars = {}
-    for tag, series in data["scalars"].items():
-        if (not isinstance(series, dict) or not isinstance(series.get("iterations"), list)
-                or not isinstance(series.get("values"), list) or len(series["iterations"]) != len(series["values"])):
-            raise LedgerError(f"{source}: scalars.{tag}: expected {{iterations, values}} of equal length")
-        scalars[tag] = (list(series["iterations"]), [math.nan if v is None else float(v) for v in series["values"]])
+            raise LedgerError(f"{source}: {key}: expected {what}, got {_echo(value)}")
+        if types is _NUMBER[0] and not (math.isfinite(value) and 0 <= value < MAX_COUNT) or (
+                types is _INTEGER[0] and not 0 <= value < MAX_COUNT):
+            raise LedgerError(f"{source}: {key}: expected {what} from 0 to 2**53, got {_echo(value)}")
+    scalars = {tag: _series(series, f"{source}: scalars.{tag}") for tag, series in data["scalars"].items()}
     fields = LedgerEntry.__dataclass_fields__
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -124,10 +132,42 @@ def from_json(data: Any, source: str) -> LedgerEntry:
     step = data.get("step_s")  # study --measured divides by it
     if step is not None and (not isinstance(step, (int, float)) or isinstance(step, bool) or not 0 < step < math.inf):
         raise LedgerError(f"{source}: step_s: expected seconds per iteration above 0 (or null), got {step!r:.60}")
-    missing = sorted(set(fields) - set(data) - {"dry_run", "runs_at_once"})  # older entries ran alone
+    commit = data.get("commit")
+    if commit is not None and not isinstance(commit, str):
+        raise LedgerError(f"{source}: commit: expected a string or null, got {_echo(commit)}")
+    clean = data.get("tree_clean", None if commit is None else not commit.endswith(DIRTY))  # older: the suffix
+    for key, value in (("tree_clean", clean), ("dirty_allowed", data.get("dirty_allowed", False)),
+                       ("dry_run", data.get("dry_run", False))):
+        if not isinstance(value, bool) and not (key == "tree_clean" and value is None):
+            raise LedgerError(f"{source}: {key}: expected true or false, got {_echo(value)}")
+    optional = {"dry_run", "runs_at_once", "tree_clean", "dirty_allowed"}  # older entries ran alone, from git
+    missing = sorted(set(fields) - set(data) - optional)
     if missing:
         raise LedgerError(f"{source}: missing key(s) {', '.join(missing)} (null where unknown)")
-    return LedgerEntry(**{**data, "scalars": scalars})
+    return LedgerEntry(**{**data, "scalars": scalars, "tree_clean": clean})
+
+
+def _echo(value: Any) -> str:
+    """``value`` for a one-line message: its repr cut to 60 characters (an int of 400 digits included)."""
+    if isinstance(value, int) and abs(value) >= 10**60:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)[:60]
+
+
+def _series(series: Any, source: str) -> tuple[list[int], list[float]]:
+    """A scalar's (iterations, values): integer iterations, numbers or null (NaN) as values."""
+    if (not isinstance(series, dict) or not isinstance(series.get("iterations"), list)
+            or not isinstance(series.get("values"), list) or len(series["iterations"]) != len(series["values"])):
+        raise LedgerError(f"{source}: expected {{iterations, values}} of equal length")
+    bad_step = next((i for i in series["iterations"] if not isinstance(i, int) or isinstance(i, bool)
+                     or not 0 <= i < MAX_COUNT), None)
+    if bad_step is not None:
+        raise LedgerError(f"{source}: iterations: expected integers from 0 to 2**53, got {_echo(bad_step)}")
+    bad = next((v for v in series["values"] if v is not None and (not isinstance(v, (int, float))
+                                                                  or isinstance(v, bool) or abs(v) > 1e300)), None)
+    if bad is not None:
+        raise LedgerError(f"{source}: values: expected numbers (or null), got {_echo(bad)}")
+    return list(series["iterations"]), [math.nan if v is None else float(v) for v in series["values"]]
 
 
 def dumps(data: Mapping[str, Any]) -> str:
@@ -151,19 +191,47 @@ def write_entry(entry: LedgerEntry, directory: Path) -> Path:
     return path
 
 
-def read_entry(path: Path) -> LedgerEntry:
+MAX_ENTRY_BYTES = 64 * 2**20  # a run's entry is tens of kB; a bigger file is not one
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file ``path``; LedgerError (one line) for what is not a readable, bounded JSON file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+        if not path.is_file():
+            raise LedgerError(f"{path}: not a regular file")
+        if path.stat().st_size > MAX_ENTRY_BYTES:
+            raise LedgerError(f"{path}: {path.stat().st_size:,} bytes, above the {MAX_ENTRY_BYTES:,} an entry may have")
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (OSError, ValueError, RecursionError) as error:
+        if isinstance(error, LedgerError):
+            raise
         raise LedgerError(f"{path}: not readable as JSON ({type(error).__name__}: {str(error)[:80]})") from error
-    return from_json(data, str(path))
 
 
-def read_ledger(directory: Path) -> list[LedgerEntry]:
-    """Every entry under ``directory``, in path order."""
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: strict JSON writes null
+
+
+def read_entry(path: Path) -> LedgerEntry:
+    return from_json(read_json(path), str(path))
+
+
+def read_ledger(directory: Path, refused: Optional[list[tuple[str, str]]] = None) -> list[LedgerEntry]:
+    """Every entry under ``directory``, in path order. With ``refused``, an unreadable entry is left
+    out and added to it as (path, why); without, it raises LedgerError."""
     if not directory.is_dir():
         raise LedgerError(f"ledger directory {str(directory)!r} does not exist")
-    return [read_entry(path) for path in sorted(directory.rglob(f"*{SUFFIX}")) if not path.name.startswith(".")]
+    entries = []
+    for path in sorted(directory.rglob(f"*{SUFFIX}")):
+        if path.name.startswith("."):
+            continue
+        try:
+            entries.append(read_entry(path))
+        except LedgerError as error:
+            if refused is None:
+                raise
+            refused.append((str(path), str(error)))
+    return entries
 
 
 def _listing(entries: Sequence[LedgerEntry]) -> tuple[int, int, str]:
@@ -201,13 +269,18 @@ def select_entries(entries: Sequence[LedgerEntry], corpus: Optional[str] = None)
 NOT_QUANTIZED = ": not quantized"
 
 
+def recipe_lines(lines: Sequence[str]) -> list[str]:
+    """The lines of a resolution that say how operands are quantized, their spacing normalised."""
+    return [" ".join(line.split()) for line in lines if isinstance(line, str) and not line.endswith(NOT_QUANTIZED)]
+
+
 def recipe_change(then: Sequence[str], now: Sequence[str]) -> Optional[str]:
     """None when two resolutions of a recipe (``recipe_resolved``: ``recipes show``'s lines) quantize
     alike; else the first line that differs, as ``'was' -> 'now'``. Spacing is the table's layout, not
     the recipe; lines naming a module that stays unquantized are left out: they say nothing about the
     operands (a module the model may not even have), and a module that becomes quantized brings operand
     lines of its own."""
-    kept = [[" ".join(line.split()) for line in lines if not line.endswith(NOT_QUANTIZED)] for lines in (then, now)]
+    kept = [recipe_lines(lines) for lines in (then, now)]
     if kept[0] == kept[1]:
         return None
     first = next((i for i, (a, b) in enumerate(zip(*kept)) if a != b), min(map(len, kept)))
@@ -221,15 +294,18 @@ def entry_run(entry: LedgerEntry, label_device: bool = False, recipe_note: str =
                for tag, (steps, values) in entry.scalars.items()}
     record = {"status": entry.status, "recipe": entry.recipe, "git_commit": entry.commit,
               "machine": dict(entry.machine), "start_time": entry.start_time, "end_time": entry.end_time,
-              "attempts": [], "device": entry.device, "corpus_sha256": entry.corpus_hash}
+              "attempts": [], "device": entry.device, "corpus_sha256": entry.corpus_hash,
+              "tree_clean": entry.tree_clean, "dirty_allowed": entry.dirty_allowed,
+              "recipe_resolved": list(entry.recipe_resolved)}
     notes = ([f"ran on {entry.device}"] if label_device else []) + ([recipe_note] if recipe_note else [])
     return Run(entry.run, scalars, record, notes)
 
 
-def ledger_runs(directory: Path, corpus: Optional[str] = None) -> list[Run]:
+def ledger_runs(directory: Path, corpus: Optional[str] = None,
+                skipped: Optional[list[tuple[str, str]]] = None) -> list[Run]:
     """The runs of the ledger in ``directory`` (one study, one corpus), labelled with their device
-    when they ran on more than one."""
-    entries = select_entries(read_ledger(directory), corpus)
+    when they ran on more than one; with ``skipped``, unreadable entries are left out into it."""
+    entries = select_entries(read_ledger(directory, skipped), corpus)
     if not entries:
         raise LedgerError(f"no ledger entries (*{SUFFIX}) under {str(directory)!r}")
     several = len({entry.device for entry in entries}) > 1

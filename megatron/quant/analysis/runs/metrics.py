@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from megatron.quant.analysis.runs import seed_stats
+from megatron.quant.analysis.runs.ledger import DIRTY, recipe_lines
 from megatron.quant.analysis.runs.read import GRAD_NORM, LOSS, TOKENS_PER_S, VALIDATION, Run, Series, first_not_finite
 
 GAP_THRESHOLDS = (0.01, 0.05)
@@ -100,6 +101,10 @@ def summarize(run: Run, baseline: Run, smoothing: float) -> dict:
     row["tokens/s"] = _median(run.series(TOKENS_PER_S))
     row["tokens/s vs baseline"] = row["tokens/s"] / _median(baseline.series(TOKENS_PER_S))
     row["final validation loss"] = float(validation[1][-1]) if validation[1].size else math.nan
+    commit, clean = code_of(run)
+    row["commit"] = (commit or "")[:12]
+    row["tree"] = {True: "clean", False: "uncommitted changes", None: ""}[clean] + (
+        " (allowed)" if run.record.get("dirty_allowed") else "")
     row["notes"] = "; ".join(run.notes + length_notes(run, baseline) + loss_notes(run, baseline))
     return row
 
@@ -138,10 +143,22 @@ def _complete(run: Run, end: int) -> bool:
     return bool(run.series(LOSS)[0].size) and run.series(LOSS)[0][-1] >= end
 
 
+def code_of(run: Run) -> tuple[Optional[str], Optional[bool]]:
+    """(the commit the run's code came from, without its "+dirty" suffix; whether its tree was clean),
+    from its record (a ledger entry's, or run.json's); None where unknown."""
+    commit = run.record.get("git_commit")
+    if not isinstance(commit, str) or not commit:
+        return None, None
+    clean = run.record.get("tree_clean", not commit.endswith(DIRTY))
+    return commit.removesuffix(DIRTY), clean if isinstance(clean, bool) else None
+
+
 def _seed_runs(runs: Sequence[Run], end: int) -> list[seed_stats.SeedRun]:
     """Runs not trained to their end (still running, interrupted, or logging no loss) are incomplete."""
     return [seed_stats.SeedRun(run.series(LOSS), run.series(VALIDATION), run.diverged,
-                               _complete(run, end) and bool(run.series(LOSS)[0].size), run.seed_slot) for run in runs]
+                               _complete(run, end) and bool(run.series(LOSS)[0].size), run.seed_slot,
+                               *code_of(run), tuple(recipe_lines(run.record.get("recipe_resolved") or [])))
+            for run in runs]
 
 
 def recipe_table(groups: dict[str, list[Run]], baseline: str) -> list[dict]:

@@ -7,7 +7,9 @@ is one run named after the subdirectory; runs ``<recipe>-seed<N>`` are extra see
 with a min-max band and a row of the recipe table (``seed_stats``). Writes ``index.html``
 (self-contained, links the PNGs beside it), ``runs.csv`` (one row per run) and, with seed runs,
 ``recipes.csv`` (one row per recipe). ``--ledger DIR`` adds (or, without OUTPUT_DIR, gives) the runs
-of a study ledger (``ledger``: one JSON per finished run, one study on one corpus).
+of a study ledger (``ledger``: one JSON per finished run, one study on one corpus). ``--label
+RECIPE=NAME`` shows a recipe's runs under another name: a recipe whose definition changed since its
+runs, under the name of what they ran (``te-nvfp4=te-nvfp4-sr24``).
 
 Gaps are relative: ``loss_run / loss_baseline - 1`` at the iterations both logged. The gap at
 the end and the first iteration above 1 % / 5 % use the smoothed losses (TensorBoard's debiased
@@ -16,16 +18,17 @@ exponential moving average, ``--smoothing``); the average over the last 10 % use
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from megatron.quant.analysis import figure_render
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.runs.draw import draw_bands, figure_jobs
-from megatron.quant.analysis.runs.forest import forest_job
+from megatron.quant.analysis.runs.forest import forest_job, read_anchors
 from megatron.quant.analysis.runs.html import CSV_NAME, RECIPES_CSV, render_html, write_csv_rows
 from megatron.quant.analysis.runs.ledger import ledger_runs
 from megatron.quant.analysis.runs.metrics import band_payload, noise_band, recipe_groups, recipe_table, summarize
@@ -48,7 +51,7 @@ def _all_runs(runs_dir: Optional[Path], ledger_dir: Optional[Path], corpus: Opti
               skipped: list[tuple[str, str]]) -> list[Run]:
     """The run directories' runs, then the ledger's; a name in both is refused."""
     runs = load_runs(runs_dir, skipped) if runs_dir is not None else []
-    from_ledger = ledger_runs(ledger_dir, corpus) if ledger_dir is not None else []
+    from_ledger = ledger_runs(ledger_dir, corpus, skipped) if ledger_dir is not None else []
     twice = sorted({run.name for run in runs} & {run.name for run in from_ledger})
     if twice:
         raise RunsReportError(f"run(s) {', '.join(twice)} are both in {str(runs_dir)!r} and in the ledger "
@@ -56,15 +59,46 @@ def _all_runs(runs_dir: Optional[Path], ledger_dir: Optional[Path], corpus: Opti
     return runs + from_ledger
 
 
+def parse_labels(values: Sequence[str]) -> dict[str, str]:
+    """``RECIPE=NAME`` values as {recipe: name}; RunsReportError names a malformed one."""
+    labels = {}
+    for value in values:
+        recipe, sep, name = value.partition("=")
+        if not sep or not recipe or not name or "=" in name or name.strip() != name:
+            raise RunsReportError(f"--label {value[:80]!r}: expected RECIPE=NAME, e.g. te-nvfp4=te-nvfp4-sr24")
+        labels[recipe] = name
+    return labels
+
+
+def relabel(runs: Sequence[Run], labels: Mapping[str, str]) -> list[Run]:
+    """``runs`` with each labelled recipe's runs renamed (``NAME``, ``NAME-seed<N>``); RunsReportError
+    for a label whose recipe has no run."""
+    recipes = {run.seed_of or run.name for run in runs}
+    unknown = sorted(set(labels) - recipes)
+    if unknown:
+        raise RunsReportError(f"--label: no runs of {', '.join(unknown)}; the recipes are {', '.join(sorted(recipes))}")
+    out = []
+    for run in runs:
+        recipe = run.seed_of or run.name
+        if recipe in labels:
+            name = labels[recipe] + run.name[len(recipe):]
+            run = dataclasses.replace(run, name=name, record={**run.record, "recipe": labels[recipe]},
+                                      notes=[*run.notes, f"ran as recipe {recipe}, shown as {labels[recipe]}"])
+        out.append(run)
+    return out
+
+
 def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name: str = "bf16", smoothing: float = 0.6,
                       dpi: int = 100, command: str = "", ledger_dir: Optional[Path] = None,
-                      corpus: Optional[str] = None) -> RunsReport:
-    """Read the runs (of ``runs_dir``, of the ledger ``ledger_dir`` on the corpus ``corpus``, or both),
-    draw the figures, write index.html and runs.csv into ``report_dir``."""
+                      corpus: Optional[str] = None, labels: Optional[Mapping[str, str]] = None,
+                      anchors: Sequence[dict] = ()) -> RunsReport:
+    """Read the runs (of ``runs_dir``, of the ledger ``ledger_dir`` on the corpus ``corpus``, or both;
+    ``labels``: recipes shown under another name), draw the figures, write index.html and runs.csv
+    into ``report_dir``."""
     if not 0 <= smoothing < 1:
         raise RunsReportError(f"smoothing must be in [0, 1), got {smoothing}")
     skipped: list[tuple[str, str]] = []
-    runs = _all_runs(runs_dir, ledger_dir, corpus, skipped)
+    runs = relabel(_all_runs(runs_dir, ledger_dir, corpus, skipped), labels or {})
     source = runs_dir if runs_dir is not None else ledger_dir
     by_name = {run.name: run for run in runs}
     if baseline_name not in by_name:
@@ -81,7 +115,7 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
     groups = recipe_groups(ordered)
     recipes = recipe_table(groups, baseline_name) if len(groups) < len(ordered) else []
     report_dir.mkdir(parents=True, exist_ok=True)
-    jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes)
+    jobs = all_figure_jobs(curves, baseline, smoothing, band, groups, recipes, anchors)
     if recipes:
         write_csv_rows(report_dir / RECIPES_CSV, recipes)
     outcomes = {job.path: figure_render.render(job, report_dir, dpi) for job in jobs}
@@ -95,15 +129,23 @@ def write_runs_report(runs_dir: Optional[Path], report_dir: Path, baseline_name:
 
 
 def all_figure_jobs(curves: Sequence[Run], baseline: Run, smoothing: float, band, groups: dict[str, list[Run]],
-                    recipes: Sequence[dict]) -> list[FigureJob]:
+                    recipes: Sequence[dict], anchors: Sequence[dict] = ()) -> list[FigureJob]:
     """Every figure of the report; with a recipe table, the study's forest plot and the seed bands."""
     jobs = figure_jobs(curves, baseline, smoothing, band)
     if recipes:
         bands = band_payload(groups, baseline.name, smoothing)
-        jobs[1:1] = [forest_job(recipes, baseline.name, bands["loss"]),
+        jobs[1:1] = [forest_job(recipes, baseline.name, bands["loss"], anchors=anchors),
                      FigureJob("loss_bands.png", "Each recipe's training loss over its seeds (mean and min-max "
                                                  "band) and its gap to the baseline's mean", draw_bands, bands)]
     return jobs
+
+
+def _anchors(path: Optional[Path]) -> list[dict]:
+    """``forest.read_anchors`` of ``path`` (none without one); RunsReportError for an unreadable table."""
+    try:
+        return read_anchors(path) if path is not None else []
+    except (OSError, ValueError) as error:
+        raise RunsReportError(f"--anchors: {error}") from error
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
@@ -119,6 +161,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--output_dir", type=Path, default=None,
                         help="where index.html, runs.csv and the PNGs go (default: RUNS_DIR/report)")
     parser.add_argument("--baseline", default="bf16", help="run the gaps are relative to (default: %(default)s)")
+    parser.add_argument("--label", action="append", default=[], metavar="RECIPE=NAME",
+                        help="show RECIPE's runs as NAME (e.g. a recipe whose definition changed since they ran: "
+                             "te-nvfp4=te-nvfp4-sr24); repeatable")
+    parser.add_argument("--anchors", type=Path, default=None, metavar="CSV",
+                        help="published gaps drawn beside ours in the forest plot (docs/study/quartet2_anchors.csv)")
     parser.add_argument("--smoothing", type=float, default=0.6,
                         help="TensorBoard-style smoothing weight in [0, 1) (default: %(default)s)")
     parser.add_argument("--dpi", type=int, default=100, help="resolution of the PNG files (default: %(default)s)")
@@ -141,7 +188,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     try:
         check_output_dir(report_dir)
         result = write_runs_report(args.runs_dir, report_dir, args.baseline, args.smoothing, args.dpi,
-                                   shlex.join([parser.prog, *argv]), args.ledger, args.corpus)
+                                   shlex.join([parser.prog, *argv]), args.ledger, args.corpus,
+                                   parse_labels(args.label), _anchors(args.anchors))
     except (RunsReportError, OutputDirError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -15,6 +15,10 @@ data order (``SeedRun.pair``: the sweep's seed slot), so most of what the seed m
 their difference. Per pair, the gap of the validation loss averaged over the last
 ``PAIRED_EVALUATIONS`` evaluations; over the pairs, its mean and a 95 % Student-t interval
 (mean ± t(0.975, n - 1) · std / √n). The gap is *beyond noise, paired* when that interval leaves 0.
+
+A pair answers for one recipe only when both runs ran the same code: one commit, from a tree without
+uncommitted changes, and the recipe resolved as in its other seeds. A pair that is not (``mixed``)
+still counts, and the row says how many pairs are mixed and why (``mixed pairs``).
 """
 from __future__ import annotations
 
@@ -37,6 +41,9 @@ class SeedRun:
     diverged: bool = False
     complete: bool = True  # trained as far as the study's runs do (not still running, not stopped early)
     pair: str = ""  # the seed slot a recipe's run shares with its baseline twin ("" the first seed, else N)
+    commit: Optional[str] = None  # the code that ran (without a "+dirty" suffix); None: unknown
+    clean: Optional[bool] = None  # False: the tree had uncommitted changes
+    definition: tuple[str, ...] = ()  # the recipe as resolved (normalised lines); (): unknown
 
     @property
     def usable(self) -> bool:
@@ -106,6 +113,25 @@ def paired_gap(runs: Sequence[SeedRun], baseline: Sequence[SeedRun]) -> PairedGa
     return PairedGap(found.n, found.mean, found.std, t * found.std / math.sqrt(found.n))
 
 
+def mixed_pairs(runs: Sequence[SeedRun], baseline: Sequence[SeedRun]) -> list[str]:
+    """Why each of the pairs of ``paired_gap`` does not answer for one code and one recipe
+    definition: one line per mixed pair, in pair order."""
+    twins = {run.pair: run for run in baseline if run.usable and run.validation[1].size}
+    paired = [(run, twins[run.pair]) for run in runs if run.usable and run.validation[1].size and run.pair in twins]
+    first = next((run.definition for run in runs if run.definition), ())
+    found = []
+    for run, twin in paired:
+        why = [f"commits {run.commit[:7]} and {twin.commit[:7]}" for _ in [0]
+               if run.commit and twin.commit and run.commit != twin.commit]
+        if run.clean is False or twin.clean is False:
+            why.append("uncommitted changes")
+        if run.definition and first and run.definition != first:
+            why.append("another recipe definition")
+        if why:
+            found.append(f"seed {run.pair or 'first'}: {', '.join(why)}")
+    return found
+
+
 def _last_validations(run: SeedRun) -> float:
     return float(run.validation[1][-PAIRED_EVALUATIONS:].mean())
 
@@ -130,14 +156,19 @@ def recipe_row(recipe: str, runs: Sequence[SeedRun], baseline: Sequence[SeedRun]
         notes.append(f"{sum(not run.loss[0].size for run in runs)} run(s) logged no training loss")
     noise = base.relative_range
     paired = paired_gap(finished, [run for run in baseline if run.usable] if len(base_ends) == 1 else [])
+    mixed = mixed_pairs(finished, [run for run in baseline if run.usable] if len(base_ends) == 1 else [])
     if math.isnan(relative):
-        paired = PairedGap(0, math.nan, math.nan, math.nan)
+        paired, mixed = PairedGap(0, math.nan, math.nan, math.nan), []
+    if mixed:
+        notes.append(f"{len(mixed)} of {paired.n} pairs mixed ({'; '.join(mixed)})")
     return {"recipe": recipe, "seeds": len(runs), "diverged": sum(run.diverged for run in runs),
             "incomplete": sum(not run.complete and not run.diverged for run in runs),
-            "loss mean": loss.mean, "loss std": loss.std, "gap to baseline": relative, "gap ±": uncertainty,
+            "last-10% loss mean": loss.mean, "last-10% loss std": loss.std, "gap to baseline": relative,
+            "gap ±": uncertainty,
             "baseline seed spread": noise,
             "beyond noise": None if math.isnan(noise) or math.isnan(relative) else bool(abs(relative) > noise),
-            "paired pairs": paired.n, "paired gap": paired.mean, "paired gap std": paired.std,
+            "paired pairs": paired.n, "mixed pairs": len(mixed), "paired gap": paired.mean,
+            "paired gap std": paired.std,
             "paired 95% ±": paired.half_width, "beyond noise, paired": paired.beyond_noise,
             "validation loss mean": validation.mean, "validation loss std": validation.std, "notes": "; ".join(notes)}
 
