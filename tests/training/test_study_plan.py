@@ -2,6 +2,7 @@
 `python -m megatron.quant.recipes show` knows, their order is the brief's, the anchor for 10-minute GPU
 calls grows a wave per call, and bad plans are one line."""
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -129,11 +130,16 @@ def test_bad_plans_are_one_line_naming_the_key(raw, path, value, message):
 
 
 def test_unreadable_plans_are_one_line(tmp_path):
-    with pytest.raises(StudyPlanError, match="cannot read the plan"):
+    with pytest.raises(StudyPlanError, match="none.yaml: cannot read"):
         load_plan(tmp_path / "none.yaml")
     (tmp_path / "bad.yaml").write_text("recipes: [bf16\n")
     with pytest.raises(StudyPlanError, match="not YAML"):
         load_plan(tmp_path / "bad.yaml")
+    os.mkfifo(tmp_path / "fifo.yaml")  # read as before, a FIFO with no writer hung the runner
+    with pytest.raises(StudyPlanError, match="fifo.yaml: is a FIFO"):
+        load_plan(tmp_path / "fifo.yaml")
+    with pytest.raises(StudyPlanError, match="is a directory"):
+        load_plan(tmp_path)
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.name)

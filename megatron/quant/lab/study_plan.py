@@ -21,7 +21,7 @@ from megatron.quant.lab.sweep_plan import SEED_SUFFIX
 from megatron.quant.training import metrics
 from megatron.quant.training.env import environment_problem
 from megatron.quant.training.presets import get_preset
-from megatron.quant.yaml_safe import YamlError, load_yaml
+from megatron.quant.yaml_safe import YamlError, load_yaml, read_text_file
 
 VERSION = 1
 ALL = "all"
@@ -366,11 +366,13 @@ def load_plan(path: Path) -> StudyPlan:
     """Read and check the plan at ``path``."""
     path = Path(path)
     try:
-        raw = load_yaml(text := path.read_text(encoding="utf-8"), str(path))
+        text = read_text_file(path, str(path))  # a FIFO, a device or a huge file: refused, not read
+    except YamlError as error:
+        raise StudyPlanError(str(error)) from error
+    try:
+        raw = load_yaml(text, str(path))
     except YamlError as error:
         raise StudyPlanError(f"{error} (a plan needs a few hundred)") from error
-    except OSError as error:
-        raise StudyPlanError(f"{path}: cannot read the plan ({error.strerror or error})") from error
     except yaml.YAMLError as error:
         raise StudyPlanError(f"{path}: not YAML ({str(error).splitlines()[0]})") from error
     plan = parse_plan(raw, path)
