@@ -35,10 +35,12 @@ block-scaled MMA, Ada's 16-product blocks, other cuBLAS versions' split decision
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 from torch import Tensor
+
+from .interface import QuantFormat
 
 FP8Kind = Literal["e4m3", "e5m2"]
 ACCUMULATIONS = ("exact", "fast", "promoted")  # a recipe's ``accumulate``: exact FP32, or the Hopper model's two
@@ -51,6 +53,16 @@ K_TILE = 128  # split-K cuts K into tiles this wide
 # -14 - 14), so alignment exponents below FLOOR change nothing and 2^(E - FRACTION_BITS) stays normal.
 FLOOR = -29 - FRACTION_BITS
 _NO_EXPONENT = -1000
+PER_TENSOR = ("tensor", "delayed")  # the scalings of an FP8 tensor core's operands (one FP32 scale a tensor)
+
+
+def fp8_kind(fmt: Optional[QuantFormat]) -> Optional[FP8Kind]:
+    """The FP8 kind of a format's operands where a Hopper tensor core takes them (per-tensor scaled
+    E4M3 or E5M2 elements); None for any other format, or none."""
+    if fmt is None or fmt.scaling not in PER_TENSOR or fmt.element is None:
+        return None
+    name = fmt.element.name
+    return name if name in MIN_NORMAL_EXPONENT else None  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
