@@ -103,10 +103,11 @@ def _chains(a: Tensor, ea: Tensor, b: Tensor, eb: Tensor) -> Tensor:
         products = a[:, :, None, block] * b[:, None, :, block]  # exact in float32
         exponent = (ea[:, :, None, block] + eb[:, None, :, block]).amax(-1)
         acc_exponent = torch.where(acc == 0, _NO_EXPONENT, ((acc.view(torch.int32) >> 23) & 0xFF) - 127)
-        unit = _pow2(torch.maximum(exponent, acc_exponent).clamp_min(FLOOR) - FRACTION_BITS)
-        total = torch.div(products, unit[..., None], rounding_mode="trunc").sum(-1)  # integers < 2^24: exact
-        total += torch.div(acc, unit, rounding_mode="trunc")
-        acc = _truncate_fraction(total * unit)
+        aligned = torch.maximum(exponent, acc_exponent).clamp_min(FLOOR)
+        unit, per_unit = _pow2(aligned - FRACTION_BITS), _pow2(FRACTION_BITS - aligned)  # exact scalings
+        total = torch.trunc(products.mul_(per_unit[..., None])).sum(-1)  # integers < 2^24: exact in float32
+        total += torch.trunc(acc * per_unit)
+        acc = _truncate_fraction(total.mul_(unit))
     return acc
 
 
@@ -121,7 +122,7 @@ def _serial_sum(parts: Tensor) -> Tensor:
 def _as_slices(x: Tensor, length: int, count: int) -> Tensor:
     """x [R, K] zero-padded to count * length along K, as [count, R, length]."""
     x = torch.nn.functional.pad(x, (0, count * length - x.shape[1]))
-    return x.unflatten(1, (count, length)).transpose(0, 1)
+    return x.unflatten(1, (count, length)).transpose(0, 1).contiguous()
 
 
 def hopper_accumulate(ops: Operands, fast: bool, splits: int = 1) -> Tensor:
