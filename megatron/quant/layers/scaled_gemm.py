@@ -39,9 +39,33 @@ class HopperAccumulator:
     kinds: tuple[FP8Kind, FP8Kind]
 
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
-        """``matmul(a, b, torch.float32)`` for a (..., k) @ (k, n), the products added as the tensor core does."""
-        acc = hopper_accumulate(Operands(a.reshape(-1, a.shape[-1]), b.t(), *self.kinds), self.fast)
+        """``matmul(a, b, torch.float32)`` for a (..., k) @ (k, n), the products added as the tensor core
+        does: on a Hopper GPU by the tensor core itself (``torch._scaled_mm``, unit scales) where its
+        shapes allow, else by the model."""
+        a2 = a.reshape(-1, a.shape[-1])
+        acc = self._on_tensor_core(a2, b) if on_hopper(a2) and _fits(a2, b) else \
+            hopper_accumulate(Operands(a2, b.t(), *self.kinds), self.fast)
         return acc.reshape(*a.shape[:-1], b.shape[-1])
+
+    def _on_tensor_core(self, a: Tensor, b: Tensor) -> Tensor:
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        fp8_a, fp8_b = (a.to(FP8_DTYPES[self.kinds[0]]).contiguous(),
+                        b.t().to(FP8_DTYPES[self.kinds[1]]).contiguous().t())  # b column-major, as cuBLAS takes it
+        return torch._scaled_mm(fp8_a, fp8_b, scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                use_fast_accum=self.fast)
+
+
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def on_hopper(x: Tensor) -> bool:
+    """x lives on a Hopper GPU (sm_90), whose FP8 tensor cores the accumulation model describes."""
+    return x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)
+
+
+def _fits(a: Tensor, b: Tensor) -> bool:
+    """``torch._scaled_mm`` takes dimensions that are multiples of 16."""
+    return all(size % 16 == 0 for size in (*a.shape, b.shape[1]))
 
 
 Sums = Union[torch.dtype, HopperAccumulator, None]
