@@ -41,10 +41,16 @@ class HopperAccumulator:
     def __call__(self, a: Tensor, b: Tensor) -> Tensor:
         """``matmul(a, b, torch.float32)`` for a (..., k) @ (k, n), the products added as the tensor core
         does: on a Hopper GPU by the tensor core itself (``torch._scaled_mm``, unit scales) where its
-        shapes allow, else by the model."""
+        shapes allow, else by the model (on a GPU its Triton kernel, ``kernels.accumulate``)."""
         a2 = a.reshape(-1, a.shape[-1])
-        acc = self._on_tensor_core(a2, b) if on_hopper(a2) and _fits(a2, b) else \
-            hopper_accumulate(Operands(a2, b.t(), *self.kinds), self.fast)
+        if on_hopper(a2) and _fits(a2, b):
+            acc = self._on_tensor_core(a2, b)
+        elif a2.is_cuda:  # another GPU, or shapes cuBLAS's FP8 GEMM does not take: the model's kernel
+            from megatron.quant.kernels.accumulate import hopper_accumulate_kernel
+
+            acc = hopper_accumulate_kernel(a2, b.t(), self.kinds, self.fast)
+        else:
+            acc = hopper_accumulate(Operands(a2, b.t(), *self.kinds), self.fast)
         return acc.reshape(*a.shape[:-1], b.shape[-1])
 
     def _on_tensor_core(self, a: Tensor, b: Tensor) -> Tensor:
