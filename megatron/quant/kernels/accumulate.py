@@ -19,7 +19,7 @@ from megatron.quant.formats.accumulation import (
     FP8Kind,
 )
 
-from .launch import EXACT_ARITHMETIC
+from .launch import launch_options
 
 TILE = 16  # outputs per program along M and along N
 
@@ -79,5 +79,5 @@ def hopper_accumulate_kernel(a: Tensor, b: Tensor, kinds: tuple[FP8Kind, FP8Kind
     grid = (triton.cdiv(m, TILE), triton.cdiv(n, TILE))
     _hopper_kernel[grid](a, b, out, m, n, k, EMIN_A=MIN_NORMAL_EXPONENT[kinds[0]], EMIN_B=MIN_NORMAL_EXPONENT[kinds[1]],
                          FAST=fast, BM=TILE, BN=TILE, BK=BLOCK, STEPS_PER_PROMOTION=PROMOTE_EVERY // BLOCK,
-                         FRACTION=FRACTION_BITS, EXPONENT_FLOOR=FLOOR, num_warps=4, **EXACT_ARITHMETIC)
+                         FRACTION=FRACTION_BITS, EXPONENT_FLOOR=FLOOR, **launch_options(TILE * TILE * BLOCK))
     return out
