@@ -12,7 +12,7 @@ from megatron.quant.layers.linear import QuantColumnParallelLinear
 from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.recipes.operands import LINEAR_OPERANDS
 from megatron.quant.tensor_saver import CaptureSite
-from tests.layers._helpers import operand, transformer_config
+from tests.layers._helpers import RecordingSaver, operand, transformer_config
 
 mmaemu = pytest.importorskip("mmaemu", reason="the oracle: pip install mmaemu (the test extra)")
 
@@ -63,6 +63,25 @@ def test_linear_gemms_accumulate_as_the_tensor_core(parallel):
     exact = LinearQuant.from_formats(fmts)  # the default: exact FP32 sums, another result
     layer.configure_quant(exact, SITE)
     assert not torch.equal(layer(x.detach())[0], y.detach())
+
+
+def test_capture_changes_nothing_under_hopper_accumulation(parallel, monkeypatch):
+    """Capture takes its own path through the layer's GEMMs (the quantized operands offered): the
+    accumulator there is the same, and the captured output is the layer's."""
+    layer = QuantColumnParallelLinear(IN, OUT, config=transformer_config(), init_method=torch.nn.init.normal_,
+                                      bias=False, gather_output=False)
+    layer.configure_quant(LinearQuant.from_formats(formats(), accumulate=TE_HOPPER), SITE)
+    x = torch.randn(TOKENS, 1, IN, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    grad = torch.randn(TOKENS, 1, OUT, generator=torch.Generator().manual_seed(4))
+    y_off, _ = layer(x)
+    y_off.backward(grad)
+    dx_off, dw_off = x.grad, layer.weight.grad
+    x.grad = layer.weight.grad = None
+    saver = RecordingSaver().install(monkeypatch)
+    y_on, _ = layer(x)
+    y_on.backward(grad)
+    assert torch.equal(y_off, y_on) and torch.equal(dx_off, x.grad) and torch.equal(dw_off, layer.weight.grad)
+    assert torch.equal(saver.calls[1][3]["output"], y_on)
 
 
 def test_accumulation_of_formats_no_tensor_core_takes_is_refused():
