@@ -17,7 +17,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 ITERS = 12
 PRESETS = ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed")
 SHORT = ["--train-iters", "2", "--seq-length", "32", "--global-batch-size", "2", "--eval-interval", "2",
-         "--log-interval", "1"]
+         "--log-interval", "1", "--lr-warmup-iters", "0"]
 # Megatron-LM's flags for delayed scaling with a window of 3 micro-batches (the default window of
 # 1 would hide a history that is not restored on resume less well).
 DELAYED_FLAGS = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "3",
