@@ -29,7 +29,6 @@ NARROW = (torch.bfloat16, torch.float16)
 OUT_DTYPE_DEVICES = ("cuda", "meta")
 
 
-
 @dataclass(frozen=True)
 class HopperAccumulator:
     """The FP32 accumulator of a Hopper FP8 GEMM (``formats.accumulation``), fast or promoted, for
