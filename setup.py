@@ -42,6 +42,8 @@ setup(
             "triton>=3.0; platform_system == 'Linux'",
             # tests/test_lint.py: pyflakes, import order, line length (pyproject.toml's [tool.ruff]).
             "ruff>=0.6",
+            # The oracle of the Hopper FP8 accumulation model (tests/formats/test_hopper_accumulation.py); tests only.
+            "mmaemu==0.1.0",
         ],
         # --wandb-project: the same scalars as TensorBoard, to Weights & Biases (WANDB_MODE=offline works offline).
         "wandb": ["wandb>=0.16"],

@@ -33,8 +33,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from megatron.quant.formats import get_format  # noqa: E402
+from megatron.quant.kernels import accumulate, elementwise, launch, registry, triton_format  # noqa: E402
 from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
-from megatron.quant.kernels import elementwise, launch, registry, triton_format  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
@@ -96,6 +96,10 @@ def record_launches() -> list:
                     call(twin, x)
                 except (RuntimeError, ValueError):  # the recorder wrote no outputs: later torch steps may fail
                     pass
+    for kinds in (("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")):  # the Hopper accumulation's GEMMs
+        for fast in (True, False):
+            caller[0] = f"hopper accumulation {'x'.join(kinds)} {'fast' if fast else 'promoted'}"
+            accumulate.hopper_accumulate_kernel(torch.zeros(64, 256), torch.zeros(32, 256), kinds, fast)
     return launches
 
 

@@ -73,6 +73,31 @@ def test_4over6_picks_map_to_four_where_it_errs_less(mode):
     assert not torch.equal(get_format("nvfp4").quantize(x)[:, :16], x[:, :16])
 
 
+def near_tie() -> torch.Tensor:
+    """A 16 x 16 tile (and one holding the tensor amax 2688) whose 4over6 MAE errors (bound 448) tie
+    so closely that the sums' order decides: W's rows choose map-to-6, W^T's rows map-to-4."""
+    x = torch.zeros(16, 32)
+    for row, col, value in [(0, 0, 192.0), (0, 16, 2688.0), (2, 5, 166.2557830810547), (4, 9, 58.00110626220703),
+                            (6, 14, -137.85809326171875), (10, 2, -47.688377380371094), (12, 12, 167.469482421875),
+                            (15, 11, -10.131718635559082)]:
+        x[row, col] = value
+    return x
+
+
+def test_4over6_tiles_of_the_transposed_copy_choose_from_their_own_sums():
+    """The data-gradient GEMM's copy of W (axis -2) is W^T quantized by TE: W^T's tiles sum their
+    errors along W^T's rows, and on a near-tie choose otherwise than W's."""
+    x = near_tie()
+    fmt = get_format("nvfp4", four_over_six="mae", block_shape=(16, 16))
+    for w, axis in ((x, -1), (x.t().contiguous(), -1), (x.t().contiguous().t(), 0)):
+        elements, decode, _ = te_nvfp4(w.t().contiguous() if axis == 0 else w, tile=(16, 16), four_over_six="mae")
+        expected = elements * decode.repeat_interleave(16, dim=1)
+        values, _ = fmt.quantize_for_gemm(w, axis)
+        assert not _same(values.t() if axis == 0 else values, expected), f"axis {axis}"
+    assert not torch.equal(fmt.quantize(x, -1), fmt.quantize(x, 0))  # the near-tie: the two copies differ
+    assert not fmt.axis_free and get_format("nvfp4", block_shape=(16, 16)).axis_free
+
+
 def test_row_scaled_rows_are_independent():
     """Each row has its own FP32 scale: scaling one row leaves the others' values unchanged."""
     x = inputs("heavy")
@@ -89,6 +114,9 @@ def test_row_scaled_rows_are_independent():
 @pytest.mark.parametrize("options, message", [
     (dict(e4m3_max=256), "e4m3_max=256 needs four_over_six"),
     (dict(four_over_six="mae", rounding="stochastic"), "four_over_six takes neither"),
+    (dict(four_over_six="mae", rounding="stochastic8"), r"four_over_six takes neither.*'stochastic8'"),
+    (dict(four_over_six="mse", e4m3_max=256, block_shape=(16, 16), rounding="stochastic8"),
+     "four_over_six takes neither"),
     (dict(four_over_six="mse", hadamard=16), "four_over_six takes neither"),
     (dict(four_over_six="mae", block_shape=(1, 32)), r"four_over_six needs block_shape \(1, 16\) or \(16, 16\)"),
     (dict(row_scaled=True, block_shape=(16, 16)), "row_scaled needs blocks along an axis"),

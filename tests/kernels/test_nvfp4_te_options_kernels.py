@@ -53,3 +53,17 @@ def test_te_nvfp4_options_match_the_torch_path(options, kind, dtype, kernel_devi
     assert_same_result(twin.quantize(x, -1, amax), fmt.quantize(x, -1, amax), "given amax")
     assert_same_result(twin.amax_of(x, -1), fmt.amax_of(x, -1), "amax_of")
     assert not twin.dual_axis
+
+
+def test_4over6_tiles_along_the_first_axis_are_the_transposed_tiles(kernel_device):
+    """W^T's 4over6 tiles choose from W^T's own error sums in the kernel as in the torch path (itself
+    against TE's reference quantizer on a near-tie: tests/formats/test_nvfp4_te_options.py)."""
+    from tests.formats.test_nvfp4_te_options import near_tie
+
+    fmt = get_format("nvfp4", four_over_six="mae", block_shape=(16, 16))
+    twin = triton_twin(fmt)
+    x = near_tie().to(kernel_device)
+    for axis in (0, -1):
+        assert_same_result(twin.quantize_for_gemm(x, axis), fmt.quantize_for_gemm(x, axis), f"axis {axis}")
+        assert_same_result(twin.quantize_with_scale(x, axis), fmt.quantize_with_scale(x, axis), f"scales {axis}")
+    assert not torch.equal(twin.quantize(x, 0), twin.quantize(x, -1))

@@ -273,7 +273,8 @@ def test_bf16_operands_are_on_the_grid_and_scales_go_to_the_fp32_product(paralle
     layer.configure_quant(LinearQuant.from_formats(fmts), SITE)
     seen = []
     original = linear_function.scaled_product
-    monkeypatch.setattr(linear_function, "scaled_product", lambda p, a, b: seen.append((a, b)) or original(p, a, b))
+    monkeypatch.setattr(linear_function, "scaled_product",
+                        lambda p, a, b, accumulator=None: seen.append((a, b)) or original(p, a, b, None, accumulator))
     x, grad = _data(torch.bfloat16, seed=9)
     y, grads = _run(layer, x, grad)
     operands = [t for pair in seen for t in pair]

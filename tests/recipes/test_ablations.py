@@ -92,7 +92,7 @@ def test_ablate_expands_a_base_into_itself_and_one_variant_per_component():
     ("mxfp4+rceil", "'rceil'.*can only be removed"),
     ("te-nvfp4+2d", "te-nvfp4 has '2d'.*already"),
     ("te-nvfp4-no-fast", "unknown component 'fast'; components: sr, rht, 2d, rceil, bf16-layers, bf16-fwd-tail, "
-                         "4over6, row-scaled, bwd-hp, bwd-dq"),
+                         "4over6, row-scaled, hopper-acc, bwd-hp, bwd-dq"),
 ])
 def test_impossible_variants_name_the_component(name, message):
     with pytest.raises(RecipeError, match=message):

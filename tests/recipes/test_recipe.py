@@ -164,7 +164,7 @@ def test_guide_recipe_examples_load(tmp_path):
 
     blocks = [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
     examples = [block for block in blocks if "matchers:" not in block]
-    assert len(examples) == 7 and len(blocks) == 9  # and two per-module precision files
+    assert len(examples) == 8 and len(blocks) == 10  # and two per-module precision files
     for i, example in enumerate(blocks):
         path = tmp_path / f"example{i}.yaml"
         path.write_text(example)

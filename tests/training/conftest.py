@@ -16,6 +16,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
                "original_max_position_embeddings": 8192}
 ITERS = 12
 PRESETS = ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed")
+SHORT = ["--train-iters", "2", "--seq-length", "32", "--global-batch-size", "2", "--eval-interval", "2",
+         "--log-interval", "1", "--lr-warmup-iters", "0"]
 # Megatron-LM's flags for delayed scaling with a window of 3 micro-batches (the default window of
 # 1 would hide a history that is not restored on resume less well).
 DELAYED_FLAGS = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "3",
@@ -125,6 +127,10 @@ def one_rank(corpus, built_corpus, hf_models, stochastic_env, tmp_path_factory) 
         # Any loss exceeds 1: the run stops at iteration 1 as diverged (tests/training/test_sweep.py).
         ("diverge", "train", ({}, argv + ["--save", str(tmp / "diverged" / "checkpoints"), "--tensorboard-dir",
                                           str(tmp / "diverged" / "tensorboard"), "--divergence-threshold", "1"])),
+        # te-fp8-current with exact sums and with TE's Hopper accumulation: two short steps, the model of the
+        # accumulator costing hundreds of times an exact GEMM on the CPU (tests/training/test_accumulate_training.py).
+        *((f"accumulate_{name}", "train", ({"CUSTOM_QUANT_TYPE": name}, argv + SHORT))
+          for name in ("te-fp8-current", "te-fp8-current+hopper-acc")),
         # One step on the corpus builder's held-out split (tests/training/test_corpus.py).
         ("built_corpus", "train", ({}, train_argv(built_corpus[2].data_path, cache) + [
             "--split", built_corpus[2].split, "--train-iters", "1", "--lr-warmup-iters", "0", "--eval-interval", "1",

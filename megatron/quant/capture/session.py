@@ -20,7 +20,7 @@ from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.snapshot import Snapshot, StatsMemo, take_snapshot
 from megatron.quant.capture.summary import IterationSummary
 from megatron.quant.capture.te_log import TeStatsLog
-from megatron.quant.capture.whatif import ORIENTATIONS, WhatIfFormats
+from megatron.quant.capture.whatif import ORIENTATIONS, WhatIfFormats, check_layer_count
 from megatron.quant.capture.writer import BackgroundWriter, WriteJob
 
 OPERATIONS = ("forward", "backward")
@@ -47,6 +47,7 @@ class CaptureSession:
         if config.inspect is not None and plan is None:
             raise ValueError(f"{config.inspect.source}: an inspect config needs the run's layers and formats; pass "
                              f"plan=tensor_saver.resolve_inspect(...)[1] to configure")
+        check_layer_count(config.whatif, num_layers)
         if config.enabled:
             check_writable(config.save_dir)
         self.config = config

@@ -15,6 +15,7 @@ from typing import Mapping, Optional
 
 from megatron.quant import formats
 from megatron.quant.formats.base import NumericFormat
+from megatron.quant.formats.show import show_value
 from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.rules import FormatChoice
@@ -29,19 +30,43 @@ ORIENTATIONS: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {
 }
 
 
+MAX_SOURCES = 32  # what-if sources a run takes: each adds a quantization of every captured operand
+MAX_CHARS = 4096  # the longest TENSOR_SAVE_WHATIF value read (a list of MAX_SOURCES names fits many times)
+
+
 def parse_whatif(value: str, source: str) -> tuple[str, ...]:
-    """``TENSOR_SAVE_WHATIF``: comma-separated format, preset or TE recipe names; ValueError names a bad one."""
+    """``TENSOR_SAVE_WHATIF``: comma-separated format, preset or TE recipe names; a one-line ValueError,
+    its echo cut, names a bad one, a list of more than ``MAX_SOURCES`` or a value over ``MAX_CHARS``."""
+    shown = show_value(value)
+    if len(value) > MAX_CHARS:
+        raise ValueError(f"{source}={shown}: {len(value)} characters, at most {MAX_CHARS} are read "
+                         f"(a comma-separated list of at most {MAX_SOURCES} names)")
     names = tuple(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))
+    if len(names) > MAX_SOURCES:
+        raise ValueError(f"{source}={shown}: {len(names)} names, at most {MAX_SOURCES} (each quantizes every "
+                         f"captured operand once more)")
     for name in names:
         try:
             recipe = whatif_recipe(name)
         except ValueError as exc:
-            raise ValueError(f"{source}={value!r}: {name!r} is not a format, preset or TE recipe name "
+            raise ValueError(f"{source}={shown}: {show_value(name, 60)} is not a format, preset or TE recipe name "
                              f"({', '.join(TE_RECIPES)}): {' '.join(str(exc).split())[:200]}") from None
         if dict(recipe.format.options).get("scaling") == "delayed":
-            raise ValueError(f"{source}={value!r}: {name!r} scales from an amax history, which only the run's own "
+            raise ValueError(f"{source}={shown}: {name!r} scales from an amax history, which only the run's own "
                              f"quantization has (TE cannot recreate it either)")
     return names
+
+
+def check_layer_count(names: tuple[str, ...], num_layers: Optional[int]) -> None:
+    """ValueError naming the first what-if source with layer rules when the model's layer count is not
+    known (its rules count layers from the last), before any capture."""
+    if num_layers is not None:
+        return
+    for name in names:
+        bare = name[:-len(COLUMNWISE)] if name.endswith(COLUMNWISE) else name
+        if bare != RUN and whatif_recipe(bare).rules:
+            raise ValueError(f"what-if {name!r} has layer rules: the model's layer count is needed "
+                             f"(tensor_saver.configure(num_layers=...), as training passes it)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -72,10 +97,8 @@ class WhatIfFormats:
         if name == RUN:
             choice = self._run.get(module, {}).get(key)
         else:
+            check_layer_count((name,), self._num_layers)
             recipe = whatif_recipe(name)
-            if recipe.rules and self._num_layers is None:
-                raise ValueError(f"what-if {name!r} has layer rules: the model's layer count is needed "
-                                 f"(tensor_saver.configure(num_layers=...), as training passes it)")
             num_layers = max(layer_idx, 0) + 1 if self._num_layers is None else self._num_layers  # no rules: any
             choice = (_head_choice(recipe, key, num_layers) if role == "output_layer"
                       else recipe.choices(role, layer_idx, num_layers)[key])

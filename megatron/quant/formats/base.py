@@ -119,6 +119,7 @@ class NumericFormat(QuantFormat):
     block_size: int | None = None
     block_shape: tuple[int, int] | None = None
     tiled: bool = False
+    axis_free: bool = True  # ``QuantFormat.axis_free``; blocks along an axis set it False
     scaling: Scaling = "none"
     needs_tensor_amax: bool = False
     amax_per_row: bool = False

@@ -99,6 +99,7 @@ class BlockFormat(NumericFormat):
         self.block_shape = options["block_shape"]
         self.block_size = self.block_shape[1]
         self.tiled = self.block_shape[0] > 1
+        self.axis_free = self.tiled
         self.eager_chunks = not self.tiled  # the chunking cuts rows, which would split tiles
 
     @functools.cached_property

@@ -65,7 +65,10 @@ class QuantFormat(Protocol):
     """(1, n): blocks along the quantization axis; (n, n): tiles of the last two dimensions; None
     for formats without blocks."""
     tiled: bool
-    """True for n x n tiles (``block_shape`` (n, n)): the result is the same along either axis."""
+    """True for n x n tiles (``block_shape`` (n, n)): the same blocks along either axis."""
+    axis_free: bool
+    """True when the result is the same along either axis: no blocks, or tiles whose scales read no
+    order (NVFP4's 4over6 tiles sum their error along the axis, so W^T chooses its own scales)."""
     element: Optional[ElementGrid]
     """The element grid values are rounded onto; None for plain dtype casts (``dtype``)."""
     dtype: Optional[torch.dtype]

@@ -34,6 +34,9 @@ quantizer ``pytorch/custom_recipes/reference_nvfp4.py``, ``NVFP4QuantizerRef``),
 
   summed in TE's order (a 1 x 16 block left to right; a tile row by row, then the 16 row sums
   pairwise as a warp reduces them); the map-to-4 candidate wins only when its error is lower.
+  Tiles quantized along axis -2 (W^T, the copy the data-gradient GEMM reads) are W^T's tiles: their
+  rows are W's columns, so W^T chooses from its own sums (``reference_nvfp4.py`` transposes before it
+  quantizes columnwise) and may choose otherwise than W on a near-tie.
   ``e4m3_max=256`` (TE's default for 4over6, ``nvfp4_4over6_e4m3_use_256``) puts 256 in place of
   448 in global_encode (so the map-to-4 scale stays below 448); 448 keeps the standard bound.
   TE defines 4over6 without the Hadamard transform and without stochastic rounding.
@@ -57,6 +60,7 @@ from .base import encode_scale, normalize_axis
 from .blocks import GridBlockFormat
 from .contract import BlockScale, ScaleChoice, TensorScale
 from .grid import FP8_E4M3
+from .rounding import is_stochastic
 
 NVFP_BLOCK_SIZE = 16
 FOUR_OVER_SIX_MODES = ("off", *get_args(ScaleChoice))  # the ``four_over_six`` option: off, or its error
@@ -76,8 +80,9 @@ def check_options(name: str, options: dict[str, Any]) -> None:
         if options["block_shape"] not in FOUR_OVER_SIX_SHAPES:
             raise ValueError(f"{name}: four_over_six needs block_shape (1, 16) or (16, 16), "
                              f"not {options['block_shape']}")
-        if options.get("rounding") == "stochastic" or options.get("hadamard") is not None:
-            raise ValueError(f"{name}: four_over_six takes neither rounding='stochastic' nor hadamard "
+        if is_stochastic(options.get("rounding", "nearest")) or options.get("hadamard") is not None:
+            raise ValueError(f"{name}: four_over_six takes neither a stochastic rounding (rounding="
+                             f"{options.get('rounding', 'nearest')!r}) nor hadamard={options.get('hadamard')!r} "
                              f"(TE's 4over6 has no stochastic rounding and no RHT)")
     if options.get("row_scaled") and options["block_shape"][0] > 1:
         raise ValueError(f"{name}: row_scaled needs blocks along an axis (block_shape (1, n)), "
@@ -97,6 +102,7 @@ class NVFPFormat(GridBlockFormat):
         self.amax_per_row = bool(self.options.get("row_scaled", False))
         mode = self.options.get("four_over_six", "off")
         self.four_over_six: Optional[str] = None if mode == "off" else mode
+        self.axis_free = self.tiled and self.four_over_six is None  # 4over6 tiles sum along the axis
         self.eager_chunks = self.eager_chunks and not self.amax_per_row  # chunks share one tensor amax
 
     def _block_scale(self) -> BlockScale:
@@ -112,6 +118,15 @@ class NVFPFormat(GridBlockFormat):
             return super().amax_of(x, axis)
         axis = normalize_axis(self.name, axis, x.dim())
         return self._abs_max(self.transform(x, axis), dim=axis)
+
+    def _quantize(self, x, axis, amax, uniform, split):
+        """As ``BlockFormat._quantize``; 4over6 tiles along axis -2 (W^T, the data-gradient GEMM's copy)
+        are W^T's own tiles, choosing from W^T's error sums, as TE quantizes its columnwise copy."""
+        axis = normalize_axis(self.name, axis, x.dim())
+        if not (self.tiled and self.four_over_six and axis == x.dim() - 2):
+            return super()._quantize(x, axis, amax, uniform, split)
+        q, scale, tensor_scale = super()._quantize(x.transpose(-1, -2), axis + 1, amax, uniform, split)
+        return q.transpose(-1, -2).contiguous(), scale.transpose(-3, -2), tensor_scale
 
     def _global_amax(self, block_amax: Tensor, block_dim: int, amax: Optional[Tensor]) -> Tensor:
         """The tensor's amax (0-d), or each row's (``block_amax``'s shape with 1 at the block index)."""

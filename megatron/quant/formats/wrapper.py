@@ -36,6 +36,7 @@ class FormatWrapper(QuantFormat):
     block_size = property(lambda self: self.fmt.block_size)
     block_shape = property(lambda self: self.fmt.block_shape)
     tiled = property(lambda self: self.fmt.tiled)
+    axis_free = property(lambda self: self.fmt.axis_free)
     element = property(lambda self: self.fmt.element)
     dtype = property(lambda self: self.fmt.dtype)
     kernel_contract = property(lambda self: self.fmt.kernel_contract)

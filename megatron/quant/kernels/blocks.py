@@ -53,8 +53,11 @@ def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, LAY
         per_row = (cols + SIDE - 1) // SIDE
         per_matrix = ((rows + SIDE - 1) // SIDE) * per_row
         t = c % per_matrix
-        row = (t // per_row) * SIDE + k[:, None] // SIDE
-        col = (t % per_row) * SIDE + k[:, None] % SIDE
+        across, down = k[:, None] // SIDE, k[:, None] % SIDE
+        if LAYOUT.transposed:  # W^T's tile rows are W's columns
+            across, down = down, across
+        row = (t // per_row) * SIDE + across
+        col = (t % per_row) * SIDE + down
         valid = (k[:, None] < B) & (row < rows) & (col < cols) & (c < n_blocks_total)
         offsets = (c // per_matrix).to(tl.int64) * rows * cols + row * cols + col
     else:  # c enumerates (before, block, after) with after fastest
@@ -364,7 +367,8 @@ def block_walk(x, contract: KernelContract, axis: int) -> tuple[tuple[int, ...],
         block = size
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
-    return (total, length, after, n_blocks, rows, cols), Layout(block, padded, size, contract.tiled, columns)
+    flip = contract.tiled and contract.block_scale.four_over_six is not None and axis == x.dim() - 2  # W^T's tiles
+    return (total, length, after, n_blocks, rows, cols), Layout(block, padded, size, contract.tiled, columns, flip)
 
 
 def scale_layout(contract: KernelContract, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:

@@ -50,13 +50,15 @@ class BlockScale(NamedTuple):
 
 class Layout(NamedTuple):
     """How ``blocks._block_kernel`` walks a tensor's blocks: a block of ``block`` elements (padded to
-    ``padded``), ``side`` long along an axis (tiles: side x side), ``columns`` blocks a program."""
+    ``padded``), ``side`` long along an axis (tiles: side x side), ``columns`` blocks a program;
+    ``transposed`` tiles run down their columns."""
 
     block: int
     padded: int
     side: int
     tiled: bool
     columns: int
+    transposed: bool  # tiles walked column by column: W^T's tiles in W (4over6 along axis -2)
 
 
 class Rht(NamedTuple):

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-KernelRole = Literal["quantize", "amax"]
-"""What a kernel does: quantizes (and may take statistics), or only reduces a tensor's amax."""
+KernelRole = Literal["quantize", "amax", "gemm"]
+"""What a kernel does: quantizes (and may take statistics), only reduces a tensor's amax, or multiplies
+two operands as a tensor core adds their products (``accumulate``)."""
 
 
 @dataclass(frozen=True)
@@ -30,5 +31,6 @@ KERNELS = (
     Kernel("blocks", "_block_kernel", "quantize"),
     Kernel("blocks", "_dual_kernel", "quantize"),
     Kernel("amax", "_amax_kernel", "amax"),
+    Kernel("accumulate", "_hopper_kernel", "gemm"),
 )
 NAMES = frozenset(kernel.name for kernel in KERNELS)

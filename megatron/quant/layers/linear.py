@@ -64,7 +64,7 @@ class QuantLinearMixin(FinishesInit, Phased):
         quant = module_quant(quantization_config, self.config)
         gated = quant.site.role == "fc1" and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
         self.configure_phases(lambda formats: self.configure_quant(
-            LinearQuant.from_formats(formats, quant.dequantized), quant.site, seed=quant.seed,
+            LinearQuant.from_formats(formats, quant.dequantized, quant.accumulate), quant.site, seed=quant.seed,
             shard_groups=2 if gated else 1), quant.phases, quant.phase_of)
 
     def configure_quant(self, quant: LinearQuant, site: Optional[CaptureSite], seed: int = 0,

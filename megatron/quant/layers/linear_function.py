@@ -18,6 +18,7 @@ from torch import Tensor
 
 from megatron.quant import tensor_saver
 from megatron.quant.compat import grad_accum_fusion_available
+from megatron.quant.formats.accumulation import fp8_kind
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.layers.operand import (
@@ -31,7 +32,7 @@ from megatron.quant.layers.operand import (
     reusable_amax,
     same_quantization,
 )
-from megatron.quant.layers.scaled_gemm import matmul, scaled_product
+from megatron.quant.layers.scaled_gemm import HopperAccumulator, matmul, scaled_product
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import OperandSpec, Parallel
@@ -47,16 +48,31 @@ class LinearQuant:
 
     specs: Mapping[str, OperandSpec]
     dequantized: frozenset[str] = frozenset()
+    accumulate: tuple[tuple[str, str], ...] = ()  # ``QuantRecipe.accumulate``: (gemm, "fast" | "promoted")
 
     def __getitem__(self, key: str) -> OperandSpec:
         return self.specs[key]
 
     @classmethod
-    def from_formats(cls, formats: Mapping[str, Optional[QuantFormat]],
-                     dequantized: frozenset[str] = frozenset()) -> "LinearQuant":
+    def from_formats(cls, formats: Mapping[str, Optional[QuantFormat]], dequantized: frozenset[str] = frozenset(),
+                     accumulate: tuple[tuple[str, str], ...] = ()) -> "LinearQuant":
         """From recipe keys to formats (None: not quantized); axes are fixed by the GEMMs."""
         return cls({op.key: OperandSpec(formats[op.key], op.axis, op.key) for op in operands.LINEAR_TABLE},
-                   frozenset(dequantized))
+                   frozenset(dequantized), tuple(accumulate))
+
+    def accumulator(self, gemm: str) -> Optional[HopperAccumulator]:
+        """How ``gemm`` adds its products: None for exact FP32 sums (also where its operands are not
+        quantized: no FP8 GEMM runs there), else the Hopper FP8 accumulator of its operands' formats."""
+        mode = dict(self.accumulate).get(gemm, "exact")
+        fmts = [self.specs[op.key].fmt for op in operands.LINEAR_TABLE if op.gemm == gemm]
+        if mode == "exact" or all(fmt is None for fmt in fmts):
+            return None
+        kinds = tuple(fp8_kind(fmt) for fmt in fmts)
+        if None in kinds:
+            shown = ", ".join("unquantized" if f is None else f"{f.name} ({f.scaling} scaling)" for f in fmts)
+            raise ValueError(f"accumulate.{gemm}: {mode!r} models an FP8 tensor core, whose operands are per-tensor "
+                             f"scaled FP8 (fp8_e4m3, fp8_e5m2); this GEMM's are {shown}")
+        return HopperAccumulator(mode == "fast", kinds)  # type: ignore[arg-type]
 
     def sharded(self, parallel: Parallel, groups: int = 1) -> "LinearQuant":
         """The same specs with the TP shard dimensions of a ``parallel`` layer; ``groups``: separately
@@ -95,6 +111,8 @@ class LinearQuant:
         for op in operands.LINEAR_TABLE:
             gemms.setdefault(op.gemm, []).append(self.specs[op.key])
         check_gemm_transforms(gemms)
+        for gemm in gemms:
+            self.accumulator(gemm)  # refuses an accumulator model for operands it does not model
 
 
 @dataclass
@@ -122,24 +140,24 @@ def _gather_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
 
 
 def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quantized, total_input: Quantized,
-                          dtype: torch.dtype) -> Optional[Tensor]:
+                          dtype: torch.dtype, accumulator: Optional[HopperAccumulator] = None) -> Optional[Tensor]:
     """megatron-core's gradient-accumulation fusion: dW += dY^T X into main_grad (same kernels when present),
     the product summed in main_grad's dtype, never rounded to the operands' on the way (as apex's kernel
     and TE's fused wgrad GEMM accumulate)."""
     from megatron.core.tensor_parallel import layers as mlayers
 
     weight.main_grad = main_grad
-    scaled = grad_output.tensor_scale is not None or total_input.tensor_scale is not None
+    scaled = grad_output.tensor_scale is not None or total_input.tensor_scale is not None or accumulator is not None
     if hasattr(weight, "__fsdp_param__"):
         weight.main_grad = weight.get_main_grad()
-        weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input, weight.main_grad.dtype))
+        weight.main_grad.copy_(scaled_product(_wgrad, grad_output, total_input, weight.main_grad.dtype, accumulator))
     elif grad_accum_fusion_available() and not scaled:
         kernel = (mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32
                   if main_grad.dtype == torch.float32 else
                   mlayers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16)
         kernel(total_input.values, grad_output.values, main_grad)
-    else:  # no apex kernel (CPU), or per-tensor scales to apply: the kernel's sum, unfused
-        main_grad.add_(scaled_product(_wgrad, grad_output, total_input, main_grad.dtype))
+    else:  # no apex kernel (CPU), per-tensor scales to apply or an accumulator model: the sum, unfused
+        main_grad.add_(scaled_product(_wgrad, grad_output, total_input, main_grad.dtype, accumulator))
     if not hasattr(weight, "grad_added_to_main_grad"):
         return None
     # As megatron-core: hand autograd a dummy so DDP hooks run on the main thread.
@@ -204,7 +222,7 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
         if ctx.input_quantized is not None:
             ctx.input_quantized = replace(x, values=None, seen=None)  # the values travel in saved_tensors
-        output = scaled_product(_fprop, x, w)
+        output = scaled_product(_fprop, x, w, accumulator=q.accumulator("fprop"))
         if bias is not None:
             output = output + bias
         if capture:
@@ -238,7 +256,7 @@ class QuantLinearFunction(torch.autograd.Function):
         dy = both[1].reshape(grad_output.shape) if both else \
             quantize_operand(grad_output, q["dgrad.grad_output"], group, noise, capture=capture)
         w = _dgrad_weight(weight, cfg, noise, capture)
-        grad_input = scaled_product(_dgrad, dy, w)
+        grad_input = scaled_product(_dgrad, dy, w, accumulator=q.accumulator("dgrad"))
         if capture:
             tensor_saver.capture(cfg.site, "backward", "pre", {
                 "grad_output": dy.seen, "weight": w.seen if q.from_forward("dgrad.weight") else
@@ -268,9 +286,10 @@ class QuantLinearFunction(torch.autograd.Function):
             else:
                 x_w = quantize_operand(total_input, q["wgrad.input"], group, noise, amax=ctx.input_amax)
             if cfg.gradient_accumulation_fusion:
-                grad_weight = _accumulate_main_grad(weight, ctx.main_grad, dy_w, x_w, input.dtype)
+                grad_weight = _accumulate_main_grad(weight, ctx.main_grad, dy_w, x_w, input.dtype,
+                                                    q.accumulator("wgrad"))
             else:
-                grad_weight = scaled_product(_wgrad, dy_w, x_w)
+                grad_weight = scaled_product(_wgrad, dy_w, x_w, accumulator=q.accumulator("wgrad"))
         if ctx.use_bias:
             grad_bias = grad_output.sum(dim=0)
         if handle is not None:

@@ -52,6 +52,7 @@ class ModuleQuant:
     site: CaptureSite
     seed: int
     dequantized: frozenset[str] = frozenset()
+    accumulate: tuple[tuple[str, str], ...] = ()  # the base recipe's, for every phase (``QuantRecipe.accumulate``)
 
     @property
     def formats(self) -> Mapping[str, Optional[QuantFormat]]:
@@ -79,7 +80,7 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
     if recipe.schedule.train_iters is None:  # outside a training run (``PrecisionConfig.for_run``): the base recipe
         phases = phases[:1]
     return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0,
-                       recipe.dequantized_sources())
+                       recipe.dequantized_sources(), recipe.accumulate)
 
 
 def global_module_name(path: str, config: TransformerConfig) -> str:

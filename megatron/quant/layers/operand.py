@@ -192,11 +192,11 @@ def check_gemm_transforms(gemms: Mapping[str, Sequence[OperandSpec]]) -> None:
 
 def same_quantization(first: OperandSpec, second: OperandSpec) -> bool:
     """True when ``second`` quantizes a tensor exactly as ``first`` did, whatever the axes: the
-    same round-to-nearest format whose scales follow no axis (elementwise, one scale per tensor, or
-    square tiles of the last two dimensions, such as TE's 2-D NVFP4 weights) and no transform along
-    one."""
+    same round-to-nearest format whose scales follow no axis (``QuantFormat.axis_free``: elementwise,
+    one scale per tensor, or square tiles of the last two dimensions, such as TE's 2-D NVFP4 weights)
+    and no transform along one."""
     a, b = first.fmt, second.fmt
-    return (a is not None and b is not None and (a.block_size is None or a.tiled)
+    return (a is not None and b is not None and a.axis_free
             and not a.transforms_operand and a.name == b.name and a.options == b.options
             and not is_stochastic(a.rounding))
 

@@ -16,6 +16,7 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 | ``4over6`` | NVFP4 4over6 scales | every ``four_over_six``, ``e4m3_max`` | MAE, bound 256, inputs and weights |
 | ``row-scaled`` | NVFP4 FP32 scales per row | every ``row_scaled`` | on the input's operands |
 | ``bwd-hp``, ``bwd-dq`` | TE's ``backward_override`` | ``backward_override`` | ``high_precision``, ``dequantized`` |
+| ``hopper-acc`` | Hopper FP8 accumulation | ``accumulate`` (exact sums) | TE's: fprop fast, dgrad/wgrad promoted |
 
 ``2d`` added tiles the weights (16x16 for NVFP4, 128x128 for FP8 blocks, 32x32 otherwise: TE's
 ``enable_2d_quantization`` for MXFP8).
@@ -53,7 +54,7 @@ _EDIT = re.compile(r"(-no-|\+)([a-z0-9]+(?:-[a-z]+)*?)(?=-no-|\+|$)")
 # --ablate adds these to a base's removals (the questions the published ablations ask).
 STOCHASTIC_MODES = tuple(mode for mode in ROUNDING_MODES if is_stochastic(mode))
 ADDITIONS = {"te-nvfp4": ("bf16-layers", "bf16-fwd-tail"), "mxfp4": ("sr", "rht", "sr+rht"),
-             "nvfp4": ("sr", "rht", "sr+rht")}
+             "nvfp4": ("sr", "rht", "sr+rht"), "te-fp8-current": ("hopper-acc",), "te-fp8-delayed": ("hopper-acc",)}
 
 
 class AblationError(ValueError):
@@ -128,6 +129,11 @@ def _hadamard_size(recipe: dict[str, Any]) -> int:
     return 16 if str(recipe.get("format", "")).startswith("nvfp4") else 32
 
 
+def _accumulate(recipe: dict[str, Any]) -> dict[str, Any]:
+    value = recipe.get("accumulate") or {}
+    return dict(value) if isinstance(value, dict) else {"all": value}
+
+
 @dataclass(frozen=True)
 class Component:
     name: str
@@ -168,6 +174,10 @@ COMPONENTS = {c.name: c for c in (
     Component("row-scaled", "NVFP4 FP32 scales per row (on the input's operands)",
               lambda r: _has_option(r, "row_scaled", (True,)), lambda r: _drop_option(r, "row_scaled"),
               lambda r: _set_operands(r, INPUTS, {"row_scaled": True})),
+    Component("hopper-acc", "a Hopper FP8 tensor core's accumulator (TE's: fprop fast, dgrad and wgrad promoted)",
+              lambda r: any(mode != "exact" for mode in _accumulate(r).values()),
+              lambda r: r.pop("accumulate", None),
+              lambda r: r.update(accumulate=dict(presets.TE_HOPPER_ACCUMULATE))),
     _override("bwd-hp", "high_precision"),
     _override("bwd-dq", "dequantized"),
 )}

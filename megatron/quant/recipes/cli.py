@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megatron.quant import formats
+from megatron.quant.formats.accumulation import fp8_kind
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.operands import FORWARD_TWINS, LINEAR_ROLES, OPERAND_AXES
@@ -110,10 +111,24 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
         lines.append(f"layers {format_indices(layers)}:")
         lines += _role_tables(recipe, layers[0], num_layers, roles, axes)
     lines += _role_tables(recipe, -1, num_layers, ("output_layer",), axes)
+    lines.append(accumulation_line(recipe, num_layers))
     if recipe.schedule:  # the phases' formats replace the tables' for their direction's operands
         lines.append(f"schedule: {recipe.schedule.describe()} (iterations as the run numbers them; fractions "
                      f"of --train-iters)")
     return "\n".join(lines)
+
+
+def accumulation_line(recipe: QuantRecipe, num_layers: int) -> str:
+    """How the linear GEMMs add their products; for per-tensor FP8 recipes also what TE does on Hopper."""
+    modes = recipe.accumulation()
+    exact = set(modes.values()) == {"exact"}
+    line = "accumulate: " + ("exact FP32 sums" if exact else ", ".join(f"{gemm} {mode}" for gemm, mode in modes.items())
+                             + " (a Hopper FP8 tensor core's accumulator)")
+    fmts = recipe.formats(num_layers)
+    if fmts and all(fp8_kind(fmt) is not None for fmt in fmts) and modes != presets.TE_HOPPER_ACCUMULATE:
+        te = ", ".join(f"{gemm} {mode}" for gemm, mode in presets.TE_HOPPER_ACCUMULATE.items())
+        line += f"; TE on Hopper: {te} (+hopper-acc)"
+    return line
 
 
 def list_presets() -> str:

@@ -91,6 +91,7 @@ QK_OPERANDS = ("qk.query", "qk.key", "dq.grad_scores", "dq.key", "dk.query", "dk
 PV_OPERANDS = ("pv.probs", "pv.value", "dp.grad_output", "dp.value", "dv.probs", "dv.grad_output")
 
 LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE)
+LINEAR_GEMMS = tuple(dict.fromkeys(op.gemm for op in LINEAR_TABLE))  # fprop, dgrad, wgrad
 LINEAR_BY_KEY = {op.key: op for op in LINEAR_TABLE}
 BACKWARD_LINEAR_OPERANDS = tuple(op.key for op in LINEAR_TABLE if op.backward)
 # A backward operand whose tensor the forward quantizes too (TE's columnwise copy of the input and of the

@@ -14,9 +14,10 @@ from typing import Any, Iterable, Literal, Mapping, Optional, get_args
 import yaml
 
 from megatron.quant import formats, kernels, yaml_safe
+from megatron.quant.formats.accumulation import ACCUMULATIONS
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
-from megatron.quant.recipes.operands import ALL_OPERANDS, ROLES, SCOPES, TWINNED_ROLES
+from megatron.quant.recipes.operands import ALL_OPERANDS, LINEAR_GEMMS, ROLES, SCOPES, TWINNED_ROLES
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 from megatron.quant.settings.names import NAME_RULE, name_problem
 
@@ -26,7 +27,7 @@ from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
 
 TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation",
-            "backward_override", "columnwise_source")
+            "backward_override", "columnwise_source", "accumulate")
 _RULE_KEYS = ("match", "format", "options", "operands")
 _MATCH_KEYS = ("roles", "layers")
 _OVERRIDE_KEYS = ("format", "options")
@@ -249,6 +250,22 @@ def parse_columnwise_source(value: Any, source: str) -> frozenset[str]:
     return frozenset(role for role, choice in data.items() if choice == "rowwise_dequantized")
 
 
+def parse_accumulate(value: Any, source: str) -> tuple[tuple[str, str], ...]:
+    """``accumulate``: one of ``ACCUMULATIONS`` for every linear GEMM, or a mapping GEMM -> one of them;
+    ((gemm, mode), ...) for the GEMMs that do not accumulate exactly (() for none)."""
+    if value is None:
+        return ()
+    data = {gemm: value for gemm in LINEAR_GEMMS} if isinstance(value, str) else as_mapping(value, "accumulate",
+                                                                                             source)
+    check_keys(data, LINEAR_GEMMS, "accumulate", source)
+    for gemm, mode in data.items():
+        if mode not in ACCUMULATIONS:
+            raise RecipeError(f"{source}: accumulate.{gemm}: {show_value(mode)} is not one of "
+                              f"{', '.join(ACCUMULATIONS)} (exact FP32, or a Hopper FP8 tensor core's fast or "
+                              f"promoted accumulation)")
+    return tuple((gemm, data[gemm]) for gemm in LINEAR_GEMMS if data.get(gemm, "exact") != "exact")
+
+
 def default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
@@ -288,7 +305,8 @@ def recipe_fields(data: Mapping[str, Any], source: str, defaults: Optional[Mappi
                 seed=parse_seed(merged.get("seed"), source),
                 schedule=(merged.get("schedule"), merged.get("evaluation")),  # read by ``recipes.schedule``
                 backward_override=parse_backward_override(merged.get("backward_override"), source),
-                dequantized_roles=parse_columnwise_source(merged.get("columnwise_source"), source))
+                dequantized_roles=parse_columnwise_source(merged.get("columnwise_source"), source),
+                accumulate=parse_accumulate(merged.get("accumulate"), source))
 
 
 def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[Any, str]:

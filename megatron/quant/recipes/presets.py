@@ -41,6 +41,11 @@ from typing import Any, Mapping, Optional
 
 from megatron.quant.formats.registry import MAX_AMAX_HISTORY_LEN
 
+# How Transformer Engine's per-tensor FP8 recipes run each linear GEMM on Hopper: Float8CurrentScaling's
+# fp8_gemm_fprop = MMParams(use_split_accumulator=False), fp8_gemm_dgrad and fp8_gemm_wgrad True
+# (DelayedScaling's GEMMs likewise: _2X_ACC_FPROP False, _2X_ACC_DGRAD and _2X_ACC_WGRAD True). The
+# presets accumulate exactly (the model costs hundreds of times a GEMM on the CPU); ``+hopper-acc`` adds this.
+TE_HOPPER_ACCUMULATE = {"fprop": "fast", "dgrad": "promoted", "wgrad": "promoted"}
 GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
 WEIGHTS = ("fprop.weight", "dgrad.weight")
 WGRAD = ("wgrad.grad_output", "wgrad.input")

@@ -28,6 +28,7 @@ from megatron.quant.recipes.operands import (
     BACKWARD_LINEAR_OPERANDS,
     FORWARD_TWINS,
     LINEAR_BY_KEY,
+    LINEAR_GEMMS,
     LINEAR_ROLES,
     NAMED_ONLY_ROLES,
     ROLES,
@@ -62,6 +63,9 @@ class QuantRecipe:
     # from the forward's dequantized operand instead of the original tensor (TE's hybrid quantizers).
     backward_override: Optional[str] = None
     dequantized_roles: frozenset[str] = frozenset()
+    # How the linear GEMMs add their products (``formats.accumulation``): (gemm, "fast" | "promoted") for
+    # those that take a Hopper FP8 tensor core's accumulator; the others accumulate exactly in FP32.
+    accumulate: tuple[tuple[str, str], ...] = ()
 
     # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod
@@ -129,6 +133,10 @@ class QuantRecipe:
         if self.backward_override is not None:
             chosen.update({key: none for key in BACKWARD_LINEAR_OPERANDS if key in chosen})
         return chosen
+
+    def accumulation(self) -> dict[str, str]:
+        """Linear GEMM ("fprop", "dgrad", "wgrad") -> its accumulation (``formats.accumulation.ACCUMULATIONS``)."""
+        return {gemm: dict(self.accumulate).get(gemm, "exact") for gemm in LINEAR_GEMMS}
 
     def dequantized_sources(self) -> frozenset[str]:
         """The backward linear operands taken from their forward twin's dequantized operand

@@ -1,0 +1,156 @@
+"""How an FP8 GEMM on a Hopper tensor core (sm_90, cuBLAS's FP8 kernels) adds its products: a model of
+the accumulator, in pure torch, bit for bit on finite FP8 operands.
+
+The tensor core adds a block of 32 products to the running FP32 accumulator c in one step:
+
+- each product's exponent is the sum of its operands' exponents, each clamped at its format's smallest
+  normal exponent (E4M3 -6, E5M2 -14: a subnormal keeps its short significand); zero products have none;
+- all terms (the products and c) are aligned to the block's largest exponent E and truncated toward
+  zero to 13 fraction bits below 2^E, then summed exactly;
+- the sum is truncated toward zero to 13 fraction bits of its own exponent; a zero result is +0.
+
+A GEMM chains these steps over K (zero padding a ragged last block leaves the result unchanged):
+
+- fast accumulation (TE's ``use_split_accumulator=False``, torch's ``use_fast_accum=True``): one chain
+  over all of K;
+- promoted accumulation (TE's split accumulator, ``use_fast_accum=False``): a chain over each 128-long
+  slice of K, each started from +0, added in K order into an FP32 accumulator from +0 (round to nearest);
+- split-K over S splits: K in 128-wide tiles, split s owns the contiguous tiles [s q, (s + 1) q),
+  q = ceil(tiles / S); fast: one chain per split; promoted: each tile its own chain, added in order;
+  the splits' partial sums are then added in order in FP32. Which S cuBLAS picks is its heuristic's
+  decision (GPU, SM count, cuBLASLt version, workspace, output dtype): the caller passes it; without one
+  the model does not split.
+
+The epilogue (``hopper_epilogue``) multiplies the FP32 accumulator by alpha = RN32(scale_a * scale_b)
+once, rounding to FP32, then to the output dtype (bf16: round to nearest even from FP32).
+
+Sources: NVIDIA PTX ISA (``wgmma.mma_async`` with .e4m3/.e5m2 inputs and an .f32 accumulator); the
+DeepSeek-V3 technical report (section 3.3.2: about 14 bits of accumulator, promotion to FP32 every
+128 elements); Transformer Engine's ``MMParams(use_split_accumulator=...)``; the block step, the slice
+and tile lengths as measured on an H100 PCIe with cuBLASLt 12.8 (Khattak and Mikaitis, "Accurate
+Models of NVIDIA Tensor Cores", arXiv:2512.07004, and the measurements the ``mmaemu`` package
+publishes, which the tests compare against). Not modelled: Inf and NaN operands, Blackwell's
+block-scaled MMA, Ada's 16-product blocks, other cuBLAS versions' split decisions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+from torch import Tensor
+
+from .interface import QuantFormat
+
+FP8Kind = Literal["e4m3", "e5m2"]
+ACCUMULATIONS = ("exact", "fast", "promoted")  # a recipe's ``accumulate``: exact FP32, or the Hopper model's two
+MIN_NORMAL_EXPONENT = {"e4m3": -6, "e5m2": -14}  # an operand's exponent is clamped at its format's
+BLOCK = 32  # products per tensor-core step
+FRACTION_BITS = 13  # kept below the block's alignment exponent, and in the block's result
+PROMOTE_EVERY = 128  # promoted accumulation: a new chain every 128 elements of K
+K_TILE = 128  # split-K cuts K into tiles this wide
+# Every accumulator value is a multiple of 2^(-28 - FRACTION_BITS) (the smallest product exponent is
+# -14 - 14), so alignment exponents below FLOOR change nothing and 2^(E - FRACTION_BITS) stays normal.
+FLOOR = -29 - FRACTION_BITS
+_NO_EXPONENT = -1000
+PER_TENSOR = ("tensor", "delayed")  # the scalings of an FP8 tensor core's operands (one FP32 scale a tensor)
+
+
+def fp8_kind(fmt: Optional[QuantFormat]) -> Optional[FP8Kind]:
+    """The FP8 kind of a format's operands where a Hopper tensor core takes them (per-tensor scaled
+    E4M3 or E5M2 elements); None for any other format, or none."""
+    if fmt is None or fmt.scaling not in PER_TENSOR or fmt.element is None:
+        return None
+    name = fmt.element.name
+    return name if name in MIN_NORMAL_EXPONENT else None  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Operands:
+    """Two GEMM operands holding FP8 values, a [M, K] and b [N, K] (C = a b^T), and their formats."""
+
+    a: Tensor
+    b: Tensor
+    kind_a: FP8Kind = "e4m3"
+    kind_b: FP8Kind = "e4m3"
+
+
+def _exponents(x: Tensor, kind: FP8Kind) -> Tensor:
+    """floor(log2 |x|) of FP8 values held in float32, clamped at the format's smallest normal
+    exponent; ``_NO_EXPONENT`` for zeros (read from the bits: FP8 values are normal in float32)."""
+    biased = (x.view(torch.int32) >> 23) & 0xFF
+    return torch.where(x == 0, _NO_EXPONENT, (biased - 127).clamp_min(MIN_NORMAL_EXPONENT[kind]))
+
+
+def _pow2(e: Tensor) -> Tensor:
+    """2^e as float32 for integer e in the normal range, from the bits."""
+    return ((e + 127) << 23).view(torch.float32)
+
+
+def _truncate_fraction(d: Tensor) -> Tensor:
+    """d (normal float32 or zero) truncated toward zero to FRACTION_BITS fraction bits; +0 for zero."""
+    mask = ~((1 << (23 - FRACTION_BITS)) - 1)
+    return (d.view(torch.int32) & mask).view(torch.float32) + 0.0
+
+
+def _chains(a: Tensor, ea: Tensor, b: Tensor, eb: Tensor) -> Tensor:
+    """The chains of a batch: a [C, M, L], b [C, N, L] (L a multiple of BLOCK) -> float32 [C, M, N], chain
+    c over its L elements from +0, one block step at a time."""
+    chains, m, length = a.shape
+    acc = torch.zeros(chains, m, b.shape[1], dtype=torch.float32, device=a.device)
+    for start in range(0, length, BLOCK):
+        block = slice(start, start + BLOCK)
+        products = a[:, :, None, block] * b[:, None, :, block]  # exact in float32
+        exponent = (ea[:, :, None, block] + eb[:, None, :, block]).amax(-1)
+        acc_exponent = torch.where(acc == 0, _NO_EXPONENT, ((acc.view(torch.int32) >> 23) & 0xFF) - 127)
+        aligned = torch.maximum(exponent, acc_exponent).clamp_min(FLOOR)
+        unit, per_unit = _pow2(aligned - FRACTION_BITS), _pow2(FRACTION_BITS - aligned)  # exact scalings
+        total = torch.trunc(products.mul_(per_unit[..., None])).sum(-1)  # integers < 2^24: exact in float32
+        total += torch.trunc(acc * per_unit)
+        acc = _truncate_fraction(total.mul_(unit))
+    return acc
+
+
+def _serial_sum(parts: Tensor) -> Tensor:
+    """parts [P, M, N] added in order into an FP32 accumulator from +0."""
+    total = torch.zeros_like(parts[0])
+    for part in parts:
+        total = total + part
+    return total
+
+
+def _as_slices(x: Tensor, length: int, count: int) -> Tensor:
+    """x [R, K] zero-padded to count * length along K, as [count, R, length]."""
+    x = torch.nn.functional.pad(x, (0, count * length - x.shape[1]))
+    return x.unflatten(1, (count, length)).transpose(0, 1).contiguous()
+
+
+def hopper_accumulate(ops: Operands, fast: bool, splits: int = 1) -> Tensor:
+    """The FP32 accumulator [M, N] of a b^T as a Hopper FP8 GEMM computes it (module docstring), with
+    ``fast`` or promoted accumulation and ``splits`` split-K partitions; a and b hold finite FP8 values
+    of ``ops``' kinds in any float dtype."""
+    if splits < 1:
+        raise ValueError(f"splits={splits}: at least 1")
+    a, b = ops.a.float(), ops.b.float()
+    k = a.shape[1]
+    tiles = -(-k // K_TILE)
+    per_split = -(-tiles // splits) if splits > 1 else 0
+    if fast:  # one chain per split (or one in all), over its tiles
+        length = per_split * K_TILE if splits > 1 else -(-k // BLOCK) * BLOCK
+        count = splits if splits > 1 else 1
+    else:  # one chain per 128-long slice (a split's tiles are such slices)
+        length, count = PROMOTE_EVERY, (splits * per_split if splits > 1 else -(-k // PROMOTE_EVERY))
+    sa, sb = _as_slices(a, length, count), _as_slices(b, length, count)
+    chains = _chains(sa, _exponents(sa, ops.kind_a), sb, _exponents(sb, ops.kind_b))
+    if fast or splits == 1:
+        return _serial_sum(chains)
+    partials = torch.stack([_serial_sum(group) for group in chains.unflatten(0, (splits, per_split))])
+    return _serial_sum(partials)
+
+
+def hopper_epilogue(acc: Tensor, scale: Tensor | None, out_dtype: torch.dtype) -> Tensor:
+    """The output of an FP32 accumulator: times alpha (the product of the operands' scales, an FP32
+    value) rounded once to FP32, then rounded to ``out_dtype``."""
+    if scale is not None:
+        acc = (acc.double() * scale.double() + 0.0).float()  # exact, one rounding; a zero product is +0
+    return acc.to(out_dtype)
