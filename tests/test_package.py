@@ -24,8 +24,9 @@ LAYERS = (("cpu", "compat", "position", "yaml_safe", "output_dir", "settings"), 
           ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",), ("training",),
           ("compare",), ("lab",))
 # Rooms that a room must not import although they lie below it: the trainer trains and knows nothing
-# of reports (analysis) or of the studies that drive it.
-APART = {"training": {"analysis"}}
+# of reports (analysis) or of the studies that drive it; a recipe is data (formats and options), and the
+# layers choose the kernels that run it.
+APART = {"training": {"analysis"}, "recipes": {"kernels"}}
 RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
 # Inside analysis: the kit both reports use (top-level modules), then the capture report and the runs
 # comparison (independent of each other), then the command line that dispatches to them.

@@ -227,6 +227,7 @@ def test_cpu_offloading_is_refused_for_a_quantized_layer(parallel):
 
 
 def test_compiled_quantization_equals_eager(parallel):
+    from megatron.quant.layers.module_quant import format_builder
     from megatron.quant.recipes.recipe import QuantRecipe
 
     x, grad = _data(torch.float32, seed=8)
@@ -235,7 +236,8 @@ def test_compiled_quantization_equals_eager(parallel):
         layer = _build("row", bias=False)
         torch.manual_seed(0)
         torch.nn.init.normal_(layer.weight)
-        formats = QuantRecipe.uniform("hifp8", compile=compile).resolve("fc2", 0, 1)
+        recipe = QuantRecipe.uniform("hifp8", compile=compile)
+        formats = recipe.resolve("fc2", 0, 1, build=format_builder(recipe))
         layer.configure_quant(LinearQuant.from_formats(formats), SITE)
         results.append(_run(layer, x, grad))
     (y_eager, g_eager), (y_compiled, g_compiled) = results

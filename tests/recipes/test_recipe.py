@@ -4,6 +4,7 @@ import json
 import pytest
 
 from megatron.quant import formats
+from megatron.quant.layers.module_quant import format_builder
 from megatron.quant.recipes.operands import ATTENTION_OPERANDS, LINEAR_OPERANDS, PV_OPERANDS, QK_OPERANDS
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from tests.layers._helpers import BLOCK_FORMAT, TENSOR_FORMAT
@@ -177,11 +178,13 @@ def test_guide_recipe_examples_load(tmp_path):
 def test_compile_switch_and_shared_instances():
     recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": BLOCK_FORMAT, "CUSTOM_QUANT_COMPILE": "1"})
     assert recipe.compile
-    shared = {}
-    first, second = recipe.resolve("qkv", 0, 2, shared), recipe.resolve("fc2", 1, 2, shared)
+    shared, build = {}, format_builder(recipe)  # what the layers run the recipe's formats with
+    first, second = recipe.resolve("qkv", 0, 2, shared, build), recipe.resolve("fc2", 1, 2, shared, build)
     assert first["fprop.input"] is second["wgrad.input"] and len(shared) == 1
     assert type(first["fprop.input"]).__name__ == "CompiledFormat"
+    assert type(recipe.resolve("qkv", 0, 2)["fprop.input"]).__name__ == "MXFormat"  # a recipe itself is data
     stochastic = QuantRecipe.uniform(BLOCK_FORMAT, compile=True, rounding="stochastic", seed=3)
-    assert type(stochastic.resolve("qkv", 0, 2)["fprop.input"]).__name__ != "CompiledFormat"
+    assert type(stochastic.resolve("qkv", 0, 2, build=format_builder(stochastic))["fprop.input"]).__name__ != \
+        "CompiledFormat"
     with pytest.raises(RecipeError, match="'maybe' is not a boolean"):
         QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": BLOCK_FORMAT, "CUSTOM_QUANT_COMPILE": "maybe"})

@@ -30,6 +30,7 @@ from megatron.quant.analysis.captures.catalog import (
 from megatron.quant.analysis.captures.loading import CaptureLoadError, load_capture
 from megatron.quant.analysis.captures.selection import CaptureFilter, select
 from megatron.quant.formats.base import NumericFormat, normalize_axis
+from megatron.quant.layers.module_quant import format_builder
 from megatron.quant.recipes import ablations, operands, presets
 from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES, operands_for_role
 from megatron.quant.recipes.recipe import QuantRecipe
@@ -107,7 +108,8 @@ def operand_formats(candidate: Candidate, record: CaptureRecord, num_layers: int
         return [(operands[0] if operands else "", candidate.fmt)], []
     if record.role not in ROLES:
         return [], [("", f"role {record.role!r} unknown: cannot tell which operands it feeds")]
-    chosen = candidate.recipe.resolve(record.role, record.layer_idx, num_layers, candidate.built)
+    chosen = candidate.recipe.resolve(record.role, record.layer_idx, num_layers, candidate.built,
+                                      format_builder(candidate.recipe))
     if all(fmt is None for fmt in chosen.values()):  # out of the preset's scope, or a rule keeps the layer
         return [], [("", "the preset quantizes no operand of this module")]
     if not operands:

@@ -25,10 +25,11 @@ from typing import Literal, Mapping, Optional, get_args
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.formats.show import show_value
+from megatron.quant.settings.variables import KERNELS_ENV
 
 from .launch import interpreting
 
-ENV = "CUSTOM_QUANT_KERNELS"
+ENV = KERNELS_ENV
 Backend = Literal["auto", "torch", "compile", "triton"]
 """``CUSTOM_QUANT_KERNELS``'s values, described at the top of this module."""
 BACKENDS: tuple[Backend, ...] = get_args(Backend)

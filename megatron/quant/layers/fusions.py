@@ -31,7 +31,7 @@ from megatron.core.models.common.embeddings import rope_utils
 
 from megatron.quant.formats.show import show_value
 from megatron.quant.layers.attention import QuantDotProductAttention
-from megatron.quant.recipes.parse import FUSIONS_ENV
+from megatron.quant.settings.variables import FUSIONS_ENV
 
 ENV = FUSIONS_ENV
 CHOICES = ("auto", "off")

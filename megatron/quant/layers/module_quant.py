@@ -20,9 +20,12 @@ from megatron.core.quantization.utils import get_quant_config_or_none
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from megatron.quant import kernels
+from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.position import Position
 from megatron.quant.recipes.precision import PrecisionConfig
+from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite, expert_module
 
 # Attribute name of a module -> role used by recipes and captures.
@@ -76,11 +79,17 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
                        layer_idx=layer_idx, module=global_module_name(path, config), role=role,
                        quant_type=precision.name)
     recipe = precision.recipe(matched)
-    phases = precision.resolve_phases(matched, role, layer_idx, config.num_layers)
+    phases = precision.resolve_phases(matched, role, layer_idx, config.num_layers, format_builder(recipe))
     if recipe.schedule.train_iters is None:  # outside a training run (``PrecisionConfig.for_run``): the base recipe
         phases = phases[:1]
     return ModuleQuant(phases, recipe.schedule.phase_of if len(phases) > 1 else None, site, recipe.seed or 0,
                        recipe.dequantized_sources(), recipe.accumulate)
+
+
+def format_builder(recipe: QuantRecipe) -> Callable[[NumericFormat], QuantFormat]:
+    """How the layers run ``recipe``'s formats: the kernel path ``CUSTOM_QUANT_KERNELS`` chooses (Triton,
+    compiled or eager torch; ``kernels.wrap``), with the recipe's ``compile`` switch."""
+    return lambda fmt: kernels.wrap(fmt, recipe.compile)
 
 
 def global_module_name(path: str, config: TransformerConfig) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Literal, Mapping, Optional, get_args
 
 import yaml
 
-from megatron.quant import formats, kernels, yaml_safe
+from megatron.quant import formats, yaml_safe
 from megatron.quant.formats.accumulation import ACCUMULATIONS
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes import ablations, presets
@@ -25,6 +25,7 @@ from megatron.quant.settings.names import NAME_RULE, name_problem
 from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
+from megatron.quant.settings.variables import FUSIONS_ENV, KERNELS_ENV
 
 TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation",
             "backward_override", "columnwise_source", "accumulate")
@@ -47,9 +48,10 @@ class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
 
 
-FUSIONS_ENV = "CUSTOM_QUANT_FUSIONS"  # the fast paths of unquantized work (layers/fusions.py)
-ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", kernels.ENV,
+ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", KERNELS_ENV,
             FUSIONS_ENV)
+
+
 def check_env_names(environ: Mapping[str, str]) -> None:
     """RecipeError for a CUSTOM_QUANT_* variable that is none of ENV_VARS (e.g. CUSTOM_QUANT_TPYE)."""
     unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")

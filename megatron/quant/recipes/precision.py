@@ -12,7 +12,7 @@ The lab's own recipe (``CUSTOM_QUANT_*``, a recipe file) is the one-matcher case
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from megatron.core.quantization.quant_config import (
     GlobMatcher,
@@ -83,12 +83,13 @@ class PrecisionConfig(RecipeConfig):
         """The recipe a module's matched config names (megatron-core hands modules a copy)."""
         return self.configs[matched.config_key]
 
-    def resolve_phases(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int
+    def resolve_phases(self, matched: QuantizationConfig, role: str, layer_idx: int, num_layers: int,
+                       build: Callable[[NumericFormat], QuantFormat] = lambda fmt: fmt
                        ) -> list[dict[str, Optional[QuantFormat]]]:
         """Operand key -> built format for the module ``matched`` was made for, per phase of its
-        recipe's schedule (``QuantRecipe.resolve_phases``; one without a schedule)."""
+        recipe's schedule (``QuantRecipe.resolve_phases``; one without a schedule); ``build`` as there."""
         shared = self._built.setdefault(matched.config_key, {})
-        return self.recipe(matched).resolve_phases(role, layer_idx, num_layers, shared)
+        return self.recipe(matched).resolve_phases(role, layer_idx, num_layers, shared, build)
 
     def formats(self, num_layers: int) -> list[NumericFormat]:
         """Every distinct format some module may quantize with (``QuantRecipe.formats``, over the configs)."""

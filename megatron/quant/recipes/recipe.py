@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
-from megatron.quant import formats, kernels
+from megatron.quant import formats
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.recipes import parse
@@ -146,13 +146,16 @@ class QuantRecipe:
         return frozenset(key for key in FORWARD_TWINS if LINEAR_BY_KEY[key].role in self.dequantized_roles)
 
     def resolve(self, role: str, layer_idx: int, num_layers: int,
-                shared: Optional[dict[FormatChoice, QuantFormat]] = None) -> dict[str, Optional[QuantFormat]]:
-        """Operand key -> built format (``kernels.wrap``'s), or None where nothing is fake-quantized.
+                shared: Optional[dict[FormatChoice, QuantFormat]] = None,
+                build: Callable[[NumericFormat], QuantFormat] = lambda fmt: fmt) -> dict[str, Optional[QuantFormat]]:
+        """Operand key -> format, or None where nothing is fake-quantized.
 
-        ``shared``: formats already built for other modules of the same model, reused (and
-        extended) so that equal choices share one instance (and, with ``compile``, its kernels).
+        A recipe is data: it names formats and options, and ``build`` turns each format into what runs
+        it (the layers pass the kernel path's wrapper, ``layers.module_quant.format_builder``; by
+        default the format itself). ``shared``: formats already built for other modules of the same
+        model, reused (and extended) so that equal choices share one instance (and its kernels).
         """
-        return self.resolve_phases(role, layer_idx, num_layers, shared)[0]
+        return self.resolve_phases(role, layer_idx, num_layers, shared, build)[0]
 
     def phase_choices(self, role: str, layer_idx: int, num_layers: int) -> list[dict[str, FormatChoice]]:
         """``choices`` per phase of the schedule (``Schedule.phase_of``'s index; one without a schedule)."""
@@ -160,11 +163,12 @@ class QuantRecipe:
                                      lambda recipe: recipe.choices(role, layer_idx, num_layers))
 
     def resolve_phases(self, role: str, layer_idx: int, num_layers: int,
-                       shared: Optional[dict[FormatChoice, QuantFormat]] = None
+                       shared: Optional[dict[FormatChoice, QuantFormat]] = None,
+                       build: Callable[[NumericFormat], QuantFormat] = lambda fmt: fmt
                        ) -> list[dict[str, Optional[QuantFormat]]]:
         """``resolve`` per phase of the schedule (``Schedule.phase_of``'s index)."""
         shared = {} if shared is None else shared
-        return [{key: self._build(c, shared) for key, c in chosen.items()}
+        return [{key: self._build(c, shared, build) for key, c in chosen.items()}
                 for chosen in self.phase_choices(role, layer_idx, num_layers)]
 
     def quantizes_output_layer(self, num_layers: int) -> bool:
@@ -201,10 +205,11 @@ class QuantRecipe:
             return []
         return [layer for layer in range(num_layers) if not quantized(self, layer)]
 
-    def _build(self, choice: FormatChoice, shared: dict[FormatChoice, QuantFormat]) -> Optional[QuantFormat]:
+    @staticmethod
+    def _build(choice: FormatChoice, shared: dict[FormatChoice, QuantFormat],
+               build: Callable[[NumericFormat], QuantFormat]) -> Optional[QuantFormat]:
         if formats.is_passthrough(choice.name):
             return None
         if choice not in shared:
-            fmt = formats.get_format(choice.name, **dict(choice.options))
-            shared[choice] = kernels.wrap(fmt, self.compile)  # Triton, compiled or eager: CUSTOM_QUANT_KERNELS
+            shared[choice] = build(formats.get_format(choice.name, **dict(choice.options)))
         return shared[choice]
