@@ -1,6 +1,8 @@
 """Recipe input checked when it is read: one name rule shared with capture, bounded error
 messages and YAML alias expansion, UTF-8 files named in errors, a bounded amax history, and
 misspelt CUSTOM_QUANT_* variables refused like misspelt TENSOR_SAVE_* ones."""
+import os
+
 import pytest
 import torch
 
@@ -42,6 +44,15 @@ def test_yaml_alias_bomb_is_refused_before_expansion(tmp_path):
     with pytest.raises(RecipeError, match=r"expands to more than 100000 values through YAML aliases") as error:
         QuantRecipe.from_file(path)
     assert len(str(error.value)) < 300
+
+
+def test_a_recipe_file_that_is_no_regular_file_is_refused_unread(tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")  # read as before, a FIFO with no writer hung the run's start
+    with pytest.raises(RecipeError, match="fifo.yaml: is a FIFO; give a regular file"):
+        QuantRecipe.from_file(tmp_path / "fifo.yaml")
+    (tmp_path / "dir.yaml").mkdir()
+    with pytest.raises(RecipeError, match="dir.yaml: is a directory"):
+        QuantRecipe.from_file(tmp_path / "dir.yaml")
 
 
 def test_error_messages_show_a_bounded_excerpt_of_a_value(tmp_path):

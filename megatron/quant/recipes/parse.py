@@ -319,13 +319,10 @@ def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[An
     suffix = path.suffix.lower()
     if suffix not in (".yaml", ".yml", ".json"):
         raise RecipeError(f"{source}: unknown recipe file type {suffix!r}; use .yaml, .yml or .json")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecipeError(f"{source}: cannot read recipe file: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise RecipeError(f"{source}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                          f"{exc.start}); save the recipe as UTF-8") from None
+    try:  # a FIFO, a device or a huge file is refused, not read
+        text = yaml_safe.read_text_file(path, source)
+    except yaml_safe.YamlError as exc:
+        raise RecipeError(str(exc)) from None
     try:
         data = json.loads(text) if suffix == ".json" else load_yaml(text, source)
     except RecursionError:
