@@ -5,6 +5,7 @@ import torch
 
 from megatron.quant.layers.linear import QuantRowParallelLinear
 from megatron.quant.layers.linear_function import LinearQuant
+from megatron.quant.layers.module_quant import format_builder
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite
 from tests.layers._helpers import transformer_config
@@ -28,7 +29,8 @@ def _run(preset: str, device, dtype, capture: bool = False) -> list[torch.Tensor
                                    skip_bias_add=False).to(device)
     torch.manual_seed(0)
     torch.nn.init.normal_(layer.weight)
-    formats = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": preset}).resolve("fc2", 0, 1)
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": preset})
+    formats = recipe.resolve("fc2", 0, 1, build=format_builder(recipe))
     layer.configure_quant(LinearQuant.from_formats(formats), SITE, seed=3)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 2, 64, generator=g).to(device, dtype).requires_grad_()

@@ -5,6 +5,7 @@ import pytest
 from megatron.quant import kernels
 from megatron.quant.formats import get_format
 from megatron.quant.formats.compiled import CompiledFormat
+from megatron.quant.layers.module_quant import format_builder
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training.main import main
 
@@ -45,11 +46,13 @@ def test_unsupported_and_stochastic_formats_fall_back_and_a_gpu_run_says_so(monk
     assert "WARNING" not in kernels.describe([sr], False, "auto", cuda=False)
 
 
-def test_recipes_hand_the_layers_wrapped_formats(monkeypatch):
+def test_the_layers_run_a_recipe_s_formats_on_the_chosen_path(monkeypatch):
     recipe = QuantRecipe.uniform("fp8_e4m3", compile=True)
-    assert isinstance(recipe.resolve("qkv", 0, 2)["fprop.input"], CompiledFormat)  # CPU, auto
+    build = format_builder(recipe)
+    assert isinstance(recipe.resolve("qkv", 0, 2, build=build)["fprop.input"], CompiledFormat)  # CPU, auto
+    assert type(recipe.resolve("qkv", 0, 2)["fprop.input"]).__name__ == "ElementwiseFormat"  # the recipe: data
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")
-    assert type(recipe.resolve("qkv", 0, 2)["fprop.input"]).__name__ == "ElementwiseFormat"
+    assert type(recipe.resolve("qkv", 0, 2, build=build)["fprop.input"]).__name__ == "ElementwiseFormat"
     assert [f.name for f in recipe.formats(2)] == ["fp8_e4m3"]
 
 

@@ -13,6 +13,7 @@ import torch
 
 from megatron.quant import kernels
 from megatron.quant.compat import core_imports_triton
+from megatron.quant.layers.module_quant import format_builder
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training.recipe_fit import check_hadamard_fit
 from tests.reliability._faults import REPO, run_command
@@ -102,7 +103,8 @@ def _linear_bits(preset: str, x: torch.Tensor, out_features: int, triton: bool) 
                                    skip_bias_add=False)
     torch.manual_seed(0)
     torch.nn.init.normal_(layer.weight)
-    formats = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": preset}).resolve("fc2", 0, 1)
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": preset})
+    formats = recipe.resolve("fc2", 0, 1, build=format_builder(recipe))
     assert ({type(f).__name__ for f in formats.values() if f is not None} == {"TritonFormat"}) == triton
     layer.configure_quant(LinearQuant.from_formats(formats), None, seed=3)
     x = x.detach().requires_grad_()

@@ -182,7 +182,7 @@ def test_bad_runner_input_is_one_line(tmp_path, capsys):
     assert study.main(["--plan", str(PLAN), "--budget-s", "9", "--out", str(tmp_path), "--runs-at-once", "9"]) == 2
     assert study.main(["--plan", str(PLAN), "--ledger", str(tmp_path), "--measured", "--target-s", "-1"]) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert len(errors) == 4 and "cannot read the plan" in errors[0] and "--budget-s must be positive" in errors[1]
+    assert len(errors) == 4 and "cannot read" in errors[0] and "--budget-s must be positive" in errors[1]
     assert "--runs-at-once must be 1 to 8, got 9" in errors[2] and "--target-s must be positive, got -1" in errors[3]
     assert not (tmp_path / study.CORPUS).exists()  # nothing built
 

@@ -96,6 +96,13 @@ def test_a_recipe_change_is_the_operands_not_the_tables_layout():
     assert ledger.recipe_change(TABLE, quantized) == "'(nothing)' -> 'core_attention:'"  # attention now quantized
 
 
+def test_exact_sums_said_today_are_what_entries_before_ran_and_a_hopper_accumulator_is_a_change():
+    exact = [*TABLE, "accumulate: exact FP32 sums; TE on Hopper: fprop fast, dgrad promoted, wgrad promoted"]
+    assert ledger.recipe_change(TABLE, exact) is None  # entries recorded before recipes said how GEMMs sum
+    hopper = [*TABLE, "accumulate: fprop fast, dgrad promoted, wgrad promoted (a Hopper FP8 tensor core's accumulator)"]
+    assert ledger.recipe_change(TABLE, hopper) == f"'(nothing)' -> {hopper[-1]!r}"
+
+
 def test_seeds_of_a_recipe_that_changed_between_them_are_noted(tmp_path):
     import dataclasses
 

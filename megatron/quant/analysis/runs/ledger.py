@@ -267,11 +267,15 @@ def select_entries(entries: Sequence[LedgerEntry], corpus: Optional[str] = None)
 
 # a module line that says nothing the model has to have, as entries recorded it (recipes/cli.py writes it)
 NOT_QUANTIZED = ": not quantized"
+# the GEMMs' accumulation when it is the exact sums every entry ran before recipes could say otherwise
+# (recipes/cli.py's accumulation_line; a Hopper accumulator's line stays a difference)
+EXACT_SUMS = "accumulate: exact"
 
 
 def recipe_lines(lines: Sequence[str]) -> list[str]:
     """The lines of a resolution that say how operands are quantized, their spacing normalised."""
-    return [" ".join(line.split()) for line in lines if isinstance(line, str) and not line.endswith(NOT_QUANTIZED)]
+    return [" ".join(line.split()) for line in lines if isinstance(line, str) and not line.endswith(NOT_QUANTIZED)
+            and not line.startswith(EXACT_SUMS)]
 
 
 def recipe_change(then: Sequence[str], now: Sequence[str]) -> Optional[str]:
