@@ -4,7 +4,9 @@ interpreter (the CPU tests) does not do. By default to Triton IR (seconds; test_
 it); with ``--cubin`` all the way through Triton's GPU passes, LLVM, PTX and ptxas (the ptxas in
 Triton's wheel), reporting each specialization's registers, stack (spilled registers and local
 arrays, in bytes per thread) and shared memory as ``cuobjdump -res-usage`` reads them from the
-cubin, and how many of its global loads and stores are vectorised (minutes):
+cubin, how many of its global loads and stores are vectorised, and its work model
+(``bench.gpu.work_model``: bytes and SASS instructions a processed element, as ``nvdisasm`` reads the
+cubin, against the H100's instruction budget) (minutes):
 
     python -m bench.gpu.kernel_build [--cubin] [--limit N] [--select TEXT ...] [--json PATH]
 
@@ -32,6 +34,7 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
+from bench.gpu.work_model import sass_counts, work_row  # noqa: E402
 from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import accumulate, elementwise, launch, registry, triton_format  # noqa: E402
 from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
@@ -39,6 +42,7 @@ from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = CUDABackend(TARGET)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+NVDISASM = CUOBJDUMP.with_name("nvdisasm")
 LAUNCH_OPTIONS = launch.launch_options(1)  # the keyword arguments of a launch that are compile options
 GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.[\w:]+)*?(\.v[24])?\.[bfsu]\d+")  # PTX loads and stores
 RESOURCE = re.compile(r"\b(REG|STACK|SHARED|LOCAL):(\d+)")
@@ -144,11 +148,13 @@ def build_cubin(fn, types: dict, constants: dict, attrs: dict, options: dict) ->
         cubin.flush()
         usage = subprocess.run([str(CUOBJDUMP), "-res-usage", cubin.name], capture_output=True, text=True,
                                check=True).stdout
+        sass = subprocess.run([str(NVDISASM), "-c", cubin.name], capture_output=True, text=True, check=True).stdout
     found = {key.lower(): int(value) for key, value in RESOURCE.findall(usage)}
     memory = GLOBAL_ACCESS.findall(kernel.asm["ptx"])  # vectorised (.v2/.v4) or not: what bandwidth needs
     return {"registers": found["reg"], "stack_bytes": found["stack"], "local_bytes": found["local"],
             "shared_bytes": found["shared"], "num_warps": kernel.metadata.num_warps,
-            "global_accesses": len(memory), "vector_accesses": sum(1 for vector in memory if vector)}
+            "global_accesses": len(memory), "vector_accesses": sum(1 for vector in memory if vector),
+            "sass": sass_counts(sass)}
 
 
 def _label(constants: dict) -> str:
@@ -159,7 +165,8 @@ def _label(constants: dict) -> str:
              "LAYOUT": lambda lay: f"{lay.block}x{lay.columns}{' tiled' if lay.tiled else ''}",
              "RHT": lambda r: 1 << r.log2 if r.log2 else None}
     shown = {k: words[k](v) if k in words else v for k, v in constants.items()
-             if k in words or k in ("STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "AMAX_OUT")}
+             if k in words or k in ("STOCHASTIC", "SCALED", "STATS", "BLOCK_SIZE", "BP", "AMAX_OUT")
+             or (k in ("FOLD", "STRIDED") and v)}  # the per-tensor scale's two launches
     return " ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
 
 
@@ -175,8 +182,9 @@ def main(argv=None) -> int:
     build = build_cubin if args.cubin else build_ir
     launches, built, rows = record_launches(), set(), []
     sizes = {kwargs["BLOCK_SIZE"] for _, fn, _, kwargs in launches if fn.__name__ == "_elementwise_kernel"}
-    if sizes != {elementwise.BLOCK}:
-        print(f"FAILED: elementwise programs of {sorted(sizes)} elements recorded, not the GPU's {elementwise.BLOCK}")
+    if not sizes <= {elementwise.BLOCK, elementwise.FOLD_BLOCK}:
+        print(f"FAILED: elementwise programs of {sorted(sizes)} elements recorded, not the GPU's {elementwise.BLOCK} "
+              f"or {elementwise.FOLD_BLOCK}")
         return 1
     for call, fn, fn_args, kwargs in launches:
         types, constants, attrs = specialization(fn, fn_args, kwargs)
@@ -190,8 +198,14 @@ def main(argv=None) -> int:
         started = time.monotonic()
         try:
             row.update(build(fn, types, constants, attrs, {k: kwargs[k] for k in LAUNCH_OPTIONS if k in kwargs}))
-            resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B "
-                         f"vector accesses {row['vector_accesses']}/{row['global_accesses']}" if args.cubin else "")
+            resources = ""
+            if args.cubin:
+                tensors = [value for value in (*fn_args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+                row.update(work_row(fn.__name__, constants, tensors, row.pop("sass"), row["num_warps"]))
+                resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B "
+                             f"vector accesses {row['vector_accesses']}/{row['global_accesses']} "
+                             f"{row['bytes_per_element']} B {row['instructions_per_element']} instructions an element "
+                             f"(budget {row['budget_per_element']})")
             print(f"built  {fn.__name__} ({call}){resources}  {row['constexprs']}", flush=True)
         except Exception:
             row["error"] = traceback.format_exc()[-3000:]

@@ -46,18 +46,45 @@ def test_every_kernel_specialization_builds_under_the_oldest_supported_triton():
 HEAVIEST = ("bf16 float32 with full statistics", "fp8_e4m3 bfloat16 both axes",
             "fp8_e4m3 bfloat16 with full statistics")
 MAX_STACK = 4096  # bytes a thread; those kernels need 0 to 2.3 KB now
+INSTRUCTION_CEILINGS = json.loads((Path(__file__).with_name("instruction_ceilings.json")).read_text())
 
 
-def test_the_heaviest_specializations_compile_to_cubins_without_large_spills(tmp_path):
+@pytest.fixture(scope="module")
+def heaviest_cubins(tmp_path_factory) -> dict:
+    """The HEAVIEST calls' specializations compiled to cubins once, for the tests below."""
     pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA backend")
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_build", "--cubin", "--json", str(tmp_path / "k.json"),
+    out = tmp_path_factory.mktemp("cubins") / "k.json"
+    run = subprocess.run([sys.executable, "-m", "bench.gpu.kernel_build", "--cubin", "--json", str(out),
                           "--select", *HEAVIEST], cwd=root, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    rows = json.loads((tmp_path / "k.json").read_text())["rows"]
+    return json.loads(out.read_text())
+
+
+def test_the_heaviest_specializations_compile_to_cubins_without_large_spills(heaviest_cubins):
+    rows = heaviest_cubins["rows"]
     kernels = {row["kernel"] for row in rows}
     assert {kernel.name for kernel in KERNELS if kernel.role == "quantize"} <= kernels, kernels
     spilling = [f"{row['first_launched_by']}: {row['stack_bytes']} B ({row['constexprs']})" for row in rows
                 if row["stack_bytes"] > MAX_STACK]
     assert not spilling, spilling
 
+
+def test_the_kernels_stay_within_their_instruction_budgets_or_their_ceilings(heaviest_cubins):
+    """The work model (``bench.gpu.work_model``): each specialization's SASS instructions a processed
+    element against its class's budget at the H100's issue rate over HBM bandwidth. Those over budget
+    today may not grow past today's count (INSTRUCTION_CEILINGS, per Triton version, whose code differs);
+    a new specialization must meet its budget."""
+    ceilings = INSTRUCTION_CEILINGS.get(heaviest_cubins["triton"].rsplit(".", 1)[0])
+    if ceilings is None:
+        pytest.skip(f"no instruction ceilings recorded for Triton {heaviest_cubins['triton']}")
+    assert {row["class"] for row in heaviest_cubins["rows"]} >= {"cast", "both axes", "statistics", "amax"}
+    grown = []
+    for row in heaviest_cubins["rows"]:
+        label = f"{row['first_launched_by']}: {row['kernel']} {row['constexprs']}"
+        allowed = ceilings.get(label, row["budget_per_element"])
+        print(f"{label}: {row['instructions_per_element']} instructions an element, budget "
+              f"{row['budget_per_element']}, allowed {allowed}")
+        if row["instructions_per_element"] > allowed + 1e-9:
+            grown.append(f"{label}: {row['instructions_per_element']} > {allowed} (budget {row['budget_per_element']})")
+    assert not grown, grown

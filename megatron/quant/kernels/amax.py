@@ -1,16 +1,19 @@
 """The per-tensor amax in one read: ``formats.base.abs_max`` (what per-tensor scales, NVFP4's FP32
 tensor scale and delayed scaling's history take) as a Triton kernel. Each program writes its max
-|x| over the non-NaN elements and its NaN count; the rows are folded on the device. A maximum does
-not depend on the order of the reduction, so the result is the torch path's bit for bit."""
+|x| over the non-NaN elements and its NaN count; the rows are folded on the device, by torch or by the
+quantizing kernel itself (``elementwise.tensor_scale``: at most ``MAX_ROWS`` rows of bits, each
+program walking as many blocks as that takes). A maximum does not depend on the order of the
+reduction, nor an integer count, so the result is the torch path's bit for bit."""
 from __future__ import annotations
 
 import math
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .elementwise import load
+from .elementwise import MAX_ROWS, load
 from .launch import launch_options, program_elements
 from .stats import abs_max_rows, fold_abs_max, write_abs_max
 
@@ -18,10 +21,31 @@ BLOCK = 4096
 
 
 @triton.jit
-def _amax_kernel(x_ptr, rows_ptr, n, BLOCK_SIZE: tl.constexpr):
+def _amax_kernel(x_ptr, rows_ptr, n, BLOCK_SIZE: tl.constexpr, STRIDED: tl.constexpr, SKIP_NAN: tl.constexpr):
+    """This program's row of ``write_abs_max``; with ``STRIDED`` instead, over every ``num_programs``-th
+    block from its own, the bits of its max |x| (NaN where x holds one, unless ``SKIP_NAN``) as one
+    int32: magnitudes order as their bits do, a NaN's above Inf's, so rows fold with an integer max."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
-    write_abs_max(rows_ptr, load(x_ptr + offsets, mask), mask)
+    x = load(x_ptr + offsets, mask)
+    if STRIDED:
+        step = tl.num_programs(0).to(tl.int64) * BLOCK_SIZE
+        top = magnitude_bits(x, SKIP_NAN)
+        for start in range(tl.program_id(0).to(tl.int64) * BLOCK_SIZE + step, n, step):
+            more = load(x_ptr + start + tl.arange(0, BLOCK_SIZE), start + tl.arange(0, BLOCK_SIZE) < n)
+            top = tl.maximum(top, magnitude_bits(more, SKIP_NAN))
+        tl.store(rows_ptr + tl.program_id(0), tl.max(top, axis=None))
+    else:
+        write_abs_max(rows_ptr, x, mask)
+
+
+@triton.jit
+def magnitude_bits(x, SKIP_NAN: tl.constexpr):
+    """The int32 bits of |x| (0 for NaN with ``SKIP_NAN``; a NaN's bits, above Inf's, without)."""
+    magnitude = tl.abs(x)
+    if SKIP_NAN:
+        magnitude = tl.where(x != x, 0.0, magnitude)
+    return magnitude.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
 
 def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
@@ -31,5 +55,17 @@ def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     block = program_elements(BLOCK)
     programs = math.ceil(x.numel() / block)
     rows = abs_max_rows(programs, x.device)
-    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, **launch_options(block))
+    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, STRIDED=False, SKIP_NAN=False,
+                              **launch_options(block))
     return fold_abs_max(rows, skip_nan).to(x.dtype)
+
+
+def abs_max_rows_of(x: Tensor, skip_nan: bool) -> Tensor:
+    """At most ``MAX_ROWS`` int32 rows of magnitude bits (``_amax_kernel``'s ``STRIDED``) over contiguous,
+    non-empty x (float32/bf16/fp16), for a kernel to fold with an integer max: one launch."""
+    block = program_elements(BLOCK)
+    programs = min(math.ceil(x.numel() / block), MAX_ROWS)
+    rows = torch.empty(programs, dtype=torch.int32, device=x.device)
+    _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, STRIDED=True, SKIP_NAN=skip_nan,
+                              **launch_options(block))
+    return rows

@@ -5,8 +5,10 @@ or stochastic. One pass: read x, write the quantized values in the output's dtyp
 The rounding is ``formats.grid``'s, written for one element: scale by the grid spacing's
 inverse (a power of two built from the exponent field), pick an integer with exact float32
 compares, scale back, apply the overflow rule. Per-tensor scales arrive as device pointers to
-the torch path's own encode/decode factors, so no host sync and no second copy of TE's
-arithmetic.
+the torch path's own encode/decode factors (a given amax: delayed scaling's), or, from the tensor's
+own amax, are computed in the kernel from the amax kernel's rows (``tensor_scale``: two launches and
+nothing between them; ``encode_scale``'s arithmetic, which the tests hold bit for bit). No host sync
+either way.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from .noise import global_index, uniform
 from .stats import NONE, stats_row, stats_rows, write_abs_max, write_stats
 
 BLOCK = 1024
+MAX_ROWS = 256  # amax rows a program folds for its per-tensor scale (``amax.abs_max_rows_of``; 1 KB from L2)
+FOLD_BLOCK = 8192  # elements of a program that folds them: the fold's ~165 instructions a thread over 32 elements
 _CONTINUOUS = tl.constexpr(CONTINUOUS_BITS)  # the rounding's draw that compares U[0, 1) with the remainder
 
 
@@ -90,15 +94,34 @@ def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
     return y
 
 
+@triton.jit
+def tensor_scale(rows_ptr, n_rows, FOLD: tl.constexpr, TARGET: tl.constexpr, POW2: tl.constexpr):
+    """(encode, decode) of a per-tensor scale from the amax kernel's rows of magnitude bits
+    (``amax.abs_max_rows_of``: at most ``FOLD``, NaN already propagated or skipped): their max, then
+    ``formats.base.encode_scale`` with its float32 max for an infinite quotient, and ``1 / encode``;
+    each division rounded to nearest, as torch's."""
+    r = tl.arange(0, FOLD)
+    amax = tl.max(tl.load(rows_ptr + r, mask=r < n_rows, other=0), axis=0).to(tl.float32, bitcast=True)
+    encode = tl.math.div_rn(tl.full((), TARGET, tl.float32), amax)
+    encode = tl.where(tl.abs(encode) == float("inf"), 3.4028234663852886e38, encode)
+    encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)
+    if POW2:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    return encode, tl.math.div_rn(tl.full((), 1.0, tl.float32), encode)
+
+
 @triton.jit(do_not_specialize=["key_low", "key_high"])
 def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_high, after, local, rank_offset,
                         row_stride, GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
                         STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr,
-                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr):
+                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr, n_rows, FOLD: tl.constexpr,
+                        TARGET: tl.constexpr, POW2: tl.constexpr):
     """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``),
     with ``AMAX_OUT`` its row of x's amax (``stats.write_abs_max``: delayed scaling's history records
-    the tensor it quantizes without reading it again)."""
+    the tensor it quantizes without reading it again). With ``FOLD`` (and ``SCALED``) the per-tensor
+    scale comes from the ``n_rows`` amax rows at amax_ptr (``tensor_scale``), and the first program
+    writes its decode factor to decode_ptr."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     x = load(x_ptr + offsets, mask)
@@ -106,10 +129,18 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
     if STOCHASTIC:
         u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
     scaled = x
-    if SCALED:
+    if FOLD:
+        encode, decode = tensor_scale(amax_ptr, n_rows, FOLD, TARGET, POW2)
+        if tl.program_id(0) == 0:
+            tl.store(decode_ptr, decode)
+        scaled = x * encode
+    elif SCALED:
         scaled = x * tl.load(encode_ptr)
     y = round_grid(scaled, u, scaled, GRID, STOCHASTIC)
-    if DECODE:
+    if FOLD:
+        if DECODE:
+            y = y * decode
+    elif DECODE:
         y = y * tl.load(decode_ptr)
     store(out_ptr + offsets, y, mask)
     if AMAX_OUT:
@@ -157,22 +188,31 @@ def stored(y, pointers):
 
 
 def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats: int = NONE,
-           amax_rows: Optional[Tensor] = None) -> Optional[Tensor]:
+           amax_rows: Optional[Tensor] = None, fold_rows: Optional[Tensor] = None, split: bool = False
+           ) -> Optional[Tensor]:
     """Run the elementwise kernel over contiguous x into out, rounding by an elementwise format's
     ``contract``; ``encode``/``decode``: 0-d float32 device tensors or None (unscaled; decode None
     also for the split GEMM operand). ``stats`` (``stats.COUNTS`` or ``FULL``): also return the
     programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``): filled
-    with x's amax rows too."""
+    with x's amax rows too. ``fold_rows`` (``amax.abs_max_rows_of``): the per-tensor scale is taken
+    from them in the kernel and its decode factor written into ``decode`` (a 0-d float32 output);
+    ``split``: the values leave it out (the GEMM operand)."""
     n = x.numel()
-    scaled, dec = encode is not None, decode is not None
-    block = program_elements(BLOCK)
-    rows = stats_rows(programs(x), stats, x.device) if stats else x
-    _elementwise_kernel[(programs(x),)](
-        x, out, encode if scaled else x, decode if dec else x, n, *noise, GRID=constants.element_grid(contract),
-        STOCHASTIC=DRAW_BITS[contract.rounding], SCALED=scaled, DECODE=dec, BLOCK_SIZE=block, rows_ptr=rows,
-        STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
-        LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows,
-        AMAX_OUT=amax_rows is not None, **launch_options(block))
+    folding = fold_rows is not None
+    scaled, dec = encode is not None or folding, decode is not None and not (folding and split)
+    block = program_elements(FOLD_BLOCK if folding else BLOCK)
+    grid = triton.cdiv(n, block)
+    rows = stats_rows(grid, stats, x.device) if stats else x
+    fold = dict(n_rows=0, FOLD=0, TARGET=0.0, POW2=False)
+    if folding:
+        fold = dict(n_rows=fold_rows.shape[0], FOLD=MAX_ROWS, TARGET=float(contract.tensor_scale.target),
+                    POW2=bool(contract.tensor_scale.power_of_two))
+    _elementwise_kernel[(grid,)](
+        x, out, x if encode is None else encode, x if decode is None else decode, n, *noise,
+        GRID=constants.element_grid(contract), STOCHASTIC=DRAW_BITS[contract.rounding], SCALED=scaled, DECODE=dec,
+        BLOCK_SIZE=block, rows_ptr=rows, STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
+        LOG2=block.bit_length() - 1, amax_ptr=fold_rows if folding else x if amax_rows is None else amax_rows,
+        AMAX_OUT=amax_rows is not None, **fold, **launch_options(block))
     return rows if stats else None
 
 

@@ -50,6 +50,26 @@ def _(x, encode, decode, noise, contract, out_dtype, stats, take_amax):
             abs_max_rows(programs, x.device) if take_amax else _empty(x))
 
 
+@torch.library.custom_op("megatron_quant::elementwise_tensor_scaled", mutates_args=())
+def quantize_elementwise_tensor_scaled(x: Tensor, noise: list[int], contract: str, out_dtype: torch.dtype,
+                                       split: bool) -> tuple[Tensor, Tensor]:
+    """(contiguous x quantized by the contract with a per-tensor scale from x's own amax, the scale's
+    0-d float32 decode factor) in two launches, nothing between them: the amax kernel's rows
+    (``amax.abs_max_rows_of``), then the quantizing kernel, which folds them into the scale
+    (``elementwise.tensor_scale``). ``split``: the values leave the decode factor out."""
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    decode = torch.empty((), dtype=torch.float32, device=x.device)
+    rules = from_json(contract)
+    rows = amax.abs_max_rows_of(x, rules.nonfinite_te)
+    elementwise.launch(x, out, rules, None, decode, tuple(noise), fold_rows=rows, split=split)
+    return out, decode
+
+
+@quantize_elementwise_tensor_scaled.register_fake
+def _(x, noise, contract, out_dtype, split):
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((), dtype=torch.float32)
+
+
 # --- block formats -------------------------------------------------------------------------------
 
 @torch.library.custom_op("megatron_quant::blocks", mutates_args=())

@@ -205,6 +205,9 @@ class TritonFormat(FormatWrapper):
                                                     ("inverse" if back else "forward") if fused else None, out_dtype)
             captured = (scales.view(blocks.scale_layout(contract, x.shape, axis)), rows) if stats else None
             return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
+        if contract.tensor_scale is not None and amax is None and not stats and not take_amax:
+            out, decode = ops.quantize_elementwise_tensor_scaled(xt, noise, self._contract_json, out_dtype, split)
+            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, None, None
         encode = decode = None
         if contract.tensor_scale is not None:
             amax = self._abs_max(xt) if amax is None else amax
