@@ -78,3 +78,30 @@ def test_every_relative_link_and_anchor_resolves(page):
 def test_readme_stays_short():
     lines = len((REPO / "README.md").read_text().splitlines())
     assert lines < 260, f"README.md has {lines} lines; move details into a guide under docs/"
+
+
+# Words of a workplace the user does not have: a user has a GPU node, a cluster job with a time limit, or a laptop.
+WORKPLACE_PHRASES = ("GPU session", "for a session", "GPU call", "calls of 10 minutes", "GPU minutes",
+                     "borrowed machine", "the GPU machine", "this machine", "device budget", "$OUT")
+USER_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "docs/study").glob("*.yaml")),
+              *sorted(p for p in (REPO / "examples").rglob("*") if p.is_file()),
+              *sorted(p for p in (REPO / "script").rglob("*") if p.suffix in (".py", ".sh"))]
+
+
+def workplace_words(text: str) -> list[str]:
+    """The forbidden phrases in ``text``, read across line breaks and comment markers."""
+    flat = re.sub(r"\s*\n\s*(?:#+\s+)?", " ", text)
+    return [phrase for phrase in WORKPLACE_PHRASES
+            if (phrase in flat if phrase.startswith("$") else phrase.lower() in flat.lower())]
+
+
+def test_workplace_words_are_found():
+    assert workplace_words("sized for GPU calls of 10\n# minutes on the GPU\nmachine, --out $OUT") == [
+        "GPU call", "calls of 10 minutes", "the GPU machine", "$OUT"]
+    assert workplace_words("a job of 10 minutes on your GPU; out=$out; a capture session") == []
+
+
+@pytest.mark.parametrize("page", USER_FILES, ids=lambda page: str(page.relative_to(REPO)))
+def test_user_files_speak_of_the_users_machines(page):
+    found = workplace_words(page.read_text(errors="replace"))
+    assert not found, f"{page.relative_to(REPO)} speaks of a workplace the user does not have: {found}"
