@@ -1,5 +1,8 @@
 """README.md and the guides in docs/ stay navigable: every relative link and anchor resolves."""
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,26 @@ def test_workplace_words_are_found():
 def test_user_files_speak_of_the_users_machines(page):
     found = workplace_words(page.read_text(errors="replace"))
     assert not found, f"{page.relative_to(REPO)} speaks of a workplace the user does not have: {found}"
+
+
+def test_recipes_show_reads_the_example_precision_files(capsys):
+    """``python -m megatron.quant.recipes show FILE`` on a per-module precision file (docs/recipes.md)
+    shows its matchers and each config's operands, not a recipe file's error."""
+    from megatron.quant.recipes import cli
+
+    assert cli.main(["show", str(REPO / "examples" / "precision" / "te-mixed.yaml"), "--num-layers", "2"]) == 0
+    shown = capsys.readouterr().out
+    assert "GlobMatcher(pattern=*linear_fc1, config_key=nvfp4)" in shown
+    assert "config nvfp4:\nrecipe te-nvfp4" in shown and "config bf16:" in shown
+
+
+def test_the_capture_guides_python_example_runs(tmp_path):
+    """docs/capture.md's Python API example is complete: it imports what it uses and writes a manifest."""
+    guide = (REPO / "docs" / "capture.md").read_text()
+    section = guide[guide.index("## Python API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"^30 quant/fc1/input/sqnr_db [\d.]+$", done.stdout, re.M)
+    assert len((tmp_path / "my_stats" / "mxfp8" / "manifest-rank00.jsonl").read_text().splitlines()) == 6
