@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -131,3 +132,16 @@ def test_the_capture_guides_python_example_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"^30 quant/fc1/input/sqnr_db [\d.]+$", done.stdout, re.M)
     assert len((tmp_path / "my_stats" / "mxfp8" / "manifest-rank00.jsonl").read_text().splitlines()) == 6
+
+
+@pytest.mark.parametrize("train_iters", [24, 100_000])  # the quickstart's run and a long one
+def test_the_schedule_example_runs_at_any_length(train_iters):
+    """docs/recipes.md's scheduled recipe, copied as is, is accepted whatever --train-iters is."""
+    from megatron.quant.recipes.precision import PrecisionConfig
+    from megatron.quant.recipes.recipe import QuantRecipe
+
+    guide = (REPO / "docs" / "recipes.md").read_text()
+    section = guide[guide.index("## Scheduled recipes"):]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    precision = PrecisionConfig.uniform(QuantRecipe.from_dict(example, source="docs/recipes.md"))
+    assert len(precision.for_run(train_iters, num_layers=2).schedules()) == 1
