@@ -188,3 +188,27 @@ def test_the_budget_names_what_a_reader_cannot_see():
     assert any("on scales" in p and "apart" in p for p in figure_budget.problems(fig))
     clean = _figure(lambda ax: (ax.plot([0, 1], [0, 1], label="a"), figures.legend_above(ax)))
     assert figure_budget.problems(clean) == []
+
+
+def test_the_budget_names_panels_that_say_nothing_or_hide_it():
+    zero_bars = _figure(lambda ax: ax.bar(["qkv", "fc1", "fc2"], [0.0, 0.0, 0.0]))
+    assert any("bars are all of one height" in p for p in figure_budget.problems(zero_bars))
+    zero_series = _figure(lambda ax: [ax.bar([0, 1], heights, label=name)
+                                      for name, heights in (("overflow", [0, 0]), ("underflow", [0.5, 0.7]))])
+    assert any("'overflow' is zero everywhere" in p for p in figure_budget.problems(zero_series))
+    flat = _figure(lambda ax: [ax.plot([0, 1], [level, level + 0.01], label=f"format {level}") for level in (18, 25)])
+    assert any("2 series are all flat along x" in p for p in figure_budget.problems(flat))
+    hidden = _figure(lambda ax: [ax.plot([0, 1, 2], [1, 3, 2], label=name) for name in ("mxfp8", "fp8_e4m3")])
+    assert any("'fp8_e4m3' is hidden under 'mxfp8'" in p for p in figure_budget.problems(hidden))
+    fig, [ax] = figures.subplot_grid(1, ncols=1, panel_size=(24.0, 3.0))  # shrunk to half on the page
+    ax.plot([0, 1], [0, 1])
+    ax.text(0.5, 0.5, "0.123", fontsize=10)
+    fig.canvas.draw()
+    assert any("reads at 5.0 pt" in p for p in figure_budget.problems(fig))
+    fraction = _figure(lambda ax: (ax.plot([0, 1], [0, 1e-3]), ax.set_ylabel("underflow ratio")))
+    assert any("'underflow ratio' is a share of elements drawn without %" in p
+               for p in figure_budget.problems(fraction))
+    kept = _figure(lambda ax: ([ax.plot([0, 1, 2], [1, 3 + i, 2], label=f"s{i}") for i in range(2)],
+                               ax.bar([3, 4], [1, 2]), ax.text(1, 1, "note", fontsize=8),
+                               ax.set_ylabel("underflow (% of elements)"), figures.legend_above(ax)))
+    assert figure_budget.problems(kept) == []
