@@ -25,7 +25,7 @@ from megatron.quant.compare import whatif_report
 from megatron.quant.compare.report import plot_difference_histograms
 
 sys.path.insert(0, str(Path(__file__).parent))
-from capture_fixture import ALL_MODULES, tiny_run  # noqa: E402
+from capture_fixture import ALL_MODULES, Capture, metadata, tiny_run, write_captures  # noqa: E402
 
 DPI = 30
 FIVE_FORMATS = ("hifp8", "mxfp8", "mxfp4", "nvfp4", "fp8_e4m3", "bf16")
@@ -212,3 +212,26 @@ def test_the_budget_names_panels_that_say_nothing_or_hide_it():
                                ax.bar([3, 4], [1, 2]), ax.text(1, 1, "note", fontsize=8),
                                ax.set_ylabel("underflow (% of elements)"), figures.legend_above(ax)))
     assert figure_budget.problems(kept) == []
+
+
+def test_a_capture_of_nan_inf_zeros_and_1e30_draws_within_the_budget(tmp_path):
+    """Non-finite values, zeros and 1e30 beside values of 1: every figure informs (magnitudes as log2
+    histograms, a few or repeated values drawn as they are), none breaks the budget."""
+    import torch
+
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1e30, -1e30, 0.0, 1.0] * 64).reshape(16, 32)
+    weight = torch.where(torch.rand(16, 32, generator=torch.Generator().manual_seed(0)) < 0.1,
+                         torch.tensor(float("inf")), torch.randn(16, 32, generator=torch.Generator().manual_seed(1)))
+    write_captures(tmp_path / "logs", [
+        Capture(metadata(quant_type="hifp8", layer_type="linear", layer_idx=0, operation="forward", phase="pre",
+                         tensor_name=name, role="qkv", iteration=1, shape=x.shape, counter=i), tensor)
+        for i, (name, tensor) in enumerate((("input", x), ("weight", weight)))])
+    chosen = [a for a in ANALYSES if a.key in ("distributions", "statistics")]
+    inp = analysis_input(ReportOptions(tmp_path / "logs", tmp_path, chosen, progress=False,
+                                       summary=SummaryOptions(sample_size=2_000)))
+    jobs = []
+    for analysis in chosen:
+        (tmp_path / analysis.folder).mkdir(parents=True, exist_ok=True)
+        jobs += analysis.build(inp).figures
+    assert any(job.path.startswith("distributions/") for job in jobs)
+    assert _broken(jobs, tmp_path) == {}
