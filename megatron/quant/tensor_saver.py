@@ -38,13 +38,14 @@ from megatron.quant.capture.inspect_config import InspectConfigError, inspect_co
 from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.capture.session import CaptureSession
 from megatron.quant.capture.site import CaptureSite, Operand, expert_index, expert_module
+from megatron.quant.capture.te_log import LOG_DIR as INSPECT_LOG_DIR
 
 __all__ = [
     "CaptureSite", "Operand", "expert_index", "expert_module", "SaverConfig", "IterationWindow", "ENV_VARS",
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
     "writer_stats", "stats_level", "check_writable", "InspectConfigError", "InspectPlan", "inspect_config_from_dict",
     "load_inspect_config",
-    "resolve_inspect",
+    "resolve_inspect", "INSPECT_LOG_DIR",
 ]
 
 _session: Optional[CaptureSession] = None

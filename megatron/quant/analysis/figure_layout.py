@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import LogNorm
 
-from megatron.quant.analysis.figure_budget import MIN_TEXT_PT, PAGE_WIDTH_IN
+from megatron.quant.analysis.figure_budget import HIDDEN_PT, MIN_TEXT_PT, PAGE_WIDTH_IN
 
 _BAR = 0.85  # inches: a colour bar, its tick labels and its label
 _DIGIT_IN = 0.07  # inches: a character of an 8-pt number
@@ -151,3 +151,33 @@ def honest_limits(ax: Axes, values: Sequence[float], axis: str = "y", share: flo
         return
     middle, half = (low + high) / 2, share * magnitude / 2
     (ax.set_ylim if axis == "y" else ax.set_xlim)(middle - half, middle + half)
+
+
+def merge_hidden_lines(ax) -> None:
+    """Draw once, labelled "a = b", the labelled lines of ``ax`` that would lie on top of an earlier one
+    (every point within the figure budget's ``_HIDDEN_PT``, doubled, as laid out now): no line hides another."""
+    ax.autoscale_view()
+    tolerance = 2 * HIDDEN_PT * ax.figure.dpi / 72
+    kept: list = []
+    merged = False
+    for line in [line for line in ax.lines if not line.get_label().startswith("_")
+                 and line.get_transform() == ax.transData and len(line.get_xydata())]:
+        pixels = ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))
+        for other, other_pixels in kept:
+            if pixels.shape == other_pixels.shape and np.nanmax(np.abs(pixels - other_pixels)) < tolerance:
+                other.set_label(f"{other.get_label()} = {_unshared(line.get_label(), other.get_label())}")
+                line.remove()
+                merged = True
+                break
+        else:
+            kept.append((line, pixels))
+    if merged and ax.get_legend() is not None:  # the panel's own legend names the merged lines
+        legend_above(ax)
+
+
+def _unshared(label: str, first: str) -> str:
+    """``label`` without the leading words it shares with ``first`` ("fc1 pre input" after "fc1 pre
+    weight" is "input"), so that merged labels stay short."""
+    words, others = label.split(), first.split()
+    shared = next((i for i, (a, b) in enumerate(zip(words, others)) if a != b), min(len(words), len(others)))
+    return " ".join(words[shared:]) or label

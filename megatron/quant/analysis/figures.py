@@ -14,13 +14,14 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
-from megatron.quant.analysis.figure_budget import HIDDEN_PT, MAX_SERIES  # noqa: E402
+from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
 from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
     colour_bar,
     honest_limits,
     label_heatmap,
     legend_above,
     make_headroom,
+    merge_hidden_lines,
     one_value,
     room_for_row_names,
     row_fontsize,
@@ -301,36 +302,6 @@ def line_panel(ax, series: Mapping[str, tuple[Sequence[float], Sequence[float]]]
     if legend:
         legend_above(ax)
     ax.grid(alpha=0.3)
-
-
-def merge_hidden_lines(ax) -> None:
-    """Draw once, labelled "a = b", the labelled lines of ``ax`` that would lie on top of an earlier one
-    (every point within the figure budget's ``_HIDDEN_PT``, doubled, as laid out now): no line hides another."""
-    ax.autoscale_view()
-    tolerance = 2 * HIDDEN_PT * ax.figure.dpi / 72
-    kept: list = []
-    merged = False
-    for line in [line for line in ax.lines if not line.get_label().startswith("_")
-                 and line.get_transform() == ax.transData and len(line.get_xydata())]:
-        pixels = ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))
-        for other, other_pixels in kept:
-            if pixels.shape == other_pixels.shape and np.nanmax(np.abs(pixels - other_pixels)) < tolerance:
-                other.set_label(f"{other.get_label()} = {_unshared(line.get_label(), other.get_label())}")
-                line.remove()
-                merged = True
-                break
-        else:
-            kept.append((line, pixels))
-    if merged and ax.get_legend() is not None:  # the panel's own legend names the merged lines
-        legend_above(ax)
-
-
-def _unshared(label: str, first: str) -> str:
-    """``label`` without the leading words it shares with ``first`` ("fc1 pre input" after "fc1 pre
-    weight" is "input"), so that merged labels stay short."""
-    words, others = label.split(), first.split()
-    shared = next((i for i, (a, b) in enumerate(zip(words, others)) if a != b), min(len(words), len(others)))
-    return " ".join(words[shared:]) or label
 
 
 def log2_histogram(ax, start: int, counts: np.ndarray, label: str) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from megatron.quant.analysis.confine import unreadable
 from megatron.quant.capture.naming import MANIFEST_RE, parse_file_name
-from megatron.quant.capture.te_log import LOG_DIR as INSPECT_LOG_DIR
+from megatron.quant.tensor_saver import INSPECT_LOG_DIR
 
 # Metadata keys every capture must have to be placed in an analysis.
 REQUIRED_KEYS = ("quant_type", "layer_type", "layer_idx", "operation", "phase", "component",
