@@ -39,13 +39,14 @@ from megatron.quant.capture.inspect_features import InspectFeature, Translation,
 from megatron.quant.capture.inspect_plan import InspectPlan, resolve_inspect
 from megatron.quant.capture.session import CaptureSession
 from megatron.quant.capture.site import CaptureSite, Operand, expert_index, expert_module
+from megatron.quant.capture.te_log import LOG_DIR as INSPECT_LOG_DIR
 
 __all__ = [
     "CaptureSite", "Operand", "expert_index", "expert_module", "SaverConfig", "IterationWindow", "ENV_VARS",
     "configure", "is_active", "capture", "capture_complete", "iteration_summary", "paused", "flush", "close",
     "writer_stats", "stats_level", "check_writable", "InspectConfigError", "InspectPlan", "inspect_config_from_dict",
     "load_inspect_config",
-    "resolve_inspect", "InspectFeature", "Translation", "operand_items",
+    "resolve_inspect", "InspectFeature", "Translation", "operand_items", "INSPECT_LOG_DIR",
 ]
 
 _session: Optional[CaptureSession] = None

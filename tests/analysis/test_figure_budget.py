@@ -25,7 +25,7 @@ from megatron.quant.compare import whatif_report
 from megatron.quant.compare.report import plot_difference_histograms
 
 sys.path.insert(0, str(Path(__file__).parent))
-from capture_fixture import ALL_MODULES, tiny_run  # noqa: E402
+from capture_fixture import ALL_MODULES, Capture, metadata, tiny_run, write_captures  # noqa: E402
 
 DPI = 30
 FIVE_FORMATS = ("hifp8", "mxfp8", "mxfp4", "nvfp4", "fp8_e4m3", "bf16")
@@ -188,3 +188,50 @@ def test_the_budget_names_what_a_reader_cannot_see():
     assert any("on scales" in p and "apart" in p for p in figure_budget.problems(fig))
     clean = _figure(lambda ax: (ax.plot([0, 1], [0, 1], label="a"), figures.legend_above(ax)))
     assert figure_budget.problems(clean) == []
+
+
+def test_the_budget_names_panels_that_say_nothing_or_hide_it():
+    zero_bars = _figure(lambda ax: ax.bar(["qkv", "fc1", "fc2"], [0.0, 0.0, 0.0]))
+    assert any("bars are all of one height" in p for p in figure_budget.problems(zero_bars))
+    zero_series = _figure(lambda ax: [ax.bar([0, 1], heights, label=name)
+                                      for name, heights in (("overflow", [0, 0]), ("underflow", [0.5, 0.7]))])
+    assert any("'overflow' is zero everywhere" in p for p in figure_budget.problems(zero_series))
+    flat = _figure(lambda ax: [ax.plot([0, 1], [level, level + 0.01], label=f"format {level}") for level in (18, 25)])
+    assert any("2 series are all flat along x" in p for p in figure_budget.problems(flat))
+    hidden = _figure(lambda ax: [ax.plot([0, 1, 2], [1, 3, 2], label=name) for name in ("mxfp8", "fp8_e4m3")])
+    assert any("'fp8_e4m3' is hidden under 'mxfp8'" in p for p in figure_budget.problems(hidden))
+    fig, [ax] = figures.subplot_grid(1, ncols=1, panel_size=(24.0, 3.0))  # shrunk to half on the page
+    ax.plot([0, 1], [0, 1])
+    ax.text(0.5, 0.5, "0.123", fontsize=10)
+    fig.canvas.draw()
+    assert any("reads at 5.0 pt" in p for p in figure_budget.problems(fig))
+    fraction = _figure(lambda ax: (ax.plot([0, 1], [0, 1e-3]), ax.set_ylabel("underflow ratio")))
+    assert any("'underflow ratio' is a share of elements drawn without %" in p
+               for p in figure_budget.problems(fraction))
+    kept = _figure(lambda ax: ([ax.plot([0, 1, 2], [1, 3 + i, 2], label=f"s{i}") for i in range(2)],
+                               ax.bar([3, 4], [1, 2]), ax.text(1, 1, "note", fontsize=8),
+                               ax.set_ylabel("underflow (% of elements)"), figures.legend_above(ax)))
+    assert figure_budget.problems(kept) == []
+
+
+def test_a_capture_of_nan_inf_zeros_and_1e30_draws_within_the_budget(tmp_path):
+    """Non-finite values, zeros and 1e30 beside values of 1: every figure informs (magnitudes as log2
+    histograms, a few or repeated values drawn as they are), none breaks the budget."""
+    import torch
+
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1e30, -1e30, 0.0, 1.0] * 64).reshape(16, 32)
+    weight = torch.where(torch.rand(16, 32, generator=torch.Generator().manual_seed(0)) < 0.1,
+                         torch.tensor(float("inf")), torch.randn(16, 32, generator=torch.Generator().manual_seed(1)))
+    write_captures(tmp_path / "logs", [
+        Capture(metadata(quant_type="hifp8", layer_type="linear", layer_idx=0, operation="forward", phase="pre",
+                         tensor_name=name, role="qkv", iteration=1, shape=x.shape, counter=i), tensor)
+        for i, (name, tensor) in enumerate((("input", x), ("weight", weight)))])
+    chosen = [a for a in ANALYSES if a.key in ("distributions", "statistics")]
+    inp = analysis_input(ReportOptions(tmp_path / "logs", tmp_path, chosen, progress=False,
+                                       summary=SummaryOptions(sample_size=2_000)))
+    jobs = []
+    for analysis in chosen:
+        (tmp_path / analysis.folder).mkdir(parents=True, exist_ok=True)
+        jobs += analysis.build(inp).figures
+    assert any(job.path.startswith("distributions/") for job in jobs)
+    assert _broken(jobs, tmp_path) == {}

@@ -10,7 +10,12 @@ And what the data let a reader see: no panel draws a single point or constant da
 says that instead); no linear axis zooms into a range far narrower than the magnitude of its
 values (``MIN_RELATIVE_SPAN``: differences in the 4th digit look like trends); panels that show the
 same quantity (the same axis label, the same scale) are drawn on comparable scales
-(``MAX_SCALE_RATIO``: separate scales hide a difference of magnitude between them).
+(``MAX_SCALE_RATIO``: separate scales hide a difference of magnitude between them); bars are not all of
+one height; a panel of several series is not all flat lines of two points (``FLAT_SHARE``: the x axis
+then carries nothing, a table or bars say it); no legend series lies under another (``HIDDEN_PT``); text written
+in a panel (heatmap cells, notes) reads at ``MIN_TEXT_PT`` or more once the figure is shrunk to the
+report page's width (``PAGE_WIDTH_IN``); a share of elements (``SHARES``) is drawn in %, as in every
+other figure of the package, never as a fraction.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from matplotlib import cbook
 from matplotlib.axes import Axes
 from matplotlib.collections import PathCollection
 from matplotlib.colors import to_hex
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
@@ -30,6 +36,12 @@ from matplotlib.transforms import Bbox
 MAX_SERIES = 8
 MIN_RELATIVE_SPAN = 0.01  # an axis spans at least 1 % of the magnitude of its values
 MAX_SCALE_RATIO = 10.0    # panels of one quantity: their axis spans within a factor of 10
+FLAT_SHARE = 0.02        # a series varying under 2 % of its panel's y span is a flat line
+MIN_TEXT_PT = 8.0        # in-panel text, in points at the page's width
+PAGE_WIDTH_IN = 12.0     # the report page's column (1,250 px) at the default 100 dpi
+SHARES = ("overflow", "underflow", "zeros")  # quantities counted in % of elements in every figure
+_FLAT_POINTS = 2         # series of this many points at most are judged flat
+HIDDEN_PT = 1.0         # a series whose every point is this close to another's (points) is hidden under it
 _SLACK = 1.0  # pixels: extents touching at a rounded pixel are not an overlap
 
 
@@ -53,6 +65,9 @@ def problems(fig: Figure) -> list[str]:
                 found.append(f"{name}: {axis} tick labels {clash[0]!r} and {clash[1]!r} overlap "
                              f"({len(labels)} labels)")
         found += _data_problems(ax, name)
+        found += _hidden_series(ax, name)
+        found += _small_text(ax, name, fig.get_figwidth())
+        found += _unit_problems(ax, name)
         series = _series_count(ax)
         if series > MAX_SERIES:
             found.append(f"{name}: {series} series in one panel (at most {MAX_SERIES} can be told "
@@ -113,8 +128,18 @@ def _data_problems(ax: Axes, name: str) -> list[str]:
     if len(distinct) == 1:
         return [f"{name}: a single data point (a sentence says it better)"]
     found = []
-    if np.ptp(points[:, 1]) == 0 and not any(isinstance(p, Rectangle) for p in ax.patches):
+    bars = {(bar.get_width(), bar.get_height()) for bar in ax.patches if isinstance(bar, Rectangle)
+            and bar.get_transform().contains_branch(ax.transData)}
+    if np.ptp(points[:, 1]) == 0 and not bars:
         found.append(f"{name}: its data are constant (y = {points[0, 1]:.4g}; a sentence says it better)")
+    if len(bars) == 1 and not any(np.ptp(line.get_xydata()[:, 1]) for line in _series(ax)):
+        found.append(f"{name}: its bars are all of one height (zero bars look like missing data; a sentence says it)")
+    zero = [bars.get_label() for bars in ax.containers if isinstance(bars, BarContainer)
+            and not bars.get_label().startswith("_") and not any(bar.get_height() for bar in bars)]
+    if zero:
+        found.append(f"{name}: the series {zero[0]!r} is zero everywhere (zero bars look like missing data; "
+                     "say it in a title)")
+    found += _flat_series(ax, name)
     for axis, (low, high) in (("x", ax.get_xlim()), ("y", ax.get_ylim())):
         scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
         magnitude = max(abs(low), abs(high))
@@ -122,6 +147,60 @@ def _data_problems(ax: Axes, name: str) -> list[str]:
             found.append(f"{name}: the {axis} axis spans {abs(high - low):.3g} of values about {magnitude:.4g} "
                          f"(under {MIN_RELATIVE_SPAN:.0%}: differences look larger than they are)")
     return found
+
+
+def _series(ax: Axes) -> list[Line2D]:
+    """The lines of a panel drawn in data coordinates, with at least one finite point."""
+    return [line for line in ax.lines if line.get_transform() == ax.transData and line.get_visible()
+            and np.isfinite(np.asarray(line.get_xydata(), dtype=float)).all(axis=1).any()]
+
+
+def _flat_series(ax: Axes, name: str) -> list[str]:
+    """Several legend series, each a flat line of two points: the x axis carries nothing (a series of
+    more points that stays flat is a finding: stable over training)."""
+    lines = [line for line in _series(ax) if not line.get_label().startswith("_") and len(line.get_xydata()) >= 2
+             and np.ptp(line.get_xydata()[:, 0])]
+    span = abs(np.subtract(*ax.get_ylim()))
+    if len(lines) < 2 or any(len(line.get_xydata()) > _FLAT_POINTS for line in lines) \
+            or ax.get_yscale() != "linear" or not span:
+        return []
+    if all(np.ptp(np.asarray(line.get_xydata(), dtype=float)[:, 1]) < FLAT_SHARE * span for line in lines):
+        return [f"{name}: its {len(lines)} series are all flat along x (under {FLAT_SHARE:.0%} of the y span: "
+                "one value per series, in bars or a table, says it)"]
+    return []
+
+
+def _hidden_series(ax: Axes, name: str) -> list[str]:
+    """Legend series whose every point lies within ``HIDDEN_PT`` of another series' points."""
+    lines = [line for line in _series(ax) if not line.get_label().startswith("_")]
+    pixels = [line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float)) for line in lines]
+    hidden_px = HIDDEN_PT * ax.figure.dpi / 72
+    found = []
+    for i, (line, points) in enumerate(zip(lines, pixels)):
+        for other, other_points in zip(lines[:i], pixels[:i]):
+            if points.shape == other_points.shape and np.nanmax(np.abs(points - other_points)) < hidden_px:
+                found.append(f"{name}: series {line.get_label()!r} is hidden under {other.get_label()!r} "
+                             "(say they coincide, or draw them apart)")
+                break
+    return found
+
+
+def _small_text(ax: Axes, name: str, figure_width: float) -> list[str]:
+    """Text written in a panel that reads under ``MIN_TEXT_PT`` once the figure fits the page."""
+    shrink = min(1.0, PAGE_WIDTH_IN / figure_width)
+    small = [text for text in ax.texts if text.get_visible() and text.get_text().strip()
+             and text.get_fontsize() * shrink < MIN_TEXT_PT - 0.05]
+    if not small:
+        return []
+    return [f"{name}: text {small[0].get_text()!r} written in the panel reads at "
+            f"{small[0].get_fontsize() * shrink:.1f} pt at the page's width (at least {MIN_TEXT_PT:g})"]
+
+
+def _unit_problems(ax: Axes, name: str) -> list[str]:
+    """An axis label naming a share of elements without the package's unit for it, %."""
+    labels = [label for label in (ax.get_xlabel(), ax.get_ylabel()) if label]
+    return [f"{name}: {label!r} is a share of elements drawn without % (every other figure uses %)"
+            for label in labels if any(share in label.lower() for share in SHARES) and "%" not in label]
 
 
 def _scale_problems(axes: list[Axes]) -> list[str]:

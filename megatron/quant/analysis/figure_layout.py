@@ -4,6 +4,7 @@ apart."""
 from __future__ import annotations
 
 import math
+import textwrap
 import weakref
 from typing import Sequence
 
@@ -11,7 +12,10 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colors import LogNorm
 
+from megatron.quant.analysis.figure_budget import HIDDEN_PT, MIN_TEXT_PT, PAGE_WIDTH_IN
+
 _BAR = 0.85  # inches: a colour bar, its tick labels and its label
+_DIGIT_IN = 0.07  # inches: a character of an 8-pt number
 _HEADROOM: "weakref.WeakKeyDictionary[Axes, float]" = weakref.WeakKeyDictionary()  # inches above a panel
 
 def legend_above(ax: Axes, fontsize: int = 7) -> None:
@@ -21,9 +25,11 @@ def legend_above(ax: Axes, fontsize: int = 7) -> None:
     if not labels:
         return
     width = ax.get_position().width * ax.figure.get_figwidth()
-    entry = 0.35 + 0.6 * fontsize / 72 * max(len(label) for label in labels)  # inches: handle + text
+    fits = max(8, int((width - 0.35) / (0.6 * fontsize / 72)))  # characters a row holds beside the handle
+    labels = [textwrap.fill(label, fits) for label in labels]  # a long label takes two lines, not the margin
+    entry = 0.35 + 0.6 * fontsize / 72 * max(len(line) for label in labels for line in label.splitlines())
     ncols = max(1, min(len(labels), 4, int(width // entry)))
-    rows = math.ceil(len(labels) / ncols)
+    rows = sum(max(label.count("\n") + 1 for label in labels[i:i + ncols]) for i in range(0, len(labels), ncols))
     ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0, 1.0), ncols=ncols, fontsize=fontsize,
               frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.0)
     pad = 8 + rows * 1.75 * fontsize  # points
@@ -56,7 +62,13 @@ def colour_bar(ax: Axes, image, label: str, narrow: bool = True) -> None:
         ax.set_position([box.x0, box.y0, box.width - _BAR / ax.figure.get_figwidth(), box.height])
     bar = ax.figure.colorbar(image, cax=ax.inset_axes([1.03, 0.0, 0.04, 1.0]))
     bar.set_label(label, fontsize=8)
-    bar.ax.tick_params(labelsize=7)
+    bar.ax.tick_params(labelsize=8)
+
+
+def readable_pt(fig, size: float = MIN_TEXT_PT) -> float:
+    """Points for text written in a panel of ``fig`` that read at ``size`` or more once the figure
+    is shrunk to the report page's width (the figure budget's floor for in-panel text)."""
+    return max(size, MIN_TEXT_PT * fig.get_figwidth() / PAGE_WIDTH_IN)
 
 
 def row_fontsize(ax: Axes, rows: int) -> float:
@@ -101,12 +113,15 @@ def label_heatmap(ax: Axes, rows: Sequence[str], columns: Sequence[object], valu
     step = 1 if upright else max(1, math.ceil(len(columns) / int(width / 0.2)))  # else rotated ones
     ax.set_xticks(range(0, len(columns), step), [str(c) for c in list(columns)[::step]], fontsize=8,
                   rotation=0 if upright else 30, ha="center" if upright else "right")
-    if written and values.size <= 160:
-        for (i, j), value in np.ndenumerate(values):
-            if np.isfinite(value):
-                dark = np.isfinite(shown[i, j]) and image.norm(value) < 0.5  # viridis is dark below
-                ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=6,
-                        color="white" if dark else "black")
+    texts = {(i, j): fmt.format(value) for (i, j), value in np.ndenumerate(values) if np.isfinite(value)}
+    cell_width, cell_height = width / len(columns), ax.get_position().height * ax.figure.get_figheight() / len(rows)
+    points = readable_pt(ax.figure)
+    fits = texts and (cell_width >= _DIGIT_IN * points / 8 * max(map(len, texts.values())) + 0.05
+                      and cell_height >= 0.02 * points)
+    if written and fits:  # values written in only where they read at 8 pt on the page (the figure budget's floor)
+        for (i, j), text in texts.items():
+            dark = np.isfinite(shown[i, j]) and image.norm(values[i, j]) < 0.5  # viridis is dark below
+            ax.text(j, i, text, ha="center", va="center", fontsize=points, color="white" if dark else "black")
     colour_bar(ax, image, colorbar_label, narrow=False)
 
 
@@ -118,7 +133,8 @@ def one_value(ax: Axes, values: Sequence[float], what: str) -> bool:
         return False
     said = (f"{what}: {finite[0]:.4g}, a single value" if len(finite) == 1
             else f"{what}: all {len(finite)} values are {finite[0]:.4g},\nnothing to compare")
-    ax.text(0.5, 0.5, said, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
+    ax.text(0.5, 0.5, said, ha="center", va="center", transform=ax.transAxes, fontsize=readable_pt(ax.figure, 9),
+            wrap=True)
     ax.set_axis_off()
     return True
 
@@ -135,3 +151,33 @@ def honest_limits(ax: Axes, values: Sequence[float], axis: str = "y", share: flo
         return
     middle, half = (low + high) / 2, share * magnitude / 2
     (ax.set_ylim if axis == "y" else ax.set_xlim)(middle - half, middle + half)
+
+
+def merge_hidden_lines(ax) -> None:
+    """Draw once, labelled "a = b", the labelled lines of ``ax`` that would lie on top of an earlier one
+    (every point within the figure budget's ``_HIDDEN_PT``, doubled, as laid out now): no line hides another."""
+    ax.autoscale_view()
+    tolerance = 2 * HIDDEN_PT * ax.figure.dpi / 72
+    kept: list = []
+    merged = False
+    for line in [line for line in ax.lines if not line.get_label().startswith("_")
+                 and line.get_transform() == ax.transData and len(line.get_xydata())]:
+        pixels = ax.transData.transform(np.asarray(line.get_xydata(), dtype=float))
+        for other, other_pixels in kept:
+            if pixels.shape == other_pixels.shape and np.nanmax(np.abs(pixels - other_pixels)) < tolerance:
+                other.set_label(f"{other.get_label()} = {_unshared(line.get_label(), other.get_label())}")
+                line.remove()
+                merged = True
+                break
+        else:
+            kept.append((line, pixels))
+    if merged and ax.get_legend() is not None:  # the panel's own legend names the merged lines
+        legend_above(ax)
+
+
+def _unshared(label: str, first: str) -> str:
+    """``label`` without the leading words it shares with ``first`` ("fc1 pre input" after "fc1 pre
+    weight" is "input"), so that merged labels stay short."""
+    words, others = label.split(), first.split()
+    shared = next((i for i, (a, b) in enumerate(zip(words, others)) if a != b), min(len(words), len(others)))
+    return " ".join(words[shared:]) or label

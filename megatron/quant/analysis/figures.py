@@ -21,6 +21,7 @@ from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
     label_heatmap,
     legend_above,
     make_headroom,
+    merge_hidden_lines,
     one_value,
     room_for_row_names,
     row_fontsize,
@@ -30,6 +31,7 @@ _STANDARD_NORMAL = statistics.NormalDist()
 DENSITY_LABEL = "probability density (1/value)"
 _LEGEND_FONT = 8
 _UPRIGHT_BOXES = 12  # box plots with more boxes lie down
+_MIN_BOX = 5  # fewer values are drawn as they are, not as a box
 
 
 # Fixed layout in inches (tight_layout measures every text and costs about a third of a
@@ -75,6 +77,8 @@ def legend_width(labels: Sequence[str], minimum: float = 1.6) -> float:
 def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = None) -> Figure:
     """The figure title; ``shared_legend``: axes whose labels get one legend to their right
     (panels drawing the same series; make room with subplot_grid's ``legend_width``)."""
+    for ax in fig.axes:  # a line drawn exactly over another hides it: drawn once, named "a = b"
+        merge_hidden_lines(ax)
     make_headroom(fig)
     fig.suptitle(title, fontsize=13, y=1 - 0.2 / fig.get_figheight(), va="top")
     if shared_legend:
@@ -170,7 +174,13 @@ def box_plot(ax, series: Mapping[str, np.ndarray], title: str, ylabel: str,
         log = all((v > 0).all() for v in series.values()) and spans_decades(
             np.concatenate(list(series.values())))
     if len(series) > _UPRIGHT_BOXES:  # too many names to write under the boxes: boxes lie down, named on the left
-        ax.boxplot(list(series.values()), whis=(1, 99), showfliers=False, orientation="horizontal")
+        boxed = {label: v for label, v in series.items() if _boxable(v)}
+        if boxed:
+            ax.boxplot(list(boxed.values()), positions=[i + 1 for i, label in enumerate(series) if label in boxed],
+                       whis=(1, 99), showfliers=False, orientation="horizontal")
+        for i, (label, v) in enumerate(series.items()):
+            if label not in boxed:  # a few values, or one repeated: the values themselves
+                ax.plot(v, np.full(v.size, i + 1.0), "|", markersize=8, markeredgewidth=1.5, color="C0")
         fontsize = row_fontsize(ax, len(series))
         ax.set_yticks(range(1, len(series) + 1), list(series), fontsize=fontsize)
         ax.set_ylim(len(series) + 0.5, 0.5)
@@ -180,12 +190,24 @@ def box_plot(ax, series: Mapping[str, np.ndarray], title: str, ylabel: str,
         ax.set_xlabel(ylabel + (" (log scale)" if log else ""))
         ax.grid(alpha=0.3, axis="x")
         return
-    ax.boxplot(list(series.values()), whis=(1, 99), showfliers=False)
+    boxed = {label: v for label, v in series.items() if _boxable(v)}
+    if boxed:
+        positions = [i + 1 for i, label in enumerate(series) if label in boxed]
+        ax.boxplot(list(boxed.values()), positions=positions, whis=(1, 99), showfliers=False)
+    for i, (label, v) in enumerate(series.items()):
+        if label not in boxed:  # a box of a few values, or of one repeated value, hides them: the values
+            ax.plot(np.full(v.size, i + 1.0), v, "_", markersize=12, markeredgewidth=1.5, color="C0")
     ax.set_xticks(range(1, len(series) + 1), list(series), rotation=30, ha="right", fontsize=8)
+    ax.set_xlim(0.5, len(series) + 0.5)
     if log:
         log_scale(ax)
     ax.set_ylabel(ylabel + (" (log scale)" if log else ""))
     ax.grid(alpha=0.3, axis="y")
+
+
+def _boxable(values: np.ndarray) -> bool:
+    """Whether a box says more than the values: at least ``_MIN_BOX`` of them, and quartiles apart."""
+    return values.size >= _MIN_BOX and bool(np.subtract(*np.percentile(values, [75, 25])))
 
 
 def qq_normal(ax, series: Mapping[str, np.ndarray], title: str) -> None:
@@ -215,7 +237,12 @@ def qq_normal(ax, series: Mapping[str, np.ndarray], title: str) -> None:
 def grouped_bars(ax, categories: Sequence[str], groups: Mapping[str, Sequence[float]],
                  title: str, ylabel: str, log: Optional[bool] = None) -> None:
     """One bar per (category, group); NaN bars are left out. Beyond ``MAX_SERIES`` groups: a
-    heatmap (categories x groups) with the values written in."""
+    heatmap (categories x groups) with the values written in. A group that is zero everywhere is named
+    in the title, not drawn: zero bars look like missing data."""
+    zero = [label for label, heights in groups.items() if not np.nan_to_num(np.asarray(heights, dtype=float)).any()]
+    if zero and len(zero) < len(groups):
+        groups = {label: heights for label, heights in groups.items() if label not in zero}
+        title = f"{title}\n({', '.join(zero)}: 0 everywhere)"
     ax.set_title(title, fontsize=10)
     values = [v for vs in groups.values() for v in vs if np.isfinite(v)]
     if not categories or not values:
@@ -237,7 +264,7 @@ def grouped_bars(ax, categories: Sequence[str], groups: Mapping[str, Sequence[fl
     if log if log is not None else spans_decades(values):
         log_scale(ax)
     ax.set_ylabel(ylabel)
-    if len(groups) > 1:
+    if len(groups) > 1 or zero:  # one group left of several: its name still says what the bars are
         legend_above(ax)
     ax.grid(alpha=0.3, axis="y")
 
@@ -267,6 +294,7 @@ def line_panel(ax, series: Mapping[str, tuple[Sequence[float], Sequence[float]]]
         ax.plot(xs, ys, marker="os^D"[i % 4], markersize=3, linewidth=1.2, label=label, color=f"C{i}")
     if log:
         log_scale(ax)
+    merge_hidden_lines(ax)
     if all(float(x).is_integer() for xs, _ in series.values() for x in xs):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers, iterations
     ax.set_xlabel(xlabel)

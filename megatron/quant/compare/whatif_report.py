@@ -26,7 +26,8 @@ SKIPPED_SHOWN = 50  # in the summary; the CSV lists every skipped file
 STAT_COLUMNS = ("format", "operand", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
                 "overflow", "overflow_ratio", "underflow", "underflow_ratio")
 PANELS = (("sqnr_db", "SQNR (dB)"), ("relative_error", "relative error"),
-          ("overflow_ratio", "overflow ratio"), ("underflow_ratio", "underflow ratio"))
+          ("overflow_ratio", "overflow (% of elements)"), ("underflow_ratio", "underflow (% of elements)"))
+PERCENT = frozenset({"overflow_ratio", "underflow_ratio"})  # shares drawn in %, as in every figure of the report
 
 
 def clear_previous(folder: Path) -> None:
@@ -64,13 +65,14 @@ def describe_not_quantized(entry: Mapping) -> str:
 def figure_jobs(rows: Sequence[Mapping]) -> list[FigureJob]:
     """``by_class.png``: per statistic, a heatmap of tensor class x format with the class means
     written in (a zero overflow reads as 0, not as a missing bar); ``by_layer.png``, when a class
-    is seen in more than one layer: SQNR along the layers, one small panel per class."""
+    is seen in more than one layer: SQNR per class and layer, one heatmap per format."""
     classes = sorted({tensor_class(row) for row in rows})
     names = list(dict.fromkeys(row["format"] for row in rows))
     jobs = [FigureJob(f"{FOLDER}/by_class.png", "Mean of each statistic per tensor class (rows) and format "
                       "(columns); a panel whose values are all equal says so instead.", draw_by_class,
                       {"classes": classes, "formats": names, "panels": {
-                          title: [[_mean(r[key] for r in rows if r["format"] == name and tensor_class(r) == cls)
+                          title: [[(100 if key in PERCENT else 1) * _mean(
+                                       r[key] for r in rows if r["format"] == name and tensor_class(r) == cls)
                                    for name in names] for cls in classes] for key, title in PANELS}})]
     curves = {}
     for cls in classes:
@@ -81,16 +83,16 @@ def figure_jobs(rows: Sequence[Mapping]) -> list[FigureJob]:
                                                  and r["layer_idx"] == layer) for layer in layers])
                            for name in dict.fromkeys(row["format"] for row in subset)}
     if curves:
-        jobs.append(FigureJob(f"{FOLDER}/by_layer.png", f"SQNR along the layers, one panel per tensor class "
-                              f"({len(curves)}), one line per format; every statistic per layer is in "
-                              "format_comparison.csv.", draw_by_layer, curves))
+        jobs.append(FigureJob(f"{FOLDER}/by_layer.png", f"SQNR along the layers, one panel per format: its "
+                              f"{len(curves)} tensor classes (rows) seen in more than one layer (columns); every "
+                              "statistic per layer is in format_comparison.csv.", draw_by_layer, curves))
     return jobs
 
 
 def draw_by_class(payload: dict):
     panels = payload["panels"]
     height = 1.4 + 0.22 * len(payload["classes"])
-    fig, axes = figures.subplot_grid(len(panels), ncols=2, panel_size=(6.4, height))
+    fig, axes = figures.subplot_grid(len(panels), ncols=2, panel_size=(5.9, height))  # within the page's width
     for ax, (title, cells) in zip(axes, panels.items()):
         values = [v for row in cells for v in row]
         if not figures.one_value(ax, values, title):
@@ -101,12 +103,20 @@ def draw_by_class(payload: dict):
 
 
 def draw_by_layer(payload: dict):
-    fig, axes = figures.subplot_grid(len(payload), ncols=4, panel_size=(3.1, 2.7),
-                                     legend_width=figures.legend_width(next(iter(payload.values()))))
-    for ax, (cls, series) in zip(axes, payload.items()):
-        figures.line_panel(ax, series, cls, "layer", "SQNR (dB)", log=False, legend=False)
-        ax.title.set_fontsize(8)
-    return figures.finish(fig, "SQNR along the layers per tensor class", shared_legend=axes)
+    """One heatmap per format, tensor class x layer, the SQNR written in: a few layers make lines of a
+    few flat points, and formats of equal SQNR lines hidden under each other."""
+    classes = list(payload)
+    names = list(dict.fromkeys(name for series in payload.values() for name in series))
+    layers = sorted({layer for series in payload.values() for xs, _ in series.values() for layer in xs})
+    fig, axes = figures.subplot_grid(len(names), ncols=2, panel_size=(5.8, 1.4 + 0.22 * len(classes)))
+    for ax, name in zip(axes, names):
+        cells = np.full((len(classes), len(layers)), np.nan)
+        for row, cls in enumerate(classes):
+            for layer, value in zip(*payload[cls].get(name, ((), ()))):
+                cells[row, layers.index(layer)] = value
+        figures.label_heatmap(ax, classes, layers, cells, f"{name}: SQNR (dB)", "SQNR (dB)", fmt="{:.1f}")
+        ax.set_xlabel("layer")
+    return figures.finish(fig, "SQNR along the layers per tensor class")
 
 
 def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) -> list[FigureJob]:

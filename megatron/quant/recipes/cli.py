@@ -13,11 +13,14 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+import yaml
+
 from megatron.quant import formats
 from megatron.quant.formats.accumulation import fp8_kind
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.recipes import ablations, presets
 from megatron.quant.recipes.operands import FORWARD_TWINS, LINEAR_ROLES, OPERAND_AXES
+from megatron.quant.recipes.parse import load_yaml
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 from megatron.quant.recipes.rules import FormatChoice
 from megatron.quant.settings.selectors import format_indices
@@ -36,6 +39,29 @@ def load(name: str) -> QuantRecipe:
     if is_recipe_file(name):
         return QuantRecipe.from_file(name)
     return QuantRecipe.from_dict({"format": name}, source=name)
+
+
+def is_precision_file(name: str) -> bool:
+    """``name`` is a per-module precision file (megatron-core's RecipeConfig YAML: ``configs`` and
+    ``matchers``), not a recipe file."""
+    if not is_recipe_file(name) or not Path(name).is_file():
+        return False
+    try:
+        data = load_yaml(Path(name).read_text(encoding="utf-8"), name)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # the recipe reader says what is wrong with it
+    return isinstance(data, dict) and "configs" in data
+
+
+def describe_precision(name: str, num_layers: int) -> str:
+    """A precision file's matchers in order, then each config's operand tables."""
+    from megatron.quant.recipes.precision_file import load_precision_file  # imports megatron-core
+
+    precision = load_precision_file(name)
+    lines = [f"{precision.source}: per-module precision; the first matcher whose pattern matches a module's name "
+             "chooses its config:", *(f"  {matcher!r}" for matcher in precision.matchers)]
+    tables = [f"config {key}:\n{describe(recipe, num_layers)}" for key, recipe in precision.configs.items()]
+    return "\n\n".join(["\n".join(lines), *tables])
 
 
 def _scaling(fmt: NumericFormat) -> str:
@@ -184,6 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.num_layers < 1:
         parser.error(f"--num-layers must be positive, got {args.num_layers}")
     try:
+        if not args.ablate and is_precision_file(args.name):
+            print(describe_precision(args.name, args.num_layers))
+            return 0
         names = ablations.ablation(args.name) if args.ablate else [args.name]
         recipes = [load(name) for name in names]
     except (RecipeError, ValueError) as exc:

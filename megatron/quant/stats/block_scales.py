@@ -81,7 +81,7 @@ def block_scale_stats(x: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor,
 
 
 def _per_block(values: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Each block's amax and min nonzero \|x\| (over its finite elements) and scale, flat, in one block
+    """Each block's amax and min nonzero |x| (over its finite elements) and scale, flat, in one block
     order. Blocks along an axis are viewed in place (no copy of x or of the per-element scale)."""
     magnitude = values.float().abs()
     if not bool(torch.isfinite(magnitude.amax())):

@@ -157,3 +157,17 @@ def test_directory_without_manifests_is_read_from_file_names(tmp_path):
     assert {r["role"] for r in rows} == {"fc2"}
     assert len(rows) == sum("fc2" in torch.load(f, weights_only=True)["metadata"]["role"]
                             for f in files)
+
+
+def test_the_captures_own_statistics_log_is_no_skipped_file(tmp_path):
+    """An inspect config's statistics log (nvdlfw-inspect's line format, beside the captures) is the
+    capture's own output, not a foreign file."""
+    from megatron.quant.analysis.captures.catalog import build_catalog
+
+    root = tmp_path / "logs"
+    _small_run(root)
+    log = root / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log"
+    log.parent.mkdir()
+    log.write_text("INFO - decoder.layers.0.mlp.linear_fc1_activation_mean \t iteration=000001 \t value=0.1\n")
+    (root / "notes.txt").write_text("hello")
+    assert [s.path for s in build_catalog(root).skipped] == ["notes.txt"]

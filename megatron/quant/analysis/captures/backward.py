@@ -29,10 +29,10 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
                                lambda s: s.record.operation)}))
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "backward_statistics"),
-        "Per-capture std and max |x| of every forward and backward tensor.", draw_statistics,
-        {stat: {key.label: [s.stat(stat) for s in items]
-                for key, items in group_by(inp.originals, lambda s: s.record.tensor_key).items()}
-         for stat in ("std", "absmax")}))
+        "Per-capture std of every forward and backward tensor (a box when its values spread, else the values; "
+        "max |x| per tensor is in statistics/absmax_by_tensor).", draw_statistics,
+        {"std": {key.label: [s.stat("std") for s in items]
+                 for key, items in group_by(inp.originals, lambda s: s.record.tensor_key).items()}}))
     gradients = [s for s in inp.originals if s.record.operation == "backward"]
     by_quant = list(group_by(gradients, lambda s: s.record.quant_type).items())
     kept = plan.first_panels("gradient distributions", by_quant, inp.settings.max_panels)
@@ -46,11 +46,8 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 
 
 def draw_statistics(payload: dict) -> Figure:
-    boxes = max(len(series) for series in payload.values())
-    fig, axes = figures.subplot_grid(2, ncols=1, panel_size=figures.box_panel_size(boxes, (max(8.0, 0.5 * boxes), 4.6)))
-    labels = {"std": ("Standard deviation", "std (value units)"),
-              "absmax": ("Max |x|", "max |x| (value units)")}
-    for ax, (stat, series) in zip(axes, payload.items()):
-        title, ylabel = labels[stat]
-        figures.box_plot(ax, series, f"{title} per capture", ylabel)
+    series = payload["std"]
+    size = figures.box_panel_size(len(series), (max(8.0, 0.5 * len(series)), 4.6))
+    fig, [ax] = figures.subplot_grid(1, ncols=1, panel_size=size)
+    figures.box_plot(ax, series, "Standard deviation per capture", "std (value units)")
     return figures.finish(fig, "Forward and backward tensor statistics")

@@ -71,7 +71,10 @@ def _iteration(summary: TensorSummary) -> int:
 
 def draw_block_scales(payload: dict) -> Figure:
     panels = payload["panels"]
-    fig, axes = figures.subplot_grid(len(panels), ncols=2, panel_size=(5.2, 4.4), legend_width=3.4)
+    labels = {label for *_, curves in panels for label in curves}
+    many = len(labels) > figures.MAX_SERIES  # heatmaps, their values written in: no legend, the page's width
+    fig, axes = figures.subplot_grid(len(panels), ncols=2, panel_size=(5.2, 4.4),
+                                     legend_width=0.0 if many else figures.legend_width(sorted(labels)))
     for ax, (title, xlabel, ylabel, curves) in zip(axes, panels):
         figures.line_panel(ax, curves, title, xlabel, ylabel, legend=False)
     return figures.finish(fig, payload["title"], shared_legend=axes)

@@ -16,6 +16,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 from megatron.quant.analysis.confine import unreadable
 from megatron.quant.capture.naming import MANIFEST_RE, parse_file_name
+from megatron.quant.tensor_saver import INSPECT_LOG_DIR
 
 # Metadata keys every capture must have to be placed in an analysis.
 REQUIRED_KEYS = ("quant_type", "layer_type", "layer_idx", "operation", "phase", "component",
@@ -222,7 +223,7 @@ def build_catalog(tensor_dir: str | os.PathLike) -> Catalog:
     skipped: list[SkippedFile] = []
     real_root = root.resolve()  # every file opened must resolve inside it
     for directory, subdirs, files in os.walk(root):  # symlinked directories are not followed
-        subdirs.sort()
+        subdirs[:] = sorted(name for name in subdirs if name != INSPECT_LOG_DIR)  # the capture's statistics log
         found, lost = _scan_directory(root, real_root, Path(directory), sorted(files))
         records.extend(found)
         skipped.extend(lost)

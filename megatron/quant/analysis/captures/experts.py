@@ -80,7 +80,7 @@ def _errors(records: list[TensorSummary]) -> dict[int, dict[str, dict[int, float
 
 def draw_experts(payload: dict) -> Figure:
     layers = payload["layers"]
-    fig, axes = figures.subplot_grid(3 * len(layers), ncols=3, panel_size=(5.0, 3.6))
+    fig, axes = figures.subplot_grid(3 * len(layers), ncols=3, panel_size=(4.0, 3.6))  # the page's width: 8-pt labels
     for row, (layer, data) in enumerate(layers.items()):
         load = np.array(data["load"])
         experts = np.arange(load.size)
@@ -101,7 +101,7 @@ def draw_experts(payload: dict) -> Figure:
                 measured = sorted(values)
                 ax.scatter([share[e] for e in measured], [values[e] for e in measured], color="C1")
                 for e in measured:
-                    ax.annotate(str(e), (share[e], values[e]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                    ax.annotate(str(e), (share[e], values[e]), fontsize=8, xytext=(3, 3), textcoords="offset points")
                 figures.honest_limits(ax, [values[e] for e in measured])
                 ax.set_xlabel("load (% of routed token slots)")
                 ax.set_ylabel(ylabel)

@@ -31,17 +31,20 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
         plan.notes.append(f"No exponent histogram for quant type(s) {', '.join(missing)}: no "
                           f"format is known for them.")
     for quant_type, items in group_by(viewed, lambda s: s.record.quant_type).items():
-        # Formats the layers applied first, then the reference views of the other tensors.
-        panels = list(group_by(items, lambda s: (not s.format_view.applied, s.record.tensor_key,
-                                                 s.format_view.format_name)).items())
-        kept = plan.first_panels(f"exponent histograms {quant_type}", panels, inp.settings.max_panels)
+        # Formats the layers applied first, then the tensors that lose most (flushed or clipped): those
+        # a reader looks for, whatever their names
+        panels = sorted(((key, panel(key, group)) for key, group in group_by(
+            items, lambda s: (not s.format_view.applied, s.record.tensor_key, s.format_view.format_name)).items()),
+            key=lambda entry: (entry[0][0], -(entry[1]["underflow"] + entry[1]["overflow"])))
+        kept = plan.first_panels(f"exponent histograms {quant_type} (the most flushed or clipped first)", panels,
+                                 inp.settings.max_panels)
         plan.figures.append(FigureJob(
             figure_path(FOLDER, quant_type),
             f"{quant_type}: share of sampled values per binade of |x| / scale, with the format's "
             f"representable range marked; the legend gives the share flushed to zero and "
             f"clipped.", draw_exponents,
             {"title": f"{quant_type}: magnitudes against the format's range",
-             "panels": [panel(key, group) for key, group in kept]}))
+             "panels": [drawn for _, drawn in kept]}))
     return plan
 
 
@@ -76,17 +79,22 @@ def draw_exponents(payload: dict) -> Figure:
         if occupied == (0, 0):
             figures.no_data(ax, "only zeros")
             continue
-        # Show the range marks, but never zoom out more than a few binades beyond the data
-        # (bf16's range spans 260 binades).
-        left = max(min(occupied[0], math.floor(low)) - 2, occupied[0] - _MARGIN)
-        right = min(max(occupied[1], math.ceil(high)) + 2, occupied[1] + _MARGIN)
+        # Show a range mark within _MARGIN binades of the data with room beyond it; one further off
+        # (bf16's range spans 260 binades) is named in the legend, never zoomed out to.
+        near_low, near_high = low >= occupied[0] - _MARGIN, high <= occupied[1] + _MARGIN
+        left = min(occupied[0], math.floor(low)) - 2 if near_low else occupied[0] - 2
+        right = max(occupied[1], math.ceil(high)) + 2 if near_high else occupied[1] + 2
         ax.set_xlim(left, right)
-        ax.axvspan(left, low, color="tab:blue", alpha=0.12,
-                   label=f"below min positive 2^{low:.1f}: {100 * p['underflow']:.3g}% flushed to 0")
-        ax.axvspan(high, right, color="tab:red", alpha=0.12,
-                   label=f"above max {p['max_value']:g}: {100 * p['overflow']:.3g}% clipped")
-        ax.axvline(low, color="tab:blue", linewidth=1)
-        ax.axvline(high, color="tab:red", linewidth=1)
+        for near, edge, beyond, colour, said in (
+                (near_low, low, left, "tab:blue", f"below min positive 2^{low:.1f}: {100 * p['underflow']:.3g}% "
+                                                  "flushed to 0"),
+                (near_high, high, right, "tab:red", f"above max {p['max_value']:g}: {100 * p['overflow']:.3g}% "
+                                                    "clipped")):
+            if near:
+                ax.axvspan(beyond, edge, color=colour, alpha=0.12, label=said)
+                ax.axvline(edge, color=colour, linewidth=1)
+            else:
+                ax.plot([], [], color=colour, linewidth=1, label=f"{said} (2^{edge:.0f}, off the axis)")
         figures.log_scale(ax)
         ax.set_xlabel("log2(|x| / scale) (binade)" if p["scaled"] else "log2|x| (binade)")
         ax.set_ylabel("% of nonzero values (log scale)")

@@ -24,18 +24,18 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     groups = group_by(with_maps, lambda s: (s.record.quant_type, s.record.layer_type,
                                              s.record.operation))
     for (quant_type, layer_type, operation), items in groups.items():
-        by_tensor = group_by(items, lambda s: (s.record.phase, s.record.tensor_name))
+        by_tensor = group_by(items, lambda s: s.record.tensor_key)  # every module's tensors, not one module's
         first = [min(captures, key=lambda s: (s.record.iteration, s.record.layer_idx,
                                               s.record.rank, s.record.sample))
                  for captures in by_tensor.values()]
         kept = plan.first_panels(f"heatmaps {quant_type} {layer_type} {operation}", first, inp.settings.max_panels)
-        panels = [{"title": f"{s.record.phase} {s.record.tensor_name}, L{s.record.layer_idx} "
-                            f"iter {s.record.iteration}\nshape {list(s.record.shape or ())}",
+        panels = [{"title": f"{s.record.role or layer_type} {s.record.phase} {s.record.tensor_name}, "
+                            f"L{s.record.layer_idx} iter {s.record.iteration}\nshape {list(s.record.shape or ())}",
                    "grid": s.heatmap, "shape": s.record.shape} for s in kept]
         plan.figures.append(FigureJob(
             figure_path(FOLDER, quant_type, layer_type, operation),
             f"{quant_type}, {layer_type} {operation}: max |x| per block for the first capture of "
-            f"each tensor (log colour scale).", draw_heatmaps,
+            f"each tensor of each module (log colour scale).", draw_heatmaps,
             {"title": f"{quant_type}: {layer_type} {operation}, max |x| per block",
              "panels": panels}))
     if not groups:
@@ -46,7 +46,7 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 
 def draw_heatmaps(payload: dict) -> Figure:
     panels = payload["panels"]
-    fig, axes = figures.subplot_grid(len(panels), ncols=3, panel_size=(5.2, 4.4))
+    fig, axes = figures.subplot_grid(len(panels), ncols=3, panel_size=(3.9, 3.8))  # within the page's width
     for ax, panel in zip(axes, panels):
         grid = np.ma.masked_invalid(np.where(panel["grid"] > 0, panel["grid"], np.nan))
         ax.set_title(panel["title"], fontsize=9)

@@ -103,14 +103,15 @@ def _add_layer_trends(plan: AnalysisPlan, by_quant: list) -> None:
 
 def draw_per_layer(payload: dict) -> Figure:
     panels = payload["panels"]
-    fig, axes = figures.subplot_grid(2 * len(panels), ncols=len(panels), panel_size=(5.6, 4.4))
+    # a row per pass, max |x| beside std: two columns keep the figure within the page, its numbers readable
+    fig, axes = figures.subplot_grid(2 * len(panels), ncols=2, panel_size=(5.8, 4.4))
     # one scale per statistic across the panels: activations and gradients lie decades apart
     log = {stat: figures.spans_decades([v for stats in panels.values() for _, ys in stats[stat].values() for v in ys],
                                        decades=1.0) for stat in ("absmax", "std")}
     for i, (name, stats) in enumerate(panels.items()):
-        figures.line_panel(axes[i], stats["absmax"], f"{name}: max |x| by layer",
+        figures.line_panel(axes[2 * i], stats["absmax"], f"{name}: max |x| by layer",
                            "layer index", "median max |x| (value units)", log=log["absmax"])
-        figures.line_panel(axes[len(panels) + i], stats["std"], f"{name}: std by layer",
+        figures.line_panel(axes[2 * i + 1], stats["std"], f"{name}: std by layer",
                            "layer index", "median std (value units)", log=log["std"])
     return figures.finish(fig, payload["title"])
 

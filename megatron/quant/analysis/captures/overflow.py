@@ -59,39 +59,44 @@ def _shares(groups: dict[str, list[TensorSummary]]) -> dict:
 
 
 def draw_overview(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(4, ncols=2, panel_size=(6.2, 4.4))
-    for ax, key, title in ((axes[0], "by_quant", "By quant type"),
-                           (axes[2], "by_layer_type", "By quant type and layer type")):
-        figures.grouped_bars(ax, payload[key]["categories"], payload[key]["groups"], title,
-                             "% of elements")
-    scatter_ax, hist_ax = axes[1], axes[3]
-    overflows = [v for over, _ in payload["points"].values() for v in over]
-    if figures.one_value(scatter_ax, overflows, "overflow (% of elements) per capture"):
-        scatter_ax.set_title("Upper vs lower, one point per capture", fontsize=10)
-    else:
-        _draw_upper_vs_lower(scatter_ax, payload["points"])
+    """Bars of the shares (by quant type only when there are several; a share that is zero everywhere is
+    named in the panel's title), the captures' upper against lower shares when some capture overflowed,
+    and their totals: no empty bars, no panel of text."""
+    bars = [(key, title) for key, title in (("by_quant", "By quant type"), ("by_layer_type", "By quant type and "
+                                                                                            "layer type"))
+            if key == "by_layer_type" or len(payload[key]["categories"]) > 1]
+    overflowed = any(v for over, _ in payload["points"].values() for v in over)
     totals = {qt: over + under for qt, (over, under) in payload["points"].items()}
     positive = np.concatenate([t[t > 0] for t in totals.values()])
-    hist_ax.set_title("Total overflow + underflow per capture", fontsize=10)
+    drawn = len(bars) + overflowed + bool(positive.size)
+    fig, axes = figures.subplot_grid(drawn, ncols=2, panel_size=(6.2, 4.4))
+    for ax, (key, title) in zip(axes, bars):
+        figures.grouped_bars(ax, payload[key]["categories"], payload[key]["groups"], title, "% of elements")
+    rest = axes[len(bars):]
+    if overflowed:
+        _draw_upper_vs_lower(rest.pop(0), payload["points"])
     if positive.size:
-        log = figures.spans_decades(positive, decades=1.0)
-        low, high = float(positive.min()), float(positive.max()) * (1 + 1e-9)
-        edges = (np.logspace(np.log10(low), np.log10(high), 40) if log
-                 else np.linspace(0, high, 40))
-        for quant_type, total in totals.items():
-            zeros = int((total == 0).sum())
-            hist_ax.hist(total[total > 0], bins=edges, histtype="step", linewidth=1.4,
-                         label=f"{quant_type} ({zeros} captures at 0%)")
-        if log:
-            figures.log_scale(hist_ax, "x")
-        hist_ax.set_xlabel("overflow + underflow (% of elements" + (", log scale)" if log else ")"))
-        hist_ax.set_ylabel("captures")
-        hist_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        figures.legend_above(hist_ax)
-        hist_ax.grid(alpha=0.3)
-    else:
-        figures.no_data(hist_ax, "no capture overflows or underflows")
+        _draw_totals(rest.pop(0), totals, positive)
     return figures.finish(fig, "Overflow and underflow")
+
+
+def _draw_totals(hist_ax, totals: dict, positive: np.ndarray) -> None:
+    hist_ax.set_title("Total overflow + underflow per capture", fontsize=10)
+    log = figures.spans_decades(positive, decades=1.0)
+    low, high = float(positive.min()), float(positive.max()) * (1 + 1e-9)
+    edges = (np.logspace(np.log10(low), np.log10(high), 40) if log
+             else np.linspace(0, high, 40))
+    for quant_type, total in totals.items():
+        zeros = int((total == 0).sum())
+        hist_ax.hist(total[total > 0], bins=edges, histtype="step", linewidth=1.4,
+                     label=f"{quant_type} ({zeros} captures at 0%)")
+    if log:
+        figures.log_scale(hist_ax, "x")
+    hist_ax.set_xlabel("overflow + underflow (% of elements" + (", log scale)" if log else ")"))
+    hist_ax.set_ylabel("captures")
+    hist_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    figures.legend_above(hist_ax)
+    hist_ax.grid(alpha=0.3)
 
 
 def _draw_upper_vs_lower(ax, points: dict) -> None:

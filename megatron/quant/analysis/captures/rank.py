@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.summary import finite_median, group_by
+from megatron.quant.analysis.figure_budget import PAGE_WIDTH_IN
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, figure_path
 
 FOLDER = "rank_analysis"
@@ -38,12 +39,14 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
 
 def draw_statistics(payload: dict) -> Figure:
     boxes = max(len(payload["std"]), len(payload["absmax"]))
-    fig, axes = figures.subplot_grid(3, ncols=3, panel_size=figures.box_panel_size(boxes, (5.2, 4.2)))
+    size = figures.box_panel_size(boxes, (4.0, 4.2))
+    fig, axes = figures.subplot_grid(3, ncols=3 if 3 * size[0] <= PAGE_WIDTH_IN else 1, panel_size=size)
     counts = payload["counts"]
-    axes[0].bar(list(counts), list(counts.values()))
+    if not figures.one_value(axes[0], list(counts.values()), "captures per rank"):  # equal bars: one number
+        axes[0].bar(list(counts), list(counts.values()))
+        axes[0].set_ylabel("captures")
+        axes[0].grid(alpha=0.3, axis="y")
     axes[0].set_title("Captures per rank", fontsize=10)
-    axes[0].set_ylabel("captures")
-    axes[0].grid(alpha=0.3, axis="y")
     figures.box_plot(axes[1], payload["std"], "Standard deviation per capture", "std (value units)")
     figures.box_plot(axes[2], payload["absmax"], "Max |x| per capture", "max |x| (value units)")
     return figures.finish(fig, "Captures by rank")

@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
+from megatron.quant.analysis.captures.quick import tensor_kind
 from megatron.quant.analysis.captures.summary import LOG2_BINS, LOG2_LOW, QUANT_METRICS, TensorSummary, group_by
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path
 from megatron.quant.stats import GROUPS, scalar_names
@@ -29,15 +30,19 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
                                                     "from the sampled values; then every other "
                                                     "statistic the capture recorded).")])
     by_quant = group_by(summaries, lambda s: s.record.quant_type)
+    # weights, activations and gradients lie decades apart: one box of them all says nothing of either
+    several = len(by_quant) > 1
+    by_kind = group_by(summaries, lambda s: f"{s.record.quant_type} {tensor_kind(s)}" if several else tensor_kind(s))
     plan.figures.append(FigureJob(
         figure_path(FOLDER, "statistics_by_quant_type"),
-        "Distribution over captures of each tensor's mean, std, max |x| and share of zeros, "
-        "per quant type.", figures.draw_box_plot_panels,
-        {"title": "Capture statistics by quant type", "ncols": 2, "panel_size": (6.0, 4.2),
+        "Distribution over captures of each tensor's offset (|mean| in units of its std), std, max |x| and share "
+        "of zeros, per quant type and kind of tensor (a box when its values spread, else the values).",
+        figures.draw_box_plot_panels,
+        {"title": "Capture statistics by quant type and kind of tensor", "ncols": 2, "panel_size": (6.0, 4.2),
          "panels": [{"title": f"{title} per capture", "ylabel": ylabel, "log": log,
-                     "series": {qt: _values(items, name) for qt, items in by_quant.items()}}
+                     "series": {kind: _values(items, name) for kind, items in by_kind.items()}}
                     for name, title, ylabel, log in (
-                        ("mean", "Mean", "mean (value units)", False),
+                        ("offset", "Offset |mean| / std", "|mean| / std", None),
                         ("std", "Standard deviation", "std (value units)", None),
                         ("absmax", "Max |x|", "max |x| (value units)", None),
                         ("zero_share", "Exact zeros", "zeros (% of elements)", False))]}))
@@ -81,6 +86,8 @@ def _block_scale_figure(summaries: list[TensorSummary], inp: AnalysisInput) -> l
 def _values(items: list[TensorSummary], name: str) -> np.ndarray:
     if name == "zero_share":
         return np.array([100 * s.stat("zeros") / s.stat("numel") for s in items])
+    if name == "offset":
+        return np.array([abs(s.stat("mean")) / s.stat("std") if s.stat("std") else np.nan for s in items])
     return np.array([s.stat(name) for s in items])
 
 

@@ -2,6 +2,7 @@
 statistics-only manifests make this cheap for long runs)."""
 from __future__ import annotations
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figures
@@ -32,10 +33,21 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
                                         lambda s, m=metric, src=source, f=factor:
                                         f * (s.stat(m) if src == "stat" else s.quant_metric(m)))
                   for metric, _, _, source, factor in _METRICS}
+        said = []  # a statistic of one value everywhere (no overflow at all) is said, not drawn
+        for metric, _, ylabel, _, _ in _METRICS:
+            values = {v for _, ys in curves[metric].values() for v in ys if np.isfinite(v)}
+            if len(values) <= 1:
+                said.append(f"{ylabel}: {values.pop():g} for every tensor and iteration" if values
+                            else f"{ylabel}: not recorded")
+                del curves[metric]
+        if not curves:
+            plan.notes.append(f"No curves over training for {quant_type}: {'; '.join(said)}.")
+            continue
         plan.figures.append(FigureJob(
             figure_path(FOLDER, quant_type),
             f"{quant_type}: statistics of each tensor over {len(iterations)} iterations "
-            f"({iterations[0]}..{iterations[-1]}; median over layers, ranks and samples).",
+            f"({iterations[0]}..{iterations[-1]}; median over layers, ranks and samples)."
+            + "".join(f" {text[0].upper()}{text[1:]}." for text in said),
             draw_trends, {"title": f"{quant_type}: statistics over training", "curves": curves}))
     return plan
 
@@ -45,9 +57,14 @@ def _iteration(summary: TensorSummary) -> int:
 
 
 def draw_trends(payload: dict) -> Figure:
-    fig, axes = figures.subplot_grid(len(_METRICS), ncols=3, panel_size=(5.2, 4.4),
-                                     legend_width=3.4)
-    for ax, (metric, title, ylabel, _, _) in zip(axes, _METRICS):
-        figures.line_panel(ax, payload["curves"][metric], title, "iteration", ylabel,
+    curves = payload["curves"]
+    shown = [entry for entry in _METRICS if entry[0] in curves]
+    labels = sorted({label for metric, *_ in shown for label in curves[metric]})
+    many = len(labels) > figures.MAX_SERIES  # heatmaps, a row per tensor, need no legend but height
+    fig, axes = figures.subplot_grid(len(shown), ncols=2, panel_size=(5.6, max(4.4, 1.4 + 0.15 * len(labels)) if many
+                                                                       else 4.4),
+                                     legend_width=0.0 if many else figures.legend_width(labels))
+    for ax, (metric, title, ylabel, _, _) in zip(axes, shown):
+        figures.line_panel(ax, curves[metric], title, "iteration", ylabel,
                            log=False if metric == "sqnr_db" else None, legend=False)
     return figures.finish(fig, payload["title"], shared_legend=axes)

@@ -18,6 +18,7 @@ FOLDER = "whatif_analysis"
 _METRICS = (("underflow_ratio", "Underflow", "underflow (% of elements)", 100.0),
             ("overflow_ratio", "Overflow", "overflow (% of elements)", 100.0),
             ("sqnr_db", "SQNR", "SQNR (dB)", 1.0))
+_MIN_LAYERS = 3  # curves along fewer layers are flat pairs of points
 
 
 def _whatif(summary: TensorSummary) -> dict:
@@ -45,7 +46,11 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
     for quant_type, group in group_by(items, lambda s: s.record.quant_type).items():
         points = _points(group)
         iterations = sorted({s.record.iteration for s in group})
-        axes = [("layer", lambda p: p[1].record.layer_idx)]
+        layers = sorted({s.record.layer_idx for s in group})
+        axes = [("layer", lambda p: p[1].record.layer_idx)] if len(layers) >= _MIN_LAYERS else []
+        if not axes:
+            plan.notes.append(f"No what-if curves along the layers for {quant_type}: {len(layers)} layer(s); a line "
+                              f"of fewer than {_MIN_LAYERS} points says no more than the figure over training.")
         if len(iterations) >= inp.settings.min_trend_iterations:
             axes.insert(0, ("iteration", lambda p: p[1].record.iteration))
         else:
