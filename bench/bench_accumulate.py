@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
+from bench_formats import median_seconds  # run as a script: bench/ is on sys.path
 
 from megatron.quant.formats.accumulation import Operands, hopper_accumulate
 
@@ -25,16 +24,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # (M tokens, N outputs, K reduction): llama-tiny's fprop of qkv and fc2 at 256 tokens, and a K of 4096
 SHAPES = ((256, 512, 256), (256, 256, 768), (64, 64, 4096))
 QUICK = ((32, 32, 256), (16, 16, 1024))
-
-
-def median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def operands(m: int, n: int, k: int) -> Operands:

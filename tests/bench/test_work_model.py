@@ -46,7 +46,7 @@ def test_bytes_count_each_distinct_tensor_once():
 
 
 def test_program_elements_and_classes_follow_the_kernels_constants():
-    layout = Layout(block=16, padded=16, side=16, tiled=False, columns=64)
+    layout = Layout(block=16, padded=16, side=16, tiled=False, columns=64, transposed=False)
     assert work_model.program_elements("_block_kernel", {"LAYOUT": layout}) == 1024
     assert work_model.program_elements("_dual_kernel", {"B": 128}) == 128 * 128
     assert work_model.kernel_class("_elementwise_kernel", {"STATS": 2, "STOCHASTIC": 0}) == "statistics"

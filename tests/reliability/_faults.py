@@ -3,8 +3,10 @@ what they would see."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,3 +40,18 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *expected: str) -
     for text in expected:
         assert text in errors[0], (text, errors[0])
     return errors[0]
+
+
+@contextmanager
+def deadline(seconds: int):
+    """TimeoutError if the block runs longer than ``seconds`` (a hang fails the test, not the suite)."""
+    def _expired(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

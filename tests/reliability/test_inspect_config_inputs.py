@@ -4,9 +4,7 @@ DumpTensors into a full directory lets the run go on and says so once."""
 import builtins
 import errno
 import re
-import signal
 import warnings
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite, Operand, SaverConfig
 from megatron.quant.yaml_safe import YamlError, load_yaml
 from tests.reliability._capture_faults import FullDisk
+from tests.reliability._faults import deadline
 
 FC1 = "decoder.layers.0.mlp.linear_fc1"
 SECTION = """
@@ -31,22 +30,8 @@ s:
 """
 
 
-@contextmanager
-def _deadline(seconds: int):
-    def _expired(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _refused(text, *expected):
-    with _deadline(10), pytest.raises(InspectConfigError) as error:
+    with deadline(10), pytest.raises(InspectConfigError) as error:
         inspect_config_from_dict(yaml.safe_load(text), "cfg.yaml")
     message = str(error.value)
     assert "\n" not in message, message
@@ -106,7 +91,7 @@ def test_a_start_end_list_of_40000_pairs_runs_and_costs_one_search_per_step():
     data = yaml.safe_load(SECTION % ", start_end_list: []")
     data["s"]["transformer_engine"]["LogTensorStats"]["start_end_list"] = [[10 * i, 10 * i + 2] for i in range(40_000)]
     (entry,) = inspect_config_from_dict(data, "cfg").sections[0].entries
-    with _deadline(10):
+    with deadline(10):
         assert [s for s in range(399_980, 400_000) if entry.schedule.runs_at(s)] == [399_980, 399_981, 399_982,
                                                                                      399_990, 399_991, 399_992]
 

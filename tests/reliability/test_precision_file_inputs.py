@@ -2,9 +2,7 @@
 model exists (a FIFO does not hang the start, a device file does not fill memory), and a matcher that
 decides no module is named in a warning instead of training those modules silently in another precision."""
 import os
-import signal
 import warnings
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,28 +16,14 @@ from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.main import check_inputs
 from megatron.quant.yaml_safe import MAX_FILE_BYTES
+from tests.reliability._faults import deadline
 
 GOOD = "configs: {a: mxfp8}\nmatchers: {m: {type: glob, pattern: '*', config: a, enabled: true}}\n"
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2", "--bf16"]
 
 
-@contextmanager
-def _deadline(seconds: int):
-    """TimeoutError if the block runs longer than ``seconds`` (a hang fails the test, not the suite)."""
-    def _expired(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, _expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _refused(path, *expected):
-    with _deadline(10), pytest.raises(RecipeError) as error:
+    with deadline(10), pytest.raises(RecipeError) as error:
         load_precision_file(path)
     message = str(error.value)
     assert "\n" not in message and len(message) < 1000, message
