@@ -16,7 +16,7 @@ from .stage import REPO
 
 USAGE = """Does this recipe train? The GPU check: env, correct, kernels, train (and capture) in one command.
 
-    python bench/gpu_check.py --out $OUT                  # on the GPU machine (docs/gpu.md)
+    python bench/gpu_check.py --out ./gpu_check           # on your GPU node (docs/gpu.md)
     python bench/gpu_check.py --dry-run --out /tmp/check  # every stage on the CPU, toy sizes, in seconds
 """
 

@@ -7,6 +7,7 @@ import torch
 
 from megatron.quant.training import preprocess
 from megatron.quant.training.presets import get_preset
+from megatron.quant.training.variables import VARIABLES
 from tests._dist import run_distributed
 from tests.training._corpus_files import CORPUS_TEXTS
 from tests.training._workers import run_plan
@@ -157,3 +158,11 @@ def two_ranks(corpus, hf_models, stochastic_env, tmp_path_factory) -> list[dict]
         ("hf_tp2", "hf_logits", (path, tokens)),
     ]
     return run_distributed(run_plan, 2, plan, timeout=600)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No run variable (CUSTOM_QUANT_*, TENSOR_SAVE_*) of the calling shell reaches the test."""
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch

@@ -12,17 +12,9 @@ from megatron.quant.training import megatron_lm_flags
 from megatron.quant.training.arguments import ArgumentError, build_parser, parse_args, validate_args
 from megatron.quant.training.main import main
 from megatron.quant.training.megatron_lm_flags import ANSWERS, render_markdown
-from megatron.quant.training.variables import VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--model", "llama-tiny", "--mock-data", "--train-iters", "2"]
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
 
 
 def stock_llama3_line(tmp_path: Path) -> list[str]:

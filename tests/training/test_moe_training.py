@@ -16,16 +16,8 @@ from megatron.quant.training.main import check_inputs, main
 from megatron.quant.training.model import transformer_config
 from megatron.quant.training.moe import moe_run_fields
 from megatron.quant.training.presets import get_preset
-from megatron.quant.training.variables import VARIABLES
 
 TINY_MOE = ["--model", "llama-moe-tiny", "--mock-data", "--train-iters", "2"]
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
 
 
 @pytest.mark.parametrize("flags, message", [
