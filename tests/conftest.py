@@ -69,6 +69,31 @@ def pytest_configure(config):
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# Fixtures that cost tens of seconds (training runs, whole reports). Every xdist worker that runs a test
+# using a session- or module-scoped fixture builds it once more, so the tests using one run on one worker
+# (`xdist_group`, scheduled by `--dist loadgroup` in pyproject.toml): a session fixture's tests form one
+# group, and a file defining a module fixture keeps all its tests together (some take the fixture by
+# `request.getfixturevalue`, which the collection cannot see).
+SHARED_FIXTURES = {
+    "one_rank": "session", "two_ranks": "session",  # tests/training/conftest.py: ~20 and 5 training runs
+    "one_click": "module", "three_scripts": "module",  # tests/analysis/captures/test_analysis_commands.py
+    "tp_runs": "module",  # tests/layers/test_tensor_parallel.py: spawned TP=2 runs
+    "saved": "module",  # tests/reliability: checkpoints saved by a training run
+    "runs": "module",  # tests/training: scheduled and cross-version training runs
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name, scope in SHARED_FIXTURES.items():
+            if scope == "session" and name in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
+            if scope == "module" and name in vars(item.module):
+                item.add_marker(pytest.mark.xdist_group(str(item.path)))
+                break
+
+
 @pytest.fixture(scope="session")
 def device(request) -> torch.device:
     """The device of the tests marked `device`."""
