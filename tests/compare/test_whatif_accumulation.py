@@ -40,8 +40,10 @@ def captured(tmp_path_factory):
             x = torch.randn(48, 2, 96, generator=gen) * torch.exp(torch.randn(48, 2, 96, generator=gen))
             w = torch.randn(64, 96, generator=gen) * 0.05
             dy = torch.randn(48, 2, 64, generator=gen) * torch.exp(2 * torch.randn(48, 2, 64, generator=gen))
-            tensor_saver.capture(site, "forward", "pre", {"input": Operand(x, axis=-1), "weight": Operand(w, axis=1)})
-            tensor_saver.capture(site, "backward", "pre", {"grad_output": Operand(dy, axis=-1)})
+            weight = {"weight": Operand(w, axis=1 if layer else 0)}  # layer 0: the weight captured backward only
+            tensor_saver.capture(site, "forward", "pre", {"input": Operand(x, axis=-1), **(weight if layer else {})})
+            tensor_saver.capture(site, "backward", "pre", {"grad_output": Operand(dy, axis=-1),
+                                                           **({} if layer else weight)})
             tensors[layer] = (x.reshape(-1, 96), w, dy.reshape(-1, 64))
     finally:
         tensor_saver.close()

@@ -123,6 +123,8 @@ def evaluate_all(records: Sequence[CaptureRecord], candidates: Sequence[Candidat
                 tensors[key] = tensor.float().reshape(-1, tensor.shape[-1])
             except (CaptureLoadError, ValueError, RuntimeError) as err:
                 skipped.append(SkippedFile(relative_path(root, record.path), str(err)))
+        if ("backward", "weight") in tensors:  # the same weight: either capture serves every GEMM
+            tensors.setdefault(("forward", "weight"), tensors[("backward", "weight")])
         rows += step_rows(tensors, step, candidates, num_layers)
         if position % 10 == 0 or position == len(steps):
             log(f"accumulated the GEMMs of {position}/{len(steps)} captured linear-layer steps")
