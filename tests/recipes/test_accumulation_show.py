@@ -29,3 +29,11 @@ def test_an_accumulation_other_than_te_names_te_s(tmp_path):
     assert accumulation_line(load(str(path)), 2) == (
         f"accumulate: fprop promoted, dgrad promoted, wgrad promoted (a Hopper FP8 tensor core's accumulator); "
         f"TE on Hopper: {TE}")
+
+
+def test_an_accumulate_mapping_merges_over_the_preset_s_gemm_by_gemm(tmp_path):
+    path = tmp_path / "fprop_promoted.yaml"
+    path.write_text("format: te-fp8-current+hopper-acc\naccumulate: {fprop: promoted}\n")
+    assert load(str(path)).accumulation() == {"fprop": "promoted", "dgrad": "promoted", "wgrad": "promoted"}
+    path.write_text("format: te-fp8-current+hopper-acc\naccumulate: exact\n")  # one value: every GEMM
+    assert set(load(str(path)).accumulation().values()) == {"exact"}

@@ -29,8 +29,9 @@ TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and so
 describe signs re-drawn every iteration, which is not emulated.
 
 Merge rule (``merge_preset``): keys given next to a preset override the preset's, except
-``options`` and ``operands``, merged key by key (the given ones win; an operand's options merge
-while it keeps the preset's format), and ``rules``, appended after the preset's. This module
+``options``, ``operands`` and an ``accumulate`` mapping over the preset's, merged key by key (the given
+ones win; an operand's options merge while it keeps the preset's format), and ``rules``, appended after
+the preset's. This module
 imports nothing of ours: ``recipe`` imports it.
 """
 from __future__ import annotations
@@ -202,6 +203,8 @@ def merge_preset(preset: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str
     if "operands" in preset and isinstance(data.get("operands"), Mapping):
         merged["operands"] = {**preset["operands"], **{key: _merge_operand(preset["operands"].get(key), value)
                                                        for key, value in data["operands"].items()}}
+    if isinstance(preset.get("accumulate"), Mapping) and isinstance(data.get("accumulate"), Mapping):
+        merged["accumulate"] = {**preset["accumulate"], **data["accumulate"]}  # one GEMM changed, the others kept
     if "rules" in data and isinstance(data["rules"], list):
         merged["rules"] = list(preset.get("rules", [])) + data["rules"]
     return merged
