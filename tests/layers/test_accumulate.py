@@ -89,3 +89,10 @@ def test_accumulation_of_formats_no_tensor_core_takes_is_refused():
     with pytest.raises(ValueError, match=r"accumulate.fprop: 'fast' models an FP8 tensor core.*mxfp8_e4m3"):
         LinearQuant.from_formats(fmts, accumulate=TE_HOPPER)
     assert LinearQuant.from_formats({key: None for key in LINEAR_OPERANDS}, accumulate=TE_HOPPER)
+
+
+def test_a_gemm_with_an_unquantized_operand_accumulates_exactly():
+    """No FP8 GEMM runs there: TE runs it in high precision (FakeQuant, DisableFP8GEMM, a BF16 operand)."""
+    fmts = {**formats(), "fprop.weight": None}
+    quant = LinearQuant.from_formats(fmts, accumulate=TE_HOPPER)
+    assert quant.accumulator("fprop") is None and quant.accumulator("dgrad") is not None

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 from megatron.quant.analysis import cli, report
 from megatron.quant.analysis.captures.catalog import CatalogError
-from megatron.quant.compare import whatif, whatif_report
+from megatron.quant.compare import whatif, whatif_accumulation, whatif_report
 from megatron.quant.output_dir import OutputDirError, check_output_dir
 from megatron.quant.recipes import presets
 
@@ -57,7 +57,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
     if any(c.recipe is not None for c in candidates):
         log(f"presets resolved for {num_layers} layers (the largest captured layer index + 1)")
     rows, not_quantized, unusable = whatif.evaluate_all(records, candidates, root, capture_filter, num_layers, log)
-    skipped = unlisted + unusable
+    accumulation, unloaded = whatif_accumulation.evaluate_all(records, candidates, root, num_layers, log)
+    listed = {entry.path for entry in unusable}
+    skipped = unlisted + unusable + [entry for entry in unloaded if entry.path not in listed]
     for entry in skipped:
         log(f"skipping {entry.path}: {entry.reason}")
     unquantized = whatif.summarize_not_quantized(not_quantized)
@@ -69,11 +71,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> list[Pa
                          f"the filters ({capture_filter.describe()}) and is quantized by --formats{left}")
     best = whatif.best_formats(rows)
     whatif_report.clear_previous(folder)
-    written = whatif_report.write_tables(rows, best, skipped, unquantized, folder)
-    images = [] if args.no_plots else whatif_report.draw(rows, Path(args.output_dir), log)
+    written = whatif_report.write_tables(rows, best, skipped, unquantized, folder, accumulation)
+    images = [] if args.no_plots else whatif_report.draw(rows, Path(args.output_dir), log, accumulation)
     tensors = len({row["file"] for row in rows})
     written += [Path(args.output_dir) / image.path for image in images]
-    written += whatif_report.write_summary(best, images, tensors, skipped, unquantized, folder)
+    written += whatif_report.write_summary(best, images, tensors, skipped, unquantized, folder, accumulation)
     for row in (b for b in best if b["among_bits"] == "all"):
         log(f"best for {row['tensor_class']}: {row['format']} ({row['mean_sqnr_db']:.2f} dB)")
     log(f"wrote {len(written)} files to {folder}")

@@ -16,11 +16,13 @@ from megatron.quant.analysis import figure_render, figures
 from megatron.quant.analysis.captures.catalog import SkippedFile
 from megatron.quant.analysis.plans import FigureJob
 from megatron.quant.analysis.report import figure_html
+from megatron.quant.compare import whatif_accumulation
 from megatron.quant.compare.whatif import IDENTITY_FIELDS, tensor_class
 
 FOLDER = "format_comparison"
 SKIPPED_CSV = "skipped_files.csv"
 NOT_QUANTIZED_CSV = "not_quantized.csv"
+ACCUMULATION_CSV = "accumulation.csv"  # whatif_accumulation's rows: the Hopper accumulator's error per GEMM
 DPI = 100
 SKIPPED_SHOWN = 50  # in the summary; the CSV lists every skipped file
 STAT_COLUMNS = ("format", "operand", "bits", "sqnr_db", "relative_error", "rel_mse", "cosine",
@@ -32,17 +34,22 @@ PERCENT = frozenset({"overflow_ratio", "underflow_ratio"})  # shares drawn in %,
 
 def clear_previous(folder: Path) -> None:
     """Remove what an earlier run wrote into ``folder`` so no stale table or plot survives."""
-    for pattern in ("*.csv", "by_class.png", "by_layer*.png", "summary.md", "summary.html"):
+    for pattern in ("*.csv", "by_class.png", "by_layer*.png", "accumulation.png", "summary.md", "summary.html"):
         for path in folder.glob(pattern):
             path.unlink()
 
 
 def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], skipped: Sequence[SkippedFile],
-                 not_quantized: Sequence[Mapping], folder: Path) -> list[Path]:
+                 not_quantized: Sequence[Mapping], folder: Path, accumulation: Sequence[Mapping] = ()) -> list[Path]:
     """``format_comparison.csv`` (one row per tensor, format and, for presets, operand use),
-    ``best_formats.csv``, ``skipped_files.csv`` (path, reason) and ``not_quantized.csv`` (what
-    presets leave unquantized: ``whatif.summarize_not_quantized``'s groups)."""
+    ``best_formats.csv``, ``skipped_files.csv`` (path, reason), ``not_quantized.csv`` (what
+    presets leave unquantized: ``whatif.summarize_not_quantized``'s groups) and, with
+    ``accumulation`` rows, ``accumulation.csv`` (``whatif_accumulation.COLUMNS``)."""
     folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    if accumulation:
+        written.append(folder / ACCUMULATION_CSV)
+        _write_csv(written[0], whatif_accumulation.COLUMNS, accumulation)
     per_tensor = folder / "format_comparison.csv"
     _write_csv(per_tensor, [*IDENTITY_FIELDS, "file", "axis", "tensor_class", *STAT_COLUMNS],
                [{**row, "tensor_class": tensor_class(row)} for row in rows])
@@ -52,7 +59,7 @@ def write_tables(rows: Sequence[Mapping], best: Sequence[Mapping], skipped: Sequ
     _write_csv(skipped_path, ["path", "reason"], [{"path": s.path, "reason": s.reason} for s in skipped])
     not_quantized_path = folder / NOT_QUANTIZED_CSV
     _write_csv(not_quantized_path, ["format", "tensor_class", "operand", "layers", "tensors", "reason"], not_quantized)
-    return [per_tensor, best_path, skipped_path, not_quantized_path]
+    return [per_tensor, best_path, skipped_path, not_quantized_path, *written]
 
 
 def describe_not_quantized(entry: Mapping) -> str:
@@ -89,6 +96,35 @@ def figure_jobs(rows: Sequence[Mapping]) -> list[FigureJob]:
     return jobs
 
 
+def accumulation_job(rows: Sequence[Mapping]) -> list[FigureJob]:
+    """``accumulation.png``: per candidate, a heatmap of module GEMM (rows) x layer of the mean SQNR of the
+    Hopper accumulator's output against the exact product (``whatif_accumulation``); none without rows."""
+    finite = [row for row in rows if row["sqnr_db"] is not None]
+    if not finite:
+        return []
+    names = list(dict.fromkeys(row["format"] for row in finite))
+    gemms = sorted({f"{row['role']} {row['gemm']} ({row['accumulate']})" for row in finite})
+    layers = sorted({row["layer_idx"] for row in finite})
+    cells = {name: [[_mean(r["sqnr_db"] for r in finite if r["format"] == name and r["layer_idx"] == layer
+                           and f"{r['role']} {r['gemm']} ({r['accumulate']})" == gemm) for layer in layers]
+                    for gemm in gemms] for name in names}
+    return [FigureJob(f"{FOLDER}/accumulation.png", "SQNR (dB) of each GEMM's output under a Hopper FP8 tensor "
+                      "core's accumulator against the exact product of the same quantized operands, per layer "
+                      "(mean over the captured steps; relative error = 10^(-SQNR/20), every value in "
+                      f"{ACCUMULATION_CSV}).", draw_accumulation,
+                      {"gemms": gemms, "layers": layers, "cells": cells})]
+
+
+def draw_accumulation(payload: dict):
+    gemms, layers, cells = payload["gemms"], payload["layers"], payload["cells"]
+    fig, axes = figures.subplot_grid(len(cells), ncols=2, panel_size=(5.8, 1.6 + 0.22 * len(gemms)))
+    for ax, (name, values) in zip(axes, cells.items()):
+        figures.label_heatmap(ax, gemms, layers, np.array(values, dtype=float), f"{name}: accumulator SQNR (dB)",
+                              "SQNR (dB)", fmt="{:.1f}")
+        ax.set_xlabel("layer")
+    return figures.finish(fig, "The GEMM outputs under a Hopper FP8 accumulator")
+
+
 def draw_by_class(payload: dict):
     panels = payload["panels"]
     height = 1.4 + 0.22 * len(payload["classes"])
@@ -119,10 +155,11 @@ def draw_by_layer(payload: dict):
     return figures.finish(fig, "SQNR along the layers per tensor class")
 
 
-def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) -> list[FigureJob]:
+def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None],
+         accumulation: Sequence[Mapping] = ()) -> list[FigureJob]:
     """Draw the figures into ``output_dir``/FOLDER; returns those drawn (a failure is logged)."""
     drawn = []
-    for job in figure_jobs(rows):
+    for job in [*figure_jobs(rows), *accumulation_job(accumulation)]:
         outcome = figure_render.render(job, output_dir, DPI)
         if outcome.drawn:
             drawn.append(job)
@@ -133,10 +170,21 @@ def draw(rows: Sequence[Mapping], output_dir: Path, log: Callable[[str], None]) 
     return drawn
 
 
+def accumulation_summary(rows: Sequence[Mapping]) -> list[dict]:
+    """Per candidate, GEMM and accumulation: the GEMMs evaluated, their mean relative error and mean SQNR."""
+    groups: dict[tuple[str, str, str], list[Mapping]] = {}
+    for row in rows:
+        groups.setdefault((row["format"], row["gemm"], row["accumulate"]), []).append(row)
+    return [{"format": name, "gemm": gemm, "accumulate": mode, "gemms": len(group),
+             "relative_error": _mean(r["relative_error"] for r in group), "sqnr_db": _mean(r["sqnr_db"] for r in group)}
+            for (name, gemm, mode), group in groups.items()]
+
+
 def write_summary(best: Sequence[Mapping], images: Sequence[FigureJob], tensors: int, skipped: Sequence[SkippedFile],
-                  not_quantized: Sequence[Mapping], folder: Path) -> list[Path]:
-    """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, the plots,
-    what presets leave unquantized and the files skipped."""
+                  not_quantized: Sequence[Mapping], folder: Path, accumulation: Sequence[Mapping] = ()) -> list[Path]:
+    """``summary.md`` and ``summary.html`` (a fragment): best format per tensor class, the Hopper
+    accumulator's error per GEMM (``accumulation_summary``), the plots, what presets leave unquantized
+    and the files skipped."""
     overall = [row for row in best if row["among_bits"] == "all"]
     by_width = [row for row in best if row["among_bits"] != "all"]
     md = [f"## Format comparison (what-if re-quantization of {tensors} captured tensors)", "",
@@ -149,6 +197,15 @@ def write_summary(best: Sequence[Mapping], images: Sequence[FigureJob], tensors:
                            if b["tensor_class"] == row["tensor_class"])
         md.append(f"| {row['tensor_class']} | {row['format']} | {row['mean_sqnr_db']:.2f} | {widths} |")
     md += ["", "Tables: [format_comparison.csv](format_comparison.csv), [best_formats.csv](best_formats.csv)", ""]
+    totals = accumulation_summary(accumulation)
+    if totals:
+        md += ["Hopper FP8 accumulation: each GEMM's output against the exact product of the same quantized "
+               f"operands (all in [{ACCUMULATION_CSV}]({ACCUMULATION_CSV})).", "",
+               "| format | GEMM | accumulation | GEMMs | mean relative error | mean SQNR (dB) |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {t['format']} | {t['gemm']} | {t['accumulate']} | {t['gemms']} | {t['relative_error']:.3g} | "
+               f"{t['sqnr_db']:.1f} |" for t in totals]
+        md.append("")
     md += [f"![{image.caption}]({Path(image.path).name})" for image in images]
     if not_quantized:
         md += ["", f"Not evaluated under a preset (all in [{NOT_QUANTIZED_CSV}]({NOT_QUANTIZED_CSV})):", ""]
@@ -170,10 +227,23 @@ def write_summary(best: Sequence[Mapping], images: Sequence[FigureJob], tensors:
                 f'by mean SQNR. Tables: <a href="{FOLDER}/format_comparison.csv">per tensor</a>, '
                 f'<a href="{FOLDER}/best_formats.csv">best formats</a>.</p>'
                 f"<table><tr><th>tensor class</th><th>best format</th><th>SQNR (dB)</th></tr>{cells}</table>"
-                f"{drawn}{_not_quantized_html(not_quantized)}{_skipped_html(skipped)}</section>\n")
+                f"{_accumulation_html(totals)}{drawn}{_not_quantized_html(not_quantized)}{_skipped_html(skipped)}"
+                "</section>\n")
     html_path = folder / "summary.html"
     html_path.write_text(fragment)
     return [md_path, html_path]
+
+
+def _accumulation_html(totals: Sequence[Mapping]) -> str:
+    if not totals:
+        return ""
+    cells = "".join(f"<tr><td>{html.escape(t['format'])}</td><td>{t['gemm']}</td><td>{t['accumulate']}</td>"
+                    f"<td>{t['gemms']}</td><td>{t['relative_error']:.3g}</td><td>{t['sqnr_db']:.1f}</td></tr>"
+                    for t in totals)
+    return (f"<p>Hopper FP8 accumulation: each GEMM's output against the exact product of the same quantized "
+            f'operands (<a href="{FOLDER}/{ACCUMULATION_CSV}">per GEMM and step</a>).</p><table><tr><th>format</th>'
+            f"<th>GEMM</th><th>accumulation</th><th>GEMMs</th><th>mean relative error</th><th>mean SQNR (dB)</th>"
+            f"</tr>{cells}</table>")
 
 
 def _not_quantized_html(not_quantized: Sequence[Mapping]) -> str:

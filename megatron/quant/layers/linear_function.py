@@ -61,17 +61,19 @@ class LinearQuant:
                    frozenset(dequantized), tuple(accumulate))
 
     def accumulator(self, gemm: str) -> Optional[HopperAccumulator]:
-        """How ``gemm`` adds its products: None for exact FP32 sums (also where its operands are not
-        quantized: no FP8 GEMM runs there), else the Hopper FP8 accumulator of its operands' formats."""
+        """How ``gemm`` adds its products: None for exact FP32 sums (also where an operand is not
+        quantized: no FP8 GEMM runs there, TE runs such a GEMM in high precision, as its FakeQuant and
+        DisableFP8GEMM do), else the Hopper FP8 accumulator of its operands' formats."""
         mode = dict(self.accumulate).get(gemm, "exact")
         fmts = [self.specs[op.key].fmt for op in operands.LINEAR_TABLE if op.gemm == gemm]
-        if mode == "exact" or all(fmt is None for fmt in fmts):
+        if mode == "exact" or any(fmt is None for fmt in fmts):
             return None
         kinds = tuple(fp8_kind(fmt) for fmt in fmts)
         if None in kinds:
-            shown = ", ".join("unquantized" if f is None else f"{f.name} ({f.scaling} scaling)" for f in fmts)
+            shown = ", ".join(f"{f.name} ({f.scaling} scaling)" for f in fmts)
             raise ValueError(f"accumulate.{gemm}: {mode!r} models an FP8 tensor core, whose operands are per-tensor "
-                             f"scaled FP8 (fp8_e4m3, fp8_e5m2); this GEMM's are {shown}")
+                             f"scaled FP8 (fp8_e4m3, fp8_e5m2); this GEMM's are {shown} (give it accumulate: "
+                             f"{{{gemm}: exact}})")
         return HopperAccumulator(mode == "fast", kinds)  # type: ignore[arg-type]
 
     def sharded(self, parallel: Parallel, groups: int = 1) -> "LinearQuant":

@@ -145,16 +145,27 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
 
 
 def accumulation_line(recipe: QuantRecipe, num_layers: int) -> str:
-    """How the linear GEMMs add their products; for per-tensor FP8 recipes also what TE does on Hopper."""
+    """How the linear GEMMs add their products, per GEMM, and what Transformer Engine does on Hopper
+    with the recipe's formats (``presets.te_hopper_accumulation``) where that is known."""
     modes = recipe.accumulation()
     exact = set(modes.values()) == {"exact"}
     line = "accumulate: " + ("exact FP32 sums" if exact else ", ".join(f"{gemm} {mode}" for gemm, mode in modes.items())
                              + " (a Hopper FP8 tensor core's accumulator)")
-    fmts = recipe.formats(num_layers)
-    if fmts and all(fp8_kind(fmt) is not None for fmt in fmts) and modes != presets.TE_HOPPER_ACCUMULATE:
-        te = ", ".join(f"{gemm} {mode}" for gemm, mode in presets.TE_HOPPER_ACCUMULATE.items())
-        line += f"; TE on Hopper: {te} (+hopper-acc)"
-    return line
+    te = presets.te_hopper_accumulation([_te_kind(fmt) for fmt in recipe.formats(num_layers)])
+    if te is None:
+        return line
+    if isinstance(te, str):
+        return f"{line}; TE on Hopper: {te}"
+    shown = ", ".join(f"{gemm} {mode}" for gemm, mode in te.items())
+    return line + ("; Transformer Engine's default on Hopper" if modes == te else f"; TE on Hopper: {shown}")
+
+
+def _te_kind(fmt: NumericFormat) -> str:
+    """What TE's Hopper GEMM of operands in ``fmt`` is: "tensor" (per-tensor scaled FP8, which the
+    accumulator model covers), "block" (FP8 with FP32 block scales), or "other" (MX, NVFP4, ...)."""
+    if fp8_kind(fmt) is not None:
+        return "tensor"
+    return "block" if fmt.scaling == "block" and fmt.name in ("fp8_e4m3", "fp8_e5m2") else "other"  # not MX
 
 
 def list_presets() -> str:

@@ -29,23 +29,41 @@ TE's ``nvfp4_tensor.py``), one for all layers and steps; TE's NVFP4 docs (and so
 describe signs re-drawn every iteration, which is not emulated.
 
 Merge rule (``merge_preset``): keys given next to a preset override the preset's, except
-``options`` and ``operands``, merged key by key (the given ones win; an operand's options merge
-while it keeps the preset's format), and ``rules``, appended after the preset's. This module
+``options``, ``operands`` and an ``accumulate`` mapping over the preset's, merged key by key (the given
+ones win; an operand's options merge while it keeps the preset's format), and ``rules``, appended after
+the preset's. This module
 imports nothing of ours: ``recipe`` imports it.
 """
 from __future__ import annotations
 
 import copy
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Union
 
 from megatron.quant.formats.registry import MAX_AMAX_HISTORY_LEN
 
-# How Transformer Engine's per-tensor FP8 recipes run each linear GEMM on Hopper: Float8CurrentScaling's
-# fp8_gemm_fprop = MMParams(use_split_accumulator=False), fp8_gemm_dgrad and fp8_gemm_wgrad True
-# (DelayedScaling's GEMMs likewise: _2X_ACC_FPROP False, _2X_ACC_DGRAD and _2X_ACC_WGRAD True). The
-# presets accumulate exactly (the model costs hundreds of times a GEMM on the CPU); ``+hopper-acc`` adds this.
+# How Transformer Engine runs each linear GEMM of a per-tensor FP8 recipe on Hopper (use_split_accumulator:
+# False is fast accumulation, True promoted): Float8CurrentScaling's fp8_gemm_fprop = MMParams(
+# use_split_accumulator=False), fp8_gemm_dgrad and fp8_gemm_wgrad True (transformer_engine/common/recipe/
+# __init__.py); DelayedScaling has no MMParams and its GEMMs take module/base.py's _2X_ACC_FPROP False,
+# _2X_ACC_DGRAD and _2X_ACC_WGRAD True (module/linear.py). ``+hopper-acc`` adds this to a recipe.
 TE_HOPPER_ACCUMULATE = {"fprop": "fast", "dgrad": "promoted", "wgrad": "promoted"}
+# Float8BlockScaling fixes use_split_accumulator=True for all three GEMMs (its __post_init__ asserts it); the
+# accumulator of a block-scaled FP8 GEMM is not modelled (docs/gemm.md).
+TE_BLOCK_ACCUMULATE = ("split accumulator (promoted) in fprop, dgrad and wgrad, Float8BlockScaling's only choice; "
+                       "a block-scaled GEMM's accumulator is not modelled")
+
+
+def te_hopper_accumulation(kinds: Iterable[str]) -> Union[dict[str, str], str, None]:
+    """What TE's GEMMs do on Hopper in a recipe whose formats are of ``kinds`` ("tensor": per-tensor
+    scaled FP8; "block": block-scaled FP8; anything else): the modes per GEMM for per-tensor FP8,
+    a sentence for block-scaled FP8, None where TE has no Hopper FP8 GEMM of them (or no format)."""
+    found = set(kinds)
+    if found == {"tensor"}:
+        return dict(TE_HOPPER_ACCUMULATE)
+    return TE_BLOCK_ACCUMULATE if found == {"block"} else None
+
+
 GRADIENTS = ("dgrad.grad_output", "wgrad.grad_output")
 WEIGHTS = ("fprop.weight", "dgrad.weight")
 WGRAD = ("wgrad.grad_output", "wgrad.input")
@@ -185,6 +203,8 @@ def merge_preset(preset: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str
     if "operands" in preset and isinstance(data.get("operands"), Mapping):
         merged["operands"] = {**preset["operands"], **{key: _merge_operand(preset["operands"].get(key), value)
                                                        for key, value in data["operands"].items()}}
+    if isinstance(preset.get("accumulate"), Mapping) and isinstance(data.get("accumulate"), Mapping):
+        merged["accumulate"] = {**preset["accumulate"], **data["accumulate"]}  # one GEMM changed, the others kept
     if "rules" in data and isinstance(data["rules"], list):
         merged["rules"] = list(preset.get("rules", [])) + data["rules"]
     return merged
