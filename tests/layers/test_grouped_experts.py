@@ -9,7 +9,8 @@ from megatron.core.transformer.moe.experts import SequentialMLP
 
 from megatron.quant import position
 from megatron.quant.layers.grouped_experts import QuantGroupedMLP
-from megatron.quant.layers.grouped_gemm import TokenGroups, grouped_product, quantize_groups
+from megatron.quant.layers.grouped_gemm import grouped_product
+from megatron.quant.layers.grouped_operand import TokenGroups, quantize_groups
 from megatron.quant.layers.spec import precision_config
 from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.recipes.recipe import QuantRecipe

@@ -18,44 +18,22 @@ Engine activations. ``grouped_reason`` names which.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from megatron.core.transformer.moe.experts import SequentialMLP
 from torch import Tensor
 
-from megatron.quant.layers.grouped_gemm import TokenGroups, groupable, grouped_product, quantize_groups
+from megatron.quant.layers.grouped_gemm import grouped_product
+from megatron.quant.layers.grouped_operand import StackedWeights, TokenGroups, groupable, quantize_groups
 from megatron.quant.layers.linear import QuantLinearMixin
 from megatron.quant.layers.linear_function import LinearQuant
 from megatron.quant.layers.operand import capturing, same_quantization
 from megatron.quant.layers.weight_cache import CachesQuantizedWeights
-from megatron.quant.recipes.operands import LINEAR_GEMMS, LINEAR_OPERANDS, OperandSpec
+from megatron.quant.recipes.operands import LINEAR_GEMMS, LINEAR_OPERANDS
 
 UNQUANTIZED = LinearQuant.from_formats({key: None for key in LINEAR_OPERANDS})
-
-
-class StackedWeights:
-    """The local experts' weights stacked [E, out, in] and quantized per (format, axis), kept while
-    every weight is unchanged (the version-counter rule of ``QuantizedWeightCache``)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple, tuple[tuple, Tensor]] = {}
-
-    def get(self, weights: Sequence[Tensor], spec: OperandSpec) -> Tensor:
-        version = tuple((w.data_ptr(), w._version) for w in weights)
-        slot = (id(spec.fmt), None if spec.fmt is None or same_quantization(spec, spec) else spec.axis % 2)
-        entry = self._entries.get(slot)
-        if entry is None or entry[0] != version:
-            with torch.no_grad():
-                stacked = torch.stack([w.detach() for w in weights])
-                if spec.fmt is not None:  # the 2-D weight's axis, one dimension in
-                    stacked = spec.fmt.quantize_for_gemm(stacked, axis=spec.axis % 2 + 1)[0]
-            entry = self._entries[slot] = (version, stacked)
-        return entry[1]
-
-    def invalidate(self) -> None:
-        self._entries.clear()
 
 
 @dataclass(frozen=True)
