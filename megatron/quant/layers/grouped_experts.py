@@ -4,16 +4,18 @@ runs all local experts' fc1 and fc2 as one grouped GEMM each, forward and backwa
 per expert.
 
 Every expert's operands are quantized with that expert's own scales, all experts in one call of the
-format (``grouped_gemm.quantize_groups``; weights stacked, quantized once per optimizer step), and the
-results are the per-expert path's bits: outputs, input and weight gradients, experts with no tokens
-included (``tests/layers/test_grouped_experts.py``, against megatron-core's ``SequentialMLP`` with our
-quantized linear layers). Where the experts' settings are ones the grouped path does not reproduce, the
-layer runs ``SequentialMLP.forward`` (one expert after another, exactly as before): a capture in
-progress (so captured tensors and their names stay per expert), formats whose scales read a per-tensor
-amax or an amax history, stochastic rounding, Hadamard transforms, accumulator models, backward operands
-taken from the forward's dequantized ones, experts that differ in precision, one local expert, expert
-tensor parallelism, biases, gradient-accumulation fusion, and megatron-core's fused or Transformer
-Engine activations. ``grouped_reason`` names which.
+format (``grouped_operand.quantize_groups``; weights stacked, quantized once per optimizer step), and the
+operands are the per-expert path's bits; on the CPU so are the outputs, input and weight gradients, experts
+with no tokens included (``tests/layers/test_grouped_experts.py``, against megatron-core's ``SequentialMLP``
+with our quantized linear layers); a GPU's grouped GEMM adds each expert's products in its own order.
+
+Where the experts' settings are ones the grouped path does not reproduce, the layer runs
+``SequentialMLP.forward`` (one expert after another, exactly as before): a capture in progress (so
+captured tensors and their names stay per expert), formats whose scales read a per-tensor amax or an
+amax history, stochastic rounding, Hadamard transforms, accumulator models, backward operands taken
+from the forward's dequantized ones, experts that differ in precision, one local expert, expert tensor
+parallelism, biases, gradient-accumulation fusion, and megatron-core's fused or Transformer Engine
+activations. ``grouped_reason`` names which.
 """
 from __future__ import annotations
 
