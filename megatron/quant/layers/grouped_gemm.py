@@ -22,15 +22,20 @@ Gemm = Literal["fprop", "dgrad", "wgrad"]
 
 @functools.cache
 def grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether the installed torch has a grouped GEMM for ``dtype`` on ``device_type`` (CUDA's takes
-    bf16 only, on recent GPUs; the CPU's bf16 and fp32 since torch 2.9)."""
+    """Whether the installed torch runs its grouped GEMM for ``dtype`` on ``device_type`` in the three layouts
+    ``grouped_product`` uses, with token groups of any size and an empty one, and gets each group's product
+    (CUDA's takes bf16 only, on recent GPUs; the CPU's bf16 and fp32 in recent releases)."""
     try:
-        a = torch.ones(16, 8, dtype=dtype, device=device_type)
-        b = torch.ones(2, 8, 8, dtype=dtype, device=device_type)
-        out = torch._grouped_mm(a, b, offs=torch.tensor([8, 16], dtype=torch.int32, device=device_type))
+        ends = torch.tensor([3, 3, 16], dtype=torch.int32, device=device_type)
+        tokens = torch.ones(16, 8, dtype=dtype, device=device_type)
+        weights = torch.ones(3, 8, 8, dtype=dtype, device=device_type)
+        fprop = torch._grouped_mm(tokens, weights.transpose(1, 2), offs=ends)
+        dgrad = torch._grouped_mm(tokens, weights, offs=ends)
+        wgrad = torch._grouped_mm(tokens.t(), tokens, offs=ends)
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
-    return bool((out == 8).all())
+    counts = torch.tensor([3.0, 0.0, 13.0], dtype=dtype, device=device_type).reshape(3, 1, 1).expand(3, 8, 8)
+    return bool((fprop == 8).all() and (dgrad == 8).all() and torch.equal(wgrad, counts))
 
 
 def _aligned(*sizes: int, dtype: torch.dtype) -> bool:
