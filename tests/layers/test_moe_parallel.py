@@ -109,6 +109,7 @@ def test_expert_and_tensor_parallelism_against_one_rank():
             _check_tensor_parallel(results[recipe]["reference"], results[recipe]["tp2"], rank, part)
         grouped, sequential = results["rtn"]["ep2"], results["rtn"]["ep2_sequential"]
         assert grouped["grouped"] and not results["sr"]["ep2"]["grouped"]  # stochastic rounding: per expert
+        assert not results["rtn"]["tp2"]["grouped"]  # expert tensor parallelism: per expert
         for key in ("output", "grad_input"):
             assert torch.equal(grouped[key], sequential[key]), (rank, key)
         assert grouped["grads"].keys() == sequential["grads"].keys()

@@ -108,11 +108,11 @@ class QuantGroupedMLP(CachesQuantizedWeights, SequentialMLP):
                      "gradient_accumulation_fusion", "cpu_offloading", "add_bias_linear"):
             if getattr(c, flag):
                 return f"{flag} is set"
-        if self.tp_group is not None and dist.is_initialized() and dist.get_world_size(self.tp_group) > 1:
-            return "expert tensor parallelism"
         linears = self._linears("linear_fc1") + self._linears("linear_fc2")
         if not all(isinstance(m, QuantLinearMixin) for m in linears):
             return "experts' linear layers are not megatron.quant's"
+        if dist.is_initialized() and dist.get_world_size(linears[0].tp_group) > 1:
+            return "expert tensor parallelism"
         if any(capturing(m.capture_site) for m in linears):
             return "a capture is in progress"
         if len({m.weight.requires_grad for m in linears}) > 1:
