@@ -51,6 +51,7 @@ def test_grouped_experts_give_the_per_expert_bits(parallel, preset):
     for key, value in sequential.items():
         assert torch.equal(grouped[key], value), (preset, key)
     assert torch.equal(grouped["local_experts.1.linear_fc1.weight"], torch.zeros(128, HIDDEN, dtype=torch.bfloat16))
+    assert _run(experts, QuantGroupedMLP.forward, [0] * 4)["output"].shape == (0, HIDDEN)  # no tokens at all
 
 
 def test_quantized_weights_follow_the_weights(parallel):

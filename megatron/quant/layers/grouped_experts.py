@@ -130,11 +130,12 @@ class QuantGroupedMLP(CachesQuantizedWeights, SequentialMLP):
         for linear in self._linears("linear_fc1") + self._linears("linear_fc2"):
             if isinstance(linear, QuantLinearMixin):
                 linear.enter_phase()  # the phase the per-expert forwards would take
-        if self.grouped_reason() is not None:
+        counts = tuple(tokens_per_expert.tolist())
+        if self.grouped_reason() is not None or not any(counts):  # no tokens at all: nothing to group
             return super().forward(permuted_local_hidden_states, tokens_per_expert, permuted_probs)
         if self.stacked is None:
             self.stacked = {"linear_fc1": StackedWeights(), "linear_fc2": StackedWeights()}
-        groups = TokenGroups(tuple(tokens_per_expert.tolist()), permuted_local_hidden_states.device)
+        groups = TokenGroups(counts, permuted_local_hidden_states.device)
         hidden = self._grouped_linear("linear_fc1", permuted_local_hidden_states, groups)
         hidden = self._activation(hidden, permuted_probs)
         return self._grouped_linear("linear_fc2", hidden, groups), None
