@@ -22,16 +22,17 @@ COUNTS = [37, 0, 70, 21]  # no multiple of 32 or 128, one expert without tokens
 
 def _experts(preset: str | None, **overrides):
     quant = None if preset is None else precision_config(QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": preset}))
-    config = moe_config(hidden_size=HIDDEN, params_dtype=torch.bfloat16, bf16=True, quant_recipe=quant, **overrides)
+    config = moe_config(**{"hidden_size": HIDDEN, "params_dtype": torch.bfloat16, "bf16": True, "quant_recipe": quant,
+                           **overrides})
     return moe_layer(config).mlp.experts
 
 
-def _run(experts, forward, counts=COUNTS, seed: int = 0) -> dict:
+def _run(experts, forward, counts=COUNTS, seed: int = 0, iteration: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(sum(counts), HIDDEN, generator=g) * 3).bfloat16().requires_grad_()
     probs = torch.rand(sum(counts), generator=g).requires_grad_()
     dy = torch.randn(sum(counts), HIDDEN, generator=g).bfloat16()
-    position.set_iteration(0)
+    position.set_iteration(iteration)
     position.set_microbatch(0, 0)
     for p in experts.parameters():
         p.grad = None
@@ -67,6 +68,19 @@ def test_quantized_weights_follow_the_weights(parallel):
     invalidate_quantized_weights(experts)
     assert torch.equal(_run(experts, QuantGroupedMLP.forward, seed=2)["output"],
                        _run(experts, SequentialMLP.forward, seed=2)["output"])
+
+
+def test_grouped_experts_take_the_phase_of_a_scheduled_recipe(parallel):
+    recipe = QuantRecipe.from_dict({"format": "bf16", "scope": ["linear"],
+                                    "schedule": [{"from": 2, "forward": "mxfp8"}]})
+    experts = _experts(None, quant_recipe=precision_config(recipe).for_run(4, 1))
+    outputs = []
+    for iteration in (1, 2):  # bf16, then mxfp8 forward operands
+        grouped, sequential = (_run(experts, forward, iteration=iteration) for forward in (QuantGroupedMLP.forward,
+                                                                                          SequentialMLP.forward))
+        assert experts.grouped_reason() is None and torch.equal(grouped["output"], sequential["output"]), iteration
+        outputs.append(grouped["output"])
+    assert not torch.equal(*outputs)
 
 
 def test_settings_the_grouped_path_does_not_reproduce_run_per_expert(parallel):
