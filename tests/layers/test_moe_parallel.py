@@ -2,9 +2,12 @@
 gloo, against the same layer on one rank holding every expert. Under expert parallelism each expert
 sees exactly the tokens it sees on one rank (the all-gather dispatcher gathers them in the same order),
 so its outputs, input gradients and weight gradients are the same bits, under round to nearest and
-under stochastic rounding (noise keyed by the global expert and the element, not the EP rank). Under
+under stochastic rounding (noise keyed by the global expert and the element, not the EP rank); and each
+rank's grouped experts (``QuantGroupedMLP``) give the bits of its experts run one after another. Under
 tensor parallelism (with sequence parallelism, as megatron-core trains MoE layers) fc2's partial sums
 are added across ranks: equal up to that order."""
+import functools
+
 import pytest
 import torch
 
@@ -24,9 +27,12 @@ def _precision(name: str):
                      "d": {"type": "glob", "pattern": "*", "config": "rest", "enabled": True}}}, name, "<test>")
 
 
-def _run(recipe: str, tp: int, ep: int, reference: dict | None, rank: int) -> dict:
+def _run(recipe: str, tp: int, ep: int, reference: dict | None, rank: int, sequential: bool = False) -> dict:
     """Forward and backward of one MoE layer at (tp, ep); weights copied from ``reference`` (the full
-    layer's, by global module name) when given. Returns output, input gradient, weights and gradients."""
+    layer's, by global module name) when given; ``sequential``: the experts run by megatron-core's
+    ``SequentialMLP.forward``, one after another. Returns output, input gradient, weights and gradients."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
     from megatron.quant import cpu, position
     from megatron.quant.layers.linear import QuantLinearMixin
     from tests.layers._helpers import moe_config, moe_mlp
@@ -36,6 +42,9 @@ def _run(recipe: str, tp: int, ep: int, reference: dict | None, rank: int) -> di
     config = moe_config(hidden_size=HIDDEN, tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
                         sequence_parallel=tp > 1, moe_aux_loss_coeff=0.0, quant_recipe=_precision(recipe))
     moe = moe_mlp(config)
+    grouped = moe.experts.grouped_reason() is None
+    if sequential:
+        moe.experts.forward = functools.partial(SequentialMLP.forward, moe.experts)
     linears = {m.capture_site.module: m for m in moe.modules() if isinstance(m, QuantLinearMixin)}
     if reference is not None:
         with torch.no_grad():
@@ -54,7 +63,8 @@ def _run(recipe: str, tp: int, ep: int, reference: dict | None, rank: int) -> di
     experts = [m.weight for name, m in linears.items() if ".experts." in name]
     for weight in experts:
         weight.main_grad = weight.grad  # what megatron-core's DDP hands the optimizer
-    return {"output": y.detach(), "grad_input": x.grad, "experts_grad_norm": _grad_norm(experts),
+    return {"grouped": grouped and not sequential, "output": y.detach(), "grad_input": x.grad,
+            "experts_grad_norm": _grad_norm(experts),
             "weights": {"router": moe.router.weight.detach().clone(),
                         **{name: m.weight.detach().clone() for name, m in linears.items()}},
             "grads": {name: m.weight.grad for name, m in linears.items() if ".experts." in name}}
@@ -83,6 +93,7 @@ def _layouts(rank: int, world_size: int) -> dict:
         reference = _run(recipe, 1, 1, None, rank)
         results[recipe] = {"reference": reference, "ep2": _run(recipe, 1, 2, reference, rank),
                            "tp2": _run(recipe, 2, 1, reference, rank)}
+    results["rtn"]["ep2_sequential"] = _run("rtn", 1, 2, results["rtn"]["reference"], rank, sequential=True)
     from megatron.quant import cpu
 
     cpu.destroy_parallel()
@@ -96,6 +107,14 @@ def test_expert_and_tensor_parallelism_against_one_rank():
         for recipe in RECIPES:
             _check_expert_parallel(results[recipe]["reference"], results[recipe]["ep2"], rank, part)
             _check_tensor_parallel(results[recipe]["reference"], results[recipe]["tp2"], rank, part)
+        grouped, sequential = results["rtn"]["ep2"], results["rtn"]["ep2_sequential"]
+        assert grouped["grouped"] and not results["sr"]["ep2"]["grouped"]  # stochastic rounding: per expert
+        assert not results["rtn"]["tp2"]["grouped"]  # expert tensor parallelism: per expert
+        for key in ("output", "grad_input"):
+            assert torch.equal(grouped[key], sequential[key]), (rank, key)
+        assert grouped["grads"].keys() == sequential["grads"].keys()
+        for name, grad in sequential["grads"].items():
+            assert torch.equal(grouped["grads"][name], grad), (rank, name)
 
 
 def _check_expert_parallel(reference: dict, ep2: dict, rank: int, part: slice) -> None:

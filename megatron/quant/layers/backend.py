@@ -2,7 +2,8 @@
 
 ``QuantSpecProvider`` is megatron-core's ``LocalSpecProvider`` (its norms, its activation) with the
 column- and row-parallel linear layers, core attention and the experts' linear layers replaced by
-the quantized subclasses, and the MoE router (``MoESubmodules.router``) by ``QuantTopKRouter``. Each
+the quantized subclasses, the MoE router (``MoESubmodules.router``) by ``QuantTopKRouter`` and the
+local experts (``SequentialMLP``) by ``QuantGroupedMLP`` (``layers/grouped_experts.py``). Each
 of those modules resolves its formats in ``finish_init``, which ``GPTModel`` calls at the end of its
 construction with the config ``TransformerConfig.quant_recipe`` matches to the module's path
 (``recipes/precision.py``): nothing is configured after the build.
@@ -21,10 +22,12 @@ import functools
 from typing import Any
 
 from megatron.core.models.backends import LocalSpecProvider
+from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megatron.quant.layers.attention import QuantDotProductAttention
+from megatron.quant.layers.grouped_experts import QuantGroupedMLP
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear
 from megatron.quant.layers.router import QuantTopKRouter
 
@@ -51,11 +54,12 @@ class QuantSpecProvider(LocalSpecProvider):
         return functools.partial(QuantDotProductAttention, allow_fused=self.allow_fused)
 
     def grouped_mlp_modules(self, moe_use_grouped_gemm: bool, *legacy: bool) -> Any:
-        """The local experts (``SequentialMLP``) with quantized linear layers. ``legacy``: 0.16's
-        ``moe_use_legacy_grouped_gemm`` (0.19 dropped the argument)."""
+        """The local experts as ``QuantGroupedMLP`` (``SequentialMLP``'s experts run as grouped GEMMs) with
+        quantized linear layers. ``legacy``: 0.16's ``moe_use_legacy_grouped_gemm`` (0.19 dropped it)."""
         if moe_use_grouped_gemm:
-            raise ValueError("moe_grouped_gemm=True runs the experts in one grouped GEMM, which has no "
-                             "emulated counterpart; set moe_grouped_gemm=False (SequentialMLP experts)")
+            raise ValueError("moe_grouped_gemm=True builds megatron-core's GroupedMLP (one weight for all experts), "
+                             "which has no emulated counterpart; set moe_grouped_gemm=False (the experts then run "
+                             "as grouped GEMMs with SequentialMLP's parameters: QuantGroupedMLP)")
         return with_backend(super().grouped_mlp_modules(moe_use_grouped_gemm, *legacy), self)
 
     def substitutions(self) -> dict[type, Any]:
@@ -64,7 +68,8 @@ class QuantSpecProvider(LocalSpecProvider):
         return {stock.column_parallel_linear(): self.column_parallel_linear(),
                 stock.row_parallel_linear(): self.row_parallel_linear(),
                 stock.core_attention(): self.core_attention(),
-                TopKRouter: QuantTopKRouter}  # MoESubmodules' default router, which no backend method names
+                TopKRouter: QuantTopKRouter,  # MoESubmodules' default router, which no backend method names
+                SequentialMLP: QuantGroupedMLP}
 
 
 def with_backend(spec: Any, backend: QuantSpecProvider) -> Any:

@@ -35,13 +35,13 @@ from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant,
 from megatron.quant.layers.module_quant import FinishesInit, module_quant
 from megatron.quant.layers.operand import module_noise_root
 from megatron.quant.layers.phases import Phased
-from megatron.quant.layers.weight_cache import QuantizedWeightCache
+from megatron.quant.layers.weight_cache import CachesQuantizedWeights, QuantizedWeightCache
 from megatron.quant.recipes import operands
 from megatron.quant.recipes.operands import Parallel
 from megatron.quant.tensor_saver import CaptureSite
 
 
-class QuantLinearMixin(FinishesInit, Phased):
+class QuantLinearMixin(FinishesInit, Phased, CachesQuantizedWeights):
     """What the column- and row-parallel quantized layers share: configuration and the GEMM."""
 
     PHASED = ("quant", "weight_cache", "noise_root")  # what configure_quant sets per phase of a schedule
@@ -191,5 +191,5 @@ class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
 def invalidate_quantized_weights(model: torch.nn.Module) -> None:
     """Forget every cached quantized weight in ``model`` (see ``QuantizedWeightCache``)."""
     for module in model.modules():
-        if isinstance(module, QuantLinearMixin):
+        if isinstance(module, CachesQuantizedWeights):
             module.invalidate_quantized_weights()

@@ -1,6 +1,7 @@
 """Quantized weights cached per (format, axis) while the weight is unchanged (constant within an iteration)."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Optional
 
 import torch
@@ -17,6 +18,14 @@ from megatron.quant.layers.operand import (
 )
 from megatron.quant.recipes.operands import OperandSpec
 from megatron.quant.tensor_saver import Operand
+
+
+class CachesQuantizedWeights(ABC):
+    """A module that keeps quantized copies of its weights (``invalidate_quantized_weights`` forgets them)."""
+
+    @abstractmethod
+    def invalidate_quantized_weights(self) -> None:
+        """Forget the cached copies (after updating weights through ``.data``)."""
 
 
 class QuantizedWeightCache:

@@ -1,8 +1,9 @@
 """Mixture-of-experts settings: Megatron-LM's MoE flags, their checks, and the TransformerConfig fields they set.
 
-The flags mean what they mean in Megatron-LM. The experts run as megatron-core's ``SequentialMLP``
-(one GEMM per expert, each with its own scales: grouped-GEMM experts have no emulated counterpart),
-routed by ``QuantTopKRouter`` (``layers/router.py``). A model shape with ``num_experts`` (a preset
+The flags mean what they mean in Megatron-LM. The experts are megatron-core's ``SequentialMLP`` experts,
+each with its own scales, run as grouped GEMMs by ``QuantGroupedMLP`` (``layers/grouped_experts.py``;
+megatron-core's ``GroupedMLP``, ``moe_grouped_gemm``, has no emulated counterpart and stays off), routed by
+``QuantTopKRouter`` (``layers/router.py``). A model shape with ``num_experts`` (a preset
 or ``--num-experts``) is an MoE model; without it every MoE flag is inert, as in Megatron-LM.
 """
 from __future__ import annotations
