@@ -25,7 +25,7 @@ from megatron.quant.settings.names import NAME_RULE, name_problem
 from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
-from megatron.quant.settings.variables import FUSIONS_ENV, KERNELS_ENV
+from megatron.quant.settings.variables import RECIPE_PREFIX, RECIPE_VARIABLES
 
 TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation",
             "backward_override", "columnwise_source", "accumulate")
@@ -48,13 +48,12 @@ class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
 
 
-ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", KERNELS_ENV,
-            FUSIONS_ENV)
+ENV_VARS = tuple(RECIPE_VARIABLES)  # spelled once, in settings.variables
 
 
 def check_env_names(environ: Mapping[str, str]) -> None:
     """RecipeError for a CUSTOM_QUANT_* variable that is none of ENV_VARS (e.g. CUSTOM_QUANT_TPYE)."""
-    unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")
+    unknown = unknown_variables(environ, (RECIPE_PREFIX,), ENV_VARS, "recipe")
     if unknown:
         raise RecipeError(unknown)
 

@@ -38,6 +38,7 @@ from megatron.quant.recipes.operands import (
 from megatron.quant.recipes.parse import RecipeError, check_env_names
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 from megatron.quant.recipes.schedule import Schedule, ScheduleError, parse_schedule, phase_recipe_value
+from megatron.quant.settings.environment import settings_of
 
 __all__ = ["QuantRecipe", "RecipeError", "check_env_names"]  # the errors and the check callers take from here
 
@@ -105,7 +106,7 @@ class QuantRecipe:
 
         With a recipe file, the other variables fill only the keys the file omits.
         """
-        defaults, path, source = parse.env_sources(os.environ if environ is None else environ)
+        defaults, path, source = parse.env_sources(settings_of(environ))
         if path is not None:
             return cls.from_file(path, defaults=defaults, source=source)
         return cls.from_dict(defaults, source=source)
