@@ -42,3 +42,56 @@ def test_the_run_configuration_is_one_frozen_tree(monkeypatch, tmp_path):
     assert ", seed=9," in record["precision"]["configs"]["mxfp8-linear"]  # --seed keys the rounding
     assert record["capture"]["enabled"] and record["environment"]["CUSTOM_QUANT_SCOPE"] == "linear"
     assert record["shape"]["num_layers"] == config.shape["num_layers"]
+
+
+def test_every_flag_is_a_typed_field_of_one_section():
+    from megatron.quant.training.arguments import parse_args, validate_args
+    from megatron.quant.training.run_tree import SECTIONS
+
+    fields = [item.name for section in SECTIONS.values() for item in dataclasses.fields(section)]
+    assert len(fields) == len(set(fields))
+    assert set(vars(validate_args(parse_args(TINY), 1, cuda=False))) - {"notices"} == set(fields)
+
+
+def test_the_tree_takes_flag_then_environment_then_file_then_default(clean_env):
+    from megatron.quant.training.run_tree_build import build_run_tree
+
+    environ = {"CUSTOM_QUANT_TYPE": "mxfp8", "WORLD_SIZE": "2", "HOME": "/x"}
+    tree = build_run_tree(TINY + ["--num-layers", "4", "--seed", "1234"], environ, cuda=False)
+    assert (tree.model.num_layers, tree.sources["model.num_layers"]) == (4, "flag --num-layers")
+    assert tree.sources["schedule.seed"] == "flag --seed"  # given at its default value: still the flag
+    assert (tree.model.hidden_size, tree.sources["model.hidden_size"]) == (256, "file preset llama-tiny")
+    assert (tree.optimizer.lr, tree.sources["optimizer.lr"]) == (3e-4, "default")
+    assert (tree.quant.type, tree.sources["quant.type"]) == ("mxfp8", "environment CUSTOM_QUANT_TYPE")
+    assert (tree.quant.kernels, tree.sources["quant.kernels"]) == (None, "default")
+    assert tree.parallel.data_parallel_size == 2 and tree.sources["parallel.data_parallel_size"].startswith("derived")
+    assert dict(tree.environment.settings) == {"CUSTOM_QUANT_TYPE": "mxfp8"}  # only the package's variables
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tree.model.num_layers = 8
+
+
+def test_print_config_shows_the_tree_with_sources_and_trains_nothing(clean_env, capsys):
+    from megatron.quant.training.main import main
+
+    clean_env.setenv("CUSTOM_QUANT_TYPE", "nvfp4")
+    assert main(TINY + ["--lr", "0.001", "--print-config"]) == []
+    lines = capsys.readouterr().out.splitlines()
+    assert "  lr = 0.001  (flag --lr)" in lines and "  num_layers = 2  (file preset llama-tiny)" in lines
+    assert "  type = 'nvfp4'  (environment CUSTOM_QUANT_TYPE)" in lines and "  min_lr = 0.0  (default)" in lines
+    assert [line for line in lines if line.startswith("[")][0].startswith("[model]")
+    assert not any(line.startswith(("model:", "iteration")) for line in lines)  # no start line, no step
+
+
+def test_the_layers_take_the_kernel_path_from_the_configuration_not_the_environment(clean_env):
+    from megatron.quant import formats
+    from megatron.quant.formats.compiled import CompiledFormat
+    from megatron.quant.layers.module_quant import format_builder
+
+    clean_env.setenv("CUSTOM_QUANT_KERNELS", "torch")
+    precision = check_inputs(TINY).precision
+    assert {recipe.kernels for recipe in precision.configs.values()} == {"torch"}
+    (recipe,) = precision.configs.values()
+    fmt = formats.get_format("mxfp8")
+    clean_env.setenv("CUSTOM_QUANT_KERNELS", "compile")  # changed after the configuration was built
+    assert format_builder(recipe)(fmt) is fmt  # the run's choice: eager torch
+    assert isinstance(format_builder(dataclasses.replace(recipe, kernels=None))(fmt), CompiledFormat)  # library use

@@ -46,9 +46,9 @@ from megatron.quant.lab.sweep_plan import (
 )
 from megatron.quant.output_dir import OutputDirError, check_output_dir
 from megatron.quant.settings.environment import child_environment, read_environment
+from megatron.quant.settings.variables import DIE_WITH_PARENT
 from megatron.quant.training import checkpoint, notices
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
-from megatron.quant.training.lifetime import DIE_WITH_PARENT
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.variables import RECIPE_NAMING, environment_of
 

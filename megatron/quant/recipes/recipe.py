@@ -67,6 +67,9 @@ class QuantRecipe:
     # How the linear GEMMs add their products (``formats.accumulation``): (gemm, "fast" | "promoted") for
     # those that take a Hopper FP8 tensor core's accumulator; the others accumulate exactly in FP32.
     accumulate: tuple[tuple[str, str], ...] = ()
+    # The kernel path a training run's configuration chose (CUSTOM_QUANT_KERNELS, ``kernels.select``);
+    # None: the environment's, read when the layers are built. Not a recipe key: it says how, not what.
+    kernels: Optional[str] = field(default=None, repr=False)
 
     # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod

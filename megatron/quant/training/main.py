@@ -145,6 +145,7 @@ def check_run(tree: RunTree) -> RunConfiguration:
     settings = tree.environment.settings
     precision = build_precision(tree)  # stochastic rounding follows --seed unless a recipe fixes one
     kernel_backend = kernels.backend(settings)  # a bad CUSTOM_QUANT_KERNELS fails here, before any process starts
+    precision = precision.with_kernels(kernel_backend)  # and the layers take it from here, not from the environment
     fast_paths = fusions.choose(settings, cuda=cuda, precision=tree.precision.compute())  # and CUSTOM_QUANT_FUSIONS
     check_router_precision(precision, tree, precision_origin(tree))
     num_layers = tree.model.num_layers
