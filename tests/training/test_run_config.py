@@ -66,6 +66,9 @@ def test_the_tree_takes_flag_then_environment_then_file_then_default(clean_env):
     assert (tree.quant.kernels, tree.sources["quant.kernels"]) == (None, "default")
     assert tree.parallel.data_parallel_size == 2 and tree.sources["parallel.data_parallel_size"].startswith("derived")
     assert dict(tree.environment.settings) == {"CUSTOM_QUANT_TYPE": "mxfp8"}  # only the package's variables
+    from megatron.quant.training.run_tree import QuantSection, quant_variable
+
+    assert [quant_variable(item.name) for item in dataclasses.fields(QuantSection)] == list(RECIPE_VARIABLES)
     with pytest.raises(dataclasses.FrozenInstanceError):
         tree.model.num_layers = 8
 

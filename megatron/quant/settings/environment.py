@@ -45,6 +45,15 @@ class Environment:
         return not self.rank
 
 
+def _interpreting(environ: Mapping[str, str]) -> bool:
+    return bool(switch_value(environ.get("TRITON_INTERPRET", "")))
+
+
+def triton_interpreting() -> bool:
+    """``read_environment().triton_interpret`` for a kernel launch, without copying the environment."""
+    return _interpreting(os.environ)
+
+
 def read_environment(environ: Optional[Mapping[str, str]] = None) -> Environment:
     """The ``Environment`` of ``environ`` (None: this process's ``os.environ``, read here and only here)."""
     source = os.environ if environ is None else environ
@@ -53,7 +62,7 @@ def read_environment(environ: Optional[Mapping[str, str]] = None) -> Environment
         world_size=_integer(source, "WORLD_SIZE", 1),
         rank=_integer(source, "RANK", 0) if "RANK" in source else None,
         local_rank=_integer(source, "LOCAL_RANK", 0),
-        triton_interpret=bool(switch_value(source.get("TRITON_INTERPRET", ""))),
+        triton_interpret=_interpreting(source),
         die_with_parent=source.get(DIE_WITH_PARENT) == "1",
         visible_devices=source.get("CUDA_VISIBLE_DEVICES"))
 

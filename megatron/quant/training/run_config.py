@@ -17,6 +17,7 @@ from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
 from megatron.quant.recipes.presets import PrecisionFlags, emulates_precision, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe, check_env_names
+from megatron.quant.settings.variables import COMPILE_ENV
 from megatron.quant.tensor_saver import InspectPlan, SaverConfig, load_inspect_config, resolve_inspect
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.run_tree import PrecisionSection, RunTree
@@ -41,7 +42,7 @@ def build_recipe(flags: PrecisionFlags, environ: Mapping[str, str]) -> QuantReci
     if given:
         raise ArgumentError(f"{', '.join(given)} and the precision flags (--fp8-recipe/--fp4-format) both choose "
                             f"the recipe ({flags_recipe['name']}); unset {', '.join(given)} or drop the flags")
-    extra = {"compile": environ["CUSTOM_QUANT_COMPILE"]} if environ.get("CUSTOM_QUANT_COMPILE") else {}
+    extra = {"compile": environ[COMPILE_ENV]} if environ.get(COMPILE_ENV) else {}
     return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
 
 
