@@ -98,3 +98,25 @@ def test_the_layers_take_the_kernel_path_from_the_configuration_not_the_environm
     clean_env.setenv("CUSTOM_QUANT_KERNELS", "compile")  # changed after the configuration was built
     assert format_builder(recipe)(fmt) is fmt  # the run's choice: eager torch
     assert isinstance(format_builder(dataclasses.replace(recipe, kernels=None))(fmt), CompiledFormat)  # library use
+
+
+def test_the_one_reader_keeps_every_variable_the_readers_know():
+    from megatron.quant.settings.environment import read_environment
+
+    environ = {name: "x" for name in VARIABLES} | {"CUSTOM_QUANT_TPYE": "x", "PATH": "/bin", "RANK": "3"}
+    environment = read_environment(environ)
+    assert set(environment.settings) == set(VARIABLES) | {"CUSTOM_QUANT_TPYE"}  # a misspelling is refused later
+    assert (environment.rank, environment.world_size, environment.first_rank()) == (3, 1, False)
+    with pytest.raises(ValueError, match="WORLD_SIZE='two' is not a non-negative integer"):
+        read_environment({"WORLD_SIZE": "two"})
+
+
+def test_a_bad_launcher_variable_is_a_one_line_error(clean_env, capsys):
+    from megatron.quant.training.main import main
+
+    clean_env.setenv("WORLD_SIZE", "two")
+    with pytest.raises(SystemExit) as exit_:
+        main(TINY)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "megatron-quant-train: error: WORLD_SIZE='two' is not a non-negative integer (torchrun sets it)"]

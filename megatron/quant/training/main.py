@@ -258,10 +258,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     ``--print-config`` prints the resolved configuration with each value's source and ``--check-args``
     stops after checking the arguments and environment (both status 0).
     """
-    trainer_dies_with_parent()  # under a sweep: not one step beyond its end (training/lifetime.py)
     owns_process_group = not dist.is_initialized()
     try:
         tree = build_run_tree(argv, cuda=torch.cuda.is_available())
+        trainer_dies_with_parent(tree.environment)  # under a sweep: not one step beyond its end (lifetime.py)
         if tree.action.print_config:
             print(show_run_tree(tree))
             return []
