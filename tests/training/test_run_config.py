@@ -57,7 +57,11 @@ def test_the_tree_takes_flag_then_environment_then_file_then_default(clean_env):
     from megatron.quant.training.run_tree_build import build_run_tree
 
     environ = {"CUSTOM_QUANT_TYPE": "mxfp8", "WORLD_SIZE": "2", "HOME": "/x"}
-    tree = build_run_tree(TINY + ["--num-layers", "4", "--seed", "1234"], environ, cuda=False)
+    tree = build_run_tree(TINY + ["--num-layers", "4", "--seed", "1234", "--use-distributed-optimizer"], environ,
+                          cuda=False)
+    assert not tree.optimizer.use_distributed_optimizer  # CPU: a notice, and the source says so
+    assert tree.sources["optimizer.use_distributed_optimizer"] == \
+        "flag --use-distributed-optimizer, adjusted (see the notices)"
     assert (tree.model.num_layers, tree.sources["model.num_layers"]) == (4, "flag --num-layers")
     assert tree.sources["schedule.seed"] == "flag --seed"  # given at its default value: still the flag
     assert (tree.model.hidden_size, tree.sources["model.hidden_size"]) == (256, "file preset llama-tiny")

@@ -48,7 +48,9 @@ def build_run_tree(argv: Optional[Sequence[str]] = None, environ: Optional[Mappi
         for key in keys:
             given = flag_sources.get(key, "")
             changed = key not in parsed or parsed[key] != values[key]
-            sources[f"{name}.{key}"] = DERIVED if changed and not given.startswith("flag") else given
+            if changed:  # completed from other values, or a flag the checks adjusted (with a notice)
+                given = f"{given}, adjusted (see the notices)" if given.startswith("flag") else DERIVED
+            sources[f"{name}.{key}"] = given
     quant, quant_sources = _quant_section(environment.settings)
     sources.update(quant_sources)
     sources["parallel.data_parallel_size"] = "derived from WORLD_SIZE and the parallel sizes"
