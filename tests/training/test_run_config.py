@@ -69,6 +69,7 @@ def test_the_tree_takes_flag_then_environment_then_file_then_default(clean_env):
     assert (tree.quant.type, tree.sources["quant.type"]) == ("mxfp8", "environment CUSTOM_QUANT_TYPE")
     assert (tree.quant.kernels, tree.sources["quant.kernels"]) == (None, "default")
     assert tree.parallel.data_parallel_size == 2 and tree.sources["parallel.data_parallel_size"].startswith("derived")
+    assert tree.environment.launcher == {"WORLD_SIZE"}  # RANK and LOCAL_RANK keep their defaults
     assert dict(tree.environment.settings) == {"CUSTOM_QUANT_TYPE": "mxfp8"}  # only the package's variables
     from megatron.quant.training.run_tree import QuantSection, quant_variable
 
@@ -78,15 +79,27 @@ def test_the_tree_takes_flag_then_environment_then_file_then_default(clean_env):
 
 
 def test_print_config_shows_the_tree_with_sources_and_trains_nothing(clean_env, capsys):
+    """The example of docs/training.md, run as shown: every line it shows is printed, and nothing trains."""
+    import re
+    import shlex
+    from pathlib import Path
+
     from megatron.quant.training.main import main
 
-    clean_env.setenv("CUSTOM_QUANT_TYPE", "nvfp4")
-    assert main(TINY + ["--lr", "0.001", "--print-config"]) == []
-    lines = capsys.readouterr().out.splitlines()
-    assert "  lr = 0.001  (flag --lr)" in lines and "  num_layers = 2  (file preset llama-tiny)" in lines
-    assert "  type = 'nvfp4'  (environment CUSTOM_QUANT_TYPE)" in lines and "  min_lr = 0.0  (default)" in lines
-    assert [line for line in lines if line.startswith("[")][0].startswith("[model]")
-    assert not any(line.startswith(("model:", "iteration")) for line in lines)  # no start line, no step
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    section = guide[guide.index("## The run configuration and `--print-config`"):]
+    command, shown = re.findall(r"```(?:bash|text)\n(.*?)```", section, re.S)[:2]
+    words = shlex.split(command.replace("\\\n", " "))
+    program = words.index("megatron-quant-train")
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):  # as in a shell without a launcher
+        clean_env.delenv(name, raising=False)
+    for assignment in words[:program]:
+        clean_env.setenv(*assignment.split("=", 1))
+    assert main(words[program + 1:]) == []
+    printed = capsys.readouterr().out.splitlines()
+    expected = [line for line in shown.splitlines() if line != "..."]
+    assert expected and [line for line in expected if line not in printed] == []
+    assert printed[0].startswith("[model]") and not any(line.startswith(("model:", "iteration")) for line in printed)
 
 
 def test_the_layers_take_the_kernel_path_from_the_configuration_not_the_environment(clean_env):

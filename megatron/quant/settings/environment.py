@@ -17,6 +17,7 @@ from megatron.quant.settings.switches import switch_value
 from megatron.quant.settings.variables import CAPTURE_PREFIXES, DIE_WITH_PARENT, RECIPE_PREFIX
 
 _PREFIXES = (RECIPE_PREFIX, *CAPTURE_PREFIXES)
+LAUNCHER_VARIABLES = {"world_size": "WORLD_SIZE", "rank": "RANK", "local_rank": "LOCAL_RANK"}  # field -> variable
 
 
 def _integer(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -39,6 +40,7 @@ class Environment:
     triton_interpret: bool = False      # TRITON_INTERPRET: Triton kernels run in its CPU interpreter
     die_with_parent: bool = False       # MEGATRON_QUANT_DIE_WITH_PARENT=1: a sweep started this trainer
     visible_devices: Optional[str] = None  # CUDA_VISIBLE_DEVICES as given (None: unset)
+    launcher: frozenset[str] = frozenset()  # which of LAUNCHER_VARIABLES were set (the others: their defaults)
 
     def first_rank(self) -> bool:
         """Rank 0, or a process no launcher started: the one that prints a run's notices."""
@@ -64,7 +66,8 @@ def read_environment(environ: Optional[Mapping[str, str]] = None) -> Environment
         local_rank=_integer(source, "LOCAL_RANK", 0),
         triton_interpret=_interpreting(source),
         die_with_parent=source.get(DIE_WITH_PARENT) == "1",
-        visible_devices=source.get("CUDA_VISIBLE_DEVICES"))
+        visible_devices=source.get("CUDA_VISIBLE_DEVICES"),
+        launcher=frozenset(name for name in LAUNCHER_VARIABLES.values() if source.get(name, "").strip()))
 
 
 def settings_of(environ: Optional[Mapping[str, str]] = None) -> Mapping[str, str]:

@@ -29,7 +29,7 @@ def first_given(key: str, layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tu
 
 @dataclass(frozen=True)
 class ModelSection:
-    """The model's shape and initialisation (Llama; presets in ``training.presets``)."""
+    """The model's shape and initialisation (Llama; the presets are in training/presets.py)."""
 
     model: Optional[str]                 # --model: the shape preset
     hf_checkpoint: Optional[str]         # --hf-checkpoint: a local Hugging Face Llama directory (shape and weights)
@@ -60,7 +60,7 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class MoESection:
-    """Mixture of experts (``training.moe``); ``num_experts`` None is a dense model."""
+    """Mixture of experts (training/moe.py); num_experts None is a dense model."""
 
     num_experts: Optional[int]           # --num-experts: routed experts per MoE layer
     moe_router_topk: int                 # --moe-router-topk: experts per token
@@ -140,8 +140,9 @@ class ParallelSection:
 
 @dataclass(frozen=True)
 class PrecisionSection:
-    """Compute precision and Megatron-LM's precision flags and files (the recipe they choose:
-    ``run_config.build_precision``)."""
+    """Compute precision, and Megatron-LM's precision flags and files.
+
+    The recipe they choose is built by ``run_config.build_precision``."""
 
     bf16: bool                           # --bf16
     fp16: bool                           # --fp16 (GPU)
@@ -167,8 +168,10 @@ class PrecisionSection:
 
 @dataclass(frozen=True)
 class QuantSection:
-    """The ``CUSTOM_QUANT_*`` variables as given (``settings.variables.RECIPE_VARIABLES``; field
-    ``type`` is CUSTOM_QUANT_TYPE); the recipe readers parse them (None: unset)."""
+    """The CUSTOM_QUANT_* variables as given (None: unset).
+
+    Named in ``settings.variables.RECIPE_VARIABLES`` (field ``type`` is CUSTOM_QUANT_TYPE); the recipe
+    readers parse them."""
 
     type: Optional[str] = None           # CUSTOM_QUANT_TYPE: a format or preset recipe
     scope: Optional[str] = None          # CUSTOM_QUANT_SCOPE: which GEMMs

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from megatron.quant.settings.environment import LAUNCHER_VARIABLES
 from megatron.quant.training.run_tree import SECTIONS, RunTree
-
-_LAUNCH = {"world_size": "WORLD_SIZE", "rank": "RANK", "local_rank": "LOCAL_RANK"}
 
 
 def show_run_tree(tree: RunTree) -> str:
@@ -19,9 +18,9 @@ def show_run_tree(tree: RunTree) -> str:
                   for item in fields(section)]
     environment = tree.environment
     lines.append("[environment]  the launcher's variables and every setting variable as given")
-    for key, variable in _LAUNCH.items():
-        value = vars(environment)[key]
-        lines.append(f"  {key} = {value!r}  ({'default' if value is None else 'environment ' + variable})")
+    for key, variable in LAUNCHER_VARIABLES.items():
+        source = f"environment {variable}" if variable in environment.launcher else "default"
+        lines.append(f"  {key} = {vars(environment)[key]!r}  ({source})")
     lines += [f"  {key} = {value!r}  (environment {key})" for key, value in sorted(environment.settings.items())]
     lines += [f"notice: {notice}" for notice in tree.notices]
     return "\n".join(lines)
