@@ -18,7 +18,8 @@ def test_namespace_keeps_megatron_core_importable():
 # releases; ``position`` (the run position) is read by the layers and the saver alike; ``yaml_safe``
 # reads every YAML (recipes, plans) with aliases bounded; ``output_dir`` checks a folder a command will
 # write; ``settings`` is the vocabulary of settings (switch words, index selectors, the name rule) that
-# recipes, capture and training share; none of the six imports anything of ours. ``lab`` (studies and
+# recipes, capture and training share, and the one reader of the environment; only ``cpu`` imports
+# one of the others (the launcher's rank, from ``settings``). ``lab`` (studies and
 # sweeps of whole runs) sits on top: it drives the trainer and reads runs through analysis.
 LAYERS = (("cpu", "compat", "position", "yaml_safe", "output_dir", "settings"), ("formats",), ("stats",),
           ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",), ("training",),

@@ -10,11 +10,12 @@ gloo. With CUDA present it does nothing.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 
 import torch
 import torch.distributed as dist
+
+from megatron.quant.settings.environment import read_environment
 
 _CPU_COMPAT_ENABLED = False
 
@@ -149,10 +150,11 @@ def init_parallel(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     cpu = enable_cpu_compat()
     if not dist.is_initialized():
+        environment = read_environment()
         if not cpu:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(environment.local_rank)
         backend = "gloo" if cpu else "nccl"
-        if "RANK" in os.environ:
+        if environment.rank is not None:
             dist.init_process_group(backend)
         else:
             # A world of one; the environment is left alone so child processes start clean.

@@ -118,7 +118,6 @@ def test_disable_quantization_gemm_keeps_those_gemms_in_high_precision():
     ({"TENSOR_SAVE_LAYERS": "0"}, "the inspect config chooses the layers, tensors and steps; unset TENSOR_SAVE_LAYERS"),
 ])
 def test_the_flag_refuses_a_second_choice_of_what_to_capture(tmp_path, env, words):
-    import argparse
 
     from megatron.quant.training.run_config import build_capture
     path = tmp_path / "inspect.yaml"
@@ -126,7 +125,7 @@ def test_the_flag_refuses_a_second_choice_of_what_to_capture(tmp_path, env, word
     precision = PrecisionConfig.uniform(QuantRecipe.from_dict({"format": "mxfp8"}))
     environ = {key: value.format(path=path) for key, value in env.items()}
     with pytest.raises(ValueError, match=re.escape(words)):
-        build_capture(argparse.Namespace(tensor_inspect_config=str(path)), environ, precision, 2)
+        build_capture(str(path), environ, precision, 2)
 
 
 def test_the_config_shown_in_docs_runs_here():

@@ -11,7 +11,7 @@ LOGGED = ("iteration", "lm loss", "grad norm", "learning rate")
 
 def train(world_size: int, env: dict, argv: list[str]) -> list[dict]:
     """``main(argv)`` under ``env``; the logged values of every iteration."""
-    from megatron.quant.training.env import scoped_environ
+    from megatron.quant.settings.environment import scoped_environ
     from megatron.quant.training.main import main
 
     with scoped_environ(env):

@@ -48,13 +48,13 @@ def test_top1_softmax_routing_turns_pre_softmax_on_and_megatron_core_takes_it(cl
     """megatron-core demands --moe-router-pre-softmax for top-1 softmax routing; the trainer turns it on (a notice)
     and passes it on, where it had stopped the run after --check-args passed."""
     inputs = check_inputs(TINY_MOE + ["--moe-router-topk", "1"])
-    assert inputs.args.moe_router_pre_softmax
-    assert any(n.startswith("--moe-router-pre-softmax turned on for top-1") for n in inputs.args.notices)
-    config = transformer_config(inputs.shape, moe_run=moe_run_fields(inputs.args))
+    assert inputs.tree.moe.moe_router_pre_softmax
+    assert any(n.startswith("--moe-router-pre-softmax turned on for top-1") for n in inputs.tree.notices)
+    config = transformer_config(inputs.shape, moe_run=moe_run_fields(inputs.tree))
     assert (config.moe_router_topk, config.moe_router_pre_softmax) == (1, True)
     explicit = check_inputs(TINY_MOE + ["--moe-router-pre-softmax"])
-    assert explicit.args.moe_router_pre_softmax and not explicit.args.notices
-    assert transformer_config(explicit.shape, moe_run=moe_run_fields(explicit.args)).moe_router_pre_softmax
+    assert explicit.tree.moe.moe_router_pre_softmax and not explicit.tree.notices
+    assert transformer_config(explicit.shape, moe_run=moe_run_fields(explicit.tree)).moe_router_pre_softmax
 
 
 def test_a_router_rule_for_a_dense_model_stops_at_start_naming_its_source(clean_env, tmp_path):

@@ -46,7 +46,7 @@ def test_training_config_takes_the_checked_flags():
 
     args = validate_args(parse_args(TINY + ["--global-batch-size", "4", "--save", "ckpt", "--eval-iters", "0"]),
                          2, cuda=False)
-    config = TrainingConfig.from_args(args)
+    config = TrainingConfig.from_flags(vars(args))
     assert (config.train_iters, config.global_batch_size, config.num_microbatches, config.save, config.eval_iters,
             config.save_interval) == (2, 4, 2, "ckpt", 0, None)
     with pytest.raises(FrozenInstanceError):

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from megatron.quant.training.env import scoped_environ
+from megatron.quant.settings.environment import scoped_environ
 
 
 def test_scoped_environ_restores_previous_values_even_on_error(monkeypatch):

@@ -90,7 +90,7 @@ def build_parser(description: str, default_analyses: Sequence[str],
 
 def capture_filter(args: argparse.Namespace) -> CaptureFilter:
     def chosen(name: str) -> Optional[frozenset | IndexSet]:
-        lists = getattr(args, name)
+        lists = vars(args)[name]
         if lists is None:
             return None
         if _FILTERS[name][0] == "int":
@@ -101,8 +101,8 @@ def capture_filter(args: argparse.Namespace) -> CaptureFilter:
 
 def _positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     for name in names:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+        if vars(args)[name] < 1:
+            parser.error(f"--{name} must be at least 1, got {vars(args)[name]}")
 
 
 def main(argv: Optional[Sequence[str]] = None, default_analyses: Sequence[str] = ("all",),

@@ -5,7 +5,6 @@ the variable (env var or field), the value and what is allowed.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
@@ -13,6 +12,7 @@ from typing import Callable, Mapping, Optional
 from megatron.quant.capture.inspect_config import InspectConfig, load_inspect_config
 from megatron.quant.capture.whatif import parse_whatif
 from megatron.quant.recipes.operands import ROLES
+from megatron.quant.settings.environment import settings_of
 from megatron.quant.settings.selectors import UNSIGNED_GRAMMAR, IndexSet, parse_selectors
 from megatron.quant.settings.switches import switch_value, unknown_variables
 from megatron.quant.stats import STATS_LEVELS
@@ -241,7 +241,7 @@ class SaverConfig:
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "SaverConfig":
         """Read the TENSOR_SAVE_* variables; unset or empty ones keep their defaults."""
-        environ = os.environ if environ is None else environ
+        environ = settings_of(environ)
         unknown = unknown_variables(environ, _ENV_PREFIXES, ENV_VARS, "capture")
         if unknown:
             raise ValueError(unknown)

@@ -5,12 +5,12 @@ path (``select``) read these rules; nothing here imports Triton.
 """
 from __future__ import annotations
 
-import os
+from megatron.quant.settings.environment import triton_interpreting
 
 
 def interpreting() -> bool:
     """True when Triton kernels run in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+    return triton_interpreting()  # read at each launch: tests set it per test
 
 
 # Launch options of every kernel: no multiply-add contraction into FMAs (Triton's default), which

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import sys
 from typing import Literal, Mapping, Optional, get_args
 
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.formats.show import show_value
+from megatron.quant.settings.environment import settings_of
 from megatron.quant.settings.variables import KERNELS_ENV
 
 from .launch import interpreting
@@ -40,7 +40,7 @@ KernelPath = Literal["triton", "compiled", "eager"]
 def backend(environ: Optional[Mapping[str, str]] = None) -> Backend:
     """The backend ``CUSTOM_QUANT_KERNELS`` names (``auto`` when unset); ValueError shows a bounded
     excerpt of a bad value and lists the allowed ones, or says why ``triton`` cannot be used here."""
-    env = os.environ if environ is None else environ
+    env = settings_of(environ)
     value = env.get(ENV, "").strip().lower() or "auto"
     if value not in BACKENDS:
         raise ValueError(f"{ENV}={show_value(env[ENV])} is not a kernel backend; allowed: {', '.join(BACKENDS)}")

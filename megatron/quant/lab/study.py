@@ -82,8 +82,8 @@ from megatron.quant.lab.study_sizing import (
     size,
     write_sizing,
 )
+from megatron.quant.settings.environment import scoped_environ
 from megatron.quant.training import metrics, notices
-from megatron.quant.training.env import scoped_environ
 
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
                  "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr-warmup-iters", "0",

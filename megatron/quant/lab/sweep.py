@@ -45,9 +45,10 @@ from megatron.quant.lab.sweep_plan import (
     train_command,
 )
 from megatron.quant.output_dir import OutputDirError, check_output_dir
+from megatron.quant.settings.environment import child_environment, read_environment
+from megatron.quant.settings.variables import DIE_WITH_PARENT
 from megatron.quant.training import checkpoint, notices
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
-from megatron.quant.training.lifetime import DIE_WITH_PARENT
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.variables import RECIPE_NAMING, environment_of
 
@@ -98,7 +99,7 @@ def execute(run: SweepRun, run_dir: Path, command: list[str], flags: Sequence[st
     A scheduled recipe's ``phases`` (one line each, with its iterations) go into run.json.
     The trainer inherits the run's ``lock`` descriptor and dies with the sweep (``training.lifetime``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {key: value for key, value in os.environ.items() if key not in RECIPE_NAMING}  # the run's recipe names it
+    env = child_environment(drop=RECIPE_NAMING)  # the run's recipe names it
     env.update(run.env)
     env.update(slot or {})
     env[DIE_WITH_PARENT] = "1"
@@ -149,7 +150,9 @@ def parallel_slots(parallel: int, launcher: Sequence[str], runs_per_gpu: int = 1
     if not per_run.isdigit():
         raise SweepError(f"--parallel {parallel}: the launcher's --nproc-per-node {per_run!r} must be a number")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    gpus = visible_gpus(os.environ, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    given = read_environment().visible_devices
+    gpus = visible_gpus({} if given is None else {"CUDA_VISIBLE_DEVICES": given},
+                        torch.cuda.device_count() if torch.cuda.is_available() else 0)
     return slot_environments(parallel, gpus, cpus, int(per_run), runs_per_gpu)
 
 

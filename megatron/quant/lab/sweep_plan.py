@@ -150,7 +150,7 @@ def check_flag_values(flags: Sequence[str], where: str = "training flags") -> ar
 def check_flags(flags: Sequence[str]) -> argparse.Namespace:
     """Parse the training flags once (an error before any run starts) and refuse the per-run ones."""
     args = check_flag_values(flags)
-    given = [f"--{key.replace('_', '-')}" for key in _OWN_FLAGS if getattr(args, key) is not None]
+    given = [f"--{key.replace('_', '-')}" for key in _OWN_FLAGS if vars(args)[key] is not None]
     if given:
         raise SweepError(f"the sweep sets {', '.join(given)} per run (OUTPUT_DIR/<recipe>/); drop them")
     try:  # once, before any run starts, not in every run's first step

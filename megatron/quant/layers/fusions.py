@@ -21,7 +21,6 @@ computes, up to rounding (the summation order changes); the tests state the tole
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -31,6 +30,7 @@ from megatron.core.models.common.embeddings import rope_utils
 
 from megatron.quant.formats.show import show_value
 from megatron.quant.layers.attention import QuantDotProductAttention
+from megatron.quant.settings.environment import settings_of
 from megatron.quant.settings.variables import FUSIONS_ENV
 
 ENV = FUSIONS_ENV
@@ -70,7 +70,7 @@ class FastPaths:
 def choose(environ: Optional[Mapping[str, str]] = None, *, cuda: bool, precision: str) -> FastPaths:
     """The fast paths ``CUSTOM_QUANT_FUSIONS`` (``auto`` when unset) gives a run on ``cuda`` or CPU
     in ``precision`` (bf16, fp16, fp32); ValueError names a bad value and the allowed ones."""
-    env = os.environ if environ is None else environ
+    env = settings_of(environ)
     value = env.get(ENV, "").strip().lower() or "auto"
     if value not in CHOICES:
         raise ValueError(f"{ENV}={show_value(env[ENV])} is not one of {', '.join(CHOICES)}")

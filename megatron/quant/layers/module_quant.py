@@ -89,7 +89,7 @@ def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> Modu
 def format_builder(recipe: QuantRecipe) -> Callable[[NumericFormat], QuantFormat]:
     """How the layers run ``recipe``'s formats: the kernel path ``CUSTOM_QUANT_KERNELS`` chooses (Triton,
     compiled or eager torch; ``kernels.wrap``), with the recipe's ``compile`` switch."""
-    return lambda fmt: kernels.wrap(fmt, recipe.compile)
+    return lambda fmt: kernels.wrap(fmt, recipe.compile, recipe.kernels)  # None: the environment's
 
 
 def global_module_name(path: str, config: TransformerConfig) -> str:

@@ -25,7 +25,14 @@ from megatron.quant.settings.names import NAME_RULE, name_problem
 from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
-from megatron.quant.settings.variables import FUSIONS_ENV, KERNELS_ENV
+from megatron.quant.settings.variables import (
+    COMPILE_ENV,
+    RECIPE_ENV,
+    RECIPE_PREFIX,
+    RECIPE_VARIABLES,
+    SCOPE_ENV,
+    TYPE_ENV,
+)
 
 TOP_KEYS = ("name", "format", "options", "scope", "operands", "rules", "compile", "seed", "schedule", "evaluation",
             "backward_override", "columnwise_source", "accumulate")
@@ -48,13 +55,12 @@ class RecipeError(ValueError):
     """A recipe value that cannot be used; the message names where it came from."""
 
 
-ENV_VARS = ("CUSTOM_QUANT_TYPE", "CUSTOM_QUANT_SCOPE", "CUSTOM_QUANT_RECIPE", "CUSTOM_QUANT_COMPILE", KERNELS_ENV,
-            FUSIONS_ENV)
+ENV_VARS = tuple(RECIPE_VARIABLES)  # spelled once, in settings.variables
 
 
 def check_env_names(environ: Mapping[str, str]) -> None:
     """RecipeError for a CUSTOM_QUANT_* variable that is none of ENV_VARS (e.g. CUSTOM_QUANT_TPYE)."""
-    unknown = unknown_variables(environ, ("CUSTOM_QUANT_",), ENV_VARS, "recipe")
+    unknown = unknown_variables(environ, (RECIPE_PREFIX,), ENV_VARS, "recipe")
     if unknown:
         raise RecipeError(unknown)
 
@@ -343,12 +349,12 @@ def env_sources(environ: Mapping[str, str]) -> tuple[dict[str, Any], Optional[st
     the file omits."""
     check_env_names(environ)
     defaults: dict[str, Any] = {}
-    if environ.get("CUSTOM_QUANT_TYPE"):
-        defaults["format"] = environ["CUSTOM_QUANT_TYPE"].strip().lower()
-    if environ.get("CUSTOM_QUANT_SCOPE"):
-        defaults["scope"] = [s.strip() for s in environ["CUSTOM_QUANT_SCOPE"].split(",")]
-    if environ.get("CUSTOM_QUANT_COMPILE"):
-        defaults["compile"] = environ["CUSTOM_QUANT_COMPILE"].strip().lower()
-    path = environ.get("CUSTOM_QUANT_RECIPE") or None
-    source = f"CUSTOM_QUANT_RECIPE={path}" if path else "CUSTOM_QUANT_TYPE/CUSTOM_QUANT_SCOPE"
+    if environ.get(TYPE_ENV):
+        defaults["format"] = environ[TYPE_ENV].strip().lower()
+    if environ.get(SCOPE_ENV):
+        defaults["scope"] = [s.strip() for s in environ[SCOPE_ENV].split(",")]
+    if environ.get(COMPILE_ENV):
+        defaults["compile"] = environ[COMPILE_ENV].strip().lower()
+    path = environ.get(RECIPE_ENV) or None
+    source = f"{RECIPE_ENV}={path}" if path else f"{TYPE_ENV}/{SCOPE_ENV}"
     return defaults, path, source

@@ -57,6 +57,11 @@ class PrecisionConfig(RecipeConfig):
                    for key, recipe in self.configs.items()}
         return type(self)(self.matchers, configs, self.name, self.source)
 
+    def with_kernels(self, kernels: str) -> "PrecisionConfig":
+        """Every recipe quantizes through the kernel path ``kernels`` (the run's CUSTOM_QUANT_KERNELS)."""
+        configs = {key: replace(recipe, kernels=kernels) for key, recipe in self.configs.items()}
+        return type(self)(self.matchers, configs, self.name, self.source)
+
     def for_run(self, train_iters: int, num_layers: int) -> "PrecisionConfig":
         """Each scheduled recipe's phases placed in a run of ``train_iters`` iterations of a
         ``num_layers``-layer model: ScheduleError for a switch past the end, overlapping phases

@@ -23,7 +23,6 @@ Megatron-LM); a matcher naming no config or an unknown one is refused here, befo
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Mapping
 
 import yaml
@@ -32,7 +31,7 @@ from megatron.core.quantization.quant_config import RecipeConfig
 from megatron.quant.formats.show import show_value
 from megatron.quant.recipes.parse import RecipeError, load_yaml
 from megatron.quant.recipes.precision import PrecisionConfig
-from megatron.quant.recipes.presets import PresetError, recipe_from_megatron_flags
+from megatron.quant.recipes.presets import GivenFlags, PresetError, recipe_from_megatron_flags
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.settings.names import name_problem
 from megatron.quant.yaml_safe import YamlError, read_text_file
@@ -155,9 +154,8 @@ def te_recipe(payload: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise RecipeError(f"{source}: fp4_quantization_recipe {show_value(fp4)} is not emulated; the lab has nvfp4")
     if fp8 is not None and training.get("fp8_format", "e4m3") not in ("e4m3", "hybrid"):
         raise RecipeError(f"{source}: fp8_format {show_value(training['fp8_format'])} is unknown; TE's: e4m3, hybrid")
-    flags = SimpleNamespace(fp8_recipe=fp8, fp8_format=training.get("fp8_format", "e4m3") if fp8 else None,
-                            fp4_format="e2m1" if fp4 else None, fp4_recipe=fp4, no_fp8_wgrad=False,
-                            first_last_layers_bf16=False)
+    flags = GivenFlags(fp8_recipe=fp8, fp8_format=training.get("fp8_format", "e4m3") if fp8 else None,
+                       fp4_format="e2m1" if fp4 else None, fp4_recipe=fp4)
     try:
         return recipe_from_megatron_flags(flags)
     except (PresetError, KeyError) as exc:

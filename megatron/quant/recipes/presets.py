@@ -37,8 +37,9 @@ imports nothing of ours: ``recipe`` imports it.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Protocol, Union
 
 from megatron.quant.formats.registry import MAX_AMAX_HISTORY_LEN
 
@@ -231,6 +232,39 @@ _E4M3_GRADIENTS = {"tensorwise": "fp8_e4m3", "delayed": "fp8_e4m3"}
 # blockwise + hybrid: TE's Float8BlockScaling refuses only E5M2 (``__post_init__``), so HYBRID
 # gives E5M2 gradients in the same 1x128 blocks.
 _E5M2_GRADIENTS = {"mxfp8": "mxfp8_e5m2", "blockwise": "fp8_e5m2"}
+class PrecisionFlags(Protocol):
+    """Megatron-LM's precision flags as the trainer's configuration holds them (``None``: not given)."""
+
+    fp8_format: Optional[str]
+    fp8_recipe: Optional[str]
+    fp8_margin: Optional[int]
+    fp8_amax_history_len: Optional[int]
+    fp8_amax_compute_algo: Optional[str]
+    fp4_format: Optional[str]
+    fp4_recipe: Optional[str]
+    no_fp8_wgrad: bool
+    first_last_layers_bf16: bool
+    num_layers_at_start_in_bf16: Optional[int]
+    num_layers_at_end_in_bf16: Optional[int]
+
+
+@dataclass(frozen=True)
+class GivenFlags:
+    """``PrecisionFlags`` from some of them (a precision file's training recipe): the others not given."""
+
+    fp8_format: Optional[str] = None
+    fp8_recipe: Optional[str] = None
+    fp8_margin: Optional[int] = None
+    fp8_amax_history_len: Optional[int] = None
+    fp8_amax_compute_algo: Optional[str] = None
+    fp4_format: Optional[str] = None
+    fp4_recipe: Optional[str] = None
+    no_fp8_wgrad: bool = False
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: Optional[int] = None
+    num_layers_at_end_in_bf16: Optional[int] = None
+
+
 _DELAYED_ONLY = ("fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo")
 # Megatron-LM's defaults for its delayed-scaling flags (TE's recipe defaults are 1024 and "max").
 MEGATRON_DELAYED_DEFAULTS = {"fp8_margin": 0, "fp8_amax_history_len": 1, "fp8_amax_compute_algo": "most_recent"}
@@ -258,7 +292,7 @@ def _with_options(recipe: dict[str, Any], options: Mapping[str, Any]) -> dict[st
     return recipe
 
 
-def _base_recipe(args: Any) -> tuple[str, dict[str, Any]]:
+def _base_recipe(args: PrecisionFlags) -> tuple[str, dict[str, Any]]:
     """(name, recipe dict) for the --fp8-*/--fp4-* flags, before --no-fp8-wgrad and bf16 layers."""
     if args.fp4_format is not None:
         _refuse(args.fp8_format is not None, "--fp4-format and --fp8-format are mutually exclusive; give one")
@@ -278,10 +312,10 @@ def _base_recipe(args: Any) -> tuple[str, dict[str, Any]]:
     return name, data
 
 
-def _with_megatron_delayed_flags(name: str, data: dict[str, Any], args: Any) -> tuple[str, dict[str, Any]]:
+def _with_megatron_delayed_flags(name: str, data: dict[str, Any], args: PrecisionFlags) -> tuple[str, dict[str, Any]]:
     """te-fp8-delayed with Megatron-LM's flag values (its defaults where not given: a history of
     1, "most_recent", margin 0); the name spells out the history."""
-    given = {key: getattr(args, key, None) for key in _DELAYED_ONLY}
+    given = _delayed_flags(args)
     value = {key: MEGATRON_DELAYED_DEFAULTS[key] if v is None else v for key, v in given.items()}
     _refuse(not 1 <= value["fp8_amax_history_len"] <= MAX_AMAX_HISTORY_LEN,
             f"--fp8-amax-history-len must be 1..{MAX_AMAX_HISTORY_LEN}, got {value['fp8_amax_history_len']}")
@@ -299,27 +333,31 @@ def _refuse(condition: bool, message: str) -> None:
         raise PresetError(message)
 
 
-def emulates_precision(args: Any) -> bool:
+def _delayed_flags(args: PrecisionFlags) -> dict[str, Any]:
+    """The delayed-scaling flags as given (None: not given), by ``_DELAYED_ONLY`` name."""
+    return dict(zip(_DELAYED_ONLY, (args.fp8_margin, args.fp8_amax_history_len, args.fp8_amax_compute_algo)))
+
+
+def emulates_precision(args: PrecisionFlags) -> bool:
     """True when the flags ask for an emulated recipe: any --fp8-recipe or --fp4-* flag.
     ``--fp8-format`` alone keeps Megatron-LM's meaning: real FP8 GEMMs in Transformer Engine."""
-    return any(getattr(args, key, None) is not None for key in ("fp8_recipe", "fp4_format", "fp4_recipe"))
+    return any(given is not None for given in (args.fp8_recipe, args.fp4_format, args.fp4_recipe))
 
 
-def recipe_from_megatron_flags(args: Any) -> Optional[dict[str, Any]]:
+def recipe_from_megatron_flags(args: PrecisionFlags) -> Optional[dict[str, Any]]:
     """The recipe dict Megatron-LM's precision flags ask for (None: no emulated recipe requested);
     PresetError for combinations that cannot be emulated."""
-    for key in _DELAYED_ONLY:  # Megatron-LM hands them to DelayedScaling only
-        given = getattr(args, key, None)
-        _refuse(given is not None and getattr(args, "fp8_recipe", None) != "delayed",
+    for key, given in _delayed_flags(args).items():  # Megatron-LM hands them to DelayedScaling only
+        _refuse(given is not None and args.fp8_recipe != "delayed",
                 f"{_flag(key)} {given} only applies to delayed scaling (--fp8-recipe delayed); Megatron-LM "
                 f"ignores it for other recipes")
-    first_last = getattr(args, "first_last_layers_bf16", False)
-    for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
-        count = getattr(args, key, None)
+    first_last = args.first_last_layers_bf16
+    for key, count in (("num_layers_at_start_in_bf16", args.num_layers_at_start_in_bf16),
+                       ("num_layers_at_end_in_bf16", args.num_layers_at_end_in_bf16)):
         _refuse(count is not None and not first_last, f"{_flag(key)} {count} needs --first-last-layers-bf16")
         _refuse(count is not None and count < 0, f"{_flag(key)} must be >= 0, got {count}")
     emulated = emulates_precision(args)
-    for key, given in (("no_fp8_wgrad", getattr(args, "no_fp8_wgrad", False)), ("first_last_layers_bf16", first_last)):
+    for key, given in (("no_fp8_wgrad", args.no_fp8_wgrad), ("first_last_layers_bf16", first_last)):
         _refuse(bool(given) and not emulated, f"{_flag(key)} needs an emulated recipe (--fp8-recipe "
                                               f"{{{','.join(FP8_RECIPES)}}} or --fp4-format e2m1)")
     if not emulated:

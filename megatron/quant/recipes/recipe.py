@@ -38,6 +38,7 @@ from megatron.quant.recipes.operands import (
 from megatron.quant.recipes.parse import RecipeError, check_env_names
 from megatron.quant.recipes.rules import DEFAULT_SCOPE, PASSTHROUGH_DEFAULT, FormatChoice, Rule
 from megatron.quant.recipes.schedule import Schedule, ScheduleError, parse_schedule, phase_recipe_value
+from megatron.quant.settings.environment import settings_of
 
 __all__ = ["QuantRecipe", "RecipeError", "check_env_names"]  # the errors and the check callers take from here
 
@@ -66,6 +67,9 @@ class QuantRecipe:
     # How the linear GEMMs add their products (``formats.accumulation``): (gemm, "fast" | "promoted") for
     # those that take a Hopper FP8 tensor core's accumulator; the others accumulate exactly in FP32.
     accumulate: tuple[tuple[str, str], ...] = ()
+    # The kernel path a training run's configuration chose (CUSTOM_QUANT_KERNELS, ``kernels.select``);
+    # None: the environment's, read when the layers are built. Not a recipe key: it says how, not what.
+    kernels: Optional[str] = field(default=None, repr=False)
 
     # ---- construction: ``parse`` reads, this builds ------------------------------------
     @classmethod
@@ -105,7 +109,7 @@ class QuantRecipe:
 
         With a recipe file, the other variables fill only the keys the file omits.
         """
-        defaults, path, source = parse.env_sources(os.environ if environ is None else environ)
+        defaults, path, source = parse.env_sources(settings_of(environ))
         if path is not None:
             return cls.from_file(path, defaults=defaults, source=source)
         return cls.from_dict(defaults, source=source)

@@ -23,9 +23,11 @@ from megatron.quant.training.megatron_lm_args import (
     samples_to_iterations,
 )
 from megatron.quant.training.megatron_lm_flags import add_answered_flags, take_answered
+from megatron.quant.training.metrics import wandb_flags_problem
 from megatron.quant.training.moe import MOE_SHAPE_DEFAULTS, MoEError, add_moe_arguments, check_moe
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.recompute import RecomputeError, add_recompute_arguments, check_recompute
+from megatron.quant.training.run_tree import first_given
 from megatron.quant.training.tokenizers import VOCAB_DIVISOR
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
@@ -175,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--check-args", action="store_true",
                    help="check the arguments, environment and --load checkpoint, then exit (0 when training "
                         "would start, 2 with the reason); the launch scripts run this before torchrun")
+    g.add_argument("--print-config", action="store_true", help="print the resolved configuration, each value with "
+                   "where it came from (flag, environment, file, default), then exit 0 without training")
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="peak dense TFLOP/s of one device for MFU (default: from the device table)")
@@ -203,10 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse Megatron-LM-style flags; unset shape flags come from ``--model`` or ``--hf-checkpoint``, then defaults."""
+    return parse_with_sources(argv)[0]
+
+
+def parse_with_sources(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The flags of ``argv`` and where each destination's value came from (``run_tree.SOURCES``): "flag
+    --x", "file ..." (a --model preset or a --hf-checkpoint's config.json) or "default"; the tree's
+    precedence (``run_tree.first_given``) decides between them."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    unset = object()  # parsed again over placeholders, argparse fills no default in: what differs is given
+    again = parser.parse_args(argv, namespace=argparse.Namespace(**{key: unset for key in vars(args)}))
+    given = {key: value for key, value in vars(again).items() if value is not unset}
     try:
         args.notices = take_answered(args)
     except ValueError as error:
@@ -217,15 +231,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         from megatron.quant.training.hf_import import hf_shape
 
         preset = dict(hf_shape(args.hf_checkpoint), group_query_attention=True, swiglu=True)
+        file = f"file {args.hf_checkpoint}/config.json"
     else:
-        preset = get_preset(args.model) if args.model else {}
-    for key, default in _SHAPE_DEFAULTS.items():
-        if not hasattr(args, key):
-            setattr(args, key, preset.get(key, default))
-    for key, value in preset.items():
-        if not hasattr(args, key):
-            setattr(args, key, value)
-    return args
+        preset, file = (get_preset(args.model) if args.model else {}), f"file preset {args.model}"
+    layers = [("flag", given), (file, preset), ("default", {**vars(args), **_SHAPE_DEFAULTS})]
+    sources = {}
+    for key in {*vars(args), *_SHAPE_DEFAULTS, *preset}:
+        value, source = first_given(key, layers)
+        setattr(args, key, value)
+        sources[key] = f"flag {_flag(key)}" if source == "flag" else source
+    return args, sources
 
 
 def _require(condition: bool, message: str) -> None:
@@ -239,10 +254,11 @@ def _flag(key: str) -> str:
 
 def _check_sizes(args: argparse.Namespace) -> None:
     """Sizes and divisors are positive before anything divides by them (a 0 would be a ZeroDivisionError)."""
+    values = vars(args)  # the flags by destination: the checks name each flag they refuse
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "make_vocab_size_divisible_by"):
-        _require(getattr(args, key) > 0, f"{_flag(key)} must be positive, got {getattr(args, key)}")
+        _require(values[key] > 0, f"{_flag(key)} must be positive, got {values[key]}")
     for key in ("num_query_groups", "vocab_size", "max_position_embeddings"):
-        value = getattr(args, key, None)
+        value = values.get(key)
         _require(value is None or value > 0, f"{_flag(key)} must be positive, got {value}")
     _require(0 <= args.seed <= MAX_SEED, f"--seed must be between 0 and {MAX_SEED} (numpy's generator range), "
                                          f"got {args.seed}")
@@ -251,15 +267,15 @@ def _check_sizes(args: argparse.Namespace) -> None:
 def _check_floats(args: argparse.Namespace) -> None:
     """Finite, in range: a NaN learning rate or a dropout of 1.5 is refused here, not found as a NaN loss."""
     for key in FLOAT_RANGES:
-        value = getattr(args, key, None)
+        value = vars(args).get(key)
         _require(value is None or within_range(key, value), f"{_flag(key)} must be {allowed(key)}, got {value}")
 
 
 def _check_shape(args: argparse.Namespace) -> None:
+    values = vars(args)
     for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length"):
-        _require(hasattr(args, key), f"--{key.replace('_', '-')} is required (or pick a --model preset: "
-                                     f"{', '.join(PRESETS)})")
-        _require(getattr(args, key) > 0, f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+        _require(key in values, f"{_flag(key)} is required (or pick a --model preset: {', '.join(PRESETS)})")
+        _require(values[key] > 0, f"{_flag(key)} must be positive, got {values[key]}")
     _require(args.normalization == "RMSNorm",
              f"--normalization {args.normalization!r} is not supported; Llama uses RMSNorm")
     if args.num_query_groups is None or not args.group_query_attention:
@@ -344,16 +360,6 @@ def _check_run(args: argparse.Namespace, world_size: int) -> None:
              f"--divergence-threshold must be positive, got {args.divergence_threshold}")
 
 
-def _check_logging(args: argparse.Namespace) -> None:
-    if args.wandb_project is None:
-        _require(args.wandb_exp_name is None and args.wandb_save_dir is None,
-                 "--wandb-exp-name and --wandb-save-dir need --wandb-project")
-        return
-    _require(importlib.util.find_spec("wandb") is not None,
-             f"--wandb-project {args.wandb_project!r} needs the wandb package, which is not installed: "
-             "pip install 'megatron-quant[wandb]' (or drop the --wandb-* flags)")
-
-
 def _check_data(args: argparse.Namespace) -> None:
     _require((args.data_path is None) == args.mock_data,
              "give exactly one of --data-path PREFIX... and --mock-data")
@@ -385,5 +391,6 @@ def validate_args(args: argparse.Namespace, world_size: int, cuda: bool) -> argp
     except (MoEError, MegatronLMFlagError, RecomputeError) as error:
         raise ArgumentError(str(error)) from None
     _check_data(args)
-    _check_logging(args)
+    problem = wandb_flags_problem(args.wandb_project, args.wandb_exp_name, args.wandb_save_dir)
+    _require(problem is None, str(problem))
     return args

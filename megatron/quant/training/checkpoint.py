@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from megatron.quant.layers.delayed import HISTORIES
 from megatron.quant.training.checkpoint_files import find_damage, first_line, unreadable_here
+from megatron.quant.training.run_tree import RunTree
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # Megatron-LM's default for the distributed optimizer: fully parallel I/O, reshardable over DP.
@@ -128,27 +129,28 @@ def _layout(args: dict) -> tuple:
                                            "data_parallel_size"))
 
 
-def check_resume(directory: str, args) -> None:
+def check_resume(directory: str, tree: RunTree) -> None:
     """Refuse at start, from ``directory``'s run config, a resume that loading would refuse deep
     inside megatron-core or that would train nothing: ``--train-iters`` below the checkpoint's
     iteration, another parallel layout with its RNG states restored, another precision with its
     optimizer state loaded. CheckpointError naming both values and the flag that makes it work."""
     match = _ITER_DIR.fullmatch(os.path.basename(os.path.normpath(directory)))
-    if match and int(match.group(1)) > args.train_iters:
-        raise CheckpointError(f"--train-iters {args.train_iters} is below the iteration of checkpoint {directory} "
+    train_iters = tree.schedule.train_iters
+    if match and int(match.group(1)) > train_iters:
+        raise CheckpointError(f"--train-iters {train_iters} is below the iteration of checkpoint {directory} "
                               f"({int(match.group(1))}); give --train-iters {int(match.group(1))} or more, or load "
                               f"an earlier one with --ckpt-step N")
     with open(os.path.join(directory, RUN_CONFIG), encoding="utf-8") as f:
         config = json.load(f)  # parsed already by find_damage; its shape is not checked there
     saved = config.get("args") if isinstance(config, dict) else None
     saved = saved if isinstance(saved, dict) else {}
-    now = vars(args)
-    if not args.no_load_rng and None not in _layout(saved) and _layout(saved) != _layout(now):
+    now = tree.flags()
+    if not tree.checkpoint.no_load_rng and None not in _layout(saved) and _layout(saved) != _layout(now):
         raise CheckpointError(
             "checkpoint {} was saved at TP {} x PP {} x DP {}, this run is TP {} x PP {} x DP {}: RNG states resume "
             "only at the saved layout; add --no-load-rng (weights and optimizer state reshard)".format(
                 directory, *_layout(saved), *_layout(now)))
-    if not args.no_load_optim and _precision(saved) != _precision(now):
+    if not tree.checkpoint.no_load_optim and _precision(saved) != _precision(now):
         raise CheckpointError(f"checkpoint {directory} was saved with precision {_precision(saved)}, this run uses "
                               f"{_precision(now)}: the optimizer state differs; resume with the saved precision, or "
                               f"add --no-load-optim to take the weights only")

@@ -1,13 +1,12 @@
 """What the training loop reads of a run's flags, typed: ``TrainingConfig``.
 
-``main.setup`` builds it once from the checked argparse namespace (``arguments.validate_args``);
-the loop (``loop.py``) reads only it, never the namespace.
+``main.setup`` builds it once from the run's configuration (``run_tree.RunTree``); the loop
+(``loop.py``) reads only it.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,6 @@ class TrainingConfig:
     wandb_save_dir: Optional[str]   # --wandb-save-dir: W&B's local directory (None: W&B's)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "TrainingConfig":
-        """The loop's settings from a namespace ``arguments.validate_args`` has checked and completed."""
-        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
+    def from_flags(cls, flags: Mapping[str, Any]) -> "TrainingConfig":
+        """The loop's settings from the run's checked flags (``run_tree.RunTree.flags``)."""
+        return cls(**{name: flags[name] for name in cls.__dataclass_fields__})

@@ -1,29 +1,13 @@
-"""Run code under extra environment variables (the quantization and capture settings are env vars)."""
+"""Whether a study's environment can be given to its runs as variables (``environment_problem``);
+``settings.environment.scoped_environ`` sets them."""
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from megatron.quant.formats.show import show_value
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@contextlib.contextmanager
-def scoped_environ(env: Mapping[str, str]) -> Iterator[None]:
-    """Set ``env`` inside the block; afterwards every key has its previous value (or none) again."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def environment_problem(environment: Mapping[Any, Any]) -> str | None:

@@ -11,9 +11,10 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Mapping
+from typing import Optional
 
-DIE_WITH_PARENT = "MEGATRON_QUANT_DIE_WITH_PARENT"  # set by the sweep for its runs' processes
+from megatron.quant.settings.environment import Environment, read_environment
+
 _PR_SET_PDEATHSIG = 1
 # Resolved once, here, not in the forked child (which must call nothing that could take a lock).
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
@@ -30,7 +31,7 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def trainer_dies_with_parent(environ: Mapping[str, str] = os.environ) -> None:
-    """In a trainer process: die with the parent when a sweep started it."""
-    if environ.get(DIE_WITH_PARENT) == "1":
+def trainer_dies_with_parent(environment: Optional[Environment] = None) -> None:
+    """In a trainer process: die with the parent when a sweep started it (``DIE_WITH_PARENT``)."""
+    if (read_environment() if environment is None else environment).die_with_parent:
         die_with_parent()

@@ -50,8 +50,9 @@ def samples_to_iterations(args: argparse.Namespace) -> None:
     batch, samples = args.global_batch_size, args.train_samples
     if samples is None:
         _require(args.train_iters is not None, "give --train-iters N or --train-samples N")
-        for key in ("lr_decay_samples", "lr_warmup_samples"):
-            _require(getattr(args, key) is None, f"--{key.replace('_', '-')} needs --train-samples (Megatron-LM)")
+        for flag, given in (("--lr-decay-samples", args.lr_decay_samples),
+                            ("--lr-warmup-samples", args.lr_warmup_samples)):
+            _require(given is None, f"{flag} needs --train-samples (Megatron-LM)")
         return
     _require(args.train_iters is None, "give one of --train-iters and --train-samples, not both")
     _require(samples >= batch, f"--train-samples {samples} is less than one --global-batch-size ({batch})")

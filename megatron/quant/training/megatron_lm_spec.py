@@ -16,7 +16,6 @@ trainer reads it (``CUSTOM_QUANT_*``, or a per-module precision file), starts th
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -33,6 +32,7 @@ from megatron.quant.layers.spec import decoder_spec, llama_layer_spec
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
 from megatron.quant.recipes.recipe import QuantRecipe
+from megatron.quant.settings.environment import settings_of
 from megatron.quant.training.loop import iterations_run
 
 # The objects --spec names (megatron-core's import_module takes a module attribute, not a call).
@@ -47,7 +47,7 @@ def spec_for(config: TransformerConfig) -> Any:
 
 
 def run_precision(config: TransformerConfig, *, train_iters: int, seed: int, precision_file: str | None = None,
-                  environ: Mapping[str, str] = os.environ) -> PrecisionConfig:
+                  environ: Mapping[str, str] | None = None) -> PrecisionConfig:
     """The precision the trainer would run: ``precision_file`` (Megatron-LM's --te-precision-config-file or
     --kitchen-config-file), else the CUSTOM_QUANT_* recipe; seeded, its schedules placed in the run."""
     precision = (load_precision_file(precision_file) if precision_file
@@ -72,11 +72,12 @@ def _configs(model: torch.nn.Module) -> list[TransformerConfig]:
 
 
 def step(model: torch.nn.Module | Sequence[torch.nn.Module], iteration: int, *, train_iters: int, seed: int,
-         precision_file: str | None = None, environ: Mapping[str, str] = os.environ) -> None:
+         precision_file: str | None = None, environ: Mapping[str, str] | None = None) -> None:
     """Call at the start of each iteration with Megatron-LM's ``iteration`` as it stands there (the
     iterations done: 0 first); the run position becomes ``iteration + 1``, the number Megatron-LM logs
     the iteration under. The first call gives ``model``'s quantized modules the run's precision
     (``run_precision``) and starts the capture over the iterations left."""
+    environ = settings_of(environ)  # the recipe and capture read the same variables
     chunks = [_gpt(chunk) for chunk in (model if isinstance(model, Sequence) else [model])]
     config = chunks[0].config
     if not isinstance(config.quant_recipe, PrecisionConfig):

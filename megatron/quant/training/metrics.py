@@ -6,6 +6,7 @@ does: no causal-mask discount, elementwise work ignored.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Mapping
@@ -56,6 +57,17 @@ def flops_per_iteration(shape: Mapping, *, global_batch_size: int, seq_length: i
     """Training FLOPs of one iteration (all ranks): backward is twice the forward."""
     return 3.0 * forward_gemm_flops(shape, tokens=global_batch_size * seq_length, seq_length=seq_length,
                                     vocab_size=vocab_size)
+
+
+def wandb_flags_problem(project: str | None, exp_name: str | None, save_dir: str | None) -> str | None:
+    """Why the --wandb-* flags cannot log (None when they can, or are not given)."""
+    if project is None:
+        return None if exp_name is None and save_dir is None else \
+            "--wandb-exp-name and --wandb-save-dir need --wandb-project"
+    if importlib.util.find_spec("wandb") is None:
+        return (f"--wandb-project {project!r} needs the wandb package, which is not installed: "
+                "pip install 'megatron-quant[wandb]' (or drop the --wandb-* flags)")
+    return None
 
 
 def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:

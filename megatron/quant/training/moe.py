@@ -12,6 +12,8 @@ import argparse
 import ast
 from typing import TYPE_CHECKING, Any, Mapping
 
+from megatron.quant.training.run_tree import RunTree
+
 if TYPE_CHECKING:
     from megatron.quant.recipes.precision import PrecisionConfig
 
@@ -88,8 +90,8 @@ def check_moe(args: argparse.Namespace, data_parallel: int, cuda: bool) -> list[
     if data_parallel % ep:
         raise MoEError(f"--expert-model-parallel-size {ep} does not divide the data-parallel size {data_parallel} "
                        f"(expert-parallel ranks are data-parallel ranks of the attention)")
-    for key in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
-        value = getattr(args, key)
+    for key, value in (("moe_ffn_hidden_size", args.moe_ffn_hidden_size),
+                       ("moe_shared_expert_intermediate_size", args.moe_shared_expert_intermediate_size)):
         if value is not None and value < 1:
             raise MoEError(f"--{key.replace('_', '-')} must be positive, got {value}")
     freq = args.moe_layer_freq
@@ -113,22 +115,23 @@ def check_moe(args: argparse.Namespace, data_parallel: int, cuda: bool) -> list[
     return []
 
 
-def check_router_precision(precision: "PrecisionConfig", args: argparse.Namespace, origin: str) -> None:
+def check_router_precision(precision: "PrecisionConfig", tree: RunTree, origin: str) -> None:
     """MoEError when some config of ``precision`` (chosen by ``origin``) has a router rule for a dense model,
     or quantizes the router where the lab cannot emulate it."""
     from megatron.quant.layers.router import router_quant_problem  # megatron-core: imported once a run starts
 
-    if args.num_experts is None:
+    num_layers = tree.model.num_layers
+    if tree.moe.num_experts is None:
         for key, recipe in precision.configs.items():
-            if recipe.quantizes_router(args.num_layers):
+            if recipe.quantizes_router(num_layers):
                 raise MoEError(f"{origin}: recipe {key!r} has a rule for the MoE router, but the model is dense "
                                f"(no --num-experts); drop the rule or give --num-experts")
         return
-    problem = router_quant_problem(args.moe_router_dtype, args.sequence_parallel)
+    problem = router_quant_problem(tree.moe.moe_router_dtype, tree.parallel.sequence_parallel)
     if problem is None:
         return
     for key, recipe in precision.configs.items():
-        if recipe.quantizes_router(args.num_layers):
+        if recipe.quantizes_router(num_layers):
             raise MoEError(f"{precision.source}: recipe {key!r} quantizes the MoE router, but {problem}")
 
 
@@ -154,8 +157,9 @@ def _layer_freq(freq: Any) -> Any:
     return freq if isinstance(freq, int) else list(freq)  # megatron-core takes an int or a list
 
 
-def moe_run_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """``moe_config_fields``' run-level keywords from the parsed flags."""
-    return dict(expert_parallel=args.expert_model_parallel_size, dispatcher=args.moe_token_dispatcher_type,
+def moe_run_fields(tree: RunTree) -> dict[str, Any]:
+    """``moe_config_fields``' run-level keywords from the run's configuration."""
+    args = tree.moe
+    return dict(expert_parallel=tree.parallel.expert_model_parallel_size, dispatcher=args.moe_token_dispatcher_type,
                 router_dtype=args.moe_router_dtype, load_balancing=args.moe_router_load_balancing_type,
                 aux_loss_coeff=args.moe_aux_loss_coeff, pre_softmax=args.moe_router_pre_softmax)

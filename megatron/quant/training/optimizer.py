@@ -9,10 +9,11 @@ Both run under megatron-core's ``OptimizerParamScheduler``.
 """
 from __future__ import annotations
 
-import argparse
 from typing import Iterable
 
 import torch
+
+from megatron.quant.training.run_tree import RunTree
 
 
 def _no_weight_decay(name: str, param: torch.nn.Parameter) -> bool:
@@ -133,8 +134,9 @@ class CpuAdamW:
         self.optimizer.load_state_dict(state)
 
 
-def build_optimizer(args: argparse.Namespace, model_chunks: list, cuda: bool):
+def build_optimizer(tree: RunTree, model_chunks: list, cuda: bool):
     """CpuAdamW on CPU; megatron-core's optimizer (distributed with --use-distributed-optimizer) on GPU."""
+    args, precision = tree.optimizer, tree.precision
     if not cuda:
         named = [item for chunk in model_chunks for item in chunk.named_parameters()]
         return CpuAdamW(named, lr=args.lr, weight_decay=args.weight_decay,
@@ -144,18 +146,19 @@ def build_optimizer(args: argparse.Namespace, model_chunks: list, cuda: bool):
     config = OptimizerConfig(
         optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-        clip_grad=args.clip_grad, bf16=args.bf16, fp16=args.fp16,
-        params_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32,
+        clip_grad=args.clip_grad, bf16=precision.bf16, fp16=precision.fp16,
+        params_dtype=torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else torch.float32,
         use_distributed_optimizer=args.use_distributed_optimizer)
     return get_megatron_optimizer(config, model_chunks)
 
 
-def build_scheduler(args: argparse.Namespace, optimizer):
+def build_scheduler(tree: RunTree, optimizer):
     """megatron-core's OptimizerParamScheduler, stepped once per iteration."""
+    args = tree.optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     return OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=args.lr, min_lr=args.min_lr,
         lr_warmup_steps=args.lr_warmup_iters, lr_decay_steps=args.lr_decay_iters,
         lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay, end_wd=args.weight_decay,
-        wd_incr_steps=args.train_iters, wd_incr_style="constant")
+        wd_incr_steps=tree.schedule.train_iters, wd_incr_style="constant")
