@@ -47,3 +47,9 @@ def test_a_block_statistic_declared_once_reaches_the_records(monkeypatch):
     assert stats["blocks"] == 3 and stats["scale_median"] == expected
     assert whatif_stats(x, fmt, -1, "full")["block_scales"]["scale_median"] == expected
     assert block_scale_stats(torch.zeros(2, 32), fmt, -1, scale[:2])["scale_median"] is None  # no used block
+
+
+def test_the_per_block_keys_the_report_draws_are_declared():
+    from megatron.quant.analysis.captures.block_scales import _PER_LAYER
+
+    assert {key for key, *_ in _PER_LAYER} <= set(record.block_key_names(histograms=False))
