@@ -53,3 +53,18 @@ def test_the_per_block_keys_the_report_draws_are_declared():
     from megatron.quant.analysis.captures.block_scales import _PER_LAYER
 
     assert {key for key, *_ in _PER_LAYER} <= set(record.block_key_names(histograms=False))
+
+
+def test_the_iteration_view_is_what_the_capture_logs_each_iteration():
+    from megatron.quant.capture.summary import IterationSummary
+
+    iteration = record.key_names(view="iteration")
+    summary = IterationSummary()
+    for value in (1.0, 3.0):
+        stats = dict.fromkeys(record.key_names(), value)
+        summary.add("fc1", "input", {**stats, "whatif": {"mxfp8": stats}})
+    logged = summary.as_dict()
+    assert {key for key in logged if key.startswith("quant/")} == {f"quant/fc1/input/{key}" for key in iteration}
+    assert {key for key in logged if key.startswith("whatif/")} == {
+        f"whatif/mxfp8/fc1/input/{key}" for key in iteration if key in record.key_names(view="whatif")}
+    assert set(logged.values()) == {2.0}

@@ -18,7 +18,7 @@ Three tables:
 
 The packed layout, the fields the kernels write out, the record's keys at each level and a what-if
 record's keys derive from these tables as they stand when called (a row added later shows everywhere);
-the capture report's summary columns as they stand when its modules load.
+the capture report's summary columns and the capture's iteration means as they stand when their modules load.
 """
 from __future__ import annotations
 
@@ -88,11 +88,13 @@ FIELDS: tuple[Field, ...] = (
 
 Group = Literal["tensor", "quant", "block"]
 GROUPS: tuple[Group, ...] = ("tensor", "quant", "block")
-View = Literal["summary", "whatif"]
+View = Literal["summary", "whatif", "iteration"]
 """Where a key is kept besides the manifest: ``summary``, the capture report's summary of every capture
 (its statistics figures and the first columns of ``statistics/tensor_summary.csv``; the csv lists every
-numeric key after them); ``whatif``, a what-if record (the same operand under another format)."""
-VIEWS: tuple[View, ...] = ("summary", "whatif")
+numeric key after them); ``whatif``, a what-if record (the same operand under another format);
+``iteration``, the capture's per-iteration means for logs and TensorBoard (``quant/<role>/<tensor>/<key>``,
+and ``whatif/<format>/<role>/<tensor>/<key>`` for those a what-if record holds)."""
+VIEWS: tuple[View, ...] = ("summary", "whatif", "iteration")
 NUMEL = "numel"  # what a key may read beside the fields: the tensor's element count; every record's first key
 
 
@@ -149,8 +151,9 @@ def _sqnr_db(signal: float, noise: float) -> Optional[float]:
 
 _FINITE = (NUMEL, "nans", "infs")
 _SUMMARY: tuple[View, ...] = ("summary",)
-_BOTH: tuple[View, ...] = ("summary", "whatif")
 _WHATIF: tuple[View, ...] = ("whatif",)
+_BOTH: tuple[View, ...] = ("summary", "whatif")
+_ALL: tuple[View, ...] = VIEWS
 KEYS: tuple[Key, ...] = (
     Key("min", "tensor", ("min", *_FINITE), _if_finite(lambda lo: lo), _SUMMARY),
     Key("max", "tensor", ("max", *_FINITE), _if_finite(lambda hi: hi), _SUMMARY),
@@ -158,21 +161,22 @@ KEYS: tuple[Key, ...] = (
     Key("std", "tensor", ("sum", "sum_squares", *_FINITE), _std, _SUMMARY),
     Key("absmax", "tensor", ("min", "max", *_FINITE), _if_finite(lambda lo, hi: max(abs(lo), abs(hi))), _SUMMARY),
     Key("dynamic_range_log2", "tensor", ("min", "max", "min_nonzero", *_FINITE),
-        _if_finite(lambda lo, hi, low: log2_ratio(max(abs(lo), abs(hi)), low))),
+        _if_finite(lambda lo, hi, low: log2_ratio(max(abs(lo), abs(hi)), low)), ("iteration",)),
     Key("zeros", "tensor", ("nonzero", NUMEL), lambda nonzero, numel: numel - int(nonzero), _SUMMARY),
     Key("nans", "tensor", ("nans",), int, _BOTH),
     Key("infs", "tensor", ("infs",), int, _BOTH),
     Key("log2_hist", "tensor", ("log2_hist",), _histogram),
     Key("overflow", "quant", ("overflow",), int, _WHATIF),
-    Key("overflow_ratio", "quant", ("overflow", NUMEL), _share, _BOTH),
+    Key("overflow_ratio", "quant", ("overflow", NUMEL), _share, _ALL),
     Key("underflow", "quant", ("underflow",), int, _WHATIF),
-    Key("underflow_ratio", "quant", ("underflow", NUMEL), _share, _BOTH),
-    Key("rel_mse", "quant", ("signal", "noise"), lambda signal, noise: noise / signal if signal > 0 else None, _BOTH),
-    Key("sqnr_db", "quant", ("signal", "noise"), _sqnr_db, _BOTH),
+    Key("underflow_ratio", "quant", ("underflow", NUMEL), _share, _ALL),
+    Key("rel_mse", "quant", ("signal", "noise"), lambda signal, noise: noise / signal if signal > 0 else None, _ALL),
+    Key("sqnr_db", "quant", ("signal", "noise"), _sqnr_db, _ALL),
     Key("cosine", "quant", ("dot", "signal", "q_power"),
         lambda dot, signal, q_power: dot / math.sqrt(signal * q_power) if signal > 0 and q_power > 0 else None,
         _SUMMARY),
-    Key("mse", "quant", ("noise", "both_finite"), lambda noise, count: noise / count if count > 0 else None, _WHATIF),
+    Key("mse", "quant", ("noise", "both_finite"), lambda noise, count: noise / count if count > 0 else None,
+        ("whatif", "iteration")),
     # Over the blocks holding a nonzero finite value (none: the fields keep their identities, the keys None).
     Key("block_dynamic_range_log2_max", "block", ("block_range_max",),
         lambda ratio: math.log2(ratio) if ratio >= 1 else None),
