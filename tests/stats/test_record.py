@@ -68,3 +68,14 @@ def test_the_iteration_view_is_what_the_capture_logs_each_iteration():
     assert {key for key in logged if key.startswith("whatif/")} == {
         f"whatif/mxfp8/fc1/input/{key}" for key in iteration if key in record.key_names(view="whatif")}
     assert set(logged.values()) == {2.0}
+
+
+def test_a_field_without_its_kernel_term_is_refused_naming_it(monkeypatch):
+    pytest.importorskip("triton", reason="Triton does not import here: its kernels are not tested")
+    from megatron.quant.kernels import stats as kernel_stats
+
+    field = record.Field("abs_sum", "sum", "full", torch="abs_sum", kernel="abs_sum_term")
+    monkeypatch.setattr(record, "FIELDS", (*record.FIELDS, field))
+    with pytest.raises(ValueError, match=r"abs_sum \(abs_sum_term\) have no kernel term; add them to TERMS of "
+                                         r"megatron/quant/kernels/stats.py"):
+        kernel_stats.stats_row(kernel_stats.FULL)
