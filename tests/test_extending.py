@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from megatron.quant import formats, kernels, position, tensor_saver
+from megatron.quant.capture.extras import whatif_stats
 from megatron.quant.formats import registry
 from megatron.quant.formats.__main__ import main as formats_cli
 from megatron.quant.stats import packing, record, reference
@@ -111,7 +112,7 @@ def toy_statistic(monkeypatch):
     """The sum of |x| over the finite elements (a field) and its mean (a key), added by the guide's own
     lines; the kernels' term is added by ``toy_kernel_term``."""
     field, torch_term, _, key = _statistic_steps()
-    monkeypatch.setattr(packing, "FIELDS", (*packing.FIELDS, *eval(f"({field})", vars(packing))))  # noqa: S307
+    monkeypatch.setattr(record, "FIELDS", (*record.FIELDS, *eval(f"({field})", vars(record))))  # noqa: S307
     (name, term), = eval("{" + torch_term + "}", vars(reference)).items()  # noqa: S307 -- the guide's own line
     monkeypatch.setitem(reference.TERMS, name, term)
     monkeypatch.setattr(record, "KEYS", (*record.KEYS, *eval(f"({key})", {**vars(record), "_mean_abs": _mean_abs})))
@@ -127,7 +128,7 @@ def toy_kernel_term(toy_statistic, monkeypatch):
     from tests._toy_kernel_term import abs_sum_term
 
     assert _statistic_steps()[2] in (ROOT / "tests" / "_toy_kernel_term.py").read_text()
-    monkeypatch.setitem(kernel_stats.TERMS, "abs_sum", abs_sum_term)
+    monkeypatch.setitem(kernel_stats.TERMS, "abs_sum_term", abs_sum_term)
 
 
 def _integers(shape, seed) -> torch.Tensor:
@@ -150,6 +151,7 @@ def test_a_toy_statistic_reaches_the_torch_path(toy_statistic):
     counts = capture_stats(x, fmt, level="counts")
     assert "mean_abs" in counts and counts["mean_abs"] is None  # it reads a full-level field
     assert tensor_stats(x[:0])["mean_abs"] is None
+    assert whatif_stats(x, formats.get_format("nvfp4"), -1, "full")["mean_abs"] == _oracle_mean_abs(x)  # its view
 
 
 def test_a_toy_statistic_reaches_the_kernels(toy_kernel_term):
@@ -189,6 +191,7 @@ def test_a_toy_statistic_reaches_the_manifest_and_the_report(toy_statistic, capt
 
 
 def test_a_field_without_its_terms_is_refused_naming_it(monkeypatch):
-    monkeypatch.setattr(packing, "FIELDS", (*packing.FIELDS, packing.Field("abs_sum", "sum", "full")))
+    field = record.Field("abs_sum", "sum", "full", torch="abs_sum", kernel="abs_sum_term")
+    monkeypatch.setattr(record, "FIELDS", (*record.FIELDS, field))
     with pytest.raises(ValueError, match="'abs_sum' has no torch term; add one to TERMS of megatron/quant/stats"):
         reference.pack_stats(torch.ones(4))

@@ -1,9 +1,13 @@
 """quant_stats against a brute-force count over megatron.quant.formats, and numpy error metrics.
 
-Overflow oracle: x / scale cast with ml_dtypes / en_dtypes / numpy types that do not saturate
-(E4M3 to NaN, E5M2, HiF8, FP16 and BF16 to Inf), or rounded with numpy's frexp and round-half-
-even to the element's mantissa width with an unbounded exponent (FP6, FP4, whose ml_dtypes
-casts saturate); beyond max means overflow.
+Overflow oracle, from what the format declares of its element grid (never its name): x / scale rounded
+with numpy's frexp and round-half-even to a minifloat's mantissa bits (``mbits``) with an unbounded
+exponent, beyond its ``max_value`` meaning overflow; HiFloat8's tapered grid cast with en_dtypes'
+non-saturating hifloat8; a plain dtype cast with torch's own cast (beyond max: Inf). The minifloat
+rule is checked against ml_dtypes' non-saturating casts where ml_dtypes has the grid.
+
+The checks run over every registered format and over the one docs/extending.md adds with a new element
+grid (E3M4), by the guide's own lines (``_extending_guide``).
 """
 import math
 
@@ -12,28 +16,44 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from _extending_guide import GUIDE_FORMAT, guide_format
 
 from megatron.quant import formats
+from megatron.quant.formats import grid
 from megatron.quant.stats import pack_stats, quant_stats
 from megatron.quant.stats import reference as stats_module
-
-_NON_SATURATING = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "hifp8": en_dtypes.hifloat8,
-                   "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
-_MANTISSA_BITS = {"e3m2": 2, "e2m3": 3, "e2m1": 1}
 
 
 def rounds_beyond_max(a: np.ndarray, fmt) -> np.ndarray:
     """|x / scale| (float32) that the format's round-to-nearest takes beyond its max."""
-    name = fmt.name if fmt.element is None else fmt.element.name
-    if name == "fp32":
-        return np.isinf(a)
-    if name in _NON_SATURATING:
-        cast = a.astype(_NON_SATURATING[name]).astype(np.float64)
+    element = fmt.element
+    if element is None:  # a plain cast: torch's, which goes to Inf beyond max
+        return ~np.isfinite(torch.from_numpy(a).to(fmt.dtype).double().numpy())
+    if element.rule.kind == "hifloat8":
+        cast = a.astype(en_dtypes.hifloat8).astype(np.float64)
         return ~np.isfinite(cast) | (np.abs(cast) > fmt.max_value)
-    mbits = _MANTISSA_BITS[name]
+    return minifloat_rounds_beyond(a, element.mbits, fmt.max_value)
+
+
+def minifloat_rounds_beyond(a: np.ndarray, mbits: int, max_value: float) -> np.ndarray:
+    """|a| rounded to nearest-even on ``mbits`` mantissa bits, with an unbounded exponent, beyond max."""
     fraction, exponent = np.frexp(a.astype(np.float64))  # a = fraction * 2**exponent, fraction in [0.5, 1)
     rounded = np.round(fraction * 2.0 ** (mbits + 1)) * 2.0 ** (exponent - mbits - 1)  # ties to even
-    return ~np.isfinite(rounded) | (rounded > fmt.max_value)
+    return ~np.isfinite(rounded) | (rounded > max_value)
+
+
+@pytest.mark.parametrize("element,dtype", [(grid.FP8_E4M3, ml_dtypes.float8_e4m3fn),
+                                           (grid.FP8_E5M2, ml_dtypes.float8_e5m2), ("guide", ml_dtypes.float8_e3m4)])
+def test_the_minifloat_oracle_is_ml_dtypes_non_saturating_cast(element, dtype, monkeypatch):
+    if element == "guide":
+        element = formats.get_format(guide_format(monkeypatch)).element
+    top = float(ml_dtypes.finfo(dtype).max)
+    assert element.max_value == top
+    a = np.array(sorted({float(np.nextafter(np.float32(top * (1 + k / 64)), np.float32(d)))
+                         for k in range(40) for d in (0, np.inf)}), dtype=np.float32)
+    cast = a.astype(dtype).astype(np.float64)
+    assert np.array_equal(minifloat_rounds_beyond(a, element.mbits, element.max_value),
+                          ~np.isfinite(cast) | (cast > top))
 
 
 def brute_force_overflow(x: torch.Tensor, scale: torch.Tensor, fmt) -> int:
@@ -71,6 +91,7 @@ def operand_with_extremes() -> torch.Tensor:
 
 
 QUANTIZED_FORMATS = [name for name in formats.list_formats() if not formats.is_passthrough(name)]
+CHECKED = [*QUANTIZED_FORMATS, GUIDE_FORMAT]
 
 
 def operand_with_non_finite() -> torch.Tensor:
@@ -79,7 +100,7 @@ def operand_with_non_finite() -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("name", QUANTIZED_FORMATS)
+@pytest.mark.parametrize("name", CHECKED, indirect=True)
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("make", [operand_with_extremes, operand_with_non_finite])
 def test_quant_stats_match_brute_force(name, axis, make):
@@ -170,7 +191,7 @@ def _around(value: float) -> list[float]:
     return [float(np.nextafter(np.float32(value), np.float32(d))) for d in (0, np.inf)] + [value]
 
 
-@pytest.mark.parametrize("name", QUANTIZED_FORMATS)
+@pytest.mark.parametrize("name", CHECKED, indirect=True)
 def test_overflow_starts_at_the_rounding_boundary_above_max(name):
     """|x / scale| between max and the rounding boundary above it rounds down to max: in range."""
     fmt = formats.get_format(name)

@@ -1,9 +1,11 @@
-"""Statistics levels (TENSOR_SAVE_STATS) and the precision-debug fields, against brute force numpy."""
+"""Statistics levels (TENSOR_SAVE_STATS) and the precision-debug fields, against brute force numpy; the
+format docs/extending.md adds with a new element grid among the formats checked."""
 import math
 
 import numpy as np
 import pytest
 import torch
+from _extending_guide import GUIDE_FORMAT
 from test_capture_quant_stats import brute_force_overflow
 
 from megatron.quant import formats
@@ -37,7 +39,7 @@ def test_dynamic_range_matches_numpy():
     assert tensor_stats(torch.zeros(5))["dynamic_range_log2"] is None
 
 
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4"])
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp4_e2m1", "nvfp4", GUIDE_FORMAT], indirect=True)
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_block_statistics_and_mse_match_brute_force(name, axis):
     fmt = formats.get_format(name)
@@ -71,7 +73,7 @@ EXACT = ("numel", "shape", "dtype", "min", "max", "absmax", "zeros", "nans", "in
          "overflow", "overflow_ratio", "underflow", "underflow_ratio")
 
 
-@pytest.mark.parametrize("name", ["mxfp8_e4m3", "nvfp4", "fp8_e4m3", "hifp8"])
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "nvfp4", "fp8_e4m3", "hifp8", GUIDE_FORMAT], indirect=True)
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("non_finite", [False, True])
 def test_cheap_levels_keep_the_counts_exact(name, axis, non_finite):

@@ -24,7 +24,7 @@ TINY_MOE = ["--model", "llama-moe-tiny", "--mock-data", "--train-iters", "2"]
     (["--moe-router-topk", "5"], "--moe-router-topk 5 must be between 1 and --num-experts 4"),
     (["--expert-model-parallel-size", "3"], "--expert-model-parallel-size 3 does not divide --num-experts 4"),
     (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size 2 does not divide the data-parallel size 1"),
-    (["--moe-grouped-gemm"], r"--moe-grouped-gemm \(Megatron-LM\) is refused: runs the experts in one grouped GEMM"),
+    (["--moe-grouped-gemm"], r"--moe-grouped-gemm \(Megatron-LM\) is refused: builds megatron-core.s GroupedMLP"),
     (["--moe-token-dispatcher-type", "alltoall"], "alltoall needs a GPU"),
     (["--moe-layer-freq", "[0,1,1]"], "--moe-layer-freq lists 3 layers; the model has --num-layers 2"),
 ], ids=["topk", "ep_experts", "ep_data", "grouped", "alltoall", "layer_freq"])

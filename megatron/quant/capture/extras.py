@@ -18,16 +18,17 @@ from megatron.quant.capture.site import CaptureSite, Operand
 from megatron.quant.capture.whatif import WhatIfFormats
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.stats import (
+    NUMEL,
     SAMPLE_ELEMENTS,
+    block_key_names,
     block_scale_stats,
     blockwise_name,
     capture_stats,
+    key_names,
     max_blockwise_dynamic_range,
 )
 
 MIN_GROUPS = 8  # rows (or tile rows) a what-if sample takes at least
-WHATIF_KEYS = ("numel", "nans", "infs", "overflow", "overflow_ratio", "underflow", "underflow_ratio", "mse", "rel_mse",
-               "sqnr_db", "scale_min", "scale_max")
 
 
 @dataclass(frozen=True)
@@ -136,13 +137,13 @@ def whatif_stats(x: Tensor, fmt: NumericFormat, axis: int, level: str) -> dict:
     amax = x.abs().amax().float() if part is not x else None
     q, scale = fmt.quantize_with_scale(part, axis=axis, amax=amax)
     stats = capture_stats(part, fmt, axis, amax=amax, q=q, scale=scale, level="full" if sampled else level)
-    result = {key: stats.get(key) for key in WHATIF_KEYS if key in stats}
+    result = {key: stats[key] for key in (NUMEL, *key_names(view="whatif"))}  # the record's what-if view
     result["stats_sampled"] = part.numel() if level != "counts" else 0
     result.update(_range_of(scale))
     if level != "counts":
         blocks = block_scale_stats(part, fmt, axis, scale, amax)
         if blocks is not None:
-            result["block_scales"] = {k: v for k, v in blocks.items() if not k.endswith("_hist")}
+            result["block_scales"] = {key: blocks[key] for key in block_key_names(histograms=False)}
     return result
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-# Quantization metrics averaged per (role, tensor name) over the iteration's captures; the what-if
-# formats' (capture/extras.py) as whatif/<name>/<role>/<tensor>/<metric>.
-SUMMARY_METRICS = ("overflow_ratio", "underflow_ratio", "sqnr_db", "rel_mse", "mse", "dynamic_range_log2")
-WHATIF_METRICS = ("overflow_ratio", "underflow_ratio", "sqnr_db")
+from megatron.quant.stats import key_names
+
+# The record's iteration view (``stats.key_names``), averaged per (role, tensor name) over the iteration's
+# captures; the what-if formats' (capture/extras.py) as whatif/<name>/<role>/<tensor>/<metric>, for the
+# keys of that view a what-if record holds.
+SUMMARY_METRICS = key_names(view="iteration")
+WHATIF_METRICS = tuple(key for key in SUMMARY_METRICS if key in key_names(view="whatif"))
 
 
 class IterationSummary:

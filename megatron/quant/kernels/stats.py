@@ -21,11 +21,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from megatron.quant.stats import packing
+from megatron.quant.stats import packing, record
 
 NONE, COUNTS, FULL = 0, 1, 2  # what a kernel's STATS constexpr asks for
-N_BINS = tl.constexpr(packing.N_BINS)
-FIRST_FIELD = tl.constexpr(127 + packing.LOG2_LOW)  # float32 exponent field of histogram bin 1
+N_BINS = tl.constexpr(record.N_BINS)
+FIRST_FIELD = tl.constexpr(127 + record.LOG2_LOW)  # float32 exponent field of histogram bin 1
 COMBINES = ("sum", "min", "max")  # ``Term.combine`` indexes this
 
 
@@ -35,13 +35,12 @@ def min_nonzero_term(x, q, is_finite, both):
     return tl.where(is_finite & (x != 0.0), tl.abs(x), float("inf"))
 
 
-# The fields ``write_stats`` does not write out, by name: each a ``@triton.jit`` element term of
-# (x, q, is_finite, both), bit for bit its torch twin in ``stats.reference.TERMS``.
-TERMS: dict[str, Any] = {"min_nonzero": min_nonzero_term}
-# The fields ``write_stats`` writes out (counts, extremes, the sums, the block fields, the histograms).
-WRITTEN = ("nans", "infs", "nonzero", "underflow", "overflow", "min", "max", "both_finite", "sum", "sum_squares",
-           "signal", "noise", "dot", "q_power", "block_scale_min", "block_scale_positive_min", "block_range_max",
-           "block_scale_max", "log2_hist", "scale_hist")
+# A field's ``kernel`` in ``stats.record.FIELDS`` names one of these: a function here that writes the
+# field out by name (counts, extremes, the sums, the block fields, the histograms), or the key of its
+# element term, a ``@triton.jit`` function of (x, q, is_finite, both), bit for bit its torch twin
+# (``stats.reference.TERMS``), which ``write_terms`` reduces as the field combines.
+WRITERS = ("write_stats", "write_sums", "write_block_stats")
+TERMS: dict[str, Any] = {"min_nonzero_term": min_nonzero_term}
 
 
 class Term(NamedTuple):
@@ -73,14 +72,15 @@ def stats_row(stats: int) -> Row:
 @functools.lru_cache(maxsize=16)
 def _row(layout: packing.Layout, terms: tuple, stats: int) -> Row:
     terms = dict(terms)
-    missing = [name for name in layout.starts if name not in terms and name not in WRITTEN]
+    termed = [f for f in layout.fields if f.kernel not in WRITERS]
+    missing = [f"{f.name} ({f.kernel})" for f in termed if f.kernel not in terms]
     if missing:
         raise ValueError(f"statistics field(s) {', '.join(missing)} have no kernel term; add them to TERMS of "
-                         f"megatron/quant/kernels/stats.py")
+                         f"megatron/quant/kernels/stats.py, as FIELDS of megatron/quant/stats/record.py names them")
     at = collections.namedtuple("Offsets", layout.starts)(**layout.starts)
     return Row(layout.width if stats == FULL else layout.counts_width, at,
-               tuple(Term(layout.starts[f.name], COMBINES.index(f.combine), f.level == "full", terms[f.name])
-                     for f in layout.fields if f.name in terms))
+               tuple(Term(layout.starts[f.name], COMBINES.index(f.combine), not f.exact, terms[f.kernel])
+                     for f in termed))
 
 
 @triton.jit

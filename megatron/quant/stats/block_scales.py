@@ -1,5 +1,6 @@
 """Per-block statistics of a block-scaled operand: how its block scales spread, and how wide each
-block's values are, from the format's declared blocks and scale encoding (``kernel_contract``).
+block's values are, from the format's declared blocks and scale encoding (``kernel_contract``). The
+statistics are declared in ``record.BLOCK_KEYS``; this module finds the blocks they are taken over.
 
 ``block_scale_stats`` runs over every block (one amax and one min-nonzero per block, vectorised; no
 sampling: the scales are the format's, so the fraction of blocks at the scale floor or ceiling is
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from megatron.quant.formats.blocks import blocks_in_order, split_blocks
+from megatron.quant.stats import record
 
 if TYPE_CHECKING:
     from megatron.quant.formats.contract import KernelContract
@@ -21,8 +23,6 @@ if TYPE_CHECKING:
 
 _FP32 = torch.finfo(torch.float32)
 E8M0_LIMITS = (2.0 ** -127, 2.0 ** 127)  # an E8M0 scale's smallest and largest power of two
-KEYS = ("blocks", "scale_min", "scale_max", "scale_std", "scale_log2_mean", "scale_log2_std", "at_floor",
-        "at_ceiling", "scale_log2_hist", "range_log2_max", "range_log2_mean", "range_log2_hist")
 
 
 def scale_limits(contract: "KernelContract") -> tuple[float, float]:
@@ -37,47 +37,25 @@ def scale_limits(contract: "KernelContract") -> tuple[float, float]:
     return _FP32.tiny, _FP32.max
 
 
-def _histogram(values: Tensor) -> dict:
-    """Counts per integer bin floor(value): ``edges`` the bins' lower ends, over the bins used."""
-    if values.numel() == 0:
-        return {"edges": [], "counts": []}
-    bins = torch.floor(values).long()
-    low = int(bins.min())
-    counts = torch.bincount(bins - low)
-    return {"edges": list(range(low, low + counts.numel())), "counts": counts.tolist()}
-
-
 def block_scale_stats(x: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor,
                       amax: Optional[Tensor] = None) -> Optional[dict]:
-    """The per-block statistics of x quantized by block format ``fmt`` with ``scale`` (per element, as
-    ``quantize_with_scale`` gives it); None for formats without blocks. ``amax``: the tensor amax the
-    format used (TP-reduced), for the NVFP4 scale's encoding; default: x's own."""
+    """The per-block statistics (``record.BLOCK_KEYS``) of x quantized by block format ``fmt`` with
+    ``scale`` (per element, as ``quantize_with_scale`` gives it); None for formats without blocks.
+    ``amax``: the tensor amax the format used (TP-reduced), for the NVFP4 scale's encoding; default:
+    x's own."""
     contract = fmt.kernel_contract
     if contract is None or not contract.blocked or scale.dim() == 0:
         return None
     values = fmt.transform(x.detach(), axis) if fmt.transforms_operand else x.detach()
     block_max, block_min, block_scale = _per_block(values, fmt, axis, scale.detach().expand(x.shape))
     used = (block_max > 0) & torch.isfinite(block_scale)
-    count = int(used.count_nonzero())
-    if count == 0:
-        return dict.fromkeys(KEYS) | {"blocks": 0}
+    if not bool(used.any()):
+        return record.derive_blocks(None)
     scales = block_scale[used].double()
-    stored = _stored(scales, contract, values, amax)
     floor, ceiling = scale_limits(contract)
-    positive = scales[scales > 0]
-    log2_scales = torch.log2(positive)
     ranges = torch.log2(block_max[used].double()) - torch.log2(block_min[used].double())
-    return {
-        "blocks": count, "scale_min": float(scales.min()), "scale_max": float(scales.max()),
-        "scale_std": float(scales.std(unbiased=False)),
-        "scale_log2_mean": float(log2_scales.mean()) if positive.numel() else None,
-        "scale_log2_std": float(log2_scales.std(unbiased=False)) if positive.numel() else None,
-        "at_floor": float((stored <= floor).count_nonzero()) / count,
-        "at_ceiling": float((stored >= ceiling).count_nonzero()) / count,
-        "scale_log2_hist": _histogram(log2_scales),
-        "range_log2_max": float(ranges.max()), "range_log2_mean": float(ranges.mean()),
-        "range_log2_hist": _histogram(ranges),
-    }
+    return record.derive_blocks(record.Blocks(scales, _stored(scales, contract, values, amax), floor, ceiling,
+                                              torch.log2(scales[scales > 0]), ranges))
 
 
 def _per_block(values: Tensor, fmt: "QuantFormat", axis: int, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,10 +10,10 @@ definition: float64 terms summed as a tree of adjacent pairs over the elements i
 with zeros to a power of two. A tile is an aligned subtree of that tree, so the result is the same
 whatever the tile size (a kernel's program, the torch path's chunk).
 
-The layout is one table, ``FIELDS``: each field's name, how rows combine it, the capture level it
-belongs to and its width. ``layout()`` derives the offsets, the counts prefix and the combine runs
-from the table as it is when called (a field added later shows everywhere); the kernels' field
-constants (``kernels.stats``) and the record's keys (``stats.record``) derive from it too.
+The fields are declared in ``stats.record``'s table (``FIELDS``: each field's name, how rows combine
+it, the capture level it belongs to, its width and the functions that compute it). ``layout()``
+derives the offsets, the counts prefix and the combine runs from that table as it is when called (a
+field added later shows everywhere); the kernels' field constants (``kernels.stats``) derive from it.
 """
 from __future__ import annotations
 
@@ -21,53 +21,13 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 from torch import Tensor
 
-# Histogram of log2|x| over the nonzero finite values: bin k (1..60) holds 2**(LOG2_LOW+k-1) <= |x| <
-# 2**(LOG2_LOW+k); bin 0 holds those below 2**LOG2_LOW, bin 61 those at or above 2**LOG2_HIGH.
-LOG2_LOW, LOG2_HIGH = -40, 20
-LOG2_EDGES = list(range(LOG2_LOW, LOG2_HIGH + 1))
-N_BINS = len(LOG2_EDGES) + 1
+from megatron.quant.stats import record
 
-Combine = Literal["sum", "min", "max"]
-"""How a field of several rows (tiles, blocks, ranks) folds into one: counts and sums add, extremes
-take the smaller or the larger."""
-
-
-@dataclass(frozen=True)
-class Field:
-    """One field of the layout: its name, how rows combine it, the capture level from which it is
-    exact (``"counts"``: the counts kernels write it too; ``"full"``: only a full pass has it) and its
-    width (histograms: ``N_BINS`` counts). Both paths write a field out in their own code or reduce it
-    from its element term (``TERMS`` of ``stats.reference`` and of ``kernels.stats``), as it combines."""
-
-    name: str
-    combine: Combine
-    level: Literal["counts", "full"]
-    width: int = 1
-
-
-# The layout, in order; the exact fields (capture's counts level) come first, so the counts kernels
-# write a prefix of it. nans, infs, nonzero of x; underflow: x != 0 quantized to 0; overflow: Inf, or
-# |x / scale| beyond the format's saturation bound where the scale is not 0; min and max of the finite
-# elements. both_finite: elements finite in x and in q, over which signal = sum x^2, noise =
-# sum (q - x)^2, dot = sum x q and q_power = sum q^2 run; sum and sum_squares run over the finite x;
-# min_nonzero: the smallest nonzero finite |x| (an element term).
-# Over the blocks holding a nonzero finite value ("used"): the largest block absmax / block min
-# nonzero |x| (0 when none), their scales' min and max, the min of their positive scales. Then the
-# log2 histograms of the nonzero finite x and of the used blocks' positive scales.
-FIELDS = (
-    *(Field(name, "sum", "counts") for name in ("nans", "infs", "nonzero", "underflow", "overflow")),
-    Field("min", "min", "counts"), Field("max", "max", "counts"),
-    *(Field(name, "sum", "full") for name in ("both_finite", "sum", "sum_squares", "signal", "noise", "dot",
-                                              "q_power")),
-    *(Field(name, "min", "full") for name in ("min_nonzero", "block_scale_min", "block_scale_positive_min")),
-    *(Field(name, "max", "full") for name in ("block_range_max", "block_scale_max")),
-    Field("log2_hist", "sum", "full", N_BINS), Field("scale_hist", "sum", "full", N_BINS),
-)
 IDENTITY = {"sum": 0.0, "min": math.inf, "max": -math.inf}  # a field's value over no element
 
 
@@ -75,7 +35,7 @@ IDENTITY = {"sum": 0.0, "min": math.inf, "max": -math.inf}  # a field's value ov
 class Layout:
     """Where each field of ``fields`` lies in a packed vector, and what follows from that."""
 
-    fields: tuple[Field, ...]
+    fields: tuple[record.Field, ...]
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.fields]
@@ -109,7 +69,7 @@ class Layout:
         return slice(start, start + next(f.width for f in self.fields if f.name == name))
 
     @functools.cached_property
-    def runs(self) -> tuple[tuple[int, int, Combine], ...]:
+    def runs(self) -> tuple[tuple[int, int, record.Combine], ...]:
         """(start, stop, how) runs of consecutive fields that combine alike."""
         return tuple((self.starts[group[0].name], self.starts[group[-1].name] + group[-1].width, how)
                      for how, group in ((how, list(fields))
@@ -125,12 +85,12 @@ class Layout:
 
 
 def layout() -> Layout:
-    """The layout of ``FIELDS`` as the table stands now."""
-    return _layout(FIELDS)
+    """The layout of ``record.FIELDS`` as the table stands now."""
+    return _layout(record.FIELDS)
 
 
 @functools.lru_cache(maxsize=8)
-def _layout(fields: tuple[Field, ...]) -> Layout:
+def _layout(fields: tuple[record.Field, ...]) -> Layout:
     return Layout(fields)
 
 

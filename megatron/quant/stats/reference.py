@@ -48,7 +48,10 @@ def _min_nonzero(x: Tensor, q: Optional[Tensor], finite: Tensor, both: Optional[
     return torch.where(finite & (x != 0), x.abs(), math.inf)
 
 
-# The fields ``_tile_row`` does not write out, by name; the kernels' twin is ``kernels.stats.TERMS``.
+# A field's ``torch`` in ``record.FIELDS`` names one of these: a function here that writes the field out
+# by name, or the key of its element term, which ``_tile_row`` reduces as the field combines (the
+# kernels' twins: ``WRITERS`` and ``TERMS`` of ``kernels.stats``).
+WRITERS = ("_tile_row", "_block_fields")
 TERMS: dict[str, Term] = {"min_nonzero": _min_nonzero}
 
 
@@ -56,7 +59,7 @@ TERMS: dict[str, Term] = {"min_nonzero": _min_nonzero}
 _ZERO_UNLESS_COUNTED = ("nans", "infs", "underflow", "overflow", "both_finite", "signal", "noise", "dot", "q_power")
 
 
-def _reduce(field: packing.Field, values: Tensor) -> Tensor:
+def _reduce(field: record.Field, values: Tensor) -> Tensor:
     if field.combine == "sum":
         return packing.pairwise_sum(values.double().flatten())
     return (values.amin() if field.combine == "min" else values.amax()).double()
@@ -78,7 +81,7 @@ def _log2_bins(v: Tensor, where: Tensor) -> Tensor:
     field = (v.contiguous().view(int_dtype) >> mantissa_bits) & mask
     field = torch.where(where, field, mask + 1)  # a bin of its own for the elements left out
     counts = torch.bincount(field.flatten(), minlength=mask + 2)[:mask + 1].double()
-    first, last = bias + packing.LOG2_LOW, bias + packing.LOG2_HIGH
+    first, last = bias + record.LOG2_LOW, bias + record.LOG2_HIGH
     return torch.cat([counts[:first].sum(0, keepdim=True), counts[first:last], counts[last:].sum(0, keepdim=True)])
 
 
@@ -164,7 +167,7 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] =
         torch.mul(qb, qb, out=terms[5])
     f.update(zip(names, packing.pairwise_sum(terms)))
     f["log2_hist"] = _log2_bins(x, nonzero)
-    f["scale_hist"] = x.new_zeros(packing.N_BINS, dtype=torch.float64)
+    f["scale_hist"] = x.new_zeros(record.N_BINS, dtype=torch.float64)
     if fmt is not None and fmt.block_size is not None:
         _block_fields(f, x, finite, scale)
     if finite is None:  # the terms see the masks written out
@@ -172,12 +175,18 @@ def _tile_row(x: Tensor, valid: Optional[Tensor], fmt: Optional["QuantFormat"] =
         both = None if fmt is None else finite
     layout = packing.layout()
     for field in layout.fields:
-        if field.name not in f:
-            if field.name not in TERMS:
-                raise ValueError(f"statistics field {field.name!r} has no torch term; add one to TERMS of "
-                                 f"megatron/quant/stats/reference.py")
-            f[field.name] = _reduce(field, TERMS[field.name](x, q, finite, both))
+        if field.torch not in WRITERS:
+            f[field.name] = _reduce(field, _term(field)(x, q, finite, both))
     return torch.cat([f[field.name].double().reshape(-1) for field in layout.fields])
+
+
+def _term(field: record.Field) -> Term:
+    """The element term ``field`` names (``record.FIELDS``); ValueError naming both when TERMS lacks it."""
+    if field.torch not in TERMS:
+        raise ValueError(f"statistics field {field.name!r} has no torch term; add one to TERMS of "
+                         f"megatron/quant/stats/reference.py (its torch {field.torch!r} in FIELDS of "
+                         f"megatron/quant/stats/record.py names it)")
+    return TERMS[field.torch]
 
 
 def _block_fields(f: dict, x: Tensor, finite: Optional[Tensor], scale: Tensor) -> None:
@@ -252,7 +261,7 @@ def unpack_stats(packed: Sequence[float], shape: Sequence[int], dtype: torch.dty
     derived = tuple(group for group in groups if group != "block" or has_blocks)
     values = packing.layout().values(packed if numel else [])
     return {"numel": numel, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
-            **dict.fromkeys(record.names(*groups)), **record.derive(values, numel, derived)}
+            **dict.fromkeys(record.key_names(*groups)), **record.derive(values, numel, derived)}
 
 
 def record_groups(fmt: Optional["QuantFormat"]) -> tuple[record.Group, ...]:
@@ -287,4 +296,4 @@ def quant_stats(x: Tensor, fmt: "QuantFormat", axis: int = -1, amax: Optional[Te
     for other formats.
     """
     stats = unpack_stats(pack_stats(x, fmt, axis, amax, q, scale).tolist(), x.shape, x.dtype, fmt)
-    return {key: stats[key] for key in record.names("quant", "block")}
+    return {key: stats[key] for key in record.key_names("quant", "block")}

@@ -218,8 +218,8 @@ refused | mixture of experts | an MoE variant the lab's router and SequentialMLP
 --moe-single-grouped-weight --moe-single-grouped-bias --moe-z-loss-coeff= --moe-input-jitter-eps=
 --moe-expert-capacity-factor= --moe-pad-expert-input-to-capacity --moe-token-drop-policy= --moe-latent-size=
 --moe-mlp-glu-interleave-size= --moe-expert-rank-capacity-factor= --moe-use-upcycling --moe-upcycling-granularity=
-refused | mixture of experts | runs the experts in one grouped GEMM, which has no emulated counterpart
-    (SequentialMLP runs each expert's GEMMs with its own scales): drop it
+refused | mixture of experts | builds megatron-core's GroupedMLP (one weight for all experts), which has no
+    emulated counterpart: drop it (the experts run as grouped GEMMs anyway, each with its own scales)
 --moe-grouped-gemm
 ignored | model | Llama's positions are always rotary (RoPE), with no learned position embedding
 --use-rotary-position-embeddings --no-position-embedding

@@ -18,13 +18,19 @@ import numpy as np
 import torch
 
 from megatron.quant.analysis.captures.catalog import CaptureRecord, SkippedFile, enrich_from_file, relative_path
-from megatron.quant.analysis.captures.summary import LOG2_BINS, QUANT_METRICS, FormatView, TensorSummary, finite
+from megatron.quant.analysis.captures.summary import (
+    LOG2_BINS,
+    QUANT_METRICS,
+    SAMPLE_MOMENTS,
+    TENSOR_STATS,
+    FormatView,
+    TensorSummary,
+    finite,
+)
 from megatron.quant.analysis.confine import not_regular
 from megatron.quant.analysis.parallel import parallel_map
 from megatron.quant.formats import NumericFormat, get_format
 from megatron.quant.stats import LOG2_EDGES, quant_stats, tensor_stats
-
-TENSOR_STAT_KEYS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs")
 
 
 class CaptureLoadError(Exception):
@@ -133,7 +139,7 @@ def _stats_only_summary(record: CaptureRecord) -> TensorSummary:
 def _saved_tensor_stats(record: CaptureRecord, numel: Optional[int]
                            ) -> tuple[Optional[dict], Optional[np.ndarray]]:
     stats = record.stats
-    if not stats or any(key not in stats for key in TENSOR_STAT_KEYS):
+    if not stats or any(key not in stats for key in TENSOR_STATS):
         return None, None
     if numel is not None and stats["numel"] != numel:
         return None, None  # the file does not hold what the manifest describes
@@ -141,11 +147,11 @@ def _saved_tensor_stats(record: CaptureRecord, numel: Optional[int]
 
 
 def _split_stats(stats: dict) -> tuple[Optional[dict], Optional[np.ndarray]]:
-    """(the TENSOR_STAT_KEYS of ``stats``, its log2 histogram counts); Nones if it has none."""
+    """(the TENSOR_STATS of ``stats``, its log2 histogram counts); Nones if it has none."""
     counts = log2_counts_from_stats(stats.get("log2_hist"))
     if counts is None:
         return None, None
-    return {key: stats[key] for key in TENSOR_STAT_KEYS}, counts
+    return {key: stats[key] for key in TENSOR_STATS}, counts
 
 
 def _saved_quant_stats(record: CaptureRecord) -> tuple[Optional[dict], Optional[str]]:
@@ -175,9 +181,9 @@ def sample_shape_moments(sample: np.ndarray) -> dict[str, Optional[float]]:
     centred = values - values.mean() if values.size else values
     variance = float((centred ** 2).mean()) if values.size else 0.0
     if values.size < 3 or variance == 0.0:
-        return {"skewness": None, "kurtosis": None}
-    return {"skewness": float((centred ** 3).mean() / variance ** 1.5),
-            "kurtosis": float((centred ** 4).mean() / variance ** 2 - 3.0)}
+        return dict.fromkeys(SAMPLE_MOMENTS)
+    return dict(zip(SAMPLE_MOMENTS, (float((centred ** 3).mean() / variance ** 1.5),
+                                     float((centred ** 4).mean() / variance ** 2 - 3.0))))
 
 
 def pooled_absmax(tensor: torch.Tensor, size: int) -> np.ndarray:

@@ -9,7 +9,15 @@ from matplotlib.figure import Figure
 from megatron.quant.analysis import figures
 from megatron.quant.analysis.captures.inputs import AnalysisInput
 from megatron.quant.analysis.captures.quick import tensor_kind
-from megatron.quant.analysis.captures.summary import LOG2_BINS, LOG2_LOW, QUANT_METRICS, TensorSummary, group_by
+from megatron.quant.analysis.captures.summary import (
+    LOG2_BINS,
+    LOG2_LOW,
+    QUANT_METRICS,
+    SAMPLE_MOMENTS,
+    TENSOR_STATS,
+    TensorSummary,
+    group_by,
+)
 from megatron.quant.analysis.plans import AnalysisPlan, FigureJob, OutputFile, figure_path
 from megatron.quant.stats import GROUPS, scalar_names
 
@@ -18,8 +26,7 @@ CSV_NAME = f"{FOLDER}/tensor_summary.csv"
 _RECORD_COLUMNS = ("quant_type", "layer_type", "layer_idx", "role", "module", "operation", "phase",
                    "component", "tensor_name", "iteration", "microbatch", "sample", "rank",
                    "format_name", "dtype")
-_STAT_COLUMNS = ("numel", "min", "max", "mean", "std", "absmax", "zeros", "nans", "infs",
-                 "skewness", "kurtosis")
+_STAT_COLUMNS = (*TENSOR_STATS, *SAMPLE_MOMENTS)
 
 
 def build(inp: AnalysisInput) -> AnalysisPlan:

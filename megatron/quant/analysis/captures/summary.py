@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 import numpy as np
 
 from megatron.quant.analysis.captures.catalog import CaptureRecord
-from megatron.quant.stats import LOG2_EDGES, LOG2_LOW
+from megatron.quant.stats import LOG2_EDGES, LOG2_LOW, NUMEL, key_names
 
 # Histogram of log2|x| as in docs/interfaces.md section 3: bin 0 holds the nonzero values
 # below 2**LOG2_LOW, bin k (1..60) holds 2**(LOG2_LOW+k-1) <= |x| < 2**(LOG2_LOW+k), the last
@@ -23,7 +23,11 @@ LOG2_BINS = len(LOG2_EDGES) + 1
 
 T = TypeVar("T")
 
-QUANT_METRICS = ("overflow_ratio", "underflow_ratio", "rel_mse", "sqnr_db", "cosine")
+# The statistics a summary keeps of every capture: the record's summary view (``stats.key_names``), the
+# tensor's element count first, and the shape moments estimated from the sampled values.
+TENSOR_STATS = (NUMEL, *key_names("tensor", view="summary"))
+QUANT_METRICS = key_names("quant", view="summary")
+SAMPLE_MOMENTS = ("skewness", "kurtosis")
 
 
 @dataclass(frozen=True)
