@@ -1,0 +1,155 @@
+"""Model adapters: which GEMMs each module of a megatron-core spec runs, read from the spec.
+
+A megatron-core builder describes a layer as a tree of ``ModuleSpec`` objects whose ``submodules``
+are dataclasses (``SelfAttentionSubmodules``, ``MLASelfAttentionSubmodules``, ``MLPSubmodules``,
+``MoESubmodules``, ...), one field per child module. An ``Adapter`` names, for one such dataclass,
+the recipe role (``recipes.operands.ROLE_TABLE``) of each field that holds a GEMM module; how tensor
+parallelism splits the module (column or row) is the linear class the builder put there.
+``with_backend`` (``layers/backend.py``) walks the spec with these adapters: each GEMM module is
+replaced by our quantized one, bound to its role, and a GEMM module at a place no adapter names is
+refused in one line (``UnknownModule``), before anything is built. The modules never guess their
+role from their attribute name.
+
+docs/extending.md#a-new-model says how to add an adapter for another builder's modules.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
+
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttentionSubmodules
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.mlp import MLPSubmodules
+from megatron.core.transformer.moe.moe_layer import MoESubmodules
+from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.multi_latent_attention import MLASelfAttentionSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megatron.quant.recipes.operands import ROLE_BY_NAME, Parallel
+
+GUIDE = "docs/extending.md#a-new-model"
+# The module classes that run GEMMs (megatron-core's, and ours, their subclasses): a spec place holding
+# one must be named by an adapter. Transformer Engine's modules quantize themselves and are left alone.
+GEMM_CLASSES = (ColumnParallelLinear, RowParallelLinear, DotProductAttention, TopKRouter)
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """The GEMM modules of one kind of megatron-core submodules: its field -> the module's recipe role."""
+
+    name: str  # in words, for errors and docs
+    submodules: type  # the dataclass megatron-core's builders fill
+    roles: Mapping[str, str]
+    # Fields megatron-core accepts only as its own stock class (it compares the class, not a subclass):
+    # they stay stock in the spec and the parent module makes them ours once built (``layers/mla.py``).
+    built_stock: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        fields = {f.name for f in dataclasses.fields(self.submodules)}
+        unknown = sorted(set(self.roles) - fields) + sorted(self.built_stock - set(self.roles))
+        bad_roles = sorted(set(self.roles.values()) - set(ROLE_BY_NAME))
+        if unknown or bad_roles:
+            raise ValueError(f"adapter {self.name!r}: fields {unknown} are not {self.submodules.__name__}'s roles "
+                             f"fields, or roles {bad_roles} are not in operands.ROLE_TABLE")
+
+
+# One adapter per kind of submodules megatron-core's GPT builders use (both supported releases).
+ADAPTERS = (
+    Adapter("GPT self-attention (GQA)", SelfAttentionSubmodules,
+            {"linear_qkv": "qkv", "core_attention": "core_attention", "linear_proj": "proj"}),
+    Adapter("multi-latent attention (MLA, DeepSeek-V3)", MLASelfAttentionSubmodules,
+            {"linear_q_proj": "q", "linear_q_down_proj": "q_down", "linear_q_up_proj": "q_up",
+             "linear_kv_down_proj": "kv_down", "linear_kv_up_proj": "kv_up", "core_attention": "core_attention",
+             "linear_proj": "proj"},
+            # MLASelfAttention: ``submodules.linear_q_down_proj in [TELinear, ..., ColumnParallelLinear]``
+            built_stock=frozenset({"linear_q_down_proj", "linear_kv_down_proj"})),
+    Adapter("MLP: dense, routed experts (SequentialMLP) and shared experts", MLPSubmodules,
+            {"linear_fc1": "fc1", "linear_fc2": "fc2"}),
+    Adapter("MoE layer's router", MoESubmodules, {"router": "router"}),
+)
+ADAPTER_BY_SUBMODULES = {adapter.submodules: adapter for adapter in ADAPTERS}
+
+
+@dataclass(frozen=True)
+class GemmSlot:
+    """One GEMM module of a spec: where it is (field names from the spec's root, e.g.
+    ``self_attention.linear_q_down_proj``), its role and how tensor parallelism splits it."""
+
+    path: str
+    role: str
+    parallel: Optional[Parallel]  # None: split by heads (core attention) or whole on every rank (router)
+    module: type
+
+
+class UnknownModule(ValueError):
+    """A GEMM module at a spec place no adapter names."""
+
+
+def module_class(node: Any) -> Optional[type]:
+    """The class a spec place builds: the class itself, a ModuleSpec's or a partial's; None otherwise."""
+    if isinstance(node, ModuleSpec):
+        node = node.module
+    elif isinstance(node, functools.partial):
+        node = node.func
+    return node if isinstance(node, type) else None
+
+
+def parallel_of(cls: type) -> Optional[Parallel]:
+    """How tensor parallelism splits a module of class ``cls`` (megatron-core's linear classes say it)."""
+    if issubclass(cls, ColumnParallelLinear):
+        return "column"
+    if issubclass(cls, RowParallelLinear):
+        return "row"
+    return None
+
+
+Bind = Callable[[Any, GemmSlot, bool], Any]  # (spec place, its slot, built stock?) -> the place's new value
+
+
+def walk(node: Any, bind: Bind, parents: Mapping[type, type] = MappingProxyType({}), path: str = "") -> Any:
+    """``node`` (a ModuleSpec, submodules, partial or list of them) with each GEMM place replaced by
+    ``bind``'s value and each module class in ``parents`` by its value there; UnknownModule for a GEMM
+    module at a place no adapter names."""
+    if isinstance(node, ModuleSpec):
+        return dataclasses.replace(node, module=parents.get(node.module, node.module),
+                                   submodules=walk(node.submodules, bind, parents, path))
+    if isinstance(node, functools.partial):
+        return functools.partial(parents.get(node.func, node.func), *walk(node.args, bind, parents, path),
+                                 **{key: walk(value, bind, parents, path) for key, value in node.keywords.items()})
+    if isinstance(node, (list, tuple)):
+        return type(node)(walk(item, bind, parents, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node))
+    if not dataclasses.is_dataclass(node) or isinstance(node, type):
+        return node
+    adapter = ADAPTER_BY_SUBMODULES.get(type(node))
+    values = {}
+    for field in dataclasses.fields(node):
+        if not field.init:
+            continue
+        value, place = getattr(node, field.name), f"{path}.{field.name}" if path else field.name
+        role = adapter.roles.get(field.name) if adapter else None
+        cls = module_class(value)
+        if role is not None and cls is not None:
+            slot = GemmSlot(place, role, parallel_of(cls), cls)
+            values[field.name] = bind(value, slot, field.name in adapter.built_stock)
+        elif cls is not None and issubclass(cls, GEMM_CLASSES):
+            raise UnknownModule(f"{place}: {cls.__name__} in {type(node).__name__}.{field.name} has no model adapter, "
+                                f"so no recipe role; add one for {type(node).__name__} ({GUIDE})")
+        else:
+            values[field.name] = walk(value, bind, parents, place)
+    return dataclasses.replace(node, **values)
+
+
+def gemm_slots(spec: Any) -> list[GemmSlot]:
+    """Every GEMM module of ``spec``, in spec order (UnknownModule as ``walk``)."""
+    found: list[GemmSlot] = []
+
+    def record(value: Any, slot: GemmSlot, built_stock: bool) -> Any:
+        found.append(slot)
+        return value
+
+    walk(spec, record)
+    return found
