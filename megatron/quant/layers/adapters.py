@@ -18,7 +18,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.attention import SelfAttentionSubmodules
@@ -74,6 +74,17 @@ ADAPTERS = (
 ADAPTER_BY_SUBMODULES = {adapter.submodules: adapter for adapter in ADAPTERS}
 
 
+def adapter_table(adapters: Sequence[Adapter]) -> Mapping[type, Adapter]:
+    """Submodules class -> its adapter; ValueError naming a class two adapters claim."""
+    table: dict[type, Adapter] = {}
+    for adapter in adapters:
+        if adapter.submodules in table:
+            raise ValueError(f"adapters {table[adapter.submodules].name!r} and {adapter.name!r} both describe "
+                             f"{adapter.submodules.__name__}; keep one")
+        table[adapter.submodules] = adapter
+    return table
+
+
 @dataclass(frozen=True)
 class GemmSlot:
     """One GEMM module of a spec: where it is (field names from the spec's root, e.g.
@@ -110,46 +121,55 @@ def parallel_of(cls: type) -> Optional[Parallel]:
 Bind = Callable[[Any, GemmSlot, bool], Any]  # (spec place, its slot, built stock?) -> the place's new value
 
 
-def walk(node: Any, bind: Bind, parents: Mapping[type, type] = MappingProxyType({}), path: str = "") -> Any:
-    """``node`` (a ModuleSpec, submodules, partial or list of them) with each GEMM place replaced by
-    ``bind``'s value and each module class in ``parents`` by its value there; UnknownModule for a GEMM
-    module at a place no adapter names."""
-    if isinstance(node, ModuleSpec):
-        return dataclasses.replace(node, module=parents.get(node.module, node.module),
-                                   submodules=walk(node.submodules, bind, parents, path))
-    if isinstance(node, functools.partial):
-        return functools.partial(parents.get(node.func, node.func), *walk(node.args, bind, parents, path),
-                                 **{key: walk(value, bind, parents, path) for key, value in node.keywords.items()})
-    if isinstance(node, (list, tuple)):
-        return type(node)(walk(item, bind, parents, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node))
-    if not dataclasses.is_dataclass(node) or isinstance(node, type):
-        return node
-    adapter = ADAPTER_BY_SUBMODULES.get(type(node))
-    values = {}
-    for field in dataclasses.fields(node):
-        if not field.init:
-            continue
-        value, place = getattr(node, field.name), f"{path}.{field.name}" if path else field.name
-        role = adapter.roles.get(field.name) if adapter else None
-        cls = module_class(value)
-        if role is not None and cls is not None:
-            slot = GemmSlot(place, role, parallel_of(cls), cls)
-            values[field.name] = bind(value, slot, field.name in adapter.built_stock)
-        elif cls is not None and issubclass(cls, GEMM_CLASSES):
-            raise UnknownModule(f"{place}: {cls.__name__} in {type(node).__name__}.{field.name} has no model adapter, "
-                                f"so no recipe role; add one for {type(node).__name__} ({GUIDE})")
-        else:
-            values[field.name] = walk(value, bind, parents, place)
-    return dataclasses.replace(node, **values)
+def walk(node: Any, bind: Bind, adapters: Mapping[type, Adapter] = ADAPTER_BY_SUBMODULES,
+         parents: Mapping[type, type] = MappingProxyType({})) -> Any:
+    """``node`` (a ModuleSpec, submodules, partial or list of them) with each GEMM place the ``adapters``
+    (submodules class -> adapter) name replaced by ``bind``'s value and each module class in ``parents``
+    by its value there; UnknownModule for a GEMM module at a place no adapter names."""
+
+    def visit(node: Any, path: str) -> Any:
+        if isinstance(node, ModuleSpec):
+            return dataclasses.replace(node, module=parents.get(node.module, node.module),
+                                       submodules=visit(node.submodules, path))
+        if isinstance(node, functools.partial):
+            return functools.partial(parents.get(node.func, node.func), *visit(node.args, path),
+                                     **{key: visit(value, path) for key, value in node.keywords.items()})
+        if isinstance(node, (list, tuple)):
+            return type(node)(visit(item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(node))
+        if not dataclasses.is_dataclass(node) or isinstance(node, type):
+            return node
+        return visit_submodules(node, path)
+
+    def visit_submodules(node: Any, path: str) -> Any:
+        adapter = adapters.get(type(node))
+        values = {}
+        for field in dataclasses.fields(node):
+            if not field.init:
+                continue
+            value, place = getattr(node, field.name), f"{path}.{field.name}" if path else field.name
+            role = adapter.roles.get(field.name) if adapter else None
+            cls = module_class(value)
+            if role is not None and cls is not None:
+                values[field.name] = bind(value, GemmSlot(place, role, parallel_of(cls), cls),
+                                          field.name in adapter.built_stock)
+            elif cls is not None and issubclass(cls, GEMM_CLASSES):
+                name = type(node).__name__
+                raise UnknownModule(f"{place}: {cls.__name__} in {name}.{field.name} has no model adapter, so no "
+                                    f"recipe role; add one for {name} ({GUIDE})")
+            else:
+                values[field.name] = visit(value, place)
+        return dataclasses.replace(node, **values)
+
+    return visit(node, "")
 
 
-def gemm_slots(spec: Any) -> list[GemmSlot]:
-    """Every GEMM module of ``spec``, in spec order (UnknownModule as ``walk``)."""
+def gemm_slots(spec: Any, adapters: Sequence[Adapter] = ADAPTERS) -> list[GemmSlot]:
+    """Every GEMM module of ``spec``, in spec order, as ``adapters`` name them (UnknownModule as ``walk``)."""
     found: list[GemmSlot] = []
 
     def record(value: Any, slot: GemmSlot, built_stock: bool) -> Any:
         found.append(slot)
         return value
 
-    walk(spec, record)
+    walk(spec, record, adapter_table(adapters))
     return found

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 from megatron.core.models.backends import LocalSpecProvider
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.multi_latent_attention import MLASelfAttention
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megatron.quant.layers.adapters import GemmSlot, module_class, walk
+from megatron.quant.layers.adapters import ADAPTERS, Adapter, GemmSlot, adapter_table, module_class, walk
 from megatron.quant.layers.attention import QuantDotProductAttention
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantLinearMixin, QuantRowParallelLinear
 from megatron.quant.layers.mla import QuantMLASelfAttention
@@ -72,11 +72,12 @@ class QuantSpecProvider(LocalSpecProvider):
                 TopKRouter: QuantTopKRouter}  # MoESubmodules' default router, which no backend method names
 
 
-def with_backend(spec: Any, backend: QuantSpecProvider) -> Any:
+def with_backend(spec: Any, backend: QuantSpecProvider, adapters: Sequence[Adapter] = ADAPTERS) -> Any:
     """``spec`` (a ModuleSpec, a block's or layer's submodules, a 0.19 ``functools.partial`` builder,
     or a list of them, as megatron-core's local builders return) with ``backend``'s modules in place of
     the local backend's, each linear bound to the recipe role its model adapter names
-    (``layers/adapters.py``); everything else, params included, stays. ``adapters.UnknownModule``
+    (``layers/adapters.py``; ``adapters``: those of megatron-core's GPT, plus any of a model of your
+    own, docs/extending.md#a-new-model); everything else, params included, stays. ``adapters.UnknownModule``
     (one line, before anything is built) for a GEMM module at a place no adapter names."""
     table = backend.substitutions()
 
@@ -91,7 +92,7 @@ def with_backend(spec: Any, backend: QuantSpecProvider) -> Any:
         role = {"gemm_role": slot.role} if issubclass(module_class(ours), QuantLinearMixin) else {}
         return _with_module(value, ours, role)
 
-    return walk(spec, bind, {MLASelfAttention: QuantMLASelfAttention})
+    return walk(spec, bind, adapter_table(adapters), {MLASelfAttention: QuantMLASelfAttention})
 
 
 def _with_module(value: Any, ours: Any, params: dict[str, Any]) -> Any:
