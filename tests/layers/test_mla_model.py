@@ -1,12 +1,14 @@
 """``deepseek-v3-small`` is DeepSeek-V3's multi-latent attention: its preset gives megatron-core's
 MLATransformerConfig with V3's head sizes; the model built from a shrunk copy quantizes every MLA projection
-by role; the start line's parameter count and FLOPs count MLA's projections as the built model holds them."""
+by role (a precision file's matchers reach its modules by path; the capture roles are MLA's); the start
+line's parameter count and FLOPs count MLA's projections as the built model holds them."""
 import pytest
 import torch
+from megatron.core.quantization.quant_config import GlobMatcher
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 
 from megatron.quant.layers import mla
-from megatron.quant.layers.spec import precision_config
+from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.training import metrics
 from megatron.quant.training.mla import mla_config_fields
@@ -32,11 +34,19 @@ def test_the_deepseek_preset_is_multi_latent_attention():
 @pytest.mark.skipif(mla.build_problem() is not None, reason=str(mla.build_problem()))
 def test_a_shrunk_deepseek_model_quantizes_mla_by_role_and_is_counted_as_built(parallel):
     shape = dict(get_preset("deepseek-v3-small"), **TINY)
-    config = transformer_config(shape, quant_recipe=precision_config(QuantRecipe.from_dict({"format": "mxfp8"})),
-                                moe_run=dict(router_dtype="fp32"))
-    model = build_gpt(config, shape)
-    roles = {m.capture_site.role for m in model.modules() if getattr(m, "capture_site", None) is not None}
+    recipes = {"kv": QuantRecipe.uniform("fp8_e4m3"), "rest": QuantRecipe.uniform("mxfp8")}
+    precision = PrecisionConfig([GlobMatcher("*linear_kv_down_proj", "kv"), GlobMatcher("*", "rest")], recipes,
+                                "mla", "mla.yaml")  # a precision file's matchers reach MLA's modules by path
+    model = build_gpt(transformer_config(shape, quant_recipe=precision, moe_run=dict(router_dtype="fp32")), shape)
+    sites = {m.capture_site.module: m for m in model.modules() if getattr(m, "capture_site", None) is not None}
+    roles = {m.capture_site.role for m in sites.values()}
     assert roles == {"q_down", "q_up", "kv_down", "kv_up", "proj", "core_attention", "fc1", "fc2", "router"}
+    may_capture = precision.capture_roles(2, moe=True, mla=True)  # what TENSOR_SAVE_ROLES may name in an MLA run
+    assert roles <= set(may_capture) and "qkv" not in may_capture
+    for name, module in sites.items():
+        if module.capture_site.role in ("q_down", "q_up", "kv_down", "kv_up"):
+            expected = "fp8_e4m3" if name.endswith("kv_down_proj") else "mxfp8_e4m3"
+            assert module.quant["fprop.input"].fmt.name == expected, name
     assert metrics.num_parameters(shape) == sum(p.numel() for p in model.parameters())
     attention = model.decoder.layers[0].self_attention
     projections = sum(m.weight.numel() for name, m in attention.named_children() if name.startswith("linear_"))

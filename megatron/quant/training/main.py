@@ -146,7 +146,8 @@ def check_inputs(argv: Sequence[str] | None = None) -> RunConfiguration:
     shape["vocab_size"] = _model_vocab_size(args, tokenizer)
     saver_config.check_selectors(num_layers=shape["num_layers"], world_size=int(os.environ.get("WORLD_SIZE", "1")),
                                  num_microbatches=args.num_microbatches,
-                                 roles=precision.capture_roles(shape["num_layers"], moe=bool(shape["num_experts"])))
+                                 roles=precision.capture_roles(shape["num_layers"], moe=bool(shape["num_experts"]),
+                                                               mla=bool(shape["multi_latent_attention"])))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
     for option in ("save", "tensorboard_dir", "data_cache_path"):  # refused now, not at the first write
