@@ -95,3 +95,11 @@ def test_a_quantized_module_built_without_a_role_is_refused_when_a_recipe_reache
                                          r"recipe role \(qkv, proj, .*docs/extending.md#a-new-model\)$"):
         finish_init(torch.nn.ModuleDict({"linear_x": layer}), config, prefix="decoder.layers.0.self_attention.")
     assert layer.quant is None  # nothing configured
+
+
+@pytest.mark.parametrize("role", MLA_ROLES)
+def test_what_if_formats_reach_the_mla_projections_captures(role):
+    from megatron.quant.capture.whatif import WhatIfFormats
+
+    fmt, _ = WhatIfFormats().format_for("mxfp8", "decoder.layers.0.self_attention.linear_x", role, 0, "input")
+    assert fmt.name == "mxfp8_e4m3"
