@@ -53,6 +53,7 @@ def test_each_gemm_module_takes_its_role_and_split_from_the_spec(builder, expect
         elif parallel is not None:
             assert place.module is {"column": QuantColumnParallelLinear, "row": QuantRowParallelLinear}[parallel]
             assert place.params["gemm_role"] == role
+            assert place.params.get("fused_gate", False) == (role == "fc1")  # megatron-core's [gate; up]
         else:
             assert bound[path].__module__.startswith("megatron.quant.layers")
     assert set(MLA_ROLES) <= set(ROLES)

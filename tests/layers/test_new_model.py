@@ -34,13 +34,15 @@ def test_the_new_model_guide_adapts_a_module_of_its_own(parallel):
     with pytest.raises(UnknownModule) as refused:
         with_backend(guide["layer_spec"], QuantSpecProvider())
     assert str(refused.value) == re.search(r"```text\n(.*?)\n```", SECTION, re.S).group(1)
-    config = transformer_config(gated_linear_unit=False, quant_recipe=precision_config(RECIPE))
+    config = transformer_config(quant_recipe=precision_config(RECIPE))  # Llama's: gated_linear_unit=True
     layer = TransformerLayer(config, guide["spec"].submodules, layer_number=1)
     finish_init(layer, config, prefix="decoder.layers.0.")
     mlp = layer.mlp
     assert [(m.capture_site.module, m.capture_site.role) for m in (mlp.linear_gate, mlp.linear_up, mlp.linear_down)] \
         == [("decoder.layers.0.mlp.linear_gate", "fc1"), ("decoder.layers.0.mlp.linear_up", "fc1"),
             ("decoder.layers.0.mlp.linear_down", "fc2")]
+    # role fc1, but not megatron-core's fused [gate; up]: each projection's rows are one run across TP shards
+    assert {m.quant["fprop.weight"].shard_groups for m in (mlp.linear_gate, mlp.linear_up)} == {1}
     position.set_iteration(0)
     position.set_microbatch(0, 0)
     x = torch.randn(8, 2, config.hidden_size, generator=torch.Generator().manual_seed(3))

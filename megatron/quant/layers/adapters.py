@@ -47,10 +47,13 @@ class Adapter:
     # Fields megatron-core accepts only as its own stock class (it compares the class, not a subclass):
     # they stay stock in the spec and the parent module makes them ours once built (``layers/mla.py``).
     built_stock: frozenset[str] = frozenset()
+    # Fields whose output is megatron-core's fused [gate; up] under a gated linear unit (SwiGLU): each
+    # tensor-parallel shard holds a slice of both halves, so its runs along out_features split in two.
+    fused_gate: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         fields = {f.name for f in dataclasses.fields(self.submodules)}
-        unknown = sorted(set(self.roles) - fields) + sorted(self.built_stock - set(self.roles))
+        unknown = sorted(set(self.roles) - fields) + sorted((self.built_stock | self.fused_gate) - set(self.roles))
         bad_roles = sorted(set(self.roles.values()) - set(ROLE_BY_NAME))
         if unknown or bad_roles:
             raise ValueError(f"adapter {self.name!r}: fields {unknown} are not {self.submodules.__name__}'s roles "
@@ -68,7 +71,7 @@ ADAPTERS = (
             # MLASelfAttention: ``submodules.linear_q_down_proj in [TELinear, ..., ColumnParallelLinear]``
             built_stock=frozenset({"linear_q_down_proj", "linear_kv_down_proj"})),
     Adapter("MLP: dense, routed experts (SequentialMLP) and shared experts", MLPSubmodules,
-            {"linear_fc1": "fc1", "linear_fc2": "fc2"}),
+            {"linear_fc1": "fc1", "linear_fc2": "fc2"}, fused_gate=frozenset({"linear_fc1"})),
     Adapter("MoE layer's router", MoESubmodules, {"router": "router"}),
 )
 ADAPTER_BY_SUBMODULES = {adapter.submodules: adapter for adapter in ADAPTERS}
@@ -94,6 +97,7 @@ class GemmSlot:
     role: str
     parallel: Optional[Parallel]  # None: split by heads (core attention) or whole on every rank (router)
     module: type
+    fused_gate: bool = False  # ``Adapter.fused_gate``
 
 
 class UnknownModule(ValueError):
@@ -150,8 +154,8 @@ def walk(node: Any, bind: Bind, adapters: Mapping[type, Adapter] = ADAPTER_BY_SU
             role = adapter.roles.get(field.name) if adapter else None
             cls = module_class(value)
             if role is not None and cls is not None:
-                values[field.name] = bind(value, GemmSlot(place, role, parallel_of(cls), cls),
-                                          field.name in adapter.built_stock)
+                slot = GemmSlot(place, role, parallel_of(cls), cls, field.name in adapter.fused_gate)
+                values[field.name] = bind(value, slot, field.name in adapter.built_stock)
             elif cls is not None and issubclass(cls, GEMM_CLASSES):
                 name = type(node).__name__
                 raise UnknownModule(f"{place}: {cls.__name__} in {name}.{field.name} has no model adapter, so no "

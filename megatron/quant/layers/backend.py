@@ -89,8 +89,9 @@ def with_backend(spec: Any, backend: QuantSpecProvider, adapters: Sequence[Adapt
             ours = slot.module
         if ours is None:  # no quantized counterpart (Transformer Engine's modules quantize themselves)
             return value
-        role = {"gemm_role": slot.role} if issubclass(module_class(ours), QuantLinearMixin) else {}
-        return _with_module(value, ours, role)
+        linear = issubclass(module_class(ours), QuantLinearMixin)
+        params = {"gemm_role": slot.role, **({"fused_gate": True} if slot.fused_gate else {})} if linear else {}
+        return _with_module(value, ours, params)
 
     return walk(spec, bind, adapter_table(adapters), {MLASelfAttention: QuantMLASelfAttention})
 

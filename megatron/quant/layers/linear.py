@@ -53,10 +53,11 @@ class QuantLinearMixin(FinishesInit, Phased):
     noise_root: Optional[RandomBits] = None
     parallel: Parallel  # which weight dimension tensor parallelism splits
     gemm_role: Optional[str] = None  # the recipe role its spec gave it (``layers/adapters.py``)
+    fused_gate: bool = False  # its output is the fused [gate; up] of a gated linear unit (``Adapter.fused_gate``)
 
-    def __init__(self, *args, gemm_role: Optional[str] = None, **kwargs):
+    def __init__(self, *args, gemm_role: Optional[str] = None, fused_gate: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.gemm_role = gemm_role
+        self.gemm_role, self.fused_gate = gemm_role, fused_gate
 
     def _shard_size(self) -> int:
         """The length of this rank's shard of the dimension tensor parallelism splits."""
@@ -67,7 +68,7 @@ class QuantLinearMixin(FinishesInit, Phased):
         if quantization_config is None:
             return
         quant = module_quant(quantization_config, self.config, self.gemm_role)
-        gated = quant.site.role == "fc1" and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
+        gated = self.fused_gate and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
         self.configure_phases(lambda formats: self.configure_quant(
             LinearQuant.from_formats(formats, quant.dequantized, quant.accumulate), quant.site, seed=quant.seed,
             shard_groups=2 if gated else 1), quant.phases, quant.phase_of)
