@@ -12,7 +12,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel import ColumnParallelLinear
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megatron.quant.layers.adapters import GUIDE, UnknownModule, gemm_slots
+from megatron.quant.layers.adapters import GUIDE, Adapter, UnknownModule, gemm_slots
 from megatron.quant.layers.backend import QuantSpecProvider, with_backend
 from megatron.quant.layers.linear import QuantColumnParallelLinear, QuantRowParallelLinear
 from megatron.quant.layers.spec import precision_config
@@ -104,3 +104,12 @@ def test_what_if_formats_reach_the_mla_projections_captures(role):
 
     fmt, _ = WhatIfFormats().format_for("mxfp8", "decoder.layers.0.self_attention.linear_x", role, 0, "input")
     assert fmt.name == "mxfp8_e4m3"
+
+
+def test_an_adapter_naming_a_missing_field_or_an_unknown_role_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^adapter 'lora': _LoRASubmodules has no field 'linear_b'; its fields: "
+                                         r"linear_a$"):
+        Adapter("lora", _LoRASubmodules, {"linear_b": "fc1"})
+    with pytest.raises(ValueError, match=r"^adapter 'lora': unknown role 'lora_a'; roles \(operands.ROLE_TABLE\): "
+                                         r"qkv, proj, fc1, .*, kv_up$"):
+        Adapter("lora", _LoRASubmodules, {"linear_a": "lora_a"})

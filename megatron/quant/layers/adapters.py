@@ -52,12 +52,16 @@ class Adapter:
     fused_gate: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        fields = {f.name for f in dataclasses.fields(self.submodules)}
-        unknown = sorted(set(self.roles) - fields) + sorted((self.built_stock | self.fused_gate) - set(self.roles))
-        bad_roles = sorted(set(self.roles.values()) - set(ROLE_BY_NAME))
-        if unknown or bad_roles:
-            raise ValueError(f"adapter {self.name!r}: fields {unknown} are not {self.submodules.__name__}'s roles "
-                             f"fields, or roles {bad_roles} are not in operands.ROLE_TABLE")
+        """ValueError naming a field ``submodules`` lacks (or ``roles`` does not name) or an unknown role."""
+        fields = sorted(f.name for f in dataclasses.fields(self.submodules))
+        for field in sorted(set(self.roles) - set(fields)):
+            raise ValueError(f"adapter {self.name!r}: {self.submodules.__name__} has no field {field!r}; "
+                             f"its fields: {', '.join(fields)}")
+        for field in sorted((self.built_stock | self.fused_gate) - set(self.roles)):
+            raise ValueError(f"adapter {self.name!r}: field {field!r} has no role; give it one in roles")
+        for role in sorted(set(self.roles.values()) - set(ROLE_BY_NAME)):
+            raise ValueError(f"adapter {self.name!r}: unknown role {role!r}; roles (operands.ROLE_TABLE): "
+                             f"{', '.join(ROLE_BY_NAME)}")
 
 
 # One adapter per kind of submodules megatron-core's GPT builders use (both supported releases).
