@@ -113,3 +113,10 @@ def test_an_adapter_naming_a_missing_field_or_an_unknown_role_is_refused_in_one_
     with pytest.raises(ValueError, match=r"^adapter 'lora': unknown role 'lora_a'; roles \(operands.ROLE_TABLE\): "
                                          r"qkv, proj, fc1, .*, kv_up$"):
         Adapter("lora", _LoRASubmodules, {"linear_a": "lora_a"})
+
+
+def test_the_deepseek_fp8_preset_runs_mla_projections_in_fp8_and_its_attention_in_high_precision():
+    recipe = QuantRecipe.from_dict({"format": "deepseek-v3-fp8"})
+    for role in ("q_down", "q_up", "kv_down", "kv_up", "proj"):
+        assert {f.name for f in recipe.resolve(role, 1, 2).values()} == {"fp8_e4m3"}, role
+    assert set(recipe.resolve("core_attention", 1, 2).values()) == {None}
