@@ -136,7 +136,8 @@ def test_the_block_and_moe_builders_take_the_backend(parallel):
     block = with_backend(get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm"),
                          QuantSpecProvider())
     for layer in block.layer_specs:
-        assert layer.submodules.self_attention.submodules.linear_qkv is QuantColumnParallelLinear
+        qkv = layer.submodules.self_attention.submodules.linear_qkv
+        assert qkv.module is QuantColumnParallelLinear and qkv.params == {"gemm_role": "qkv"}
     moe = with_backend(get_gpt_layer_local_spec(num_experts=2, normalization="RMSNorm"), QuantSpecProvider())
     moe_config = transformer_config(num_moe_experts=2, moe_router_topk=2, quant_recipe=precision_config(RECIPE))
     layer = TransformerLayer(moe_config, moe.submodules, layer_number=1)

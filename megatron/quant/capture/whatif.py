@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 from megatron.quant import formats
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.show import show_value
-from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
+from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE, MLA_ROLES
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.recipes.rules import FormatChoice
 from megatron.quant.stats import TE_RECIPES
@@ -90,7 +90,7 @@ class WhatIfFormats:
                    tensor_name: str) -> Optional[tuple[NumericFormat, int]]:
         """(format, block axis on the [-1, last dim] view), or None where the source leaves the operand
         unquantized or the tensor is not a linear GEMM operand."""
-        if tensor_name not in ORIENTATIONS or role not in LINEAR_ROLES + ("output_layer",):
+        if tensor_name not in ORIENTATIONS or role not in LINEAR_ROLES + MLA_ROLES + ("output_layer",):
             return None  # attention's products have operands of their own (recipes.operands.BMM_SLOTS)
         name, columnwise = (source[:-len(COLUMNWISE)], True) if source.endswith(COLUMNWISE) else (source, False)
         key, axis = ORIENTATIONS[tensor_name][int(columnwise)]

@@ -28,6 +28,7 @@ does), so its gradients are those of the unfused path and backward-operand forma
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
@@ -126,15 +127,23 @@ class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
     allow_fused: bool = True
     noise_root: Optional[RandomBits] = None
 
-    def __init__(self, *args: Any, allow_fused: bool = True, **kwargs: Any):
+    def __init__(self, *args: Any, allow_fused: bool = True, k_channels: Optional[int] = None,
+                 v_channels: Optional[int] = None, **kwargs: Any):
+        """``k_channels``, ``v_channels``: the query/key and the value head sizes where they differ from
+        the config's ``kv_channels``, as multi-latent attention gives them (megatron-core's own
+        DotProductAttention takes neither; Transformer Engine's does). MLA passes its softmax scale."""
+        if k_channels is not None and kwargs.get("softmax_scale") is None:
+            kwargs["softmax_scale"] = 1.0 / math.sqrt(k_channels)  # as megatron-core's default
         super().__init__(*args, **kwargs)
         self.allow_fused = allow_fused
+        if v_channels is not None:  # the context's width: heads x the value head size
+            self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
 
     def finish_init(self, quantization_config: Optional[QuantizationConfig]) -> None:
         """Take the formats the config megatron-core matched to this module gives it (none matched: stock)."""
         if quantization_config is None:
             return
-        quant = module_quant(quantization_config, self.config)
+        quant = module_quant(quantization_config, self.config, "core_attention")
         self.configure_phases(lambda formats: self.configure_quant(
             AttentionQuant.from_formats(formats), quant.site, self.allow_fused, quant.seed),
             quant.phases, quant.phase_of)

@@ -52,6 +52,12 @@ class QuantLinearMixin(FinishesInit, Phased, CachesQuantizedWeights):
     weight_cache: Optional[QuantizedWeightCache] = None
     noise_root: Optional[RandomBits] = None
     parallel: Parallel  # which weight dimension tensor parallelism splits
+    gemm_role: Optional[str] = None  # the recipe role its spec gave it (``layers/adapters.py``)
+    fused_gate: bool = False  # its output is the fused [gate; up] of a gated linear unit (``Adapter.fused_gate``)
+
+    def __init__(self, *args, gemm_role: Optional[str] = None, fused_gate: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gemm_role, self.fused_gate = gemm_role, fused_gate
 
     def _shard_size(self) -> int:
         """The length of this rank's shard of the dimension tensor parallelism splits."""
@@ -61,8 +67,8 @@ class QuantLinearMixin(FinishesInit, Phased, CachesQuantizedWeights):
         """Take the formats the config megatron-core matched to this layer gives it (none matched: stock)."""
         if quantization_config is None:
             return
-        quant = module_quant(quantization_config, self.config)
-        gated = quant.site.role == "fc1" and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
+        quant = module_quant(quantization_config, self.config, self.gemm_role)
+        gated = self.fused_gate and self.config.gated_linear_unit  # megatron fuses [gate; up] per shard
         self.configure_phases(lambda formats: self.configure_quant(
             LinearQuant.from_formats(formats, quant.dequantized, quant.accumulate), quant.site, seed=quant.seed,
             shard_groups=2 if gated else 1), quant.phases, quant.phase_of)
@@ -186,6 +192,20 @@ class QuantRowParallelLinear(QuantLinearMixin, RowParallelLinear):
         if self.skip_bias_add:
             return output, self.bias
         return (output + self.bias if self.bias is not None else output), None
+
+
+QUANTIZED_LINEARS = {ColumnParallelLinear: QuantColumnParallelLinear, RowParallelLinear: QuantRowParallelLinear}
+
+
+def quantize_built(layer: torch.nn.Module, role: str) -> None:
+    """``layer``, built as megatron-core's own linear class where megatron-core accepts no other
+    (``adapters.Adapter.built_stock``), made our quantized layer in place with ``role``: the same object,
+    weight and construction; it runs as the stock layer until ``finish_init`` configures it."""
+    if type(layer) not in QUANTIZED_LINEARS:
+        raise TypeError(f"a {type(layer).__name__} cannot be made a quantized layer; "
+                        f"allowed: {', '.join(cls.__name__ for cls in QUANTIZED_LINEARS)}")
+    layer.__class__ = QUANTIZED_LINEARS[type(layer)]
+    layer.gemm_role = role
 
 
 def invalidate_quantized_weights(model: torch.nn.Module) -> None:

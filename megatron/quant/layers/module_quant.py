@@ -3,7 +3,8 @@
 ``GPTModel`` ends its construction by handing every module with a ``finish_init`` the
 ``QuantizationConfig`` that ``TransformerConfig.quant_recipe`` matches to the module's path (None
 when no matcher takes it; megatron-core logs those). ``module_quant`` turns that into the module's
-operand formats and capture site: its role from its attribute name, its 0-based global layer from
+operand formats and capture site: its role (which the model adapter gave it from the spec it was
+built from, ``layers/adapters.py``), its 0-based global layer from
 the path (megatron-core's own ``layers.N``, a stage-local index) and the pipeline stage's offset.
 ``finish_init`` does the same for a model megatron-core does not finish (a block or layer built alone).
 """
@@ -23,14 +24,13 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from megatron.quant import kernels
 from megatron.quant.formats.base import NumericFormat
 from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.layers.adapters import GUIDE
 from megatron.quant.position import Position
+from megatron.quant.recipes.operands import ROLE_BY_NAME, ROLES
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.recipe import QuantRecipe
 from megatron.quant.tensor_saver import CaptureSite, expert_module
 
-# Attribute name of a module -> role used by recipes and captures.
-ROLE_BY_ATTRIBUTE = {"linear_qkv": "qkv", "linear_proj": "proj", "linear_fc1": "fc1", "linear_fc2": "fc2",
-                     "core_attention": "core_attention", "output_layer": "output_layer", "router": "router"}
 # megatron-core's SequentialMLP holds an MoE layer's experts as ``experts.local_experts.<i>`` on each
 # expert-parallel rank; sites name them by the global expert (``capture.site.expert_module``), so
 # captures and stochastic rounding do not depend on the expert-parallel size.
@@ -63,18 +63,20 @@ class ModuleQuant:
         return self.phases[0]
 
 
-def module_quant(matched: QuantizationConfig, config: TransformerConfig) -> ModuleQuant:
-    """The formats, site and stochastic-rounding seed of the module ``matched`` was made for."""
+def module_quant(matched: QuantizationConfig, config: TransformerConfig, role: Optional[str]) -> ModuleQuant:
+    """The formats, site and stochastic-rounding seed of the module ``matched`` was made for, whose
+    recipe role is ``role`` (None: a module built outside our backend's spec, which has none)."""
     precision = config.quant_recipe
     path = matched.match_input.module_path
     if not isinstance(precision, PrecisionConfig):
         raise TypeError(f"{path}: TransformerConfig.quant_recipe is a {type(precision).__name__}; the quantized "
                         f"modules need a megatron.quant PrecisionConfig (recipes/precision.py)")
-    role = ROLE_BY_ATTRIBUTE.get(path.rsplit(".", 1)[-1])
-    if role is None:
-        raise ValueError(f"{path}: no recipe role for this module; roles: {', '.join(ROLE_BY_ATTRIBUTE.values())}")
-    layer_idx = -1 if role == "output_layer" else _global_layer(matched, config)
-    attention = role == "core_attention"
+    if role not in ROLE_BY_NAME:
+        raise ValueError(f"{path}: module role {role!r} is not a recipe role ({', '.join(ROLES)}); a quantized "
+                         f"module takes its role from the spec it is built from: build it from a spec that "
+                         f"layers.backend.with_backend gave our modules ({GUIDE})")
+    layer_idx = -1 if ROLE_BY_NAME[role].part == "head" else _global_layer(matched, config)
+    attention = ROLE_BY_NAME[role].gemms == "attention"
     site = CaptureSite(layer_type="attention" if attention else "linear", component="FA" if attention else "linear",
                        layer_idx=layer_idx, module=global_module_name(path, config), role=role,
                        quant_type=precision.name)

@@ -60,7 +60,7 @@ class QuantTopKRouter(FinishesInit, TopKRouter):
         """Take the ``router`` formats of the config megatron-core matched to this module (none: high precision)."""
         if quantization_config is None:
             return
-        matched = module_quant(quantization_config, self.config)
+        matched = module_quant(quantization_config, self.config, "router")
         quant = LinearQuant.from_formats(matched.formats)
         quantized = any(spec.fmt is not None for spec in quant.specs.values())
         problem = router_quant_problem(self.config.moe_router_dtype, self.config.sequence_parallel)

@@ -23,7 +23,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron.quant.layers import recompute
+from megatron.quant.layers import mla, recompute
 from megatron.quant.layers.backend import QuantSpecProvider, with_backend
 from megatron.quant.layers.linear import QuantColumnParallelLinear
 from megatron.quant.layers.module_quant import warn_idle_matchers
@@ -33,19 +33,26 @@ from megatron.quant.recipes.recipe import QuantRecipe
 OUTPUT_LAYER = "output_layer"  # GPTModel's attribute, the path megatron-core matches it by
 
 
-def llama_layer_spec(backend: QuantSpecProvider | None = None) -> ModuleSpec:
-    """megatron-core's local RMSNorm layer spec with ``backend``'s modules (default: ``QuantSpecProvider()``).
+def llama_layer_spec(backend: QuantSpecProvider | None = None, multi_latent_attention: bool = False) -> ModuleSpec:
+    """megatron-core's local RMSNorm layer spec with ``backend``'s modules (default: ``QuantSpecProvider()``);
+    ``multi_latent_attention``: its MLA layer (RMSNorm on the query and key/value latents, as DeepSeek-V3).
 
     The quantized modules behave as stock ones until a config is matched to them, so the spec itself
     does not depend on a recipe."""
-    return with_backend(get_gpt_layer_local_spec(normalization="RMSNorm"), backend or QuantSpecProvider())
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", multi_latent_attention=multi_latent_attention,
+                                    qk_layernorm=multi_latent_attention)
+    return with_backend(spec, backend or QuantSpecProvider())
 
 
 def decoder_spec(config: TransformerConfig, backend: QuantSpecProvider) -> Any:
     """The decoder's spec: the Llama layer for a dense model; for an MoE one (``num_moe_experts``),
-    megatron-core's local block spec, whose layers are MoE or dense as ``moe_layer_freq`` says."""
+    megatron-core's local block spec, whose layers are MoE or dense as ``moe_layer_freq`` says. Attention
+    is multi-latent where the config says so (``config.multi_latent_attention``, ``layers/mla.py``)."""
+    problem = mla.build_problem() if config.multi_latent_attention else None
+    if problem:
+        raise ValueError(problem)
     if not config.num_moe_experts:
-        return llama_layer_spec(backend)
+        return llama_layer_spec(backend, config.multi_latent_attention)
     return with_backend(get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm"),
                         backend)
 
@@ -60,7 +67,8 @@ def _output_layer(model: GPTModel) -> torch.nn.Module:
     one's weight (the same Parameter, or None when tied to the embedding), so initialisation, tying
     and the random stream stay those of the stock model."""
     stock = model.output_layer
-    layer = build_module(ModuleSpec(module=QuantColumnParallelLinear), stock.input_size, stock.output_size,
+    layer = build_module(ModuleSpec(module=QuantColumnParallelLinear, params={"gemm_role": "output_layer"}),
+                         stock.input_size, stock.output_size,
                          config=model.config, init_method=model.config.init_method, bias=False, skip_bias_add=False,
                          gather_output=stock.gather_output, skip_weight_param_allocation=True,
                          embedding_activation_buffer=stock.embedding_activation_buffer,

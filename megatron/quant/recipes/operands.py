@@ -1,4 +1,4 @@
-"""Names shared by recipes, layers and capture: module roles, the GEMM operands (``LINEAR_TABLE``:
+"""Names shared by recipes, layers and capture: module roles (``ROLE_TABLE``), the GEMM operands (``LINEAR_TABLE``:
 one record per linear operand, its key, GEMM, block axis, TP shard dimensions and capture;
 ``BMM_SLOTS`` and the attention keys), and ``OperandSpec`` (how one operand is quantized).
 
@@ -107,11 +107,46 @@ FORWARD_OPERANDS = (tuple(op.key for op in LINEAR_TABLE if op.gemm == "fprop")
                     + tuple(key for keys in (QK_OPERANDS, PV_OPERANDS)
                             for key, slot in zip(keys, BMM_SLOTS) if slot.gemm == "forward"))
 
-LINEAR_ROLES = ("qkv", "proj", "fc1", "fc2")
-# Modules that stay in high precision unless a recipe rule names them, as Transformer Engine and
-# DeepSeek-V3 keep them: the LM head and the MoE router (its gating GEMM, X W^T over the experts).
-NAMED_ONLY_ROLES = ("output_layer", "router")
-ROLES = LINEAR_ROLES + ("core_attention",) + NAMED_ONLY_ROLES
+
+@dataclass(frozen=True)
+class Role:
+    """A module role: the name recipes, precision files and captures use, the GEMMs the module runs
+    (``LINEAR_TABLE``'s or the attention products'), and the layer part it belongs to. Which module of
+    a model has which role is the model adapters' business (``layers/adapters.py``), read from the spec
+    megatron-core builds it from; how tensor parallelism splits it, from the linear class there."""
+
+    name: str
+    gemms: Literal["linear", "attention"]
+    part: Literal["attention", "mla", "mlp", "moe", "head"]
+    # Stays in high precision unless a recipe rule names it, as Transformer Engine and DeepSeek-V3 keep
+    # the LM head and the MoE router (its gating GEMM, X W^T over the experts).
+    named_only: bool = False
+
+
+# The one table of module roles: the recipes' role names (``ROLES``), their operands and their defaults
+# derive from it. "proj" and "core_attention" are both attentions': GQA's and multi-latent attention's.
+ROLE_TABLE = (
+    Role("qkv", "linear", "attention"),
+    Role("proj", "linear", "attention"),
+    Role("fc1", "linear", "mlp"),
+    Role("fc2", "linear", "mlp"),
+    Role("core_attention", "attention", "attention"),
+    Role("output_layer", "linear", "head", named_only=True),
+    Role("router", "linear", "moe", named_only=True),
+    # Multi-latent attention (DeepSeek-V3): queries and keys/values through low-rank latents.
+    Role("q", "linear", "mla"),  # the query projection of an MLA without a query latent (q_lora_rank None)
+    Role("q_down", "linear", "mla"),
+    Role("q_up", "linear", "mla"),
+    Role("kv_down", "linear", "mla"),
+    Role("kv_up", "linear", "mla"),
+)
+ROLE_BY_NAME = {role.name: role for role in ROLE_TABLE}
+ROLES = tuple(ROLE_BY_NAME)
+# The linear roles of a Llama (GQA) layer, and those multi-latent attention has instead of "qkv".
+LINEAR_ROLES = tuple(r.name for r in ROLE_TABLE if r.gemms == "linear" and r.part in ("attention", "mlp"))
+MLA_ROLES = tuple(r.name for r in ROLE_TABLE if r.part == "mla")
+NAMED_ONLY_ROLES = tuple(r.name for r in ROLE_TABLE if r.named_only)
+
 # Block axes are fixed by the GEMMs: each operand is blocked along its GEMM's reduction dimension.
 LINEAR_AXES = {op.key: op.axis for op in LINEAR_TABLE}
 BMM_AXES = tuple(slot.axis for slot in BMM_SLOTS)
@@ -122,7 +157,7 @@ SCOPES = {"linear": LINEAR_OPERANDS, "attention": ATTENTION_OPERANDS,
 
 
 def operands_for_role(role: str) -> tuple[str, ...]:
-    return ATTENTION_OPERANDS if role == "core_attention" else LINEAR_OPERANDS
+    return ATTENTION_OPERANDS if ROLE_BY_NAME[role].gemms == "attention" else LINEAR_OPERANDS
 
 
 @dataclass(frozen=True)

@@ -106,9 +106,10 @@ class PrecisionConfig(RecipeConfig):
         """Some config quantizes through torch.compile."""
         return any(recipe.compile for recipe in self.configs.values())
 
-    def capture_roles(self, num_layers: int, moe: bool = False) -> tuple[str, ...]:
+    def capture_roles(self, num_layers: int, moe: bool = False, mla: bool = False) -> tuple[str, ...]:
         """The roles of the modules that capture (``QuantRecipe.capture_roles``, over the configs)."""
-        roles = {role: None for recipe in self.configs.values() for role in recipe.capture_roles(num_layers, moe)}
+        roles = {role: None for recipe in self.configs.values()
+                 for role in recipe.capture_roles(num_layers, moe, mla)}
         return tuple(roles)
 
     def matcher_problems(self, paths: Iterable[str]) -> list[str]:

@@ -30,6 +30,7 @@ from megatron.quant.recipes.operands import (
     LINEAR_BY_KEY,
     LINEAR_GEMMS,
     LINEAR_ROLES,
+    MLA_ROLES,
     NAMED_ONLY_ROLES,
     ROLES,
     SCOPES,
@@ -185,10 +186,12 @@ class QuantRecipe:
         return any(not formats.is_passthrough(c.name) for layer in range(num_layers)
                    for c in self.choices("router", layer, num_layers).values())
 
-    def capture_roles(self, num_layers: int, moe: bool = False) -> tuple[str, ...]:
+    def capture_roles(self, num_layers: int, moe: bool = False, mla: bool = False) -> tuple[str, ...]:
         """The roles of the modules that capture: every decoder layer's (with ``moe``, the MoE routers': they
-        record the tokens each expert receives), and the output layer's when it is quantized."""
-        return (*LINEAR_ROLES, "core_attention") + (("router",) if moe else ()) + (
+        record the tokens each expert receives; with ``mla``, multi-latent attention's projections instead of
+        ``qkv``), and the output layer's when it is quantized."""
+        linear = tuple(role for role in LINEAR_ROLES if role != "qkv") + MLA_ROLES if mla else LINEAR_ROLES
+        return (*linear, "core_attention") + (("router",) if moe else ()) + (
             ("output_layer",) if self.quantizes_output_layer(num_layers) else ())
 
     def formats(self, num_layers: int) -> list[NumericFormat]:

@@ -24,6 +24,7 @@ from megatron.quant.training.megatron_lm_args import (
 )
 from megatron.quant.training.megatron_lm_flags import add_answered_flags, take_answered
 from megatron.quant.training.metrics import wandb_flags_problem
+from megatron.quant.training.mla import MLA_SHAPE_DEFAULTS
 from megatron.quant.training.moe import MOE_SHAPE_DEFAULTS, MoEError, add_moe_arguments, check_moe
 from megatron.quant.training.presets import PRESETS, get_preset
 from megatron.quant.training.recompute import RecomputeError, add_recompute_arguments, check_recompute
@@ -41,6 +42,7 @@ _SHAPE_DEFAULTS = dict(
     num_query_groups=None, max_position_embeddings=None, rotary_base=10000.0,
     rope_scaling_factor=None, untie_embeddings_and_output_weights=False, norm_epsilon=1e-5,
     normalization="RMSNorm", swiglu=False, group_query_attention=False, vocab_size=None, **MOE_SHAPE_DEFAULTS,
+    **MLA_SHAPE_DEFAULTS,
 )
 
 

@@ -158,7 +158,8 @@ def check_run(tree: RunTree) -> RunConfiguration:
     shape["vocab_size"] = _model_vocab_size(tree, tokenizer)
     saver_config.check_selectors(num_layers=num_layers, world_size=tree.environment.world_size,
                                  num_microbatches=tree.schedule.num_microbatches,
-                                 roles=precision.capture_roles(num_layers, moe=bool(shape["num_experts"])))
+                                 roles=precision.capture_roles(num_layers, moe=bool(shape["num_experts"]),
+                                                               mla=bool(shape["multi_latent_attention"])))
     if saver_config.enabled:  # --check-args and the launch scripts refuse it before torchrun starts
         check_writable(saver_config.save_dir)
     for flag, directory in (("--save", tree.checkpoint.save), ("--tensorboard-dir", tree.output.tensorboard_dir),

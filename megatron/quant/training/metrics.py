@@ -13,6 +13,8 @@ from typing import Mapping
 
 import torch
 
+from megatron.quant.training.mla import mla_attention_sizes
+
 # Dense (no sparsity) bf16 peak TFLOP/s per device, from the vendors' datasheets. Fake
 # quantization computes in bf16/fp32, so the bf16 peak is the honest denominator.
 PEAK_BF16_TFLOPS = {
@@ -41,16 +43,25 @@ def mlp_sizes(shape: Mapping) -> list[tuple[int, int]]:
     return [moe if is_moe else dense for is_moe in pattern]
 
 
+def attention_sizes(shape: Mapping) -> tuple[int, int, int]:
+    """Each decoder layer's attention as (parameters, projection multiply-adds per token, the widths Q K^T
+    and P V multiply over per pair of positions): GQA (qkv, proj), or multi-latent attention (``training/mla.py``)."""
+    if shape.get("multi_latent_attention"):
+        return mla_attention_sizes(shape)
+    h = shape["hidden_size"]
+    kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
+    weights = h * (h + 2 * kv) + h * h
+    return weights, weights, 2 * h
+
+
 def forward_gemm_flops(shape: Mapping, *, tokens: int, seq_length: int, vocab_size: int) -> float:
     """Forward-pass GEMM FLOPs for ``tokens`` tokens in sequences of ``seq_length``."""
     h, layers = shape["hidden_size"], shape["num_layers"]
-    kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
-    qkv = 2 * tokens * h * (h + 2 * kv)
-    proj = 2 * tokens * h * h
-    attention = 2 * 2 * tokens * seq_length * h  # Q K^T and P V over the full (unmasked) square
+    _, projections, width = attention_sizes(shape)
+    attention = 2 * tokens * seq_length * width  # Q K^T and P V over the full (unmasked) square
     mlp = sum(2 * tokens * active for _, active in mlp_sizes(shape))
     logits = 2 * tokens * h * vocab_size
-    return float(layers * (qkv + proj + attention) + mlp + logits)
+    return float(layers * (2 * tokens * projections + attention) + mlp + logits)
 
 
 def flops_per_iteration(shape: Mapping, *, global_batch_size: int, seq_length: int, vocab_size: int) -> float:
@@ -198,7 +209,6 @@ def device_name() -> str | None:
 def num_parameters(shape: Mapping) -> int:
     """Parameter count of the Llama ``shape`` (whole model, all shards)."""
     h, layers, vocab = shape["hidden_size"], shape["num_layers"], shape["vocab_size"]
-    kv = h * shape["num_query_groups"] // shape["num_attention_heads"]
-    per_layer = h * (h + 2 * kv) + h * h + 2 * h  # qkv, proj, two norms; the MLPs from mlp_sizes
+    per_layer = attention_sizes(shape)[0] + 2 * h  # attention, two norms; the MLPs from mlp_sizes
     embeddings = vocab * h * (2 if shape["untie_embeddings_and_output_weights"] else 1)
     return embeddings + layers * per_layer + sum(params for params, _ in mlp_sizes(shape)) + h  # + final norm

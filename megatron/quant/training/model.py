@@ -22,13 +22,15 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
     ``FastPaths.config_flags()`` (``layers/fusions.py``; none: megatron-core's unfused operations);
     ``quant_recipe``: the per-module precision (``layers.spec.precision_config``); ``moe_run``: an MoE
     shape's run settings (``moe.moe_run_fields``; default: megatron-core's)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+    from megatron.quant.training.mla import mla_config_fields
     from megatron.quant.training.moe import moe_config_fields
 
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    return TransformerConfig(
+    mla = mla_config_fields(shape)
+    return (MLATransformerConfig if mla else TransformerConfig)(
         num_layers=shape["num_layers"], hidden_size=shape["hidden_size"],
         ffn_hidden_size=shape["ffn_hidden_size"], num_attention_heads=shape["num_attention_heads"],
         num_query_groups=shape["num_query_groups"], normalization="RMSNorm",
@@ -43,7 +45,7 @@ def transformer_config(shape: Mapping, *, precision: str = "fp32", tensor_parall
         fp8=fp8_format, tp_only_amax_red=tp_only_amax_red,
         recompute_granularity=recompute_granularity, recompute_method=recompute_method,
         recompute_num_layers=recompute_num_layers, quant_recipe=quant_recipe,
-        **moe_config_fields(shape, **(moe_run or {})), **{**_UNFUSED, **(fusion_flags or {})})
+        **moe_config_fields(shape, **(moe_run or {})), **mla, **{**_UNFUSED, **(fusion_flags or {})})
 
 
 def build_gpt(config, shape: Mapping, *, vocab_size: int | None = None, sdpa: bool = True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from megatron.quant.training.mla import MLA_SHAPE_DEFAULTS
 from megatron.quant.training.moe import MOE_SHAPE_DEFAULTS
 
 _LLAMA3 = dict(
@@ -70,15 +71,18 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
         untie_embeddings_and_output_weights=False, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=128,
         moe_shared_expert_intermediate_size=128,
     )),
-    # DeepSeek-V3's MoE (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json: fine-grained
-    # experts, top-8 of 256, one shared expert, the first 3 of 61 layers dense, sigmoid scores) at a size
-    # one H100 trains: 64 experts, top-6, the first layer dense. Attention is Llama's GQA, not MLA.
+    # DeepSeek-V3 (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json) at a size one H100
+    # trains. Its MoE: fine-grained experts, top-8 of 256, one shared expert, the first 3 of 61 layers dense,
+    # sigmoid scores; here 64 experts, top-6, the first layer dense. Its multi-latent attention (training/mla.py):
+    # V3's head sizes (128 + a 64-wide RoPE part, values 128) and latents scaled with the width (V3: queries
+    # 1536, keys/values 512 at hidden 7168), plain RoPE as V3's pre-training at 4K context.
     "deepseek-v3-small": MappingProxyType(dict(
         _LLAMA3, num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16, num_query_groups=16,
         vocab_size=129280, seq_length=2048, max_position_embeddings=4096, rotary_base=10000.0,
         rope_scaling_factor=None, untie_embeddings_and_output_weights=True, num_experts=64, moe_router_topk=6,
         moe_ffn_hidden_size=256, moe_shared_expert_intermediate_size=256, moe_layer_freq=(0,) + (1,) * 7,
-        moe_router_score_function="sigmoid",
+        moe_router_score_function="sigmoid", multi_latent_attention=True, q_lora_rank=256, kv_lora_rank=128,
+        qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
     )),
     # Qwen3-MoE (https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: 128 experts, top-8, no
     # shared expert, every layer MoE, GQA 32/4) at a size one H100 trains: 64 experts, top-8.
@@ -91,10 +95,11 @@ PRESETS: Mapping[str, Mapping] = MappingProxyType({
 })
 
 MOE_KEYS = tuple(MOE_SHAPE_DEFAULTS)  # a dense shape leaves them unset
+MLA_KEYS = tuple(MLA_SHAPE_DEFAULTS)  # a GQA shape leaves them unset
 SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
               "num_query_groups", "vocab_size", "seq_length", "max_position_embeddings",
               "rotary_base", "rope_scaling_factor", "untie_embeddings_and_output_weights",
-              "norm_epsilon") + MOE_KEYS
+              "norm_epsilon") + MOE_KEYS + MLA_KEYS
 
 
 def get_preset(name: str) -> dict:

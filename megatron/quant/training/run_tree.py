@@ -56,6 +56,14 @@ class ModelSection:
     init_method_std: float               # --init-method-std: the weights' initial standard deviation
     attention_dropout: float             # --attention-dropout
     hidden_dropout: float                # --hidden-dropout
+    # Multi-latent attention (training/mla.py), set by a preset's shape only (deepseek-v3-small); no flag:
+    # Megatron-LM's MLA flags are refused (docs/training.md).
+    multi_latent_attention: bool         # megatron-core's MLA in place of GQA attention
+    q_lora_rank: Optional[int]           # the queries' latent width (None: one projection)
+    kv_lora_rank: Optional[int]          # the keys' and values' latent width
+    qk_head_dim: Optional[int]           # a head's query/key width without RoPE
+    qk_pos_emb_head_dim: Optional[int]   # the shared RoPE part of queries and keys
+    v_head_dim: Optional[int]            # a head's value width
 
 
 @dataclass(frozen=True)
