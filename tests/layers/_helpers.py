@@ -85,13 +85,9 @@ class CountingFormat(FormatWrapper):
         self.calls += 1
         self.weight_calls += tuple(x.shape) == self.weight_shape
 
-    def quantize(self, x, axis=-1, amax=None, **kwargs):
+    def run(self, x, axis=-1, amax=None, **kwargs):  # every quantization goes through ``run``
         self._count(x)
-        return self.fmt.quantize(x, axis=axis, amax=amax, **kwargs)
-
-    def quantize_for_gemm(self, x, axis=-1, amax=None, **kwargs):
-        self._count(x)
-        return self.fmt.quantize_for_gemm(x, axis=axis, amax=amax, **kwargs)
+        return self.fmt.run(x, axis, amax, **kwargs)
 
 
 def moe_config(**overrides: Any):

@@ -14,7 +14,8 @@ from . import bits
 from .contract import KernelContract, Transform
 from .grid import ElementGrid, GridRule, Overflow
 from .hadamard import Hadamard
-from .interface import QuantFormat, Scaling
+from .interface import QuantFormat, Scaling, along_both_axes
+from .quantization import VALUE, Quantization, Want
 from .random_bits import RandomBits
 from .rounding import ROUNDING_MODES, Rounding, is_stochastic
 from .saturation import overflow_bound
@@ -128,14 +129,16 @@ class NumericFormat(QuantFormat):
     dual_axis: bool = False  # the torch path quantizes one axis per call
     kernel_contract: KernelContract | None = None  # formats with a kernel declare theirs (``_contract``)
     eager_chunks: bool = True  # False where chunking cannot help (plain casts)
+    default_noise: RandomBits
+    """The noise stochastic rounding draws without ``noise=`` or ``generator=`` (the kernels too): a pure
+    function of the ``seed`` option and the element index, so the same call gives the same result in any
+    process."""
 
     def __init__(self, options: dict[str, Any]):
         self.options = dict(options)
         signs = options.get("hadamard_signs")
         self.hadamard = None if signs is None else Hadamard(signs)
-        # Stochastic rounding without an explicit key: noise is a pure function of the seed
-        # and the element index, so the same call gives the same result in any process.
-        self._default_bits = RandomBits.derive("format", options.get("seed", 0))
+        self.default_noise = RandomBits.derive("format", options.get("seed", 0))
 
     def _contract(self, element: GridRule, overflow: Overflow, **fields: Any) -> KernelContract:
         """This format's ``KernelContract``: what every format shares (name, rounding, the nonfinite
@@ -150,50 +153,38 @@ class NumericFormat(QuantFormat):
         self.name, self.element = name, element
         self.bits, self.max_value, self.min_positive = element.bits, element.max_value, element.min_positive
 
-    def quantize(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
-                 noise: RandomBits | None = None, generator: torch.Generator | None = None) -> Tensor:
-        """Fake-quantized x. ``amax`` (0-d) replaces ``amax_of(x, axis)`` where a per-tensor
+    def run(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *, want: Want = VALUE,
+            noise: RandomBits | None = None, generator: torch.Generator | None = None,
+            cross_noise: RandomBits | None = None) -> Quantization:
+        """``QuantFormat.run`` in torch. ``amax`` (0-d) replaces ``amax_of(x, axis)`` where a per-tensor
         amax enters (``needs_tensor_amax``). Stochastic rounding draws its noise from ``noise``
         (stateless, keyed per element: what the layers pass), else from ``generator``, else from
-        the format's ``seed`` keyed by element index (so repeated calls give the same result).
-        With a Hadamard transform the result is back in x's domain (inverse applied)."""
+        ``default_noise`` (so repeated calls give the same result). With a Hadamard transform the
+        value is back in x's domain (inverse applied), the operand stays in the transformed one.
+        No kernel here: the record's ``stats`` is None."""
         check_input(self.name, x)
+        if want.both_axes:
+            return along_both_axes(self, x, axis, amax, noise, generator, cross_noise)
+        if want.gemm:
+            operand, tensor_scale = self._operand(x, axis, amax, noise, generator)
+            own = self.amax_of(x.detach(), axis) if want.amax else None
+            return Quantization(operand=operand, tensor_scale=tensor_scale, amax=own)
         if x.numel() == 0:
-            return x.clone()
+            return Quantization(x.clone(), torch.ones((), dtype=torch.float32, device=x.device) if want.scale else None)
         xt = self.transform(x, axis)
-        if self._in_chunks(xt):
-            q = self._quantize_in_chunks(xt, axis, amax)
-        else:
-            q = self._quantize(xt, axis, amax, self._noise(x, noise, generator), False)[0]
-        return self._inverse_transform(q, axis).to(x.dtype)
-
-    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
-                            noise: RandomBits | None = None, generator: torch.Generator | None = None
-                            ) -> tuple[Tensor, Tensor]:
-        """(fake-quantized x, float32 scale broadcastable to x): the element grid was applied
-        to ``x / scale`` (ones for unscaled formats); with a Hadamard transform, to
-        ``transform(x, axis) / scale``."""
-        check_input(self.name, x)
-        if x.numel() == 0:
-            return x.clone(), torch.ones((), dtype=torch.float32, device=x.device)
-        xt = self.transform(x, axis)
+        if not want.scale and self._in_chunks(xt):
+            return Quantization(self.inverse_transform(self._quantize_in_chunks(xt, axis, amax), axis).to(x.dtype))
         q, scale, _ = self._quantize(xt, axis, amax, self._noise(x, noise, generator), False)
-        return self._inverse_transform(q, axis).to(x.dtype), self._scale_like_input(scale, x, axis)
+        return Quantization(self.inverse_transform(q, axis).to(x.dtype),
+                            self.expand_scale(scale, x, axis) if want.scale else None)
 
-    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Tensor | None = None, *,
-                          noise: RandomBits | None = None, generator: torch.Generator | None = None
-                          ) -> tuple[Tensor, Tensor | None]:
-        """(operand, tensor scale): what a GEMM kernel decodes, and the per-tensor factor it
-        applies to its FP32 accumulator afterwards (None when the format has none).
-
-        The operand holds element-grid values times their block scales only, which every
-        format here represents exactly in x's dtype; ``quantize`` is operand x tensor scale,
-        rounded to x's dtype, which for bf16 inputs would leave the grid. With a Hadamard
-        transform (``transforms_operand``) the operand stays in the transformed domain.
-        """
+    def _operand(self, x: Tensor, axis: int, amax: Tensor | None, noise: RandomBits | None,
+                 generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
+        """(operand, tensor scale) (``Quantization``). The operand holds element-grid values times their
+        block scales only, which every format here represents exactly in x's dtype; the value is
+        operand x tensor scale, rounded to x's dtype, which for bf16 inputs would leave the grid."""
         if not (self.needs_tensor_amax or self.transforms_operand):
-            return self.quantize(x, axis, amax, noise=noise, generator=generator), None
-        check_input(self.name, x)
+            return self.run(x, axis, amax, noise=noise, generator=generator).value, None
         if x.numel() == 0:
             one = torch.ones((), dtype=torch.float32, device=x.device)
             return x.clone(), one if self.needs_tensor_amax else None
@@ -221,7 +212,8 @@ class NumericFormat(QuantFormat):
         itself for formats without one."""
         return x if self.hadamard is None else self.hadamard.forward(x, axis, self.name)
 
-    def _inverse_transform(self, q: Tensor, axis: int) -> Tensor:
+    def inverse_transform(self, q: Tensor, axis: int) -> Tensor:
+        """q (in the quantization domain, float32) back in x's: the inverse of ``transform``."""
         return q if self.hadamard is None else self.hadamard.inverse(q, axis, self.name)
 
     def _in_chunks(self, x: Tensor) -> bool:
@@ -273,8 +265,9 @@ class NumericFormat(QuantFormat):
         factor, which is then returned as the tensor scale (None where there is none).
         """
 
-    def _scale_like_input(self, scale: Tensor, x: Tensor, axis: int) -> Tensor:
-        """The scale broadcastable to x (block formats expand their per-block scales)."""
+    def expand_scale(self, scale: Tensor, x: Tensor, axis: int) -> Tensor:
+        """A scale in the format's own layout (one per block, as ``_quantize`` and the kernels give it)
+        broadcastable to x: block formats expand their per-block scales, others return it as it is."""
         return scale
 
     def _noise(self, x: Tensor, noise: RandomBits | None, generator: torch.Generator | None) -> Tensor | None:
@@ -285,7 +278,7 @@ class NumericFormat(QuantFormat):
             raise ValueError(f"{self.name}: pass noise= or generator=, not both")
         if generator is not None:
             return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-        return (noise or self._default_bits).uniform(tuple(x.shape), x.device)
+        return (noise or self.default_noise).uniform(tuple(x.shape), x.device)
 
     @property
     def rounding(self) -> Rounding:

@@ -142,7 +142,7 @@ class BlockFormat(NumericFormat):
         scale); ``uniform`` and ``split`` as in ``NumericFormat._quantize``; ``dtype``: the input's
         (``blocks`` are float32 copies)."""
 
-    def _scale_like_input(self, scale, x, axis):
+    def expand_scale(self, scale, x, axis):
         if self.tiled:
             per_element = scale.expand(*scale.shape[:-1], self.block_size**2)
             return merge_tiles(per_element, self.block_size, *x.shape[-2:])

@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 
 from .base import NumericFormat
+from .interface import along_both_axes
+from .quantization import VALUE, Quantization, Want
 from .random_bits import RandomBits
 from .rounding import is_stochastic
 from .wrapper import FormatWrapper
@@ -17,7 +19,7 @@ def _own_code(method: Callable, label: str) -> Callable:
     """``method`` (bound) with a code object of its own.
 
     Dynamo keeps its compiled variants, and counts them against its recompile limit, per code
-    object: every format's ``quantize`` shares ``NumericFormat.quantize``'s, so a process that
+    object: every format's ``quantize`` shares ``QuantFormat.quantize``'s, so a process that
     compiled a few formats at a few shapes each used to hit the limit and run the rest eager
     without a word. A copy of the code per format gives each format its own limit.
     """
@@ -29,8 +31,9 @@ def _own_code(method: Callable, label: str) -> Callable:
 
 
 class CompiledFormat(FormatWrapper):
-    """A NumericFormat whose ``quantize`` and ``quantize_for_gemm`` run under ``torch.compile`` (static
-    shapes); its other members are the format's (``FormatWrapper``).
+    """A NumericFormat whose value and GEMM operand (``run`` with ``VALUE`` or ``GEMM``, what ``quantize``
+    and ``quantize_for_gemm`` ask for) run under ``torch.compile`` (static shapes); the other requests
+    (scale, statistics) run eager, and its other members are the format's (``FormatWrapper``).
 
     Same results as the eager format (the formats are written to compile to the same bit
     operations); several times faster on CPU after a one-off compilation per tensor shape and
@@ -63,11 +66,15 @@ class CompiledFormat(FormatWrapper):
                                f"CompiledFormat.RECOMPILE_LIMIT or set CUSTOM_QUANT_KERNELS=torch") from None
 
     # Round-to-nearest only (checked at construction): ``noise`` and ``generator`` change nothing.
-    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
-        return self._run(self._quantize, x, axis, amax)
-
-    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                          ) -> tuple[Tensor, Optional[Tensor]]:
-        return self._run(self._for_gemm, x, axis, amax)
+    def run(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *, want: Want = VALUE,
+            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
+            cross_noise: Optional[RandomBits] = None) -> Quantization:
+        if want.both_axes:
+            return along_both_axes(self, x, axis, amax, noise, generator, cross_noise)
+        if want.gemm:
+            operand, tensor_scale = self._run(self._for_gemm, x, axis, amax)
+            own = self.amax_of(x.detach(), axis) if want.amax else None
+            return Quantization(operand=operand, tensor_scale=tensor_scale, amax=own)
+        if want == VALUE:
+            return Quantization(self._run(self._quantize, x, axis, amax))
+        return self.fmt.run(x, axis, amax, want=want, noise=noise, generator=generator)

@@ -6,18 +6,17 @@ how values are rounded (the element grid as a ``GridRule``, the overflow rule, t
 they are grouped (``block_shape``), where their scales come from (``BlockScale``, ``TensorScale``)
 and what is applied first (``Transform``). ``kernels.constants`` turns it into the kernels'
 constants, in one place; ``to_json`` is how it travels through a torch operator's schema
-(``kernels.ops``).
+(``kernels.ops``), written from the dataclasses' fields (``frozen_json``), and ``from_json`` reads it back.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 
+from . import frozen_json
 from .grid import GridRule, Overflow
 from .rounding import Rounding
 
@@ -111,24 +110,11 @@ class KernelContract:
                 and self.block_scale.four_over_six is None)
 
     def to_json(self) -> str:
-        """The contract as a JSON string (``from_json`` reads it back)."""
-        fields = dataclasses.asdict(self)
-        fields["unchanged_dtype"] = None if self.unchanged_dtype is None else str(self.unchanged_dtype)
-        return json.dumps(fields, sort_keys=True)
+        """The contract as a JSON string, derived from its fields (``frozen_json``; ``from_json`` reads it back)."""
+        return frozen_json.to_json(self)
 
 
 @functools.lru_cache(maxsize=None)
 def from_json(text: str) -> KernelContract:
-    """The ``KernelContract`` that ``KernelContract.to_json`` wrote (JSON's lists back to tuples)."""
-    fields = json.loads(text)
-    scale, tensor, transform = fields["block_scale"], fields["tensor_scale"], fields["transform"]
-    dtype = fields["unchanged_dtype"]
-    return KernelContract(**{
-        **fields, "element": GridRule(**fields["element"]), "overflow_bound": tuple(fields["overflow_bound"]),
-        "block_shape": None if fields["block_shape"] is None else tuple(fields["block_shape"]),
-        "block_scale": None if scale is None else BlockScale(**{
-            **scale, "grid": None if scale["grid"] is None else GridRule(**scale["grid"])}),
-        "tensor_scale": None if tensor is None else TensorScale(**tensor),
-        "transform": None if transform is None else Transform(transform["size"], tuple(transform["signs"]),
-                                                              transform["norm"]),
-        "unchanged_dtype": None if dtype is None else getattr(torch, dtype.removeprefix("torch."))})
+    """The ``KernelContract`` that ``KernelContract.to_json`` wrote."""
+    return frozen_json.from_json(KernelContract, text)

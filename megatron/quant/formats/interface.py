@@ -8,9 +8,17 @@ attributes alone):
 - ``FormatWrapper`` (``wrapper.py``) and its subclasses ``CompiledFormat`` (``compiled.py``) and
   ``kernels.TritonFormat``: a format run another way, every member forwarded explicitly.
 
+Every quantization goes through one method, ``run(x, axis, amax, want=...)``, which returns a
+``Quantization`` record holding what the ``Want`` asked for (``quantization.py``); an implementation
+writes ``run``, ``amax_of`` and ``transform``, and ``serves`` where a kernel of its own quantizes.
+The named methods below (``quantize``, ``quantize_with_scale``, ``quantize_for_gemm`` and the three
+composites) are conveniences written once, here, on top of ``run``, and no class overrides them: they
+keep the plain spelling of the common calls (``fmt.quantize(x, axis)`` is a tensor, as users and the
+bit tests call it) while what a format runs is in one place.
+
 Callers use these members and nothing else (no probing with ``getattr``): a capability a format
-lacks has a member saying so (``dual_axis``, ``serves``) or a default that does the plain thing
-(``quantize_with_stats`` without a kernel returns no statistics).
+lacks has a member saying so (``dual_axis``, ``serves``), or the record says None (statistics where
+no kernel took any).
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from torch import Tensor
 
 from .contract import KernelContract
 from .grid import ElementGrid
+from .quantization import GEMM, GEMM_BOTH_AXES, GEMM_WITH_AMAX, VALUE, VALUE_WITH_SCALE, Quantization, Want
 from .random_bits import RandomBits
 from .rounding import Rounding
 
@@ -74,30 +83,19 @@ class QuantFormat(Protocol):
     dtype: Optional[torch.dtype]
     """The torch dtype a plain cast rounds to (fp32, bf16, fp16); None for grid formats (``element``)."""
     dual_axis: bool
-    """True when ``quantize_for_gemm_both`` quantizes along both axes from one read (a kernel does)."""
+    """True when ``run`` with ``Want.both_axes`` quantizes along both axes from one read (a kernel does)."""
     kernel_contract: Optional[KernelContract]
     """What a quantization kernel needs of the format (``contract.py``); None where no kernel serves it."""
 
     @abstractmethod
-    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
-        """x fake-quantized (x's shape and dtype), blocks along ``axis``. ``amax`` (0-d) replaces
-        ``amax_of(x, axis)`` where a per-tensor amax enters. Stochastic rounding draws from ``noise``,
-        else ``generator``, else the format's seed keyed by element index."""
-
-    @abstractmethod
-    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                            ) -> tuple[Tensor, Tensor]:
-        """(``quantize``'s result, the float32 scale broadcastable to x that the element grid was
-        applied to x, or to its transform, divided by)."""
-
-    @abstractmethod
-    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                          ) -> tuple[Tensor, Optional[Tensor]]:
-        """(operand, tensor scale): what a GEMM kernel decodes, and the per-tensor factor it applies
-        to its FP32 accumulator afterwards (None when the format has none)."""
+    def run(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *, want: Want = VALUE,
+            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
+            cross_noise: Optional[RandomBits] = None) -> Quantization:
+        """x quantized along ``axis`` (blocks along it), returning what ``want`` asks for. ``amax`` (0-d,
+        or one per row with ``amax_per_row``) replaces ``amax_of(x, axis)`` where a per-tensor amax
+        enters. Stochastic rounding draws from ``noise``, else ``generator``, else the format's seed keyed
+        by element index; with ``Want.both_axes`` ``axis`` is one of x's last two axes and the other axis
+        draws from ``cross_noise``."""
 
     @abstractmethod
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
@@ -112,26 +110,70 @@ class QuantFormat(Protocol):
         """True when a kernel of this object quantizes x (False: the torch path does)."""
         return False
 
+    # The conveniences: each one ``run`` request, written here once.
+
+    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+        """x fake-quantized (x's shape and dtype): ``run``'s value."""
+        return self.run(x, axis, amax, want=VALUE, noise=noise, generator=generator).value
+
+    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                            ) -> tuple[Tensor, Tensor]:
+        """(``quantize``'s result, the float32 scale broadcastable to x that the element grid was
+        applied to x, or to its transform, divided by)."""
+        done = self.run(x, axis, amax, want=VALUE_WITH_SCALE, noise=noise, generator=generator)
+        return done.value, done.scale
+
+    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
+                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
+                          ) -> tuple[Tensor, Optional[Tensor]]:
+        """(operand, tensor scale): what a GEMM kernel decodes, and the per-tensor factor it applies
+        to its FP32 accumulator afterwards (None when the format has none)."""
+        done = self.run(x, axis, amax, want=GEMM, noise=noise, generator=generator)
+        return done.operand, done.tensor_scale
+
     def quantize_with_stats(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                             noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
                             full: bool = False) -> tuple[Tensor, Tensor, Optional[Tensor]]:
         """``quantize_with_scale`` and the packed statistics (``stats.packing``) a kernel took in the
         same pass, all of them with ``full``, else the exact fields; None where no kernel took any
         (then the capture computes them in torch)."""
-        return (*self.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
+        want = Want(scale=True, stats="full" if full else "exact")
+        done = self.run(x, axis, amax, want=want, noise=noise, generator=generator)
+        return done.value, done.scale, done.stats
 
     def quantize_for_gemm_with_amax(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
                                     noise: Optional[RandomBits] = None
                                     ) -> tuple[Tensor, Optional[Tensor], Tensor]:
         """``quantize_for_gemm`` with ``amax`` (delayed scaling's, from the history), and x's own
         ``amax_of``, which the history records (from the same read where a kernel takes both)."""
-        return (*self.quantize_for_gemm(x, axis, amax, noise=noise), self.amax_of(x.detach(), axis))
+        done = self.run(x, axis, amax, want=GEMM_WITH_AMAX, noise=noise)
+        return done.operand, done.tensor_scale, done.amax
 
     def quantize_for_gemm_both(self, x: Tensor, amax: Optional[Tensor] = None, *,
                                noises: tuple[Optional[RandomBits], Optional[RandomBits]] = (None, None)
                                ) -> tuple[tuple[Tensor, Optional[Tensor]], tuple[Tensor, Optional[Tensor]]]:
         """``quantize_for_gemm`` of x along axis -2 (with ``noises[0]``) and along axis -1 (with
         ``noises[1]``), from one read where ``dual_axis``."""
-        rows, cols = (self.quantize_for_gemm(x, axis, amax, noise=noise) for axis, noise in zip((-2, -1), noises))
-        return rows, cols
+        done = self.run(x, -2, amax, want=GEMM_BOTH_AXES, noise=noises[0], cross_noise=noises[1])
+        return (done.operand, done.tensor_scale), (done.cross.operand, done.cross.tensor_scale)
 
+
+def cross_axis(name: str, x: Tensor, axis: int) -> int:
+    """The other of x's last two axes (-2 or -1) than ``axis``, which must be one of them (``Want.both_axes``)."""
+    last = x.dim() - 1
+    if x.dim() < 2 or axis not in (-2, -1, last - 1, last):
+        raise ValueError(f"{name}: both_axes needs axis -2 or -1 of a tensor with at least 2 dimensions, "
+                         f"got axis={axis} of a {x.dim()}-D tensor")
+    return -1 if axis in (-2, last - 1) else -2
+
+
+def along_both_axes(fmt: QuantFormat, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits],
+                    generator: Optional[torch.Generator], cross_noise: Optional[RandomBits]) -> Quantization:
+    """``Want.both_axes`` as two ``GEMM`` runs of ``fmt``, along ``axis`` and then along the other of x's
+    last two axes: what an object without a one-read kernel for both does."""
+    other = cross_axis(fmt.name, x, axis)
+    first = fmt.run(x, axis, amax, want=GEMM, noise=noise, generator=generator)
+    second = fmt.run(x, other, amax, want=GEMM, noise=cross_noise, generator=generator)
+    return Quantization(operand=first.operand, tensor_scale=first.tensor_scale, cross=second)

@@ -1,10 +1,9 @@
 """``FormatWrapper``: a ``QuantFormat`` that runs a format another way (compiled, Triton kernels).
 
 Every member of the interface is forwarded to the wrapped format one by one (plain functions, which
-``torch.compile`` traces through), so a wrapper offers
-exactly ``QuantFormat`` (nothing reaches the format's internals through it); subclasses replace the
-methods they run differently. ``dual_axis``, ``serves`` and the composite methods keep the interface's
-defaults, which call this object's own methods.
+``torch.compile`` traces through), so a wrapper offers exactly ``QuantFormat`` (nothing reaches the
+format's internals through it); subclasses replace ``run`` (and ``amax_of``, ``serves``, ``dual_axis``)
+where they run it differently. The interface's conveniences call this object's own ``run``.
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .interface import QuantFormat
+from .quantization import VALUE, Quantization, Want
 from .random_bits import RandomBits
 
 
@@ -42,19 +42,10 @@ class FormatWrapper(QuantFormat):
     kernel_contract = property(lambda self: self.fmt.kernel_contract)
     dual_axis = False
 
-    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
-        return self.fmt.quantize(x, axis, amax, noise=noise, generator=generator)
-
-    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                            ) -> tuple[Tensor, Tensor]:
-        return self.fmt.quantize_with_scale(x, axis, amax, noise=noise, generator=generator)
-
-    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                          ) -> tuple[Tensor, Optional[Tensor]]:
-        return self.fmt.quantize_for_gemm(x, axis, amax, noise=noise, generator=generator)
+    def run(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *, want: Want = VALUE,
+            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
+            cross_noise: Optional[RandomBits] = None) -> Quantization:
+        return self.fmt.run(x, axis, amax, want=want, noise=noise, generator=generator, cross_noise=cross_noise)
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         return self.fmt.amax_of(x, axis)

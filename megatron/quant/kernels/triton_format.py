@@ -11,7 +11,8 @@ from torch import Tensor
 
 from megatron.quant.formats.base import SUPPORTED_DTYPES, NumericFormat, check_input, encode_scale, normalize_axis
 from megatron.quant.formats.contract import KernelContract
-from megatron.quant.formats.interface import QuantFormat
+from megatron.quant.formats.interface import QuantFormat, along_both_axes, cross_axis
+from megatron.quant.formats.quantization import VALUE, Quantization, Want
 from megatron.quant.formats.random_bits import RandomBits
 from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.formats.wrapper import FormatWrapper
@@ -47,63 +48,48 @@ class TritonFormat(FormatWrapper):
     def _identity(self, x: Tensor) -> bool:
         return x.dtype == self.contract.unchanged_dtype
 
-    def quantize(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                 noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None) -> Tensor:
-        """As ``NumericFormat.quantize``."""
+    def run(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *, want: Want = VALUE,
+            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
+            cross_noise: Optional[RandomBits] = None) -> Quantization:
+        """As ``NumericFormat.run``, with the kernels where they serve x. ``Want.stats``: the packed
+        statistics the kernel took in the same pass (``stats.packing``'s layout, float64 on x's device, no
+        host sync); None where it took none (a Hadamard transform the kernel does not apply itself: it
+        sees only the transformed values). ``Want.amax``: for per-tensor formats with the caller's amax,
+        x's own taken by the quantizing kernel in the same read. ``Want.both_axes``: one read where
+        ``dual_axis``."""
         if not self.serves(x, generator):
-            return self.fallback.quantize(x, axis, amax, noise=noise, generator=generator)
+            return self.fallback.run(x, axis, amax, want=want, noise=noise, generator=generator,
+                                     cross_noise=cross_noise)
         check_input(self.name, x)
-        return self._kernel(x, axis, amax, noise, split=False, back=True)[0]
-
-    def quantize_with_scale(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                            ) -> tuple[Tensor, Tensor]:
-        """As ``NumericFormat.quantize_with_scale``."""
-        q, scale, _ = self.quantize_with_stats(x, axis, amax, noise=noise, generator=generator)
-        return q, scale
-
-    def quantize_with_stats(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                            noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None,
-                            full: bool = False) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-        """``quantize_with_scale``, and the packed statistics the kernel took in the same pass
-        (``stats.packing``'s layout, float64 on x's device, no host sync): the exact fields, or
-        with ``full`` all of them. None where it took none (x not served, or a Hadamard transform the
-        kernel does not apply itself: it sees only the transformed values)."""
-        fmt = self.fmt
-        if not self.serves(x, generator):
-            return (*self.fallback.quantize_with_scale(x, axis, amax, noise=noise, generator=generator), None)
-        check_input(self.name, x)
+        if want.both_axes:
+            if not (self.dual_axis and x.dim() >= 2):
+                return along_both_axes(self, x, axis, amax, noise, generator, cross_noise)
+            return self._both_axes(x, axis, amax, noise, cross_noise)
+        if want.gemm:
+            return self._for_gemm(x, axis, amax, noise, want.amax)
+        if not (want.scale or want.stats):
+            return Quantization(self._kernel(x, axis, amax, noise, split=False, back=True)[0])
         q, _, (scale, rows), _ = self._kernel(x, axis, amax, noise, split=False, back=True,
-                                           stats=FULL if full else COUNTS)
-        packed = packing.combine(rows) if self._sees_operand else None
-        return q, fmt._scale_like_input(scale, x, axis), packed
+                                           stats=FULL if want.stats == "full" else COUNTS)
+        packed = packing.combine(rows) if want.stats and self._sees_operand else None
+        return Quantization(q, self.fmt.expand_scale(scale, x, axis) if want.scale else None, packed)
 
-    def quantize_for_gemm(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                          noise: Optional[RandomBits] = None, generator: Optional[torch.Generator] = None
-                          ) -> tuple[Tensor, Optional[Tensor]]:
-        """As ``NumericFormat.quantize_for_gemm``."""
+    def _for_gemm(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits],
+                  own_amax: bool) -> Quantization:
+        """The operand and tensor scale of a tensor the kernels serve, with ``own_amax`` x's own amax:
+        taken by the quantizing kernel for per-tensor formats given the caller's ``amax``."""
         fmt = self.fmt
-        if not self.serves(x, generator):
-            return self.fallback.quantize_for_gemm(x, axis, amax, noise=noise, generator=generator)
-        if not (fmt.needs_tensor_amax or fmt.transforms_operand):
-            return self.quantize(x, axis, amax, noise=noise), None
-        check_input(self.name, x)
-        q, tensor_scale, _, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
-        return q, tensor_scale if fmt.needs_tensor_amax else None
-
-    def quantize_for_gemm_with_amax(self, x: Tensor, axis: int = -1, amax: Optional[Tensor] = None, *,
-                                    noise: Optional[RandomBits] = None
-                                    ) -> tuple[Tensor, Optional[Tensor], Tensor]:
-        """``quantize_for_gemm`` with ``amax`` (delayed scaling's, from the history), and x's own
-        ``amax_of``, which the history records: for per-tensor formats taken by the quantizing kernel
-        in the same read."""
-        fmt = self.fmt
-        if not (self.serves(x) and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
+        if (own_amax and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
                 and not self.contract.blocked):
-            return super().quantize_for_gemm_with_amax(x, axis, amax, noise=noise)
-        check_input(self.name, x)
-        q, decode, _, rows = self._kernel(x, axis, amax, noise, split=True, back=False, take_amax=True)
-        return q, decode, fold_abs_max(rows, self._skips_nan).to(x.dtype)
+            q, decode, _, rows = self._kernel(x, axis, amax, noise, split=True, back=False, take_amax=True)
+            return Quantization(operand=q, tensor_scale=decode, amax=fold_abs_max(rows, self._skips_nan).to(x.dtype))
+        if not (fmt.needs_tensor_amax or fmt.transforms_operand):
+            operand, tensor_scale = self._kernel(x, axis, amax, noise, split=False, back=True)[0], None
+        else:
+            q, decode, _, _ = self._kernel(x, axis, amax, noise, split=fmt.needs_tensor_amax, back=False)
+            operand, tensor_scale = q, decode if fmt.needs_tensor_amax else None
+        own = self.amax_of(x.detach(), axis) if own_amax else None
+        return Quantization(operand=operand, tensor_scale=tensor_scale, amax=own)
 
     def amax_of(self, x: Tensor, axis: int = -1) -> Tensor:
         """As ``NumericFormat.amax_of``: one read of x (of its transform, for Hadamard formats; the
@@ -143,23 +129,22 @@ class TritonFormat(FormatWrapper):
         """True when one kernel quantizes a tensor along both of its last two axes (``KernelContract.dual_axis``)."""
         return self.contract.dual_axis
 
-    def quantize_for_gemm_both(self, x: Tensor, amax: Optional[Tensor] = None, *,
-                               noises: tuple[Optional[RandomBits], Optional[RandomBits]] = (None, None)
-                               ) -> tuple[tuple[Tensor, Optional[Tensor]], tuple[Tensor, Optional[Tensor]]]:
-        """``quantize_for_gemm`` of x along axis -2 and along axis -1 (with ``noises[0]`` and
-        ``noises[1]``), from one read of x where a kernel does both (``dual_axis``)."""
+    def _both_axes(self, x: Tensor, axis: int, amax: Optional[Tensor], noise: Optional[RandomBits],
+                   cross_noise: Optional[RandomBits]) -> Quantization:
+        """The operand along ``axis`` (one of the last two) and along the other (``Quantization.cross``),
+        from one read of x by one kernel (``dual_axis``)."""
         fmt = self.fmt
-        if not (self.dual_axis and x.dim() >= 2 and self.serves(x)):
-            return super().quantize_for_gemm_both(x, amax, noises=noises)
-        check_input(self.name, x)
+        rows_first = cross_axis(fmt.name, x, axis) == -1
+        noises = (noise, cross_noise) if rows_first else (cross_noise, noise)
         x = x.contiguous()
         stochastic = is_stochastic(fmt.rounding)
-        args = tuple(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape))
-                     for noise in noises)
+        args = tuple(noise_args((bits or fmt.default_noise) if stochastic else None, tuple(x.shape))
+                     for bits in noises)
         tensor, decode = self._block_tensor_scale(x, amax)
         out0, out1 = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
                                                    fmt.needs_tensor_amax)
-        return (out0, decode), (out1, decode)
+        first, second = (out0, out1) if rows_first else (out1, out0)
+        return Quantization(operand=first, tensor_scale=decode, cross=Quantization(operand=second, tensor_scale=decode))
 
     def _block_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
         """A block format's FP32 tensor scale (NVFP) as the format computes it (x in the quantization
@@ -186,7 +171,7 @@ class TritonFormat(FormatWrapper):
         way. ``split``: leave the decode factor out of the values."""
         fmt, contract = self.fmt, self.contract
         stochastic = is_stochastic(fmt.rounding)
-        noise = list(noise_args((noise or fmt._default_bits) if stochastic else None, tuple(x.shape)))
+        noise = list(noise_args((noise or fmt.default_noise) if stochastic else None, tuple(x.shape)))
         fused = self._fused_transform
         xt = x.contiguous() if fused or not fmt.transforms_operand else fmt.transform(x, axis).contiguous()
         inverse = back and fmt.transforms_operand and not fused  # in torch, after the kernel
@@ -204,10 +189,10 @@ class TritonFormat(FormatWrapper):
             out, scales, rows = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
                                                     ("inverse" if back else "forward") if fused else None, out_dtype)
             captured = (scales.view(blocks.scale_layout(contract, x.shape, axis)), rows) if stats else None
-            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
+            return (fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
         if contract.tensor_scale is not None and amax is None and not stats and not take_amax:
             out, decode = ops.quantize_elementwise_tensor_scaled(xt, noise, self._contract_json, out_dtype, split)
-            return (fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, None, None
+            return (fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, None, None
         encode = decode = None
         if contract.tensor_scale is not None:
             amax = self._abs_max(xt) if amax is None else amax
@@ -215,7 +200,7 @@ class TritonFormat(FormatWrapper):
             decode = 1 / encode
         out, rows, amax_rows = ops.quantize_elementwise(xt, encode, None if split else decode, noise,
                                                         self._contract_json, out_dtype, stats, take_amax)
-        out = fmt._inverse_transform(out, axis).to(x.dtype) if inverse else out
+        out = fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out
         if not stats:
             return out, decode, None, amax_rows if take_amax else None
         scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode

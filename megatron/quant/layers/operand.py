@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from megatron.quant import position, tensor_saver
+from megatron.quant.formats.quantization import GEMM, GEMM_BOTH_AXES, GEMM_WITH_AMAX, Want
 from megatron.quant.formats.random_bits import RandomBits, Shard
 from megatron.quant.formats.rounding import is_stochastic
 from megatron.quant.layers import recompute
@@ -122,21 +123,18 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
     seen = None
     if capture:
         # The statistics the kernel takes in its pass, all of them at the session's "full" level.
-        q, scale, packed = spec.fmt.quantize_with_stats(x, spec.axis, amax, noise=bits,
-                                                        full=tensor_saver.stats_level() == "full")
-        seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=q, amax=amax, scale=scale,
-                       kernel_stats=packed)
+        level = "full" if tensor_saver.stats_level() == "full" else "exact"
+        done = spec.fmt.run(x, spec.axis, amax, want=Want(scale=True, stats=level), noise=bits)
+        seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=done.value, amax=amax, scale=done.scale,
+                       kernel_stats=done.stats)
         if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
-            return Quantized(q, None, amax, seen)
-    if record is None:
-        values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
-    elif x.numel() == 0:  # an expert that got no tokens: its amax is 0, which the history skips
-        values, tensor_scale = spec.fmt.quantize_for_gemm(x, axis=spec.axis, amax=amax, noise=bits)
-        record(x.new_zeros((), dtype=torch.float32))
-    else:
-        values, tensor_scale, own_amax = spec.fmt.quantize_for_gemm_with_amax(x, spec.axis, amax, noise=bits)
-        record(own_amax)
-    return Quantized(values, tensor_scale, amax, seen)
+            return Quantized(done.value, None, amax, seen)
+    # Delayed scaling records x's own amax; an expert that got no tokens has amax 0, which the history skips.
+    own_amax = record is not None and x.numel() > 0
+    done = spec.fmt.run(x, spec.axis, amax, want=GEMM_WITH_AMAX if own_amax else GEMM, noise=bits)
+    if record is not None:
+        record(done.amax if own_amax else x.new_zeros((), dtype=torch.float32))
+    return Quantized(done.operand, done.tensor_scale, amax, seen)
 
 
 def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSpec,
@@ -154,8 +152,9 @@ def quantize_both_axes(x: Tensor, along_rows: OperandSpec, along_cols: OperandSp
     amax = tensor_amax(x, along_rows, group)
     noises = tuple(None if noise is None else noise.bits(spec, groups, per_sample)
                    for spec in (along_rows, along_cols))
-    (rows, rows_scale), (cols, cols_scale) = fmt.quantize_for_gemm_both(x, amax, noises=noises)
-    return Quantized(rows, rows_scale, amax), Quantized(cols, cols_scale, amax)
+    rows = fmt.run(x, -2, amax, want=GEMM_BOTH_AXES, noise=noises[0], cross_noise=noises[1])
+    cols = rows.cross
+    return Quantized(rows.operand, rows.tensor_scale, amax), Quantized(cols.operand, cols.tensor_scale, amax)
 
 
 def reusable_amax(done: Quantized, done_spec: OperandSpec, spec: OperandSpec) -> Optional[Tensor]:
