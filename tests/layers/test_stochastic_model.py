@@ -19,9 +19,9 @@ def build():
     cpu.init_parallel(seed=5)
     config = transformer_config()
 
-    def make(fmt: str = "mxfp8", seed: int = 0):
+    def make(fmt: str = "mxfp8", seed: int = 0, **options):
         torch.manual_seed(0)
-        recipe = QuantRecipe.uniform(fmt, rounding="stochastic")
+        recipe = QuantRecipe.uniform(fmt, rounding="stochastic", **options)
         recipe = QuantRecipe(**{**recipe.__dict__, "seed": seed})
         return build_llama_model(config, recipe, vocab_size=VOCAB, max_sequence_length=SEQ)
 
@@ -44,9 +44,10 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4", "hifp8"])
-def test_capture_on_or_off_changes_no_bit(build, tmp_path, fmt, capture_session):
-    model = build(fmt)
+# hadamard: the GEMM multiplies the operands in the transformed domain, the capture records them in x's.
+@pytest.mark.parametrize("fmt, options", [("mxfp8", {}), ("nvfp4", {}), ("hifp8", {}), ("mxfp8", {"hadamard": 32})])
+def test_capture_on_or_off_changes_no_bit(build, tmp_path, fmt, options, capture_session):
+    model = build(fmt, **options)
     off = _step(model)
     for mode, extra in (("stats", {}), ("full", {"save_quantized": True})):
         capture_session(tmp_path / mode, iterations="0", mode=mode, **extra)

@@ -127,7 +127,9 @@ def quantize_operand(x: Tensor, spec: OperandSpec, group: Optional[dist.ProcessG
         done = spec.fmt.run(x, spec.axis, amax, want=Want(scale=True, stats=level), noise=bits)
         seen = Operand(tensor=x, fmt=spec.fmt, axis=spec.axis, quantized=done.value, amax=amax, scale=done.scale,
                        kernel_stats=done.stats)
-        if not spec.fmt.needs_tensor_amax:  # no per-tensor factor: the record is the operand
+        # No per-tensor factor and no transform: the record is the operand. A Hadamard format's operand
+        # stays in the transformed domain (the transform cancels in the GEMM), the record is in x's.
+        if not spec.fmt.needs_tensor_amax and not spec.fmt.transforms_operand:
             return Quantized(done.value, None, amax, seen)
     # Delayed scaling records x's own amax; an expert that got no tokens has amax 0, which the history skips.
     own_amax = record is not None and x.numel() > 0
