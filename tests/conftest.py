@@ -83,6 +83,7 @@ SHARED_FIXTURES = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for name, scope in SHARED_FIXTURES.items():
