@@ -32,9 +32,9 @@ echo "== training llama-tiny on CPU with CUSTOM_QUANT_TYPE=$quant_type, capturin
 TENSOR_SAVER_ITERATION=$iterations TENSOR_SAVE_WHATIF=${TENSOR_SAVE_WHATIF:-mxfp8,nvfp4} train "$quant_type" "$last" \
     --save "$out/checkpoints" --tensorboard-dir "$out/tensorboard"
 
-# The report's comparisons: the same tensors unquantized and in MXFP8 (iteration $first, whole tensors), and
-# the block scales of NVFP4 over training (statistics only: no tensor written).
-for format in bf16 mxfp8; do
+# The report's comparisons: the same tensors unquantized, in HiFP8 and in MXFP8 (iteration $first, whole tensors;
+# the run's own format is not trained twice), and the block scales of NVFP4 over training (statistics only).
+for format in bf16 hifp8 mxfp8; do
     [ "$format" = "$quant_type" ] && continue
     echo "== the same run in $format up to iteration $first, capturing it"
     # the run's length is the main one's (the same learning-rate schedule); it ends once iteration $first is captured
