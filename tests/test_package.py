@@ -15,13 +15,14 @@ def test_namespace_keeps_megatron_core_importable():
 
 # The package's layers, bottom first: a module imports only from its own room or from a room
 # below it (the package map in README.md). ``cpu`` patches megatron-core and ``compat`` bridges its
-# releases; ``position`` (the run position) is read by the layers and the saver alike; ``yaml_safe``
-# reads every YAML (recipes, plans) with aliases bounded; ``output_dir`` checks a folder a command will
-# write; ``settings`` is the vocabulary of settings (switch words, index selectors, the name rule) that
-# recipes, capture and training share, and the one reader of the environment; only ``cpu`` imports
-# one of the others (the launcher's rank, from ``settings``). ``lab`` (studies and
-# sweeps of whole runs) sits on top: it drives the trainer and reads runs through analysis.
-LAYERS = (("cpu", "compat", "position", "yaml_safe", "output_dir", "settings"), ("formats",), ("stats",),
+# releases; ``notices`` keeps its known start-up notices off the commands' consoles; ``position`` (the
+# run position) is read by the layers and the saver alike; ``yaml_safe`` reads every YAML (recipes,
+# plans) with aliases bounded; ``output_dir`` checks a folder a command will write; ``settings`` is the
+# vocabulary of settings (switch words, index selectors, the name rule) that recipes, capture and
+# training share, and the one reader of the environment; only ``cpu`` imports one of the others (the
+# launcher's rank, from ``settings``). ``lab`` (studies and sweeps of whole runs) sits on top: it drives
+# the trainer and reads runs through analysis.
+LAYERS = (("cpu", "compat", "notices", "position", "yaml_safe", "output_dir", "settings"), ("formats",), ("stats",),
           ("kernels",), ("recipes",), ("capture",), ("tensor_saver",), ("layers",), ("analysis",), ("training",),
           ("compare",), ("lab",))
 # Rooms that a room must not import although they lie below it: the trainer trains and knows nothing

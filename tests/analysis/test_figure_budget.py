@@ -14,6 +14,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from megatron.quant.analysis import figure_budget, figure_render, figures
+from megatron.quant.analysis.captures import distributions, fp8
 from megatron.quant.analysis.captures.families import ANALYSES
 from megatron.quant.analysis.captures.loading import SummaryOptions
 from megatron.quant.analysis.captures.pipeline import ReportOptions, analysis_input
@@ -60,14 +61,37 @@ def test_every_capture_report_family_keeps_the_budget(capture, request, tmp_path
                             summary=SummaryOptions(sample_size=2_000),
                             settings=PlotSettings(figure_budget=10_000, max_panels=4))  # 4 panels show a grid's layout
     inp = analysis_input(options)
-    jobs = []
+    jobs, not_drawn = [], []
     for analysis in ANALYSES:
         (tmp_path / analysis.folder).mkdir(parents=True, exist_ok=True)
-        jobs += _widest(analysis.build(inp).figures)
-    if capture == "tiny_logs":  # every family draws on it (the wide one has a single rank), but the experts
-        # figure, which needs an MoE run's captures (tests/analysis/captures/test_experts_figure.py)
+        plan = analysis.build(inp)
+        jobs += _widest(plan.figures)
+        not_drawn += [analysis.key] if plan.notes and not plan.figures and not plan.files else []
+    if capture == "tiny_logs":  # every family draws on it (the wide one has a single rank), as on the quickstart's
+        # captures, but the experts figure, which needs an MoE run's captures (tests/analysis/captures/
+        # test_experts_figure.py): a dense model's report has no experts section, not one "Not drawn"
         assert {job.path.split("/")[0] for job in jobs if "/" in job.path} >= {a.folder for a in ANALYSES
                                                                               if a.folder and a.key != "experts"}
+        assert not_drawn == []
+    assert _broken(jobs, tmp_path) == {}
+
+
+def test_values_small_or_decades_apart_keep_the_budget(tmp_path):
+    """A histogram of gradients of 1e-3 (tick labels such as '-0.0075' cramped), and the HiFP8 vs MXFP8 correlation of
+    tensors 1e4 apart (a weight of 0.1 beside a gradient of 1e-5): the quickstart's captures drew both over
+    budget."""
+    rng = np.random.default_rng(0)
+    grad = {name: np.clip(rng.normal(0, 3e-3, 3_000), -0.0099, 0.0099)
+            for name in ("pre grad_output", "post grad_query", "post grad_key")}
+    panels = [{"title": title, "x": x, "y": x * (1 + 0.01 * rng.standard_normal(x.size))}
+              for title, x in (("fc1 fwd pre weight", rng.normal(0, 0.1, 2_000)),
+                               ("attn bwd post grad_query", rng.normal(0, 1e-5, 2_000)),
+                               ("fc1 fwd pre input", rng.normal(0, 1.0, 2_000)))]
+    jobs = [FigureJob("distributions/gradients.png", "", distributions.draw_distribution,
+                      {"title": "mxfp8: attention backward tensors", "series": grad}),
+            FigureJob("fp8_analysis/correlation.png", "", fp8.draw_correlation, {"panels": panels})]
+    for folder in ("distributions", "fp8_analysis"):
+        (tmp_path / folder).mkdir()
     assert _broken(jobs, tmp_path) == {}
 
 

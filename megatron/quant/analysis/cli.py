@@ -9,15 +9,21 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.quant.analysis.captures.catalog import CatalogError
-from megatron.quant.analysis.captures.families import BY_KEY, SETS, resolve
-from megatron.quant.analysis.captures.loading import SummaryOptions
-from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report
-from megatron.quant.analysis.captures.selection import CaptureFilter, FilterError
-from megatron.quant.analysis.parallel import default_workers
-from megatron.quant.analysis.plans import PlotSettings
-from megatron.quant.output_dir import OutputDirError, check_output_dir
-from megatron.quant.settings.selectors import IndexSet
+from megatron.quant import notices
+
+# Before megatron-core is imported (the capture catalog reads through the saver, which imports it): the
+# report's and compare_formats' consoles show none of its known start-up notices, any other warning.
+notices.hide_known()
+
+from megatron.quant.analysis.captures.catalog import CatalogError  # noqa: E402
+from megatron.quant.analysis.captures.families import BY_KEY, SETS, resolve  # noqa: E402
+from megatron.quant.analysis.captures.loading import SummaryOptions  # noqa: E402
+from megatron.quant.analysis.captures.pipeline import ReportOptions, run_report  # noqa: E402
+from megatron.quant.analysis.captures.selection import CaptureFilter, FilterError  # noqa: E402
+from megatron.quant.analysis.parallel import default_workers  # noqa: E402
+from megatron.quant.analysis.plans import PlotSettings  # noqa: E402
+from megatron.quant.output_dir import OutputDirError, check_output_dir  # noqa: E402
+from megatron.quant.settings.selectors import IndexSet  # noqa: E402
 
 _FILTERS = {  # option -> (parser of one token, help)
     "quant_types": (str, "quant types (directory / name token), e.g. hifp8 mxfp8"),

@@ -17,6 +17,17 @@ from megatron.quant.analysis.figure_budget import HIDDEN_PT, MIN_TEXT_PT, PAGE_W
 _BAR = 0.85  # inches: a colour bar, its tick labels and its label
 _DIGIT_IN = 0.07  # inches: a character of an 8-pt number
 _HEADROOM: "weakref.WeakKeyDictionary[Axes, float]" = weakref.WeakKeyDictionary()  # inches above a panel
+VALUE_TICKS = 5  # ticks at most on a linear axis of values: "-0.0075" and its like fit a third of the page
+
+
+def decade(values: np.ndarray) -> tuple[float, str]:
+    """The power of ten of the largest finite |value| and the axis-label suffix naming it ("" for 1): values
+    divided by it keep short tick labels, and panels of tensors decades apart name their scales apart."""
+    finite = np.abs(values[np.isfinite(values)])
+    top = float(finite.max()) if finite.size else 0.0
+    exponent = math.floor(math.log10(top)) if top > 0 else 0
+    return 10.0 ** exponent, f" (x 1e{exponent})" if exponent else ""
+
 
 def legend_above(ax: Axes, fontsize: int = 7) -> None:
     """The panel's legend in rows between its title and its plot area, so that it never covers

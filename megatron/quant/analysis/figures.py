@@ -16,7 +16,9 @@ from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 from megatron.quant.analysis.figure_budget import MAX_SERIES  # noqa: E402
 from megatron.quant.analysis.figure_layout import (  # noqa: E402,F401
+    VALUE_TICKS,
     colour_bar,
+    decade,
     honest_limits,
     label_heatmap,
     legend_above,
@@ -42,8 +44,7 @@ _GAP_WIDTH, _GAP_HEIGHT = 1.15, 1.45
 
 def subplot_grid(n_panels: int, ncols: int = 3, panel_size: tuple[float, float] = (5.0, 3.8),
                  legend_width: float = 0.0) -> tuple[Figure, list[Axes]]:
-    """A figure with ``n_panels`` axes (row-major), each about ``panel_size`` inches including
-    its labels; ``legend_width`` inches are kept free on the right for a shared legend."""
+    """``n_panels`` axes (row-major) of about ``panel_size`` inches with labels, ``legend_width`` free at the right."""
     ncols = max(1, min(ncols, n_panels))
     nrows = math.ceil(n_panels / ncols)
     width = panel_size[0] * ncols + legend_width
@@ -61,8 +62,7 @@ def subplot_grid(n_panels: int, ncols: int = 3, panel_size: tuple[float, float] 
 
 
 def series_colors(count: int) -> list:
-    """``count`` distinct line colours: matplotlib's ten default ones, or tab20's twenty (light and
-    dark of each hue) when there are more series than ten, so no two series share a colour."""
+    """``count`` distinct line colours: matplotlib's ten, or tab20's twenty beyond ten series."""
     if count <= 10:
         return [f"C{i}" for i in range(count)]
     cmap = plt.get_cmap("tab20")
@@ -75,8 +75,7 @@ def legend_width(labels: Sequence[str], minimum: float = 1.6) -> float:
 
 
 def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = None) -> Figure:
-    """The figure title; ``shared_legend``: axes whose labels get one legend to their right
-    (panels drawing the same series; make room with subplot_grid's ``legend_width``)."""
+    """The title; ``shared_legend``: axes drawing the same series, one legend to their right (``legend_width``)."""
     for ax in fig.axes:  # a line drawn exactly over another hides it: drawn once, named "a = b"
         merge_hidden_lines(ax)
     make_headroom(fig)
@@ -96,8 +95,7 @@ def finish(fig: Figure, title: str, shared_legend: Optional[Sequence[Axes]] = No
 
 
 def log_scale(ax, axis: str = "y", linthresh: Optional[float] = None) -> None:
-    """Log scale (symlog from ``linthresh``), major ticks only: minor-tick objects are most of
-    the cost of drawing a log axis."""
+    """Log scale (symlog from ``linthresh``), major ticks only (minor ones cost most of a log axis)."""
     set_scale, target = (ax.set_yscale, ax.yaxis) if axis == "y" else (ax.set_xscale, ax.xaxis)
     if linthresh is None:
         set_scale("log")
@@ -153,6 +151,7 @@ def value_histograms(ax, series: Mapping[str, np.ndarray], title: str,
         heights.extend(counts)
     if spans_decades(heights):
         log_scale(ax)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=VALUE_TICKS))  # small values' labels are long ("-0.0075")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(DENSITY_LABEL if density else "count (sampled values)")
     legend_above(ax)
@@ -350,14 +349,15 @@ def log2_panel(ax, histograms: Mapping[str, tuple[int, np.ndarray]], title: str,
 
 def scatter_against_diagonal(ax, x: np.ndarray, y: np.ndarray, title: str, xlabel: str, ylabel: str,
                              diagonal_label: str, point_label: Optional[str] = None) -> None:
-    """y against x element by element, with the y = x line that equal values would lie on."""
-    ax.plot(x, y, ".", markersize=2, alpha=0.5, label=point_label)
-    finite = np.abs(np.concatenate([x, y]))
+    """y against x element by element, with the y = x line equal values lie on, in the panel's ``decade``."""
+    unit, suffix = decade(np.concatenate([x, y]))
+    ax.plot(x / unit, y / unit, ".", markersize=2, alpha=0.5, label=point_label)
+    finite = np.abs(np.concatenate([x, y])) / unit
     limit = float(np.nanmax(finite)) if finite.size else 1.0
     ax.plot([-limit, limit], [-limit, limit], "k--", linewidth=1, label=diagonal_label)
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel + suffix)
+    ax.set_ylabel(ylabel + suffix)
     legend_above(ax)
     ax.grid(alpha=0.3)
 

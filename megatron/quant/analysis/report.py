@@ -129,6 +129,8 @@ def _nothing_drawn(section: Section) -> bool:
 
 
 def render_html(run: RunSummary, sections: list[Section], output_dir: Path) -> str:
+    # An analysis with nothing to say does not apply to these captures (the experts of a dense model).
+    sections = [section for section in sections if section.figures or section.files or section.notes]
     empty = [section for section in sections if _nothing_drawn(section)]
     drawn = [section for section in sections if section not in empty]
     comparison = output_dir / COMPARISON_FRAGMENT

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from megatron.quant import notices
 from megatron.quant.analysis.runs import ledger
 from megatron.quant.analysis.runs.read import LOSS
 from megatron.quant.lab import corpus, machine, sweep
@@ -83,7 +84,7 @@ from megatron.quant.lab.study_sizing import (
     write_sizing,
 )
 from megatron.quant.settings.environment import scoped_environ
-from megatron.quant.training import metrics, notices
+from megatron.quant.training import metrics
 
 DRY_RUN_FLAGS = ("--model", "llama-tiny", "--num-layers", "1", "--seq-length", "32", "--max-position-embeddings", "32",
                  "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr-warmup-iters", "0",

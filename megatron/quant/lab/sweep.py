@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from megatron.quant import notices
 from megatron.quant.formats.show import show_value
 from megatron.quant.lab.machine import git_commit, machine, utc_now
 from megatron.quant.lab.run_lock import RunLockedError, run_locks
@@ -47,7 +48,7 @@ from megatron.quant.lab.sweep_plan import (
 from megatron.quant.output_dir import OutputDirError, check_output_dir
 from megatron.quant.settings.environment import child_environment, read_environment
 from megatron.quant.settings.variables import DIE_WITH_PARENT
-from megatron.quant.training import checkpoint, notices
+from megatron.quant.training import checkpoint
 from megatron.quant.training.arguments import MAX_SEED, ArgumentError
 from megatron.quant.training.metrics import DIVERGED
 from megatron.quant.training.variables import RECIPE_NAMING, environment_of

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from megatron.quant.training import notices
+from megatron.quant import notices
 
 notices.hide_known()  # before megatron-core is imported: its import-time fallback warnings are known
 

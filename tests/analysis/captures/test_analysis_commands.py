@@ -135,3 +135,12 @@ def test_index_links_resolve_and_show_every_figure(which, request):
     assert all((out / t).is_file() for t in targets), [t for t in targets if not (out / t).is_file()]
     figures = {str(p.relative_to(out)) for p in out.rglob("*.png")}
     assert figures <= targets
+
+
+def test_every_section_of_a_dense_runs_report_draws(one_click):
+    """On captures shaped like the quickstart's (four formats, two ranks, statistics over iterations, what-if
+    and per-block statistics) no section is "Not drawn", none is about experts (a dense model has none) and
+    no figure breaks its budget."""
+    page = (one_click / "index.html").read_text()
+    assert "id='not-drawn'" not in page and "Mixture of experts" not in page
+    assert "Warning: figure" not in page

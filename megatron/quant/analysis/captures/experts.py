@@ -43,9 +43,10 @@ def build(inp: AnalysisInput) -> AnalysisPlan:
             f"iterations) beside the SQNR and underflow of its activations and gradients (element-weighted).",
             draw_experts, {"title": f"{quant_type}: load per expert and its quantization",
                            "layers": {layer: {"load": loads[layer], **errors.get(layer, {})} for layer in layers}}))
-    if not plan.figures:
-        plan.notes.append("No MoE router load in these captures (a dense model, the router's captures filtered "
-                          "out, or statistics-only capture: the counts are in the tensor files that full mode "
+    if not plan.figures and any(s.record.role == "router" or expert_index(s.record.module or "") is not None
+                                for s in inp.originals):  # a dense model's report has no experts section
+        plan.notes.append("No MoE router load in these captures (the router's captures filtered out, or "
+                          "statistics-only capture: the counts are in the tensor files that full mode "
                           "writes): no expert figures.")
     return plan
 

@@ -1,12 +1,18 @@
 """The training entry point hides megatron-core's known start-up notices, counts them for the
-start line, and lets every other warning through (in a fresh interpreter: pytest catches
-warnings and log records itself)."""
+start line, and lets every other warning through; the report and compare_formats show none of
+them (in a fresh interpreter: pytest catches warnings and log records itself)."""
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.quant import notices
 
 SCRIPT = """
 import logging, warnings
-from megatron.quant.training import notices
+from megatron.quant import notices
 notices.hide_known()
 warnings.warn("Apex is not installed. Falling back to Torch Norm")
 warnings.warn("Transformer Engine and Apex are not installed. Falling back to Torch optimizers.")
@@ -32,3 +38,20 @@ def test_known_notices_are_counted_not_shown_and_others_still_show():
     assert "async save" not in done.stderr
     assert done.stdout.strip() == ("(5 known megatron-core notices hidden: Transformer Engine/Apex fallbacks x2, "
                                    "mock-data index cache x1, GPTModel deprecation x1, async-save deprecation x1)")
+
+
+REPO = Path(__file__).resolve().parents[1]
+# The report (python -m megatron.quant.analysis, the visualization scripts) and compare_formats import
+# megatron-core through the capture catalog; --help imports everything and draws nothing.
+ENTRY_POINTS = ([sys.executable, "-m", "megatron.quant.analysis", "--help"],
+                [sys.executable, str(REPO / "script" / "compare_formats.py"), "--help"])
+
+
+@pytest.mark.parametrize("command", ENTRY_POINTS, ids=["report", "compare_formats"])
+def test_report_and_compare_formats_print_no_known_notice(command):
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
+                              str(REPO), os.environ.get("PYTHONPATH"))))})
+    assert "--tensor_dir" in done.stdout
+    assert not [line for line in done.stderr.splitlines()
+                if any(notice.message.search(line) for notice in notices.KNOWN)], done.stderr

@@ -1,6 +1,8 @@
-"""megatron-core's known, harmless start-up notices, hidden from a training run's console and
-counted, so that its first screen shows the run (``hide_known`` once, before megatron-core is
-imported; ``describe_hidden`` for the start line). Any other warning still shows.
+"""megatron-core's known, harmless start-up notices, hidden from the commands' consoles (training, the
+report, compare_formats, studies) and counted, so that a run's first screen shows the run
+(``hide_known`` once, before megatron-core is imported; ``describe_hidden`` for the start line). Any
+other warning still shows. A bottom room: the trainer and the report, which must not import each
+other, both install it.
 
 On a machine without Transformer Engine and Apex, megatron-core warns at import that it falls
 back to its own implementations (seven times on CPU); ``--mock-data`` datasets log that they
