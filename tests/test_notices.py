@@ -1,6 +1,6 @@
 """The training entry point hides megatron-core's known start-up notices, counts them for the
 start line, and lets every other warning through; the report and compare_formats show none of
-them (in a fresh interpreter: pytest catches warnings and log records itself)."""
+them, nor does `recipes show` (in a fresh interpreter: pytest catches warnings and log records itself)."""
 import os
 import subprocess
 import sys
@@ -42,16 +42,18 @@ def test_known_notices_are_counted_not_shown_and_others_still_show():
 
 REPO = Path(__file__).resolve().parents[1]
 # The report (python -m megatron.quant.analysis, the visualization scripts) and compare_formats import
-# megatron-core through the capture catalog; --help imports everything and draws nothing.
-ENTRY_POINTS = ([sys.executable, "-m", "megatron.quant.analysis", "--help"],
-                [sys.executable, str(REPO / "script" / "compare_formats.py"), "--help"])
+# megatron-core through the capture catalog; --help imports everything and draws nothing. `recipes show`
+# imports it through the layers' operand table. (command, what its output holds)
+ENTRY_POINTS = (([sys.executable, "-m", "megatron.quant.analysis", "--help"], "--tensor_dir"),
+                ([sys.executable, str(REPO / "script" / "compare_formats.py"), "--help"], "--tensor_dir"),
+                ([sys.executable, "-m", "megatron.quant.recipes", "show", "te-fp8-current"], "accumulate"))
 
 
-@pytest.mark.parametrize("command", ENTRY_POINTS, ids=["report", "compare_formats"])
-def test_report_and_compare_formats_print_no_known_notice(command):
+@pytest.mark.parametrize("command, shown", ENTRY_POINTS, ids=["report", "compare_formats", "recipes_show"])
+def test_report_compare_formats_and_recipes_show_print_no_known_notice(command, shown):
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (
                               str(REPO), os.environ.get("PYTHONPATH"))))})
-    assert "--tensor_dir" in done.stdout
+    assert shown in done.stdout
     assert not [line for line in done.stderr.splitlines()
                 if any(notice.message.search(line) for notice in notices.KNOWN)], done.stderr
