@@ -43,10 +43,11 @@ def test_known_notices_are_counted_not_shown_and_others_still_show():
 REPO = Path(__file__).resolve().parents[1]
 # The report (python -m megatron.quant.analysis, the visualization scripts) and compare_formats import
 # megatron-core through the capture catalog; --help imports everything and draws nothing. `recipes show`
-# imports it through the layers' operand table. (command, what its output holds)
+# of a precision file imports it (megatron-core's RecipeConfig). (command, what its output holds)
 ENTRY_POINTS = (([sys.executable, "-m", "megatron.quant.analysis", "--help"], "--tensor_dir"),
                 ([sys.executable, str(REPO / "script" / "compare_formats.py"), "--help"], "--tensor_dir"),
-                ([sys.executable, "-m", "megatron.quant.recipes", "show", "te-fp8-current"], "accumulate"))
+                ([sys.executable, "-m", "megatron.quant.recipes", "show", str(REPO / "examples" / "precision" / "te-mixed.yaml")],
+                 "accumulate"))
 
 
 @pytest.mark.parametrize("command, shown", ENTRY_POINTS, ids=["report", "compare_formats", "recipes_show"])
