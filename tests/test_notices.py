@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 # of a precision file imports it (megatron-core's RecipeConfig). (command, what its output holds)
 ENTRY_POINTS = (([sys.executable, "-m", "megatron.quant.analysis", "--help"], "--tensor_dir"),
                 ([sys.executable, str(REPO / "script" / "compare_formats.py"), "--help"], "--tensor_dir"),
-                ([sys.executable, "-m", "megatron.quant.recipes", "show", str(REPO / "examples" / "precision" / "te-mixed.yaml")],
-                 "accumulate"))
+                ([sys.executable, "-m", "megatron.quant.recipes", "show",
+                  str(REPO / "examples" / "precision" / "te-mixed.yaml")], "accumulate"))
 
 
 @pytest.mark.parametrize("command, shown", ENTRY_POINTS, ids=["report", "compare_formats", "recipes_show"])
