@@ -79,7 +79,7 @@ def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]
     """Per timed iteration: step time, MFU (when known) and the saver's wait."""
     if env.get(CHECKOUT):  # this fresh process has imported nothing of the package yet
         sys.path.insert(0, env[CHECKOUT])
-    from megatron.quant.training.env import scoped_environ
+    from megatron.quant.settings.environment import scoped_environ
     from megatron.quant.training.main import main
 
     env = dict(env, TENSOR_SAVE_DIR=save_dir)

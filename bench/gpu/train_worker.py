@@ -33,7 +33,7 @@ def profiled(run, iterations: range) -> dict:
 def train_run(variant: str, argv: list[str], iters: int, profile_steps: int) -> dict:
     from megatron.quant import tensor_saver
     from megatron.quant.cpu import destroy_parallel
-    from megatron.quant.training.env import scoped_environ
+    from megatron.quant.settings.environment import scoped_environ
     from megatron.quant.training.loop import train
     from megatron.quant.training.main import check_inputs, setup
 
