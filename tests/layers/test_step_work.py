@@ -10,10 +10,8 @@ import pytest
 import torch
 
 from bench.gpu.step_work import WorkCount, linear_floor, operand_floor
-from megatron.quant.layers import scaled_gemm
 from megatron.quant.layers.linear import QuantColumnParallelLinear
 from megatron.quant.layers.linear_function import LinearQuant
-from megatron.quant.layers.spec import precision_config
 from megatron.quant.recipes.recipe import QuantRecipe
 from tests.layers._helpers import transformer_config
 
@@ -22,12 +20,6 @@ TOKENS, IN, OUT = 64, 128, 256
 # and backward on bf16 tensors of (TOKENS, IN) -> OUT, today (the ratio rounded up to 0.1); the floor's ratio is 1.
 CEILINGS = {"te-mxfp8": (312, 37.3), "te-fp8-current": (99, 15.6), "te-fp8-delayed": (150, 15.8),
             "te-fp8-blockwise": (174, 33.4), "te-nvfp4": (396, 61.7), "hifp8": (87, 29.1), "mxfp4": (264, 34.9)}
-
-
-@pytest.fixture
-def gpu_gemm_path(monkeypatch):
-    """The layers take the GPU's narrow GEMM into an FP32 output, which ``WorkCount`` computes on the CPU."""
-    monkeypatch.setattr(scaled_gemm, "OUT_DTYPE_DEVICES", (*scaled_gemm.OUT_DTYPE_DEVICES, "cpu"))
 
 
 def _count(preset: str) -> WorkCount:
@@ -123,46 +115,3 @@ def test_a_training_step_stays_within_its_work_budget(monkeypatch, gpu_gemm_path
         STEP_GEMMS, 0, STEP_HOST_READS, 0), count.summary()
     assert count.quant_launches <= launches, f"{count.quant_launches} launches > {launches}"
     assert measured <= ratio, f"{measured:.2f}x the floor's bytes > {ratio}x"
-
-
-# An MoE layer's local experts (``QuantGroupedMLP``): their forward and backward on MOE_TOKENS tokens split over
-# 4 or 8 experts (one of them without tokens), counted on the experts module alone. preset -> (launches, the
-# quantization's launches, GEMMs), the same whatever the number of experts: each GEMM one grouped launch, each
-# operand quantized for all experts at once (weights included: the first micro-batch of a step is counted).
-MOE_TOKENS = 96
-MOE_BUDGETS = {"bf16": (21, 2, 6), "te-mxfp8": (664, 645, 6), "deepseek-v3-fp8": (373, 354, 6)}
-
-
-def _count_experts(preset: str, experts: int, forward=None) -> WorkCount:
-    from tests.layers._helpers import moe_config, moe_layer
-
-    quant = None if preset == "bf16" else precision_config(QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": preset}))
-    module = moe_layer(moe_config(num_moe_experts=experts, hidden_size=IN, params_dtype=torch.bfloat16, bf16=True,
-                                  quant_recipe=quant)).mlp.experts
-    counts = torch.full((experts,), MOE_TOKENS // (experts - 1))
-    counts[1] = 0
-    counts[0] += MOE_TOKENS - counts.sum()
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(MOE_TOKENS, IN, generator=generator).to(torch.bfloat16).requires_grad_()
-    probs = torch.rand(MOE_TOKENS, generator=generator)
-    with WorkCount() as count:
-        y, _ = module(x, counts, probs) if forward is None else forward(module, x, counts, probs)
-        y.backward(torch.ones_like(y))
-    return count
-
-
-@pytest.mark.parametrize("preset", sorted(MOE_BUDGETS))
-def test_grouped_experts_launch_the_same_whatever_the_number_of_experts(parallel, gpu_gemm_path, preset):
-    from megatron.core.transformer.moe.experts import SequentialMLP
-
-    from megatron.quant.layers.grouped_gemm import grouped_mm_runs
-
-    assert grouped_mm_runs("cpu", torch.bfloat16)  # torch's grouped GEMM, asked once a process (not counted)
-    four, eight = _count_experts(preset, 4), _count_experts(preset, 8)
-    print(f"{preset}: 4 experts {four.summary()}, 8 experts {eight.summary()}")
-    assert (four.launches, four.quant_launches, four.gemms) == (eight.launches, eight.quant_launches, eight.gemms)
-    assert (eight.launches, eight.quant_launches, eight.gemms) <= MOE_BUDGETS[preset], eight.ops
-    assert (eight.fp32_gemms, eight.quant_host_syncs) == (0, 0)
-    sequential = _count_experts(preset, 8, SequentialMLP.forward)  # the per-expert path: launches grow with experts
-    print(f"{preset}: 8 experts one after another {sequential.summary()}")
-    assert (sequential.gemms, sequential.launches) > (eight.gemms, eight.launches), sequential.summary()

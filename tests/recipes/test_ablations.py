@@ -8,14 +8,14 @@ from megatron.quant.compare.whatif import parse_candidates
 from megatron.quant.lab.sweep_plan import SweepError, resolve_recipe
 from megatron.quant.recipes import ablations
 from megatron.quant.recipes.cli import main as recipes_main
-from megatron.quant.recipes.operands import LINEAR_OPERANDS, ROLES
+from megatron.quant.recipes.operands import DECODER_LINEAR_ROLES, LINEAR_OPERANDS, ROLES
 from megatron.quant.recipes.recipe import QuantRecipe, RecipeError
 
 NUM_LAYERS = 4
 GRADIENTS = {"dgrad.grad_output", "wgrad.grad_output"}
 WGRAD = {"wgrad.grad_output", "wgrad.input"}
 WEIGHTS = {"fprop.weight", "dgrad.weight"}
-LINEAR = ("qkv", "proj", "fc1", "fc2")
+LINEAR = DECODER_LINEAR_ROLES
 
 
 def _resolved(name: str) -> dict:

@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 from megatron.quant import formats
 from megatron.quant.formats.rounding import ROUNDING_MODES, is_stochastic
 from megatron.quant.recipes import presets
-from megatron.quant.recipes.operands import LINEAR_ROLES, LINEAR_TABLE
+from megatron.quant.recipes.operands import DECODER_LINEAR_ROLES, LINEAR_TABLE
 
 GRADIENTS, WEIGHTS, WGRAD = presets.GRADIENTS, presets.WEIGHTS, presets.WGRAD
 INPUTS = tuple(op.key for op in LINEAR_TABLE if op.role == "input")
@@ -161,7 +161,7 @@ COMPONENTS = {c.name: c for c in (
               lambda r: any(_is_bf16_layer_rule(rule) for rule in r.get("rules", [])),
               lambda r: r.update(rules=[rule for rule in r.get("rules", []) if not _is_bf16_layer_rule(rule)]),
               lambda r: r.update(rules=[*r.get("rules", []), {"match": {"layers": list(BF16_LAYERS),
-                                                                        "roles": list(LINEAR_ROLES)},
+                                                                        "roles": list(DECODER_LINEAR_ROLES)},
                                                               "format": "bf16"}])),
     Component("bf16-fwd-tail", "the forward GEMMs in BF16 for the last 20 % of training",
               lambda r: any(_is_bf16_forward_phase(phase) for phase in r.get("schedule", [])),

@@ -145,6 +145,7 @@ ROLES = tuple(ROLE_BY_NAME)
 # The linear roles of a Llama (GQA) layer, and those multi-latent attention has instead of "qkv".
 LINEAR_ROLES = tuple(r.name for r in ROLE_TABLE if r.gemms == "linear" and r.part in ("attention", "mlp"))
 MLA_ROLES = tuple(r.name for r in ROLE_TABLE if r.part == "mla")
+DECODER_LINEAR_ROLES = LINEAR_ROLES + MLA_ROLES  # every decoder layer's linear GEMMs, GQA or MLA attention
 NAMED_ONLY_ROLES = tuple(r.name for r in ROLE_TABLE if r.named_only)
 
 # Block axes are fixed by the GEMMs: each operand is blocked along its GEMM's reduction dimension.
