@@ -56,8 +56,16 @@ def programs(request, monkeypatch, device):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("name,options,axes", CASES, ids=lambda v: str(v) if not isinstance(v, tuple) else "")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Every case in every input dtype with the interpreter's large programs; with many small programs (the
+# partials reduced across programs, a step that reads neither the dtype nor the format) each case once, the
+# dtype turning over the cases.
+GRID = [(*case, dtype, "one program") for case in CASES for dtype in DTYPES] + [
+    (*case, DTYPES[i % len(DTYPES)], "many programs") for i, case in enumerate(CASES)]
+
+
+@pytest.mark.parametrize("name,options,axes,dtype,programs", GRID, indirect=["programs"],
+                         ids=lambda v: str(v) if not isinstance(v, tuple) else "")
 def test_statistics_in_the_pass_equal_the_torch_statistics(name, options, axes, dtype, programs, kernel_device):
     fmt = get_format(name, **options)
     twin = triton_twin(fmt)
