@@ -79,14 +79,14 @@ def step_times(env: dict, args: argparse.Namespace, save_dir: str) -> list[dict]
     """Per timed iteration: step time, MFU (when known) and the saver's wait."""
     if env.get(CHECKOUT):  # this fresh process has imported nothing of the package yet
         sys.path.insert(0, env[CHECKOUT])
-    from megatron.quant.settings.environment import scoped_environ
     from megatron.quant.training.main import main
 
-    env = dict(env, TENSOR_SAVE_DIR=save_dir)
+    # The process is this run's alone (in_fresh_process): its environment needs no restoring, and setting
+    # it needs nothing of the package, whose helpers differ between the checkouts compared.
+    os.environ.update(env, TENSOR_SAVE_DIR=save_dir)
     argv = train_argv(args.model, args.iters, args.micro_batch_size, args.seq_length, args.bf16)
     try:
-        with scoped_environ(env):
-            history = main(argv)
+        history = main(argv)
     finally:
         shutil.rmtree(save_dir, ignore_errors=True)
     return history[1:]  # the first iteration warms up (and compiles)

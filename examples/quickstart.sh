@@ -1,5 +1,5 @@
 #!/bin/bash
-# Quickstart (CPU, about 8 minutes on 2 cores): train a tiny Llama on two processes (data parallel) with a
+# Quickstart (CPU, about 3 minutes on 2 cores): train a tiny Llama on two processes (data parallel) with a
 # fake-quantized format, capturing the GEMM operands of three iterations (their statistics over training, and
 # what two other formats would do to them); train it again briefly unquantized (bf16), in MXFP8 and in NVFP4
 # for the comparisons; render the report, in which every section draws, with a what-if comparison of formats.
