@@ -2,7 +2,6 @@
 the layers may hold (compiled, Triton), offers each member of it, with the wrapped format's values;
 nothing in the package probes a format with ``getattr``; docs/interfaces.md lists every member."""
 import inspect
-import pathlib
 import re
 
 import pytest
@@ -12,8 +11,8 @@ from megatron.quant import formats
 from megatron.quant.formats.compiled import CompiledFormat
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.wrapper import FormatWrapper
+from tests.formats._package_lines import ROOT, package_lines_matching
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Every kind of format object: each registered format, plus the options that change what it offers
 # (tiles, a Hadamard transform, stochastic rounding, delayed scaling).
 VARIANTS = [(name, {}) for name in formats.list_formats()] + [
@@ -93,17 +92,12 @@ def test_a_plain_format_takes_the_interface_defaults():
 
 
 def test_no_module_probes_a_format_with_getattr():
-    probe = re.compile(r"getattr\(([a-z_]+\.)?(fmt|fallback)\b|getattr\(specs\[")
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in sorted((ROOT / "megatron" / "quant").rglob("*.py"))
-             for number, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
+    found = package_lines_matching(r"getattr\(([a-z_]+\.)?(fmt|fallback)\b|getattr\(specs\[")
     assert not found, found
 
 
 def test_no_format_is_typed_any():
-    typed_any = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "megatron" / "quant").rglob("*.py"))
-                 for number, line in enumerate(path.read_text().splitlines(), 1)
-                 if re.search(r"\bfmt: (Optional\[)?Any\b|\bformats: list\[Any\]", line)]
+    typed_any = package_lines_matching(r"\bfmt: (Optional\[)?Any\b|\bformats: list\[Any\]")
     assert not typed_any, typed_any
 
 

@@ -3,7 +3,6 @@ want=...)``, and the named quantize methods are conveniences written once in ``Q
 it; a ``Want`` asks for the value or the GEMM operand, never a mix; no class calls a private member of
 the format it holds."""
 import inspect
-import pathlib
 import re
 
 import numpy as np
@@ -14,8 +13,8 @@ from megatron.quant import formats
 from megatron.quant.formats.interface import QuantFormat
 from megatron.quant.formats.quantization import GEMM, GEMM_BOTH_AXES, Quantization, Want
 from tests.formats._blocks_oracle import mx_reference
+from tests.formats._package_lines import package_lines_matching
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONVENIENCES = ("quantize", "quantize_with_scale", "quantize_for_gemm", "quantize_with_stats",
                 "quantize_for_gemm_with_amax", "quantize_for_gemm_both")
 
@@ -49,10 +48,7 @@ def test_the_conveniences_are_written_once_on_the_record_method():
 
 
 def test_no_module_calls_a_private_member_of_the_format_it_holds():
-    private = re.compile(r"\b(fmt|fallback|format|spec\.fmt)\._[a-z]")
-    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in sorted((ROOT / "megatron" / "quant").rglob("*.py"))
-             for number, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    found = package_lines_matching(r"\b(fmt|fallback|format|spec\.fmt)\._[a-z]")
     assert not found, found
 
 
