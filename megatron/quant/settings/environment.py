@@ -56,11 +56,15 @@ def triton_interpreting() -> bool:
     return _interpreting(os.environ)
 
 
+def _settings(source: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType({key: value for key, value in source.items() if key.startswith(_PREFIXES)})
+
+
 def read_environment(environ: Optional[Mapping[str, str]] = None) -> Environment:
     """The ``Environment`` of ``environ`` (None: this process's ``os.environ``, read here and only here)."""
     source = os.environ if environ is None else environ
     return Environment(
-        settings=MappingProxyType({key: value for key, value in source.items() if key.startswith(_PREFIXES)}),
+        settings=_settings(source),
         world_size=_integer(source, "WORLD_SIZE", 1),
         rank=_integer(source, "RANK", 0) if "RANK" in source else None,
         local_rank=_integer(source, "LOCAL_RANK", 0),
@@ -72,7 +76,7 @@ def read_environment(environ: Optional[Mapping[str, str]] = None) -> Environment
 
 def settings_of(environ: Optional[Mapping[str, str]] = None) -> Mapping[str, str]:
     """The recipe's and capture's variables: ``environ`` when given (a caller's own mapping), else the process's."""
-    return read_environment().settings if environ is None else environ
+    return _settings(os.environ) if environ is None else environ  # not the launcher's variables: not parsed
 
 
 def child_environment(drop: Iterable[str] = ()) -> dict[str, str]:
