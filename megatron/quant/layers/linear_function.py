@@ -4,12 +4,14 @@ Its operations are exactly megatron-core's stock linear function's (same calls, 
 when no operand has a format, so passthrough is bit-identical to it. Saved for backward: the
 operands megatron-core saves, high precision, since each backward GEMM quantizes along its own
 reduction axis; where a backward GEMM's format gives the same result whatever the axis and
-equals the forward's, the forward's quantized copy is saved instead and reused, and a gradient
-feeding both backward GEMMs is quantized once.
+equals the forward's, the forward's quantized copy is saved instead and reused. Where one kernel
+quantizes both axes (``quantize_both_axes``), the input is quantized for fprop and wgrad in one
+read in the forward and wgrad's copy saved (as TE saves its columnwise copy), and the gradient for
+dgrad and wgrad in one read in the backward: each operand is quantized once per use.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import List, Mapping, Optional
 
 import torch
@@ -132,6 +134,10 @@ class LinearGemmConfig:
     grad_output_buffer: Optional[List[Tensor]] = None
     wgrad_deferral_limit: Optional[int] = 0
     noise_root: Optional[RandomBits] = None  # the module's stochastic-rounding stream, if any
+    # Whether autograd records the call, read where the config is built, just before it (inside the
+    # function's forward grad mode is always off): no backward follows an evaluation's forward or the
+    # first forward of a recomputed region, which run under no_grad.
+    grad_enabled: bool = field(default_factory=torch.is_grad_enabled)
 
 
 def _gather_sequence(x: Tensor, group: dist.ProcessGroup) -> Tensor:
@@ -168,6 +174,28 @@ def _accumulate_main_grad(weight: Tensor, main_grad: Tensor, grad_output: Quanti
     if mlayers.HAVE_TE:
         return mlayers.get_dummy_wgrad(list(main_grad.shape), dtype, zero=make is torch.zeros)
     return make(main_grad.shape, dtype=dtype, device=main_grad.device, requires_grad=False)
+
+
+def _input_both_axes(total_input: Tensor, weight: Tensor, cfg: LinearGemmConfig, noise: Optional[NoiseScope],
+                     capture: bool) -> Optional[tuple[Quantized, Quantized]]:
+    """(wgrad's input, fprop's input), both in the input's shape, from one read of it where one kernel
+    does both axes (``quantize_both_axes``: the same format object for both, blocks along an axis, no
+    transform, one tensor scale, no delayed scaling); the same values, scales and noise as two reads.
+    None keeps the two reads (fprop's now, wgrad's in the backward from the saved input) where saving
+    wgrad's copy is no gain: no wgrad follows (a frozen weight; no backward: an evaluation, or the first
+    forward of a recomputed region, both under no_grad, while the recompute itself takes this path);
+    sequence parallelism (megatron-core keeps the local shard and gathers it again in the backward, and
+    the gathered copy would cost TP times its memory); a capture (it records fprop's operand with its
+    statistics, from a read of its own); wgrad's input taken from fprop's dequantized operand.
+    Stochastic rounding draws each layout's noise from this forward's scope keyed by its own operand,
+    as the backward does: the same bits."""
+    q = cfg.quant
+    if not (cfg.grad_enabled and weight.requires_grad) or cfg.sequence_parallel or capture or \
+            q.from_forward("wgrad.input"):
+        return None
+    flat = total_input.reshape(-1, total_input.shape[-1])  # tokens x features, as wgrad reads it
+    both = quantize_both_axes(flat, q["wgrad.input"], q["fprop.input"], cfg.quant_group, noise)
+    return None if both is None else (both[0].reshape(total_input.shape), both[1].reshape(total_input.shape))
 
 
 def _dgrad_weight(weight: Tensor, cfg: LinearGemmConfig, noise: Optional[NoiseScope], capture: bool) -> Quantized:
@@ -209,21 +237,24 @@ class QuantLinearFunction(torch.autograd.Function):
         # The backward draws its noise from the position of this forward (pipeline schedules run
         # other micro-batches' forwards in between).
         ctx.noise = noise = noise_scope(cfg.noise_root, group)
-        x = quantize_operand(total_input, q["fprop.input"], group, noise, capture=capture)
+        both = _input_both_axes(total_input, weight, cfg, noise, capture)
+        x = both[1] if both else quantize_operand(total_input, q["fprop.input"], group, noise, capture=capture)
         w = cfg.weight_cache.get(weight, q["fprop.weight"], group, noise,
                                  partner=None if q.from_forward("dgrad.weight") else q["dgrad.weight"])
-        # The input is only needed for wgrad (a frozen weight has none); under sequence
-        # parallelism the local shard is kept and gathered again, as megatron-core does (but
+        # The input is only needed for wgrad (a frozen weight has none): wgrad's quantized copy where
+        # it is known now (both axes from one read, or fprop's copy serves), else the input itself; under
+        # sequence parallelism the local shard is kept and gathered again, as megatron-core does (but
         # the forward's dequantized operand, when wgrad takes its input from it, is kept whole).
         ctx.input_from_forward = q.from_forward("wgrad.input")
         reuse = (same_quantization(q["fprop.input"], q["wgrad.input"]) and not cfg.sequence_parallel
                  and not ctx.input_from_forward)
-        ctx.input_quantized = x if reuse else None
+        wgrad_input = both[0] if both else x if reuse else None
         ctx.input_amax = None if ctx.input_from_forward else reusable_amax(x, q["fprop.input"], q["wgrad.input"])
-        saved_input = (x.values if reuse else x.dequantized() if ctx.input_from_forward else input)
+        saved_input = (wgrad_input.values if wgrad_input is not None else x.dequantized() if ctx.input_from_forward
+                       else input)
         ctx.save_for_backward(saved_input if weight.requires_grad else None, weight)
-        if ctx.input_quantized is not None:
-            ctx.input_quantized = replace(x, values=None, seen=None)  # the values travel in saved_tensors
+        # The values travel in saved_tensors.
+        ctx.input_quantized = None if wgrad_input is None else replace(wgrad_input, values=None, seen=None)
         output = scaled_product(_fprop, x, w, accumulator=q.accumulator("fprop"))
         if bias is not None:
             output = output + bias
