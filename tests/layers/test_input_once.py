@@ -117,3 +117,30 @@ def test_the_input_keeps_one_axis_where_no_wgrad_reads_the_forward_copy(parallel
     assert _forward_launches(layer, x, sequence_parallel=True) == {"blocks_both_axes": 1, "blocks": 1}
     layer.weight.requires_grad_(False)  # a frozen weight: no wgrad
     assert _forward_launches(layer, x) == {"blocks_both_axes": 1, "blocks": 1}
+
+
+def test_a_recomputed_forward_reads_the_input_once_with_the_same_bits(parallel, triton, monkeypatch):
+    """megatron-core's recompute: the first forward (under no_grad) quantizes X for fprop alone, the recompute in the
+    backward for fprop and wgrad from one read, drawing the noise of its first forward's position though the
+    schedule has moved on; the bits are those of the run without recompute."""
+    from megatron.quant.layers import recompute
+
+    layer = _layer(QuantRecipe.from_dict(STOCHASTIC), "triton", monkeypatch)
+
+    def run(checkpointed: bool) -> tuple[list, WorkCount]:
+        position.set_iteration(1)
+        position.set_microbatch(0, 0)
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(TOKENS // 2, 2, IN, generator=generator).to(torch.bfloat16).requires_grad_()
+        layer.weight.grad = None
+        y = recompute.checkpoint(lambda t: layer(t)[0], False, x) if checkpointed else layer(x)[0]
+        position.set_microbatch(1, 2)  # the next micro-batch's forward runs before this backward
+        with WorkCount() as backward:
+            y.backward(torch.randn(y.shape, generator=generator).to(torch.bfloat16))
+        return [y.detach(), x.grad, layer.weight.grad], backward
+
+    reference, _ = run(False)
+    ours, backward = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(ours, reference))
+    # The recompute's X and the backward's dY, each both layouts in one launch (W is cached for the step).
+    assert {op: n for op, n in backward.ops.items() if op in ("blocks", "blocks_both_axes")} == {"blocks_both_axes": 2}
