@@ -55,6 +55,8 @@ def _step(layer, iteration: int = 1) -> tuple[dict, WorkCount]:
     layer.weight.grad = None
     x = torch.randn(TOKENS // 2, 2, IN, generator=generator).to(torch.bfloat16).requires_grad_()
     y, _ = layer(x)
+    saved = y.grad_fn.saved_tensors[0]  # wgrad's quantized X where it took one read, else X: the same memory
+    assert (saved.shape, saved.dtype) == (x.shape, x.dtype)
     with WorkCount() as backward:
         y.backward(torch.randn(y.shape, generator=generator).to(torch.bfloat16))
     return {"output": y.detach(), "grad_input": x.grad, "grad_weight": layer.weight.grad}, backward
