@@ -146,3 +146,20 @@ def test_a_recomputed_forward_reads_the_input_once_with_the_same_bits(parallel, 
     assert all(torch.equal(a, b) for a, b in zip(ours, reference))
     # The recompute's X and the backward's dY, each both layouts in one launch (W is cached for the step).
     assert {op: n for op, n in backward.ops.items() if op in ("blocks", "blocks_both_axes")} == {"blocks_both_axes": 2}
+
+
+def test_an_input_that_is_not_contiguous_is_copied_once_on_the_torch_path(parallel):
+    """The torch path has no kernel for both axes: the forward copies a non-contiguous input once (for its GEMM
+    operand), not once more to look at it along tokens."""
+    recipe = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": "te-mxfp8"})
+    layer = QuantColumnParallelLinear(IN, OUT, config=transformer_config(params_dtype=torch.bfloat16, bf16=True),
+                                      init_method=torch.nn.init.normal_, bias=False, gather_output=False)
+    layer.configure_quant(LinearQuant.from_formats(recipe.resolve("fc1", 0, 2)), None)
+    x = torch.randn(2, TOKENS // 2, IN).to(torch.bfloat16)
+    launches = []
+    for view in (x.transpose(0, 1).contiguous(), x.transpose(0, 1)):
+        layer(view.requires_grad_())  # the weight's copies cached
+        with WorkCount() as forward:
+            layer(view)
+        launches.append(forward.launches)
+    assert launches[1] == launches[0] + 1, launches

@@ -190,9 +190,10 @@ def _input_both_axes(total_input: Tensor, weight: Tensor, cfg: LinearGemmConfig,
     Stochastic rounding draws each layout's noise from this forward's scope keyed by its own operand,
     as the backward does: the same bits."""
     q = cfg.quant
-    if not (cfg.grad_enabled and weight.requires_grad) or cfg.sequence_parallel or capture or \
-            q.from_forward("wgrad.input"):
-        return None
+    fmt = q["fprop.input"].fmt
+    if fmt is None or not fmt.dual_axis or not (cfg.grad_enabled and weight.requires_grad) or \
+            cfg.sequence_parallel or capture or q.from_forward("wgrad.input"):
+        return None  # (before the reshape below, which copies an input that is not contiguous)
     flat = total_input.reshape(-1, total_input.shape[-1])  # tokens x features, as wgrad reads it
     both = quantize_both_axes(flat, q["wgrad.input"], q["fprop.input"], cfg.quant_group, noise)
     return None if both is None else (both[0].reshape(total_input.shape), both[1].reshape(total_input.shape))
