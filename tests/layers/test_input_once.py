@@ -4,7 +4,7 @@ from one read and saves wgrad's copy, and the backward quantizes only dY (both o
 The oracle is the eager torch path, which quantizes X twice (fprop's copy in the forward, wgrad's from the
 saved input in the backward): the output and both gradients are the same bits, stochastic rounding
 included; a scheduled recipe takes the one read in the phases that allow it. Where the one read does not
-apply (no backward follows, a frozen weight, sequence parallelism) X is quantized along features alone."""
+apply (no backward follows, a frozen weight, sequence parallelism, a capture) X is quantized along features alone."""
 import dataclasses
 
 import pytest
@@ -17,7 +17,8 @@ from megatron.quant.layers.linear_function import LinearGemmConfig, LinearQuant,
 from megatron.quant.layers.module_quant import format_builder
 from megatron.quant.layers.weight_cache import QuantizedWeightCache
 from megatron.quant.recipes.recipe import QuantRecipe
-from tests.layers._helpers import transformer_config
+from megatron.quant.tensor_saver import CaptureSite
+from tests.layers._helpers import RecordingSaver, transformer_config
 
 try:  # Triton fixes a kernel as interpreted when its module is imported: now, under the root conftest's
     import megatron.quant.kernels.triton_format  # noqa: F401  TRITON_INTERPRET=1, not after another test's env
@@ -100,9 +101,9 @@ def test_a_scheduled_recipe_reads_the_input_once_where_its_phase_allows(parallel
 
 def _forward_launches(layer, x: torch.Tensor, **cfg) -> dict:
     """The quantization launches of one forward of ``layer``'s GEMM through ``QuantLinearFunction``."""
-    config = LinearGemmConfig(quant=layer.quant, weight_cache=QuantizedWeightCache(), quant_group=None, site=None,
+    config = LinearGemmConfig(quant=layer.quant, weight_cache=QuantizedWeightCache(), quant_group=None,
                               gradient_accumulation_fusion=False, allreduce_dgrad=False, tp_group=layer.tp_group,
-                              **{"sequence_parallel": False, **cfg})
+                              **{"sequence_parallel": False, "site": None, **cfg})
     with WorkCount() as count:
         QuantLinearFunction.apply(x, layer.weight, None, config)
     return {op: n for op, n in count.ops.items() if op in ("blocks", "blocks_both_axes")}
@@ -119,6 +120,12 @@ def test_the_input_keeps_one_axis_where_no_wgrad_reads_the_forward_copy(parallel
     assert _forward_launches(layer, x, sequence_parallel=True) == {"blocks_both_axes": 1, "blocks": 1}
     layer.weight.requires_grad_(False)  # a frozen weight: no wgrad
     assert _forward_launches(layer, x) == {"blocks_both_axes": 1, "blocks": 1}
+    layer.weight.requires_grad_(True)
+    # A capture records fprop's X with its statistics, from its own read: X is not taken along both axes.
+    RecordingSaver().install(monkeypatch)
+    site = CaptureSite(layer_type="linear", component="linear", layer_idx=0, module="fc1", role="fc1",
+                       quant_type="te-mxfp8")
+    assert _forward_launches(layer, x, site=site)["blocks_both_axes"] == 1
 
 
 def test_a_recomputed_forward_reads_the_input_once_with_the_same_bits(parallel, triton, monkeypatch):
