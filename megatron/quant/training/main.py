@@ -27,6 +27,7 @@ from megatron.quant.tensor_saver import check_writable  # noqa: E402
 from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
 from megatron.quant.training.arguments import ArgumentError  # noqa: E402
 from megatron.quant.training.config import TrainingConfig  # noqa: E402
+from megatron.quant.training.cuda_graph import refusal  # noqa: E402
 from megatron.quant.training.data import BatchLayout, build_datasets, check_data  # noqa: E402
 from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights  # noqa: E402
 from megatron.quant.training.lifetime import trainer_dies_with_parent  # noqa: E402
@@ -153,6 +154,9 @@ def check_run(tree: RunTree) -> RunConfiguration:
         _check_fp8_recipe(tree, recipe)
         check_hadamard_fit(recipe, num_layers, tree.schedule.micro_batch_size, tree.model.seq_length)
     saver_config, precision, plan = build_capture(tree.output.tensor_inspect_config, settings, precision, num_layers)
+    refused = refusal(tree, precision, capturing=saver_config.enabled or plan is not None)
+    if refused:
+        raise ArgumentError(refused)
     tokenizer = build_tokenizer(tree.data.tokenizer_type, tree.data.tokenizer_model, tree.model.vocab_size)
     shape = tree.shape(SHAPE_KEYS)
     shape["vocab_size"] = _model_vocab_size(tree, tokenizer)
@@ -240,7 +244,8 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     return run, logger
 
 
-def _teardown(owns_process_group: bool) -> None:
+def teardown(owns_process_group: bool) -> None:
+    """End what ``setup`` started: the parallel state, and the process group where ``setup`` made it."""
     # A caller that set up torch.distributed itself (tests, notebooks) keeps its process group.
     from megatron.core import parallel_state
 
@@ -276,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         run, logger = setup(inputs)
     except (ArgumentError, ValueError, FileNotFoundError, OutputDirError) as err:
         print(f"megatron-quant-train: error: {err}", file=sys.stderr)
-        _teardown(owns_process_group)
+        teardown(owns_process_group)
         raise SystemExit(2) from err
     started = metrics.process_seconds()  # the interpreter, the imports, the checks and the set-up
     if started is not None:
@@ -287,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     finally:
         logger.close()
         tensor_saver.close()
-        _teardown(owns_process_group)
+        teardown(owns_process_group)
 
 
 if __name__ == "__main__":
