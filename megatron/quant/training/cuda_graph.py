@@ -18,8 +18,9 @@ starts (``refusal``), one line naming why.
 
 megatron-core's own graphs are not used: its per-layer graphs (``cuda_graph_impl="local"``) need its
 graph-safe RNG tracker and still launch layer by layer, and its full-iteration wrapper
-(``full_cuda_graph.FullCudaGraphWrapper``) keeps its graphs and buffers in class attributes, one set
-per process.
+(``full_cuda_graph.FullCudaGraphWrapper``) registers the tracker's states with the graph (which needs
+that tracker too: the trainer's keeps saved states, not generators) and keeps its graphs and buffers
+in class attributes, one set per process.
 """
 from __future__ import annotations
 
