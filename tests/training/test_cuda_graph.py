@@ -1,12 +1,14 @@
 """``--cuda-graph`` (training/cuda_graph.py): what it cannot keep correct is refused in one line before
-the run starts; its static input buffers; on the CPU (no graph) its path trains bit for bit as the
-plain loop, delayed scaling's amax histories advancing each step; and each preset's training step,
-checked by ``training.graph_check``, is safe to graph but for stochastic rounding's noise key."""
+the run starts; its static input buffers (without them the checker finds the inputs moving); on the CPU
+(no graph) its path trains bit for bit as the plain loop, delayed scaling's amax histories advancing each
+step; and each preset's training step (megatron-core's schedule, the GPU's path), checked by
+``training.graph_check``, is safe to graph but for stochastic rounding's noise key."""
 import dataclasses
 
 import pytest
 import torch
 
+from megatron.quant.layers.graph_safety import GraphSafety, replay_hazards_of
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.cuda_graph import GraphedStep, refusal
 from megatron.quant.training.main import check_inputs, main
@@ -71,6 +73,31 @@ def test_the_step_reads_its_micro_batches_from_static_buffers():
     assert all(batch["tokens"] is not given["tokens"] for batch, given in zip(graphed.inputs, second))
     with pytest.raises(ValueError, match=r"^--cuda-graph: this iteration's micro-batches have shapes .*fixed shapes$"):
         graphed([{"tokens": torch.arange(5)}, {"tokens": torch.arange(5)}])
+
+
+def test_the_static_buffers_keep_the_inputs_where_a_graph_reads_them():
+    """A step fed each iteration's fresh micro-batches reads them at new addresses (a graph would read the
+    captured ones); through ``GraphedStep`` it reads the same buffers every step."""
+    weight = torch.randn(4, 4)
+    records = []
+
+    def step(batches):
+        with GraphSafety() as mode:
+            outputs = [batch["x"] @ weight for batch in batches]
+        records.append(mode.record)
+        return outputs
+
+    def fresh(i):
+        return [{"x": torch.full((2, 4), float(i))}]
+
+    for i in range(2):
+        step(fresh(i))
+    assert [finding.kind for finding in replay_hazards_of(records)] == ["input moved"]
+    records.clear()
+    graphed = GraphedStep(step, cuda=False)
+    for i in range(2):
+        graphed(fresh(i))
+    assert replay_hazards_of(records) == []
 
 
 def _train(argv, graphed: bool):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -167,6 +168,18 @@ class GraphSafety(TorchDispatchMode):
         if not name.endswith("_") and "out" not in kwargs:
             self.record.allocations[name] += sum(isinstance(t, torch.Tensor) for t in tree_flatten(out)[0])
         return out
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Tensors asked for on ``cuda`` made on the CPU instead: code written for the GPU only (megatron-core's
+    schedule makes its token count with ``device="cuda"``) runs on the CPU under the checker."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
 
 
 def replay_hazards(first: StepRecord, second: StepRecord, limit: int = 20) -> list[Finding]:

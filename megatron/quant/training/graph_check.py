@@ -2,16 +2,17 @@
 
 ``check_training_steps(argv)`` sets the run ``argv`` describes up as the trainer does and runs a few
 iterations through ``--cuda-graph``'s own path (``cuda_graph.GraphedStep``: static input buffers, the
-optimizer outside), each iteration's forward-backward (what a graph captures) but the first (which
-fills megatron-core's caches, as a graph's warm-up does) under ``layers.graph_safety.GraphSafety``.
+optimizer outside), each iteration's forward-backward (what a graph captures: the GPU's, through
+megatron-core's schedule, its ``cuda`` tensors made on the CPU) but the first (which fills
+megatron-core's caches, as a graph's warm-up does) under ``layers.graph_safety.GraphSafety``.
 It reports each step's host synchronisations and data-dependent shapes, and what a graph captured on
 one step would replay wrongly on the next (work, shapes, host values or input addresses that differ)::
 
     python -m megatron.quant.training.graph_check --model llama-tiny --mock-data --bf16 --train-iters 3
 
 (``CUSTOM_QUANT_TYPE`` chooses the recipe, as for training). It exits 0 when the steps are safe to
-graph, 1 with the findings listed. ``--cuda-graph`` itself is not needed (nor refused) here: the check
-tells what the flag's refusals stand for.
+graph, 1 with the findings listed. ``--cuda-graph`` itself is not needed: the check runs the flag's
+path anyway.
 """
 from __future__ import annotations
 
@@ -22,11 +23,18 @@ from typing import Optional, Sequence
 import torch.distributed as dist
 
 from megatron.quant import position, tensor_saver
-from megatron.quant.layers.graph_safety import Finding, GraphSafety, StepRecord, replay_hazards_of, summary
+from megatron.quant.layers.graph_safety import (
+    CudaOnCpu,
+    Finding,
+    GraphSafety,
+    StepRecord,
+    replay_hazards_of,
+    summary,
+)
 from megatron.quant.training import loop
 from megatron.quant.training.arguments import ArgumentError
 from megatron.quant.training.cuda_graph import GraphedStep
-from megatron.quant.training.main import check_inputs, setup, teardown
+from megatron.quant.training.main import check_inputs, connect_schedule, setup, teardown
 
 
 @dataclass(frozen=True)
@@ -58,14 +66,16 @@ def check_training_steps(argv: Sequence[str], steps: int = 2) -> GraphCheck:
 
     def checked(batches: list) -> list:  # the first step fills megatron-core's caches: a graph captures later
         if position.current().iteration == run.start_iteration + 1:
-            return loop.forward_backward(run, batches)
-        with GraphSafety() as mode:
-            reports = loop.forward_backward(run, batches)
+            with CudaOnCpu():
+                return loop.forward_backward_scheduled(run, batches)
+        with CudaOnCpu(), GraphSafety() as mode:
+            reports = loop.forward_backward_scheduled(run, batches)
         records.append(mode.record)
         return reports
 
     run, logger = setup(inputs)
     try:
+        connect_schedule(run.gpt.config, run.model_chunks, None)  # the GPU's path: megatron-core's schedule
         run.step_runner = GraphedStep(checked, cuda=False)
         for iteration in range(run.start_iteration, run.start_iteration + 1 + steps):
             position.set_iteration(iteration + 1)

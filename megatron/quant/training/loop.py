@@ -119,7 +119,8 @@ def _forward_backward_cpu(run: Run, batches, forward_only: bool) -> list[torch.T
     return reports
 
 
-def _forward_backward_gpu(run: Run, batches, forward_only: bool) -> list[torch.Tensor]:
+def forward_backward_scheduled(run: Run, batches, forward_only: bool = False) -> list[torch.Tensor]:
+    """``forward_backward`` through megatron-core's schedule (the GPU's path; ``main.connect_schedule``)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def forward_step(data_iterator, model):
@@ -136,7 +137,7 @@ def _forward_backward_gpu(run: Run, batches, forward_only: bool) -> list[torch.T
 def forward_backward(run: Run, batches: Iterable[dict], forward_only: bool = False) -> list[torch.Tensor]:
     """The micro-batches' forward (and backward) passes, the gradient reduction included: each one's
     loss report (device tensors)."""
-    step = _forward_backward_gpu if run.cuda else _forward_backward_cpu
+    step = forward_backward_scheduled if run.cuda else _forward_backward_cpu
     return step(run, batches, forward_only)
 
 

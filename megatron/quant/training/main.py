@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from megatron.quant import notices
 
@@ -98,11 +98,12 @@ def _wrap(tree: RunTree, config, gpt, cuda: bool) -> list:
     return [DistributedDataParallel(config, ddp_config, model)]
 
 
-def _connect_schedule(config, chunks: list, opt) -> None:
-    # megatron-core's schedule calls these hooks (Megatron-LM's training.py wires the same ones).
+def connect_schedule(config, chunks: list, scale_loss: Optional[Callable]) -> None:
+    """The hooks megatron-core's schedule calls (Megatron-LM's training.py wires the same ones);
+    ``scale_loss``: the optimizer's loss scaling (None: none)."""
     from megatron.core.distributed import finalize_model_grads
 
-    config.grad_scale_func = opt.scale_loss
+    config.grad_scale_func = scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = chunks[0].no_sync
 
@@ -205,7 +206,7 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     chunks = _wrap(tree, config, gpt, cuda)
     opt = optimizer.build_optimizer(tree, chunks, cuda)
     if cuda:
-        _connect_schedule(config, chunks, opt)
+        connect_schedule(config, chunks, opt.scale_loss)
     scheduler = optimizer.build_scheduler(tree, opt)
 
     train_iters, batch = schedule.train_iters, schedule.global_batch_size
