@@ -39,13 +39,17 @@ def test_what_a_graph_cannot_keep_correct_is_refused_in_one_line(clean_env, tmp_
     assert message.startswith("--cuda-graph cannot keep ") and named in message and "\n" not in message
 
 
-def test_pipeline_parallelism_is_refused(clean_env):
+@pytest.mark.parametrize("section, field, value, named", [
+    ("parallel", "pipeline_model_parallel_size", 2, "--pipeline-model-parallel-size 2: "),
+    ("precision", "fp16", True, "--fp16: megatron-core's dynamic loss scaler"),
+])
+def test_gpu_only_settings_are_refused(clean_env, section, field, value, named):
+    """What the CPU refuses before (GPU-only settings), on the configuration a GPU would have."""
     inputs = check_inputs([*ARGV, "--cuda-graph"])
-    tree = dataclasses.replace(inputs.tree, parallel=dataclasses.replace(inputs.tree.parallel,
-                                                                         pipeline_model_parallel_size=2))
+    tree = dataclasses.replace(inputs.tree, **{section: dataclasses.replace(getattr(inputs.tree, section),
+                                                                            **{field: value})})
     assert refusal(inputs.tree, inputs.precision, capturing=False) is None
-    assert refusal(tree, inputs.precision, capturing=False).startswith(
-        "--cuda-graph cannot keep --pipeline-model-parallel-size 2: ")
+    assert refusal(tree, inputs.precision, capturing=False).startswith(f"--cuda-graph cannot keep {named}")
 
 
 def test_the_trainer_refuses_before_the_run_starts(clean_env, capsys):
@@ -130,7 +134,8 @@ def test_the_graph_path_trains_as_the_plain_loop_and_delayed_histories_advance(c
     assert weights and all(bool((histories[name] > 0).all()) for name in weights)
 
 
-PRESETS = ("bf16", "te-fp8-current", "te-fp8-delayed", "te-mxfp8", "te-nvfp4", "hifp8", "mxfp4")
+# te-nvfp4-no-sr: te-nvfp4 rounding to nearest, what the refusal of stochastic rounding suggests.
+PRESETS = ("bf16", "te-fp8-current", "te-fp8-delayed", "te-mxfp8", "te-nvfp4", "te-nvfp4-no-sr", "hifp8", "mxfp4")
 
 
 @pytest.mark.slow  # three training iterations of a one-layer llama-tiny per preset (about 4 s each)

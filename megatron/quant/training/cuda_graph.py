@@ -55,7 +55,7 @@ def refusal(tree: RunTree, precision: PrecisionConfig, capturing: bool) -> Optio
         (any(is_stochastic(fmt.rounding) for fmt in precision.formats(num_layers)),
          "stochastic rounding: its noise key is a host integer derived from the iteration and micro-batch, which "
          "a graph freezes at the captured step's (every replay would draw the same noise); use a round-to-nearest "
-         "recipe or drop --cuda-graph"),
+         "recipe (te-nvfp4-no-sr for te-nvfp4) or drop --cuda-graph"),
         (capturing, "capture (TENSOR_SAVE_ENABLED, --tensor-inspect-config): it reads tensors back and writes "
                     "files on the host, which a replay does not run; capture without --cuda-graph"),
         (bool(precision.schedules()), "a scheduled recipe: its precision changes at an iteration the graph does "
@@ -71,6 +71,8 @@ def refusal(tree: RunTree, precision: PrecisionConfig, capturing: bool) -> Optio
         (tree.model.attention_dropout > 0 or tree.model.hidden_dropout > 0,
          "dropout: megatron-core's random-state tracker swaps the generator's state on the host; use "
          "--attention-dropout 0 --hidden-dropout 0 (Llama's)"),
+        (tree.precision.fp16, "--fp16: megatron-core's dynamic loss scaler makes a new scale tensor when the "
+                              "scale changes, while a graph keeps reading the captured one; use --bf16"),
         (tree.precision.fp8_format is not None and not emulates_precision(tree.precision),
          f"--fp8-format {tree.precision.fp8_format} without --fp8-recipe: Transformer Engine's real FP8 keeps its "
          "scaling state on the host; emulate it (--fp8-recipe) or drop --cuda-graph"),
