@@ -121,10 +121,12 @@ def _train(argv, graphed: bool):
 
 
 @pytest.mark.slow  # two 3-iteration runs of a one-layer llama-tiny (about 8 s)
-def test_the_graph_path_trains_as_the_plain_loop_and_delayed_histories_advance(clean_env):
+def test_the_graph_path_trains_as_the_plain_loop_and_delayed_histories_advance(clean_env, capsys):
     argv = [*ARGV, *DELAYED_FLAGS]
     plain_losses, plain = _train(argv, graphed=False)
+    capsys.readouterr()
     losses, histories = _train([*argv, "--cuda-graph"], graphed=True)
+    assert "cuda graph: no GPU, so no graph: each iteration runs eagerly" in capsys.readouterr().out
     assert losses == plain_losses
     assert histories.keys() == plain.keys() and len(histories) > 0
     assert all(torch.equal(histories[name], plain[name]) for name in plain)

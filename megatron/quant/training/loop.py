@@ -14,6 +14,9 @@ iteration is timed on its own (its read-back makes it wait for the device, so it
 what the device still had queued) and left out of its window's average, so that the capture line
 shows what capturing cost and the next interval line the speed of training alone.
 
+With ``--cuda-graph`` each iteration's forward-backward is a ``cuda_graph.GraphedStep`` (``step_runner``):
+captured once as a CUDA graph after a warm-up, then replayed; the optimizer's step stays eager.
+
 Iterations are numbered as the console prints them, from 1: the run position (hence the capture
 window ``TENSOR_SAVER_ITERATION``, the capture files' ``iterNNN`` and their manifests) says 16
 for the iteration printed as ``iteration 16/N``, and a checkpoint saved after it resumes with 17.
@@ -303,9 +306,10 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
     iteration = run.start_iteration
     if config.cuda_graph and run.step_runner is None:
         run.step_runner = graphed_step(run)
-        logger.print(f"cuda graph: iterations {iteration + 1}-{iteration + WARMUP_STEPS} warm up, the next is captured "
-                     "and replayed after" if run.cuda else "cuda graph: no GPU, so no graph: each iteration runs "
-                     "eagerly over the graph's static input buffers")
+        on_gpu = (f"iterations {iteration + 1}-{iteration + WARMUP_STEPS} warm up, the next is captured and every "
+                  "later one replays it")
+        logger.print("cuda graph: " + (on_gpu if run.cuda else "no GPU, so no graph: each iteration runs eagerly "
+                                       "over the graph's static input buffers"))
     if config.save and dist.get_rank() == dist.get_world_size() - 1:
         _remove_file(os.path.join(config.save, DIVERGED))  # a verdict on an earlier attempt
     if config.wandb_project:
