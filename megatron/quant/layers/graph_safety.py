@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 HOST_READS = frozenset({"_local_scalar_dense", "item", "equal", "allclose", "is_nonzero"})
 # Ops whose output shape depends on the values: the host must wait to learn it.
 DATA_DEPENDENT_SHAPES = frozenset({"nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
-                                   "unique_dim", "repeat_interleave", "argwhere", "masked_scatter"})
+                                   "unique_dim", "repeat_interleave", "argwhere"})
 # Ops that make or reshape nothing the device computes (views are told by ``func.is_view``).
 NO_WORK = frozenset({"detach", "lift_fresh", "_unsafe_view", "alias", "size", "stride", "is_same_size",
                      "_has_compatible_shallow_copy_type", "set_", "resize_"})
