@@ -24,7 +24,7 @@ SCHEDULED = "format: bf16\nscope: [linear]\nschedule:\n  - {from: 2, forward: fp
     ([], {"TENSOR_SAVE_ENABLED": "1", "TENSOR_SAVE_DIR": "{tmp}"}, "capture (TENSOR_SAVE_ENABLED"),
     ([], {"CUSTOM_QUANT_RECIPE": "{tmp}/scheduled.yaml"}, "a scheduled recipe"),
     (["--recompute-granularity", "selective"], {}, "--recompute-granularity selective"),
-    (["--attention-dropout", "0.1"], {}, "dropout"),
+    (["--attention-dropout", "0.1"], {}, "--attention-dropout 0.1: megatron-core's random-state tracker"),
     (["--model", "llama-moe-tiny"], {}, "--num-experts"),
 ])
 def test_what_a_graph_cannot_keep_correct_is_refused_in_one_line(clean_env, tmp_path, extra, env, named):

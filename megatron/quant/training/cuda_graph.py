@@ -68,9 +68,9 @@ def refusal(tree: RunTree, precision: PrecisionConfig, capturing: bool) -> Optio
          "sends and receives are not captured; use 1"),
         (bool(tree.moe.num_experts), f"--num-experts {tree.moe.num_experts}: the token dispatch has shapes that "
                                      "depend on the routing (a host synchronisation); train the dense model"),
-        (tree.model.attention_dropout > 0 or tree.model.hidden_dropout > 0,
-         "dropout: megatron-core's random-state tracker swaps the generator's state on the host; use "
-         "--attention-dropout 0 --hidden-dropout 0 (Llama's)"),
+        (tree.model.attention_dropout > 0,
+         f"--attention-dropout {tree.model.attention_dropout}: megatron-core's random-state tracker swaps the "
+         "generator's state on the host around it; use --attention-dropout 0 (Llama's)"),
         (tree.precision.fp16, "--fp16: megatron-core's dynamic loss scaler makes a new scale tensor when the "
                               "scale changes, while a graph keeps reading the captured one; use --bf16"),
         (tree.precision.fp8_format is not None and not emulates_precision(tree.precision),
