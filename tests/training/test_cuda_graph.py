@@ -179,3 +179,12 @@ def _where(finding) -> tuple[str, str]:
     """(file, function) of a finding's place, without the line (which edits move)."""
     path, _, function = finding.place.partition(" ")
     return path.rsplit(":", 1)[0], function.strip("()")
+
+
+def test_the_graph_check_refuses_too_few_iterations_in_one_line(clean_env, capsys):
+    from megatron.quant.training import graph_check
+
+    argv = [*ARGV[:ARGV.index("--train-iters")], "--train-iters", "2", *ARGV[ARGV.index("--train-iters") + 2:]]
+    assert graph_check.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["graph check: error: --train-iters 2 is below the 2 steps checked and the one before them"]
