@@ -10,7 +10,7 @@ import torch
 
 from megatron.quant.layers.graph_safety import GraphSafety, replay_hazards_of
 from megatron.quant.training.arguments import ArgumentError
-from megatron.quant.training.cuda_graph import GraphedStep, refusal
+from megatron.quant.training.cuda_graph import GraphedStep, phase, refusal
 from megatron.quant.training.main import check_inputs, main
 from tests.training.conftest import DELAYED_FLAGS
 
@@ -59,6 +59,12 @@ def test_the_trainer_refuses_before_the_run_starts(clean_env, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("megatron-quant-train: error: --cuda-graph cannot keep stochastic")
+
+
+def test_a_gpu_warms_up_captures_once_then_replays():
+    assert [phase(call, warmup=3, cuda=True) for call in range(1, 7)] == [
+        "warm-up", "warm-up", "warm-up", "capture", "replay", "replay"]
+    assert {phase(call, warmup=3, cuda=False) for call in range(1, 7)} == {"eager"}
 
 
 def test_the_step_reads_its_micro_batches_from_static_buffers():

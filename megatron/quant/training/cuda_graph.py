@@ -80,6 +80,14 @@ def refusal(tree: RunTree, precision: PrecisionConfig, capturing: bool) -> Optio
     return next((f"--cuda-graph cannot keep {why}" for refused, why in reasons if refused), None)
 
 
+def phase(call: int, warmup: int, cuda: bool) -> str:
+    """What iteration ``call`` (1-based) of a ``GraphedStep`` does: "eager" (the CPU: no graph), "warm-up",
+    "capture" (then its first replay) or "replay"."""
+    if not cuda:
+        return "eager"
+    return "warm-up" if call <= warmup else "capture" if call == warmup + 1 else "replay"
+
+
 class GraphedStep:
     """The forward-backward ``step`` as a CUDA graph (``cuda``), or eagerly over the same static
     buffers (the CPU); ``before_capture`` runs just before the capture (the weight cache's reset)."""
@@ -95,12 +103,13 @@ class GraphedStep:
     def __call__(self, batches: Iterable[dict]) -> list:
         self._load(list(batches))  # reading and copying the micro-batches: the host's work, before the graph
         self.calls += 1
-        if self.graph is not None:
+        now = phase(self.calls, self.warmup, self.cuda)
+        if now == "replay":
             self.graph.replay()
             return self.outputs
-        if not self.cuda:
+        if now == "eager":
             return self.step(self.inputs)
-        if self.calls <= self.warmup:
+        if now == "warm-up":
             return self._on_side_stream()
         self.before_capture()
         self.graph = torch.cuda.CUDAGraph()
