@@ -27,9 +27,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from megatron.quant.layers.graph_safety import DATA_DEPENDENT_SHAPES, HOST_READS
+
 GEMMS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "_grouped_mm"})
-HOST_SYNCS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
-                        "repeat_interleave", "item"})
+HOST_SYNCS = HOST_READS | DATA_DEPENDENT_SHAPES  # the graph-safety checker's: what makes the host wait
 NO_LAUNCH = frozenset({"detach", "empty", "empty_strided", "empty_like", "lift_fresh", "_unsafe_view", "alias",
                        "set_", "resize_", "size", "stride", "is_same_size", "_has_compatible_shallow_copy_type"})
 QUANTIZATION_CODE = ("/megatron/quant/formats/", "/megatron/quant/kernels/", "/megatron/quant/layers/operand.py",

@@ -13,6 +13,7 @@ import importlib.util
 from typing import NoReturn, Sequence
 
 from megatron.quant.recipes.presets import FP8_RECIPES, emulates_precision
+from megatron.quant.training.cuda_graph import add_cuda_graph_argument
 from megatron.quant.training.data import parse_blend
 from megatron.quant.training.float_ranges import FLOAT_RANGES, allowed, within_range
 from megatron.quant.training.megatron_lm_args import (
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     add_recompute_arguments(g)
+    add_cuda_graph_argument(g)
     g = p.add_argument_group("run length, logging and checkpoints")
     g.add_argument("--train-iters", type=int, default=None, help="iterations to train (or --train-samples)")
     g.add_argument("--exit-interval", type=int, default=None,

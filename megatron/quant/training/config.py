@@ -28,6 +28,7 @@ class TrainingConfig:
     wandb_project: Optional[str]    # --wandb-project: also log to this Weights & Biases project
     wandb_exp_name: Optional[str]   # --wandb-exp-name: the W&B run name (None: W&B's)
     wandb_save_dir: Optional[str]   # --wandb-save-dir: W&B's local directory (None: W&B's)
+    cuda_graph: bool = False        # --cuda-graph: the forward-backward as a CUDA graph (training/cuda_graph.py)
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> "TrainingConfig":

@@ -14,6 +14,9 @@ iteration is timed on its own (its read-back makes it wait for the device, so it
 what the device still had queued) and left out of its window's average, so that the capture line
 shows what capturing cost and the next interval line the speed of training alone.
 
+With ``--cuda-graph`` each iteration's forward-backward is a ``cuda_graph.GraphedStep`` (``step_runner``):
+captured once as a CUDA graph after a warm-up, then replayed; the optimizer's step stays eager.
+
 Iterations are numbered as the console prints them, from 1: the run position (hence the capture
 window ``TENSOR_SAVER_ITERATION``, the capture files' ``iterNNN`` and their manifests) says 16
 for the iteration printed as ``iteration 16/N``, and a checkpoint saved after it resumes with 17.
@@ -26,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -35,6 +38,7 @@ from megatron.quant import position, tensor_saver
 from megatron.quant.layers.linear import invalidate_quantized_weights
 from megatron.quant.training import checkpoint
 from megatron.quant.training.config import TrainingConfig
+from megatron.quant.training.cuda_graph import WARMUP_STEPS, GraphedStep
 from megatron.quant.training.data import BatchLayout, get_batch
 from megatron.quant.training.metrics import DIVERGED, MetricsLogger, capture_digest, format_line
 
@@ -57,6 +61,9 @@ class Run:
     cuda: bool
     start_iteration: int = 0
     history: list = field(default_factory=list)  # per-iteration logged values
+    # What runs a training iteration's micro-batches (forward and backward, not the optimizer): None for
+    # ``forward_backward``; with --cuda-graph a ``cuda_graph.GraphedStep`` over it (made by ``train``).
+    step_runner: Optional[Callable[[Iterable[dict]], list]] = None
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -115,7 +122,8 @@ def _forward_backward_cpu(run: Run, batches, forward_only: bool) -> list[torch.T
     return reports
 
 
-def _forward_backward_gpu(run: Run, batches, forward_only: bool) -> list[torch.Tensor]:
+def forward_backward_scheduled(run: Run, batches, forward_only: bool = False) -> list[torch.Tensor]:
+    """``forward_backward`` through megatron-core's schedule (the GPU's path; ``main.connect_schedule``)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def forward_step(data_iterator, model):
@@ -129,6 +137,22 @@ def _forward_backward_gpu(run: Run, batches, forward_only: bool) -> list[torch.T
     return [out["lm loss"] for out in outputs]
 
 
+def forward_backward(run: Run, batches: Iterable[dict], forward_only: bool = False) -> list[torch.Tensor]:
+    """The micro-batches' forward (and backward) passes, the gradient reduction included: each one's
+    loss report (device tensors)."""
+    step = forward_backward_scheduled if run.cuda else _forward_backward_cpu
+    return step(run, batches, forward_only)
+
+
+def graphed_step(run: Run) -> GraphedStep:
+    """``forward_backward`` as a CUDA graph (--cuda-graph); the capture quantizes the weights itself."""
+    def forget_quantized_weights() -> None:
+        for chunk in run.model_chunks:
+            invalidate_quantized_weights(chunk)
+
+    return GraphedStep(partial(forward_backward, run), run.cuda, before_capture=forget_quantized_weights)
+
+
 def train_step(run: Run, iteration: int) -> dict[str, torch.Tensor | float]:
     """One iteration; returns loss, grad norm (device tensors or floats: nothing is read back here),
     learning rate, skipped iterations."""
@@ -137,8 +161,7 @@ def train_step(run: Run, iteration: int) -> dict[str, torch.Tensor | float]:
         chunk.zero_grad_buffer()
     run.optimizer.zero_grad()
     batches = _batches(run, run.train_data, iteration, position.set_microbatch)
-    step = _forward_backward_gpu if run.cuda else _forward_backward_cpu
-    reports = step(run, batches, forward_only=False)
+    reports = (run.step_runner or partial(forward_backward, run))(batches)
     ok, grad_norm, _ = run.optimizer.step()
     # megatron-core's GPU optimizers write weights through .data and buffer views, which the
     # quantized-weight cache's version check cannot see.
@@ -169,10 +192,10 @@ def evaluate(run: Run, iteration: int) -> float:
     """Mean validation loss over ``--eval-iters`` global batches."""
     for chunk in run.model_chunks:
         chunk.eval()
-    step = _forward_backward_gpu if run.cuda else _forward_backward_cpu
     reports = []
     for i in range(run.config.eval_iters):
-        reports += step(run, _batches(run, run.valid_data, iteration * run.config.eval_iters + i, None), True)
+        reports += forward_backward(run, _batches(run, run.valid_data, iteration * run.config.eval_iters + i, None),
+                                    forward_only=True)
     return float(_reduce_loss(reports))
 
 
@@ -281,6 +304,12 @@ def train(run: Run, logger: MetricsLogger) -> list[dict]:
     """
     config = run.config
     iteration = run.start_iteration
+    if config.cuda_graph and run.step_runner is None:
+        run.step_runner = graphed_step(run)
+        on_gpu = (f"iterations {iteration + 1}-{iteration + WARMUP_STEPS} warm up, the next is captured and every "
+                  "later one replays it")
+        logger.print("cuda graph: " + (on_gpu if run.cuda else "no GPU, so no graph: each iteration runs eagerly "
+                                       "over the graph's static input buffers"))
     if config.save and dist.get_rank() == dist.get_world_size() - 1:
         _remove_file(os.path.join(config.save, DIVERGED))  # a verdict on an earlier attempt
     if config.wandb_project:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from megatron.quant import notices
 
@@ -27,6 +27,7 @@ from megatron.quant.tensor_saver import check_writable  # noqa: E402
 from megatron.quant.training import checkpoint, metrics, optimizer  # noqa: E402
 from megatron.quant.training.arguments import ArgumentError  # noqa: E402
 from megatron.quant.training.config import TrainingConfig  # noqa: E402
+from megatron.quant.training.cuda_graph import refusal  # noqa: E402
 from megatron.quant.training.data import BatchLayout, build_datasets, check_data  # noqa: E402
 from megatron.quant.training.hf_import import check_hf_checkpoint, load_hf_weights  # noqa: E402
 from megatron.quant.training.lifetime import trainer_dies_with_parent  # noqa: E402
@@ -97,11 +98,12 @@ def _wrap(tree: RunTree, config, gpt, cuda: bool) -> list:
     return [DistributedDataParallel(config, ddp_config, model)]
 
 
-def _connect_schedule(config, chunks: list, opt) -> None:
-    # megatron-core's schedule calls these hooks (Megatron-LM's training.py wires the same ones).
+def connect_schedule(config, chunks: list, scale_loss: Optional[Callable]) -> None:
+    """The hooks megatron-core's schedule calls (Megatron-LM's training.py wires the same ones);
+    ``scale_loss``: the optimizer's loss scaling (None: none)."""
     from megatron.core.distributed import finalize_model_grads
 
-    config.grad_scale_func = opt.scale_loss
+    config.grad_scale_func = scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = chunks[0].no_sync
 
@@ -153,6 +155,9 @@ def check_run(tree: RunTree) -> RunConfiguration:
         _check_fp8_recipe(tree, recipe)
         check_hadamard_fit(recipe, num_layers, tree.schedule.micro_batch_size, tree.model.seq_length)
     saver_config, precision, plan = build_capture(tree.output.tensor_inspect_config, settings, precision, num_layers)
+    refused = refusal(tree, precision, capturing=saver_config.enabled or plan is not None)
+    if refused:
+        raise ArgumentError(refused)
     tokenizer = build_tokenizer(tree.data.tokenizer_type, tree.data.tokenizer_model, tree.model.vocab_size)
     shape = tree.shape(SHAPE_KEYS)
     shape["vocab_size"] = _model_vocab_size(tree, tokenizer)
@@ -201,7 +206,7 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     chunks = _wrap(tree, config, gpt, cuda)
     opt = optimizer.build_optimizer(tree, chunks, cuda)
     if cuda:
-        _connect_schedule(config, chunks, opt)
+        connect_schedule(config, chunks, opt.scale_loss)
     scheduler = optimizer.build_scheduler(tree, opt)
 
     train_iters, batch = schedule.train_iters, schedule.global_batch_size
@@ -240,7 +245,8 @@ def setup(inputs: RunConfiguration) -> tuple[Run, metrics.MetricsLogger]:
     return run, logger
 
 
-def _teardown(owns_process_group: bool) -> None:
+def teardown(owns_process_group: bool) -> None:
+    """End what ``setup`` started: the parallel state, and the process group where ``setup`` made it."""
     # A caller that set up torch.distributed itself (tests, notebooks) keeps its process group.
     from megatron.core import parallel_state
 
@@ -276,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         run, logger = setup(inputs)
     except (ArgumentError, ValueError, FileNotFoundError, OutputDirError) as err:
         print(f"megatron-quant-train: error: {err}", file=sys.stderr)
-        _teardown(owns_process_group)
+        teardown(owns_process_group)
         raise SystemExit(2) from err
     started = metrics.process_seconds()  # the interpreter, the imports, the checks and the set-up
     if started is not None:
@@ -287,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     finally:
         logger.close()
         tensor_saver.close()
-        _teardown(owns_process_group)
+        teardown(owns_process_group)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ class ScheduleSection:
     eval_iters: int                      # --eval-iters: 0 = no validation
     exit_interval: Optional[int]         # --exit-interval: stop at a multiple of it
     divergence_threshold: Optional[float]  # --divergence-threshold: stop when the loss exceeds it
+    cuda_graph: bool                     # --cuda-graph: replay each iteration's forward-backward as a CUDA graph
 
 
 @dataclass(frozen=True)
