@@ -3,7 +3,12 @@
 formats the hifp8 and mxfp4 recipes give P and dS, causal and not, GQA 2:1. The shapes are small (48
 tokens: a ragged query and key block; head size 32, whose softmax scale is not a power of two), so every
 GEMM's float32 sum is exact and the summation order cannot show. Also: the shared softmax against an
-independent one, and which path a recipe takes."""
+independent one, which path a recipe takes, and the kernels' sm_90 build."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from megatron.core.transformer.enums import AttnMaskType
@@ -132,3 +137,16 @@ def test_the_shared_softmax_is_within_a_few_ulps_of_torch_softmax():
     (mine,) = torch.autograd.grad(probs, scores, grad)
     wanted = torch.autograd.grad(torch.softmax(scores.masked_fill(mask, float("-inf")), -1), scores, grad)[0]
     torch.testing.assert_close(mine, wanted, rtol=1e-5, atol=1e-6)
+
+
+def test_the_kernels_build_for_sm90():
+    """The interpreter does not type-check a kernel as the GPU compiler does: each kernel, in an elementwise
+    and an MX case, float32 and bf16 dots, is lowered to Triton IR for sm_90 in a process of its own."""
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton without its NVIDIA backend")
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-m", "tests.kernels._flash_build"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.stdout.count("built ") == 6 and "0 failed" in run.stdout
