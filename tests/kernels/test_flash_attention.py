@@ -107,6 +107,19 @@ def test_recipes_the_kernels_do_not_cover_keep_the_unfused_path(parallel, monkey
     assert _attention("mxfp8", True)._path(q, q, None) == "flash-quantized"
 
 
+def test_a_gpu_run_names_the_flash_path_on_its_start_line(parallel, monkeypatch):
+    from megatron.quant.layers import attention, fusions
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention, "triton_available", lambda: True)
+    model = torch.nn.ModuleList([_attention("mxfp4", True), _attention("mxfp4", True, rounding="stochastic")])
+    assert [m.path() for m in model] == ["flash-quantized", "unfused"]
+    paths = fusions.FastPaths("auto", sdpa=True, compiled=False, cross_entropy=False)
+    assert paths.describe(model).startswith("fusions auto: attention=flash-quantized x1, unfused x1,")
+    monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")  # the reference everywhere
+    assert model[0].path() == "unfused"
+
+
 def test_the_shared_exp_is_within_two_ulps_of_exp():
     x = torch.linspace(-87.0, 0.0, 200_001)
     exact = torch.exp(x.double())

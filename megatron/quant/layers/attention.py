@@ -38,6 +38,7 @@ sums are exact (``tests/kernels/test_flash_attention.py``).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
@@ -109,9 +110,10 @@ class AttentionQuant:
         qkv = [s.fmt for s in self.inputs.values() if s.fmt is not None]
         return self.pv.a.fmt is None and bool(qkv) and not any(f.needs_tensor_amax for f in qkv)
 
-    @property
+    @functools.cached_property
     def flash(self) -> Optional[TileFormats]:
-        """The flash kernels' tile formats where they serve this recipe (the module docstring), else None."""
+        """The flash kernels' tile formats where they serve this recipe (the module docstring), else None;
+        computed once (each call asks which path it takes)."""
         specs = [*vars(self.qk).values(), *vars(self.pv).values()]
         if any(s.fmt is not None and (s.fmt.needs_tensor_amax or s.stochastic) for s in specs):
             return None
