@@ -17,8 +17,8 @@ from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import flash_attention, flash_attention_backward  # noqa: E402
 from megatron.quant.kernels.flash_attention_formats import tile_formats  # noqa: E402
 
-KERNELS = ((flash_attention, "_forward_kernel"), (flash_attention_backward, "_dq_kernel"),
-           (flash_attention_backward, "_dkdv_kernel"))
+KERNELS = ((flash_attention, "_flash_forward_kernel"), (flash_attention_backward, "_flash_dq_kernel"),
+           (flash_attention_backward, "_flash_dkdv_kernel"))
 # (P's and dS's format, input dtype, causal): an elementwise grid with float32 dots, MX blocks with bf16 dots
 CASES = (("hifp8", torch.float32, True), ("mxfp4_e2m1", torch.bfloat16, False))
 

@@ -142,10 +142,10 @@ def probs(t, hidden, m, total):
 
 
 @triton.jit
-def _forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, s, heads, q_row, q_batch, k_row, k_batch, scale,
-                    REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr, BF16: tl.constexpr,
-                    BF16_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, P_KIND: tl.constexpr,
-                    P_GRID: tl.constexpr, P_SCALE: tl.constexpr, P_SGRID: tl.constexpr):
+def _flash_forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, s, heads, q_row, q_batch, k_row, k_batch,
+                          scale, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
+                          BF16: tl.constexpr, BF16_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          P_KIND: tl.constexpr, P_GRID: tl.constexpr, P_SCALE: tl.constexpr, P_SGRID: tl.constexpr):
     """O of one query block of one (batch, head): the module docstring's three passes. Writes the
     rows' max and sum (float32, [batch * heads, s]) for the backward."""
     bh = tl.program_id(1)
@@ -197,7 +197,7 @@ def flash_forward(query: Tensor, key: Tensor, value: Tensor, scale: float, causa
     out = torch.empty_like(query)
     m = torch.empty((b * heads, s), dtype=torch.float32, device=query.device)
     total = torch.empty_like(m)
-    _forward_kernel[(triton.cdiv(s, BLOCK_M), b * heads)](
+    _flash_forward_kernel[(triton.cdiv(s, BLOCK_M), b * heads)](
         query, key, value, out, m, total, s, heads, query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         scale, **launch_args(query, key, causal), **probs_format.args("P"))
     return out, m, total

@@ -9,8 +9,8 @@ quantizes P and dS itself, by the recipe's ``TileFormat`` of each. The softmax's
 megatron-core's softmax backward; not rowsum(dO * O), which differs once P is quantized) in the shared
 order, so a first pass over the key blocks computes D before dS.
 
-Two kernels: per query block, D then dQ (``_dq_kernel``); per key block, dK and dV of one query head
-(``_dkdv_kernel``; GQA's key heads sum their query heads' afterwards, as ``repeat_interleave``'s
+Two kernels: per query block, D then dQ (``_flash_dq_kernel``); per key block, dK and dV of one query head
+(``_flash_dkdv_kernel``; GQA's key heads sum their query heads' afterwards, as ``repeat_interleave``'s
 backward does). The score scale multiplies dQ and dK after their sums, each result in the inputs' dtype.
 """
 from __future__ import annotations
@@ -49,10 +49,11 @@ def grad_scores(p, hidden, dp, delta, BF16: tl.constexpr):
 
 
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, kk_ptr, dq_ptr, m_ptr, l_ptr, delta_ptr, s, heads, q_row, q_batch, k_row,
-               k_batch, scale, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
-               BF16: tl.constexpr, BF16_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               DS_KIND: tl.constexpr, DS_GRID: tl.constexpr, DS_SCALE: tl.constexpr, DS_SGRID: tl.constexpr):
+def _flash_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, kk_ptr, dq_ptr, m_ptr, l_ptr, delta_ptr, s, heads, q_row, q_batch,
+                     k_row, k_batch, scale, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                     CAUSAL: tl.constexpr, BF16: tl.constexpr, BF16_DOT: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, DS_KIND: tl.constexpr, DS_GRID: tl.constexpr, DS_SCALE: tl.constexpr,
+                     DS_SGRID: tl.constexpr):
     """D (float32, [batch * heads, s]) and dQ of one query block: q, k the forward's Q and K; v, do V
     and dO along the head dimension; kk K along the keys."""
     bh = tl.program_id(1)
@@ -89,12 +90,12 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, kk_ptr, dq_ptr, m_ptr, l_ptr, delta_
 
 
 @triton.jit
-def _dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qq_ptr, dos_ptr, dk_ptr, dv_ptr, m_ptr, l_ptr, delta_ptr, s, heads,
-                 q_row, q_batch, k_row, k_batch, scale, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                 CAUSAL: tl.constexpr, BF16: tl.constexpr, BF16_DOT: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, P_KIND: tl.constexpr, P_GRID: tl.constexpr, P_SCALE: tl.constexpr,
-                 P_SGRID: tl.constexpr, DS_KIND: tl.constexpr, DS_GRID: tl.constexpr, DS_SCALE: tl.constexpr,
-                 DS_SGRID: tl.constexpr):
+def _flash_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qq_ptr, dos_ptr, dk_ptr, dv_ptr, m_ptr, l_ptr, delta_ptr, s,
+                       heads, q_row, q_batch, k_row, k_batch, scale, REP: tl.constexpr, D: tl.constexpr,
+                       DP: tl.constexpr, CAUSAL: tl.constexpr, BF16: tl.constexpr, BF16_DOT: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, P_KIND: tl.constexpr, P_GRID: tl.constexpr,
+                       P_SCALE: tl.constexpr, P_SGRID: tl.constexpr, DS_KIND: tl.constexpr, DS_GRID: tl.constexpr,
+                       DS_SCALE: tl.constexpr, DS_SGRID: tl.constexpr):
     """dK and dV of one key block for one query head ([s, b, heads, d]): q, k the forward's Q and K; v,
     do V and dO along the head dimension; qq Q and dos dO along the queries."""
     bh = tl.program_id(1)
@@ -139,11 +140,11 @@ def flash_backward(operands: dict[str, Tensor], m: Tensor, total: Tensor, scale:
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), scale)
     delta = torch.empty_like(m)
     dq = torch.empty_like(q)
-    _dq_kernel[(triton.cdiv(s, BLOCK_M), b * heads)](
+    _flash_dq_kernel[(triton.cdiv(s, BLOCK_M), b * heads)](
         q, k, operands["value"], operands["grad_output"], operands["key_by_keys"], dq, m, total, delta, s, heads,
         *strides, **args, **formats.grads.args("DS"))
     dk, dv = torch.empty_like(q), torch.empty_like(q)  # per query head
-    _dkdv_kernel[(triton.cdiv(s, BLOCK_N), b * heads)](
+    _flash_dkdv_kernel[(triton.cdiv(s, BLOCK_N), b * heads)](
         q, k, operands["value"], operands["grad_output"], operands["query_by_queries"],
         operands["grad_output_by_queries"], dk, dv, m, total, delta, s, heads, *strides, **args,
         **formats.probs_by_queries.args("P"), **formats.grads_by_queries.args("DS"))
