@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .elementwise import store
+from .elementwise import load, store
 from .flash_attention import (
     BLOCK_M,
     BLOCK_N,
@@ -35,6 +35,10 @@ from .flash_attention import (
 )
 from .flash_attention_formats import TileFormats
 
+# dK/dV's tiles for float32 inputs (its float32 dots hold more tiles than registers: 7 KB a thread spilled
+# with 64 x 64 on sm_90); its tiles hold no row sum, and MX blocks of 32 along the queries still fit.
+DKDV_BLOCK = 32
+
 
 @triton.jit
 def grad_probs(do, v, BF16: tl.constexpr, BF16_DOT: tl.constexpr):
@@ -46,6 +50,13 @@ def grad_probs(do, v, BF16: tl.constexpr, BF16_DOT: tl.constexpr):
 def grad_scores(p, hidden, dp, delta, BF16: tl.constexpr):
     """dS = P * (dP - D) of a tile in the scores' dtype, 0 where hidden."""
     return as_dtype(tl.where(hidden, 0.0, p * (dp - delta[:, None])), BF16)
+
+
+@triton.jit
+def load_columns(base, rows, cols, row_stride, n_rows, D: tl.constexpr):
+    """float32 [cols, rows]: ``load_rows``' tile transposed, read so."""
+    mask = (cols[:, None] < D) & (rows[None, :] < n_rows)
+    return load(base + rows[None, :].to(tl.int64) * row_stride + cols[:, None], mask)
 
 
 @triton.jit
@@ -106,8 +117,8 @@ def _flash_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qq_ptr, dos_ptr, dk_ptr, dv_
     k_base = b.to(tl.int64) * k_batch + (h // REP) * D
     k = load_rows(k_ptr + k_base, keys, cols, k_row, s, D)
     v = load_rows(v_ptr + k_base, keys, cols, k_row, s, D)
-    dk = tl.zeros((BN, DP), tl.float32)
-    dv = tl.zeros((BN, DP), tl.float32)
+    dk = tl.zeros((DP, BN), tl.float32)  # transposed: the dots take P and dS as computed, Q and dO as loaded
+    dv = tl.zeros((DP, BN), tl.float32)
     first = (tl.program_id(0) * BN // BM) * BM if CAUSAL else 0
     for start in range(first, s, BM):
         rows = start + tl.arange(0, BM)
@@ -117,13 +128,13 @@ def _flash_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qq_ptr, dos_ptr, dk_ptr, dv_
         p = probs(t, hidden, tl.load(m_ptr + stats, mask=rows < s, other=0.0),
                   tl.load(l_ptr + stats, mask=rows < s, other=0.0))
         pq = quantize_tile(as_dtype(p, BF16), 0, P_KIND, P_GRID, P_SCALE, P_SGRID)
-        dv = dot(tl.trans(pq), load_rows(dos_ptr + q_base, rows, cols, q_row, s, D), dv, BF16_DOT)
+        dv = dot(load_columns(dos_ptr + q_base, rows, cols, q_row, s, D), pq, dv, BF16_DOT)
         dp = grad_probs(load_rows(do_ptr + q_base, rows, cols, q_row, s, D), v, BF16, BF16_DOT)
         ds = grad_scores(p, hidden, dp, tl.load(delta_ptr + stats, mask=rows < s, other=0.0), BF16)
         ds = quantize_tile(ds, 0, DS_KIND, DS_GRID, DS_SCALE, DS_SGRID)
-        dk = dot(tl.trans(ds), load_rows(qq_ptr + q_base, rows, cols, q_row, s, D), dk, BF16_DOT)
-    mask = (keys[:, None] < s) & (cols[None, :] < D)
-    offsets = q_base + keys[:, None].to(tl.int64) * q_row + cols[None, :]
+        dk = dot(load_columns(qq_ptr + q_base, rows, cols, q_row, s, D), ds, dk, BF16_DOT)
+    mask = (keys[None, :] < s) & (cols[:, None] < D)
+    offsets = q_base + keys[None, :].to(tl.int64) * q_row + cols[:, None]
     store(dk_ptr + offsets, as_dtype(dk, BF16) * scale, mask)
     store(dv_ptr + offsets, dv, mask)
 
@@ -144,9 +155,10 @@ def flash_backward(operands: dict[str, Tensor], m: Tensor, total: Tensor, scale:
         q, k, operands["value"], operands["grad_output"], operands["key_by_keys"], dq, m, total, delta, s, heads,
         *strides, **args, **formats.grads.args("DS"))
     dk, dv = torch.empty_like(q), torch.empty_like(q)  # per query head
-    _flash_dkdv_kernel[(triton.cdiv(s, BLOCK_N), b * heads)](
+    tiles = dict(BM=DKDV_BLOCK, BN=DKDV_BLOCK) if q.dtype == torch.float32 else {}
+    _flash_dkdv_kernel[(triton.cdiv(s, tiles.get("BN", BLOCK_N)), b * heads)](
         q, k, operands["value"], operands["grad_output"], operands["query_by_queries"],
-        operands["grad_output_by_queries"], dk, dv, m, total, delta, s, heads, *strides, **args,
+        operands["grad_output_by_queries"], dk, dv, m, total, delta, s, heads, *strides, **{**args, **tiles},
         **formats.probs_by_queries.args("P"), **formats.grads_by_queries.args("DS"))
     rep = args["REP"]
     if rep > 1:  # the key heads' gradients: their query heads' summed, as repeat_interleave's backward
