@@ -159,7 +159,8 @@ class _FlashAttention(torch.autograd.Function):
         from megatron.quant.kernels.flash_attention import flash_forward
 
         q, k, v = (x.values.contiguous() for x in inputs)
-        ctx.attn, ctx.noise, ctx.causal = attn, noise, attn.attn_mask_type == AttnMaskType.causal
+        ctx.attn, ctx.quant, ctx.noise = attn, attn.quant, noise  # the forward's recipe (a schedule may switch it)
+        ctx.causal = attn.attn_mask_type == AttnMaskType.causal
         out, m, total = flash_forward(q, k, v, attn.softmax_scale, ctx.causal, attn.quant.flash.probs)
         ctx.save_for_backward(query, key, value, q, k, m, total)
         return out.view(out.shape[0], out.shape[1], attn.hidden_size_per_partition)
@@ -169,7 +170,7 @@ class _FlashAttention(torch.autograd.Function):
         from megatron.quant.kernels.flash_attention_backward import flash_backward
 
         query, key, value, q, k, m, total = ctx.saved_tensors
-        attn, quant = ctx.attn, ctx.attn.quant
+        attn, quant = ctx.attn, ctx.quant
         grad = grad_output.reshape(query.shape)
         along_dims, along_tokens = -1, 0  # the head dimension; the sequence ([s, b, heads, d])
         wanted = {"value": (value, quant.pv.grad_a_b, along_dims),
