@@ -18,6 +18,7 @@ from megatron.quant.kernels.flash_attention_softmax import (
     KEY_BLOCK,
     DefinedSoftmax,
     defined_exp,
+    row_stats,
     row_sum,
     softmax_forward,
 )
@@ -136,6 +137,16 @@ def test_the_row_sum_folds_each_key_block_pairwise_then_adds_the_blocks_in_order
         blocks = torch.stack([blocks[..., i] + blocks[..., i + half] for i in range(half)], dim=-1)
     expected = (blocks[:, 0] + blocks[:, 1]) + blocks[:, 2]
     assert torch.equal(row_sum(t), expected)
+
+
+def test_the_row_statistics_are_the_max_and_the_sum_of_exp_within_a_few_ulps():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(3, 2 * KEY_BLOCK + 7, generator=g).mul(6.0)
+    scores[0, :KEY_BLOCK] -= 30.0  # the max arrives in a later block: the sum is rescaled
+    m, total = row_stats(scores)
+    assert torch.equal(m, scores.amax(-1, keepdim=True))
+    exact = torch.exp(scores.double() - m.double()).sum(-1, keepdim=True)
+    torch.testing.assert_close(total.double(), exact, rtol=1e-6, atol=0)
 
 
 def test_the_shared_softmax_is_within_a_few_ulps_of_torch_softmax():

@@ -4,10 +4,11 @@ sums are exact; no [s, s] tensor is kept. The backward is ``flash_attention_back
 
 It takes Q, K, V already quantized (as the layer quantizes them: Q and K along the head dimension, V
 along the keys), in megatron's [s, b, heads, d] layout, GQA unexpanded. P must be normalised before it
-is quantized, so an online (rescaling) softmax cannot be used: the forward makes three passes over the
-key blocks of a query block, each recomputing S = Q K^T * scale: the row max, the row sum of
-exp(S - max) (``flash_attention_softmax``: the exp and the sum order the unfused path shares), then
-P = e / sum, rounded to the scores' dtype, quantized along the keys, and O += P V.
+is quantized, so the online (rescaling) softmax only gives the row statistics: the forward makes two
+passes over the key blocks of a query block, each recomputing S = Q K^T * scale: the row max and the
+row sum of exp(S - max), rescaled block by block (``flash_attention_softmax``: the exp, the sum order and
+the rescaling the unfused path shares), then P = exp(S - max) / sum, rounded to the scores' dtype,
+quantized along the keys, and O += P V.
 
 What the kernel quantizes: ``flash_attention_formats``. Causal or no mask; no dropout.
 
@@ -121,21 +122,20 @@ def scores(q, k, keys, rows, s, scale, CAUSAL: tl.constexpr, BF16: tl.constexpr,
 @triton.jit
 def row_stats(q, k_base, cols, k_row, s, rows, scale, end, CAUSAL: tl.constexpr, D: tl.constexpr,
               BF16: tl.constexpr, BF16_DOT: tl.constexpr, BN: tl.constexpr):
-    """(row max, row sum of exp(S - max)) over the keys below ``end``, in the shared order."""
+    """(row max, row sum of exp(S - max)) over the keys below ``end``, in one pass:
+    ``flash_attention_softmax.row_stats``' operations."""
     m = tl.full((q.shape[0],), float("-inf"), tl.float32)
-    for start in range(0, end, BN):
-        keys = start + tl.arange(0, BN)
-        t, hidden = scores(q, load_rows(k_base, keys, cols, k_row, s, D), keys, rows, s, scale, CAUSAL, BF16,
-                           BF16_DOT)
-        m = tl.maximum(m, tl.max(t, axis=1))
-    m = tl.where(m == float("-inf"), 0.0, m)  # rows beyond s: every key hidden
     total = tl.zeros((q.shape[0],), tl.float32)
     for start in range(0, end, BN):
         keys = start + tl.arange(0, BN)
         t, hidden = scores(q, load_rows(k_base, keys, cols, k_row, s, D), keys, rows, s, scale, CAUSAL, BF16,
                            BF16_DOT)
-        total = total + fold_keys(tl.where(hidden, 0.0, defined_exp(t - m[:, None])))
-    return m, total
+        new = tl.maximum(m, tl.max(t, axis=1))
+        shift = tl.where(new == float("-inf"), 0.0, new)  # rows beyond s: every key hidden
+        e = tl.where(hidden, 0.0, defined_exp(t - shift[:, None]))
+        total = total * defined_exp(m - shift) + fold_keys(e)
+        m = new
+    return tl.where(m == float("-inf"), 0.0, m), total
 
 
 @triton.jit
@@ -151,7 +151,7 @@ def _flash_forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, s, heads, 
                           scale, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                           BF16: tl.constexpr, BF16_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                           P_KIND: tl.constexpr, P_GRID: tl.constexpr, P_SCALE: tl.constexpr, P_SGRID: tl.constexpr):
-    """O of one query block of one (batch, head): the module docstring's three passes. Writes the
+    """O of one query block of one (batch, head): the module docstring's two passes. Writes the
     rows' max and sum (float32, [batch * heads, s]) for the backward."""
     bh = tl.program_id(1)
     b, h = bh // heads, bh % heads

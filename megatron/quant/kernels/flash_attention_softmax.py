@@ -4,14 +4,15 @@ path if both compute the same P before rounding it, and torch.softmax's exp (a v
 on a CPU, another on a GPU) and its sum order (vector lanes) are neither written down nor reproducible
 in Triton. So both compute, in float32, with every operation rounded once (no fused multiply-add):
 
-- the row max m over the unmasked keys;
-- e = exp(s - m) by ``defined_exp``: Cody-Waite reduction by ln 2, a degree-7 Taylor polynomial on
+- exp by ``defined_exp``: Cody-Waite reduction by ln 2, a degree-7 Taylor polynomial on
   [-ln 2 / 2, ln 2 / 2] (Horner), times an exact power of two; within 2 ulp of exp (a test holds it);
-- the row sum l: each block of ``KEY_BLOCK`` keys folded pairwise (first half plus second half, down
-  to one), the blocks' sums added first to last (``row_sum``);
-- P = e / l, divided (correctly rounded), then stored in the scores' dtype.
+- the row max m and sum l in one pass over blocks of ``KEY_BLOCK`` keys, first to last, as a flash
+  kernel's online softmax (``row_stats``): m' = max(m, the block's max), then
+  l = l * exp(m - m') + the block's exp(s - m') folded pairwise (first half plus second half, down to one);
+- P = exp(s - m) / l, divided (correctly rounded), then stored in the scores' dtype.
 
-Its backward is the softmax's, dS = P * (dP - D) with D = ``row_sum``(dP * P), in the same order;
+Its backward is the softmax's, dS = P * (dP - D) with D = ``row_sum``(dP * P): the blocks folded
+pairwise, their sums added first to last;
 masked scores get a zero gradient, as megatron-core's mask does. It differs from torch.softmax by a
 few float32 ulps (``tests/kernels/test_flash_attention.py`` states how many). Nothing here imports Triton.
 """
@@ -45,20 +46,44 @@ def defined_exp(x: Tensor) -> Tensor:
     return poly * exp2_int(k.to(torch.int32))
 
 
-def row_sum(t: Tensor) -> Tensor:
-    """Sum of float32 t along its last dimension in the kernel's order (the module docstring), keepdim."""
+def _blocks(t: Tensor, fill: float) -> Tensor:
+    """t [..., n] as [..., blocks, KEY_BLOCK], the last block padded with ``fill``."""
     n = t.shape[-1]
     padded = -(-n // KEY_BLOCK) * KEY_BLOCK
-    t = torch.nn.functional.pad(t, (0, padded - n)).unflatten(-1, (padded // KEY_BLOCK, KEY_BLOCK))
-    width = KEY_BLOCK
+    return torch.nn.functional.pad(t, (0, padded - n), value=fill).unflatten(-1, (padded // KEY_BLOCK, KEY_BLOCK))
+
+
+def _fold(t: Tensor) -> Tensor:
+    """Each block [..., KEY_BLOCK] summed pairwise: first half plus second half, down to one."""
+    width = t.shape[-1]
     while width > 1:
         width //= 2
         t = t[..., :width] + t[..., width:]
-    blocks = t[..., 0]
+    return t[..., 0]
+
+
+def row_sum(t: Tensor) -> Tensor:
+    """Sum of float32 t along its last dimension in the kernel's order (the module docstring), keepdim."""
+    blocks = _fold(_blocks(t, 0.0))
     total = blocks[..., :1]
     for j in range(1, blocks.shape[-1]):
         total = total + blocks[..., j:j + 1]
     return total
+
+
+def row_stats(scores: Tensor) -> tuple[Tensor, Tensor]:
+    """(row max, row sum of exp(scores - max)) of float32 scores (-inf: hidden) in one pass over the key
+    blocks, rescaling the sum as the max grows (the module docstring), keepdim."""
+    blocks = _blocks(scores, float("-inf"))
+    m = torch.full_like(blocks[..., 0, :1], float("-inf"))
+    total = torch.zeros_like(m)
+    for j in range(blocks.shape[-2]):
+        block = blocks[..., j, :]
+        new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        shift = new.masked_fill(new == float("-inf"), 0.0)
+        total = total * defined_exp(m - shift) + _fold(defined_exp(block - shift)).unsqueeze(-1)
+        m = new
+    return m, total
 
 
 def causal_mask(sq: int, sk: int, device: torch.device) -> Tensor:
@@ -70,9 +95,8 @@ def softmax_forward(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     """float32 P of float32 scores [..., sq, sk] (``mask``: True hides a key)."""
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True)
-    e = defined_exp(scores - m)
-    return torch.div(e, row_sum(e))
+    m, total = row_stats(scores)
+    return torch.div(defined_exp(scores - m), total)
 
 
 def softmax_backward(probs: Tensor, grad: Tensor, mask: Optional[Tensor]) -> Tensor:
