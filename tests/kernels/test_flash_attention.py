@@ -3,7 +3,8 @@
 formats the hifp8 and mxfp4 recipes give P and dS, causal and not, GQA 2:1. The shapes are small (48
 tokens: a ragged query and key block; head size 32, whose softmax scale is not a power of two), so every
 GEMM's float32 sum is exact and the summation order cannot show; mxfp4 also at 80 tokens (two query and key
-blocks, the second ragged). Also: the shared softmax against an
+blocks, the second ragged). The tests marked ``device`` run compiled on a GPU with ``pytest --device cuda -m
+device`` (not run on one yet). Also: the shared softmax against an
 independent one, which path a recipe takes, and the kernels' sm_90 build."""
 import os
 import subprocess
@@ -50,39 +51,43 @@ def _attention(recipe: str, causal: bool, dtype=torch.float32, **options) -> Qua
     return module
 
 
-def _run(module, dtype, seed=0, seq=SEQ):
+def _run(module, dtype, seed=0, seq=SEQ, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    leaves = [torch.randn(seq, BATCH, h, HEAD_DIM, generator=g).to(dtype).requires_grad_()
+    leaves = [torch.randn(seq, BATCH, h, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
               for h in (HEADS, GROUPS, GROUPS)]
     out = module(*leaves, attention_mask=None)
-    out.backward(torch.randn(out.shape, generator=g).to(dtype))
+    out.backward(torch.randn(out.shape, generator=g).to(device, dtype))
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def _flash_and_unfused(module, monkeypatch, dtype=torch.float32, seed=0, seq=SEQ):
-    q = torch.zeros(seq, BATCH, HEADS, HEAD_DIM, dtype=dtype)
-    monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")  # CPU tensors: the kernels under the interpreter
+def _flash_and_unfused(module, monkeypatch, device, dtype=torch.float32, seed=0, seq=SEQ):
+    q = torch.zeros(seq, BATCH, HEADS, HEAD_DIM, dtype=dtype, device=device)
+    monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")  # CPU tensors too: the kernels under the interpreter
     assert module._path(q, q, None) == "flash-quantized"
-    flash = _run(module, dtype, seed, seq)
+    flash = _run(module, dtype, seed, seq, device)
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")  # the unfused path
     assert module._path(q, q, None) == "unfused"
-    unfused = _run(module, dtype, seed, seq)
+    unfused = _run(module, dtype, seed, seq, device)
     assert all(t.abs().max() > 0 for t in unfused)
     return dict(zip(("output", "grad query", "grad key", "grad value"), zip(flash, unfused)))
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "no-mask"])
-def test_mxfp4_flash_attention_equals_the_unfused_path_bit_for_bit(parallel, monkeypatch, causal):
-    for name, (flash, unfused) in _flash_and_unfused(_attention("mxfp4", causal), monkeypatch, seq=80).items():
+def test_mxfp4_flash_attention_equals_the_unfused_path_bit_for_bit(parallel, monkeypatch, kernel_device, causal):
+    results = _flash_and_unfused(_attention("mxfp4", causal), monkeypatch, kernel_device, seq=80)
+    for name, (flash, unfused) in results.items():
         assert torch.equal(flash, unfused), f"{name}: {(flash - unfused).abs().max()}"
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "no-mask"])
-def test_hifp8_flash_attention_equals_the_unfused_path_but_for_inexact_gradient_sums(parallel, monkeypatch, causal):
+def test_hifp8_flash_attention_equals_the_unfused_path_but_for_inexact_gradient_sums(parallel, monkeypatch,
+                                                                                     kernel_device, causal):
     """HiF8's tapered grid keeps dS values down to 2**-22: dQ = dS K and dK = dS^T Q add products more than 24
     bits apart, whose float32 sum depends on the order (numpy's GEMM in the interpreter, torch's in the unfused
     path): a few elements of 1536 or 3072 differ, by an ulp or so. O, dV and the rest are the same bits."""
-    results = _flash_and_unfused(_attention("hifp8", causal), monkeypatch, seed=3 if causal else 0)
+    results = _flash_and_unfused(_attention("hifp8", causal), monkeypatch, kernel_device, seed=3 if causal else 0)
     for name in ("output", "grad value"):
         assert torch.equal(*results[name]), name
     for name in ("grad query", "grad key"):
@@ -91,9 +96,11 @@ def test_hifp8_flash_attention_equals_the_unfused_path_but_for_inexact_gradient_
         torch.testing.assert_close(flash, unfused, rtol=0, atol=2.0 ** -22 * unfused.abs().max().item(), msg=name)
 
 
-def test_flash_attention_in_bf16_equals_the_unfused_path(parallel, monkeypatch):
+@pytest.mark.device
+def test_flash_attention_in_bf16_equals_the_unfused_path(parallel, monkeypatch, kernel_device):
     """bf16 inputs: the scores, P, dP, dS and the results rounded to bf16 where the unfused path's are."""
-    results = _flash_and_unfused(_attention("mxfp4", True, torch.bfloat16), monkeypatch, torch.bfloat16, seed=1)
+    results = _flash_and_unfused(_attention("mxfp4", True, torch.bfloat16), monkeypatch, kernel_device,
+                                 torch.bfloat16, seed=1)
     for name, (flash, unfused) in results.items():
         assert torch.equal(flash, unfused), f"{name}: {(flash - unfused).abs().max()}"
 
