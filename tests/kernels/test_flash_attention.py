@@ -41,9 +41,11 @@ def parallel():
     cpu.destroy_parallel()
 
 
-def _attention(recipe: str, causal: bool, dtype=torch.float32, **options) -> QuantDotProductAttention:
+def _attention(recipe: str, causal: bool, dtype=torch.float32, softmax_in_fp32=True, **options
+               ) -> QuantDotProductAttention:
     config = transformer_config(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_query_groups=GROUPS,
-                                params_dtype=dtype, bf16=dtype == torch.bfloat16)
+                                params_dtype=dtype, bf16=dtype == torch.bfloat16,
+                                attention_softmax_in_fp32=softmax_in_fp32)
     module = QuantDotProductAttention(config, layer_number=1, attention_type="self",
                                       attn_mask_type=AttnMaskType.causal if causal else AttnMaskType.no_mask)
     formats = QuantRecipe.uniform(recipe, **options).resolve("core_attention", 0, 1)
@@ -113,6 +115,9 @@ def test_recipes_the_kernels_do_not_cover_keep_the_unfused_path(parallel, monkey
     assert _attention("nvfp4", True)._path(q, q, None) == "unfused"  # a per-tensor scale
     assert _attention("mxfp8", True)._path(q, q, torch.zeros(1, 1, SEQ, SEQ, dtype=torch.bool)) == "unfused"
     assert _attention("mxfp8", True)._path(q, q, None) == "flash-quantized"
+    bf16 = q.to(torch.bfloat16)
+    assert _attention("mxfp8", True, torch.bfloat16)._path(bf16, bf16, None) == "flash-quantized"
+    assert _attention("mxfp8", True, torch.bfloat16, softmax_in_fp32=False)._path(bf16, bf16, None) == "unfused"
 
 
 def test_a_gpu_run_names_the_flash_path_on_its_start_line(parallel, monkeypatch):

@@ -257,6 +257,7 @@ class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
         dtype = self.config.params_dtype if query is None else query.dtype
         return (self._sdpa_case(query, key, attention_mask) and not self.quant.fusable
                 and self.quant.flash is not None and dtype in (torch.float32, torch.bfloat16)
+                and (dtype == torch.float32 or self.scale_mask_softmax.softmax_in_fp32)  # the kernels' softmax: fp32
                 and self.hidden_size_per_partition == self.num_attention_heads_per_partition * dims)
 
     def _path(self, query: Optional[Tensor], key: Optional[Tensor], attention_mask: Optional[Tensor]) -> str:
