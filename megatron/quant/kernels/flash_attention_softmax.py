@@ -1,7 +1,7 @@
 """The attention softmax that the quantized flash attention kernel (``flash_attention``) and the unfused
 quantized path share, defined to the bit: where P is quantized, the kernel can only match the unfused
 path if both compute the same P before rounding it, and torch.softmax's exp (a vectorised approximation
-on a CPU, another on a GPU) and its sum order (vector lanes) are neither written down nor reproducible
+on a CPU, CUDA's own on a GPU) and its sum order (vector lanes) are neither written down nor reproducible
 in Triton. So both compute, in float32, with every operation rounded once (no fused multiply-add):
 
 - exp by ``defined_exp``: Cody-Waite reduction by ln 2, a degree-7 Taylor polynomial on

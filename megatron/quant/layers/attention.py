@@ -3,7 +3,7 @@
 Q, K and V are quantized once, in megatron's [s, b, heads, hn] layout and before GQA expands
 K and V to every query head (as an FP8 attention kernel receives them): Q and K in blocks along
 hn, V along the keys. That one quantization feeds the GEMMs, the fused path and the capture,
-so they all see the same values. Then one of three paths (``path``; the training start line names it):
+so they all see the same values. Then one of four paths (``path``; the training start line names it):
 
 Unquantized path (``sdpa``), chosen automatically when nothing in either product is quantized and
 SDPA reproduces megatron-core's mask and dropout (the conditions of the fused path below):
