@@ -19,8 +19,9 @@ from megatron.quant.kernels.flash_attention_formats import tile_formats  # noqa:
 
 KERNELS = ((flash_attention, "_flash_forward_kernel"), (flash_attention_backward, "_flash_dq_kernel"),
            (flash_attention_backward, "_flash_dkdv_kernel"))
-# (P's and dS's format, input dtype, causal): an elementwise grid with float32 dots, MX blocks with bf16 dots
-CASES = (("hifp8", torch.float32, True), ("mxfp4_e2m1", torch.bfloat16, False))
+# (P's and dS's format, input dtype, causal): an elementwise grid with float32 dots, MX blocks with bf16 dots and
+# with float32 dots (dK/dV's 32 x 32 tiles: one block along the queries)
+CASES = (("hifp8", torch.float32, True), ("mxfp4_e2m1", torch.bfloat16, False), ("mxfp4_e2m1", torch.float32, True))
 
 
 def record_launches() -> list:
