@@ -53,23 +53,23 @@ def _attention(recipe: str, causal: bool, dtype=torch.float32, softmax_in_fp32=T
     return module
 
 
-def _run(module, dtype, seed=0, seq=SEQ, device="cpu"):
+def _run(module, dtype, seed=0, seq=SEQ, device="cpu", batch=BATCH):
     g = torch.Generator().manual_seed(seed)
-    leaves = [torch.randn(seq, BATCH, h, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
+    leaves = [torch.randn(seq, batch, h, HEAD_DIM, generator=g).to(device, dtype).requires_grad_()
               for h in (HEADS, GROUPS, GROUPS)]
     out = module(*leaves, attention_mask=None)
     out.backward(torch.randn(out.shape, generator=g).to(device, dtype))
     return [out.detach()] + [t.grad for t in leaves]
 
 
-def _flash_and_unfused(module, monkeypatch, device, dtype=torch.float32, seed=0, seq=SEQ):
-    q = torch.zeros(seq, BATCH, HEADS, HEAD_DIM, dtype=dtype, device=device)
+def _flash_and_unfused(module, monkeypatch, device, dtype=torch.float32, seed=0, seq=SEQ, batch=BATCH):
+    q = torch.zeros(seq, batch, HEADS, HEAD_DIM, dtype=dtype, device=device)
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "triton")  # CPU tensors too: the kernels under the interpreter
     assert module._path(q, q, None) == "flash-quantized"
-    flash = _run(module, dtype, seed, seq, device)
+    flash = _run(module, dtype, seed, seq, device, batch)
     monkeypatch.setenv("CUSTOM_QUANT_KERNELS", "torch")  # the unfused path
     assert module._path(q, q, None) == "unfused"
-    unfused = _run(module, dtype, seed, seq, device)
+    unfused = _run(module, dtype, seed, seq, device, batch)
     assert all(t.abs().max() > 0 for t in unfused)
     return dict(zip(("output", "grad query", "grad key", "grad value"), zip(flash, unfused)))
 
@@ -100,9 +100,10 @@ def test_hifp8_flash_attention_equals_the_unfused_path_but_for_inexact_gradient_
 
 @pytest.mark.device
 def test_flash_attention_in_bf16_equals_the_unfused_path(parallel, monkeypatch, kernel_device):
-    """bf16 inputs: the scores, P, dP, dS and the results rounded to bf16 where the unfused path's are."""
+    """bf16 inputs: the scores, P, dP, dS and the results rounded to bf16 where the unfused path's are; a
+    batch of two (the kernels' batch strides)."""
     results = _flash_and_unfused(_attention("mxfp4", True, torch.bfloat16), monkeypatch, kernel_device,
-                                 torch.bfloat16, seed=1)
+                                 torch.bfloat16, seed=1, batch=2)
     for name, (flash, unfused) in results.items():
         assert torch.equal(flash, unfused), f"{name}: {(flash - unfused).abs().max()}"
 
