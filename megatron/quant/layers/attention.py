@@ -3,7 +3,7 @@
 Q, K and V are quantized once, in megatron's [s, b, heads, hn] layout and before GQA expands
 K and V to every query head (as an FP8 attention kernel receives them): Q and K in blocks along
 hn, V along the keys. That one quantization feeds the GEMMs, the fused path and the capture,
-so they all see the same values. Then one of three paths (``path``; the training start line names it):
+so they all see the same values. Then one of four paths (``path``; the training start line names it):
 
 Unquantized path (``sdpa``), chosen automatically when nothing in either product is quantized and
 SDPA reproduces megatron-core's mask and dropout (the conditions of the fused path below):
@@ -25,9 +25,20 @@ fills differently):
 ``scaled_dot_product_attention`` on the quantized Q, K, V (no [s, s] tensor kept), and a
 backward that recomputes the unfused path on the same quantized Q, K, V (as flash attention
 does), so its gradients are those of the unfused path and backward-operand formats still apply.
+
+Flash quantized path (``flash-quantized``), chosen on a GPU (``CUSTOM_QUANT_KERNELS`` auto or triton; on a
+CPU with triton under Triton's interpreter) where SDPA's
+conditions hold, P or dS is quantized, no operand has a per-tensor scale or stochastic rounding, and the
+kernels apply P's and dS's formats themselves (``kernels.flash_attention_formats``: elementwise, or MX
+blocks of 16 or 32): ``kernels.flash_attention``, forward and backward, no [s, s] tensor. Where it is
+chosen or could be (the same case on a CPU), the unfused path's softmax is the kernels'
+(``kernels.flash_attention_softmax``: a defined exp and sum order, a few ulps from torch.softmax), so
+both paths compute the same P; their outputs and gradients are equal bit for bit where the GEMMs' float32
+sums are exact (``tests/kernels/test_flash_attention.py``).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
@@ -43,6 +54,9 @@ from torch import Tensor
 
 from megatron.quant import tensor_saver
 from megatron.quant.formats.random_bits import RandomBits
+from megatron.quant.kernels import backend, interpreting, triton_available
+from megatron.quant.kernels.flash_attention_formats import TileFormats, tile_formats
+from megatron.quant.kernels.flash_attention_softmax import DefinedSoftmax
 from megatron.quant.layers.bmm_function import (
     BmmOperands,
     BmmQuant,
@@ -96,6 +110,16 @@ class AttentionQuant:
         qkv = [s.fmt for s in self.inputs.values() if s.fmt is not None]
         return self.pv.a.fmt is None and bool(qkv) and not any(f.needs_tensor_amax for f in qkv)
 
+    @functools.cached_property
+    def flash(self) -> Optional[TileFormats]:
+        """The flash kernels' tile formats where they serve this recipe (the module docstring), else None;
+        computed once (each call asks which path it takes)."""
+        specs = [*vars(self.qk).values(), *vars(self.pv).values()]
+        if any(s.fmt is not None and (s.fmt.needs_tensor_amax or s.stochastic) for s in specs):
+            return None
+        tiles = (self.pv.a.fmt, self.pv.grad_b_a.fmt, self.qk.grad_a_dc.fmt, self.qk.grad_b_dc.fmt)
+        return None if all(f is None for f in tiles) else tile_formats(*tiles)
+
 
 class _FusedAttention(torch.autograd.Function):
     """SDPA forward on quantized Q/K/V; backward by recomputing the unfused path on them."""
@@ -113,6 +137,52 @@ class _FusedAttention(torch.autograd.Function):
         grads = recompute_backward(lambda q, k, v: attn._unfused(q, k, v, mask, inputs, noise),
                                    ctx.saved_tensors, grad_output)
         return grads + (None, None, None, None)
+
+
+def _flash_kernels_run(query: Optional[Tensor]) -> bool:
+    """The flash kernels run on ``query``'s device (None: the GPU if there is one), as the quantization
+    kernels do (``CUSTOM_QUANT_KERNELS``): CUDA tensors with Triton under ``auto`` or ``triton``, CPU
+    tensors only with ``triton`` under Triton's interpreter (tests)."""
+    chosen = backend()
+    if torch.cuda.is_available() if query is None else query.is_cuda:
+        return chosen in ("auto", "triton") and triton_available()
+    return chosen == "triton" and interpreting()
+
+
+class _FlashAttention(torch.autograd.Function):
+    """The flash kernels on quantized Q/K/V; the backward quantizes its GEMM operands as the unfused
+    path's (``QuantBmmFunction``) and the kernels quantize P and dS."""
+
+    @staticmethod
+    def forward(ctx, query: Tensor, key: Tensor, value: Tensor, attn: "QuantDotProductAttention", inputs: tuple,
+                noise: Optional[NoiseScope]) -> Tensor:
+        from megatron.quant.kernels.flash_attention import flash_forward
+
+        q, k, v = (x.values.contiguous() for x in inputs)
+        ctx.attn, ctx.quant, ctx.noise = attn, attn.quant, noise  # the forward's recipe (a schedule may switch it)
+        ctx.causal = attn.attn_mask_type == AttnMaskType.causal
+        out, m, total = flash_forward(q, k, v, attn.softmax_scale, ctx.causal, attn.quant.flash.probs)
+        ctx.save_for_backward(query, key, value, q, k, m, total)
+        return out.view(out.shape[0], out.shape[1], attn.hidden_size_per_partition)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        from megatron.quant.kernels.flash_attention_backward import flash_backward
+
+        query, key, value, q, k, m, total = ctx.saved_tensors
+        attn, quant = ctx.attn, ctx.quant
+        grad = grad_output.reshape(query.shape)
+        along_dims, along_tokens = -1, 0  # the head dimension; the sequence ([s, b, heads, d])
+        wanted = {"value": (value, quant.pv.grad_a_b, along_dims),
+                  "grad_output": (grad, quant.pv.grad_a_dc, along_dims),
+                  "key_by_keys": (key, quant.qk.grad_a_b, along_tokens),
+                  "query_by_queries": (query, quant.qk.grad_b_a, along_tokens),
+                  "grad_output_by_queries": (grad, quant.pv.grad_b_dc, along_tokens)}
+        operands = {name: quantize_operand(x.detach(), replace(spec, axis=axis, shard_dim=_HEADS), attn.tp_group,
+                                           ctx.noise).values.contiguous() for name, (x, spec, axis) in wanted.items()}
+        grads = flash_backward({"query": q, "key": k, **operands}, m, total, attn.softmax_scale, ctx.causal,
+                               quant.flash)
+        return grads + (None, None, None)
 
 
 class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
@@ -170,18 +240,35 @@ class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
 
     def path(self) -> str:
         """The path a causal self-attention call without an explicit mask takes (what training runs):
-        ``sdpa``, ``sdpa-quantized`` or ``unfused`` (see the module docstring)."""
+        ``sdpa``, ``sdpa-quantized``, ``flash-quantized`` or ``unfused`` (see the module docstring)."""
         return self._path(None, None, None)
 
-    def _path(self, query: Optional[Tensor], key: Optional[Tensor], attention_mask: Optional[Tensor]) -> str:
-        sdpa = (self.allow_fused and (query is None or query.size(0) == key.size(0))
+    def _sdpa_case(self, query: Optional[Tensor], key: Optional[Tensor], attention_mask: Optional[Tensor]) -> bool:
+        """SDPA (and the flash kernels) compute what the unfused path does: no dropout, causal or no mask."""
+        return (self.allow_fused and (query is None or query.size(0) == key.size(0))
                 and (self.attention_dropout.p == 0.0 or not self.training)
                 and self.softmax_offset is None and self.scale_mask_softmax.scale is None
                 and getattr(self.scale_mask_softmax, "window_size", None) is None
                 and attention_mask is None and self.attn_mask_type in (AttnMaskType.causal, AttnMaskType.no_mask))
+
+    def _flash_case(self, query: Optional[Tensor], key: Optional[Tensor], attention_mask: Optional[Tensor]) -> bool:
+        """The flash kernels cover this call on any device (the module docstring)."""
+        dims = self.config.kv_channels if query is None else query.size(-1)
+        dtype = self.config.params_dtype if query is None else query.dtype
+        return (self._sdpa_case(query, key, attention_mask) and not self.quant.fusable
+                and self.quant.flash is not None and dtype in (torch.float32, torch.bfloat16)
+                and (dtype == torch.float32 or self.scale_mask_softmax.softmax_in_fp32)  # the kernels' softmax: fp32
+                and self.hidden_size_per_partition == self.num_attention_heads_per_partition * dims)
+
+    def _path(self, query: Optional[Tensor], key: Optional[Tensor], attention_mask: Optional[Tensor]) -> str:
+        sdpa = self._sdpa_case(query, key, attention_mask)
         if sdpa and not self.quant.quantizes:
             return "sdpa"
-        return "sdpa-quantized" if sdpa and self.quant.fusable else "unfused"
+        if sdpa and self.quant.fusable:
+            return "sdpa-quantized"
+        if self._flash_case(query, key, attention_mask) and _flash_kernels_run(query):
+            return "flash-quantized"
+        return "unfused"
 
     def uses_fused_path(self, query: Tensor, key: Tensor, attention_mask: Optional[Tensor]) -> bool:
         """True when this call would take the SDPA path on quantized Q/K/V (see the module docstring)."""
@@ -211,6 +298,8 @@ class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
             context = self._sdpa(query, key, value)
         elif path == "sdpa-quantized":
             context = _FusedAttention.apply(query, key, value, self, attention_mask, inputs, noise)
+        elif path == "flash-quantized":
+            context = _FlashAttention.apply(query, key, value, self, inputs, noise)
         else:
             context = self._unfused(query, key, value, attention_mask, inputs, noise)
         if capture:
@@ -242,7 +331,10 @@ class QuantDotProductAttention(FinishesInit, Phased, DotProductAttention):
         qk = BmmOperands(self.tp_group, noise, b, a=replace(q_in, values=as_a(q_in.values, sq)),
                          b=replace(k_in, values=as_kt(k_in.values)))
         scores = QuantBmmFunction.apply(as_a(query, sq), as_kt(key), self.softmax_scale, self.quant.qk, qk)
-        probs = self.scale_mask_softmax(scores.view(b, heads, sq, sk), attention_mask, self.softmax_offset)
+        if self._flash_case(query, key, attention_mask):  # the flash kernels' softmax, as they compute it
+            probs = DefinedSoftmax.apply(scores.view(b, heads, sq, sk), self.attn_mask_type == AttnMaskType.causal)
+        else:
+            probs = self.scale_mask_softmax(scores.view(b, heads, sq, sk), attention_mask, self.softmax_offset)
         if not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 probs = self.attention_dropout(probs)
