@@ -47,8 +47,10 @@ def test_the_fake_implementations_give_the_real_outputs_shapes(kernel_device):
         contract = get_format(name, **options).kernel_contract
         x = wide_values((16, 64), seed=3, device=kernel_device, specials=False)
         for stats in (0, 2):
-            if contract.blocked:
-                args = (x, None, [0, 0, 1, 1, 0, 1], contract.to_json(), 1, False, stats, None, torch.bfloat16)
+            if contract.blocked:  # the tensor scale from x's own amax with stats, from given rows without
+                tensor = None if stats else torch.ones(4, 1, device=kernel_device)
+                args = (x, tensor, [0, 0, 1, 1, 0, 1], contract.to_json(), 1, False, stats, None, torch.bfloat16,
+                        tensor is None)
                 op = ops.quantize_blocks
             else:
                 args = (x, None, None, [0, 0, 1, 1, 0, 1], contract.to_json(), torch.bfloat16, stats, True)

@@ -7,13 +7,14 @@ reduction, nor an integer count, so the result is the torch path's bit for bit."
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .elementwise import MAX_ROWS, load
+from .elementwise import MAX_ROWS, fold_magnitudes, load, scale_of
 from .launch import launch_options, program_elements
 from .stats import abs_max_rows, fold_abs_max, write_abs_max
 
@@ -46,6 +47,38 @@ def magnitude_bits(x, SKIP_NAN: tl.constexpr):
     if SKIP_NAN:
         magnitude = tl.where(x != x, 0.0, magnitude)
     return magnitude.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def tensor_scale_of(tensor_ptr, lines, line, valid, FOLD: tl.constexpr, decode_ptr, ELEMENT: tl.constexpr,
+                    SCALE: tl.constexpr):
+    """A block format's FP32 tensor scale at each block's ``line`` (0 but per row; ``valid``: the
+    block is), as (global encode / element max, global decode, global encode, amax): read from the
+    four rows of ``lines`` values at tensor_ptr (``blocks.TENSOR_ROWS``), or with ``FOLD`` computed
+    from the ``lines`` rows of magnitude bits there (``abs_max_rows_of``) as ``formats.nvfp`` does, the
+    first program writing the global decode to decode_ptr. Ones where the format has no tensor scale."""
+    # One return a branch: the GPU compiler checks every return it reaches against the others.
+    if SCALE.kind != 2:
+        return 1.0, 1.0, 1.0, 1.0
+    elif FOLD:
+        amax = fold_magnitudes(tensor_ptr, lines, FOLD)
+        encode, decode = scale_of(amax, SCALE.target, False)
+        if tl.program_id(0) == 0:
+            tl.store(decode_ptr, decode)
+        return encode * (1.0 / ELEMENT.max_value), decode, encode, amax
+    else:
+        return (tl.load(tensor_ptr + line, mask=valid, other=1.0),
+                tl.load(tensor_ptr + lines + line, mask=valid, other=1.0),
+                tl.load(tensor_ptr + 2 * lines + line, mask=valid, other=1.0),
+                tl.load(tensor_ptr + 3 * lines + line, mask=valid, other=1.0))
+
+
+def tensor_scale_args(x: Tensor, tensor: Optional[Tensor], decode: Optional[Tensor]) -> tuple:
+    """``tensor_scale_of``'s arguments (a kernel's ``tensor_ptr, lines, FOLD, decode_ptr``): ``tensor``'s
+    ``TENSOR_ROWS`` rows of values, or with ``decode`` (a 0-d float32 output, the global decode written
+    there) ``tensor`` holds x's amax rows (``abs_max_rows_of``) and the kernel folds them; x: a placeholder."""
+    return (x if tensor is None else tensor, 1 if tensor is None else tensor.shape[-1],
+            0 if decode is None else MAX_ROWS, x if decode is None else decode)
 
 
 def abs_max(x: Tensor, skip_nan: bool) -> Tensor:

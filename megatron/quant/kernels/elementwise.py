@@ -97,11 +97,21 @@ def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
 @triton.jit
 def tensor_scale(rows_ptr, n_rows, FOLD: tl.constexpr, TARGET: tl.constexpr, POW2: tl.constexpr):
     """(encode, decode) of a per-tensor scale from the amax kernel's rows of magnitude bits
-    (``amax.abs_max_rows_of``: at most ``FOLD``, NaN already propagated or skipped): their max, then
-    ``formats.base.encode_scale`` with its float32 max for an infinite quotient, and ``1 / encode``;
-    each division rounded to nearest, as torch's."""
+    (``amax.abs_max_rows_of``: at most ``FOLD``, NaN already propagated or skipped): ``scale_of`` their max."""
+    return scale_of(fold_magnitudes(rows_ptr, n_rows, FOLD), TARGET, POW2)
+
+
+@triton.jit
+def fold_magnitudes(rows_ptr, n_rows, FOLD: tl.constexpr):
+    """The float32 max of at most ``FOLD`` int32 rows of magnitude bits (``amax.abs_max_rows_of``)."""
     r = tl.arange(0, FOLD)
-    amax = tl.max(tl.load(rows_ptr + r, mask=r < n_rows, other=0), axis=0).to(tl.float32, bitcast=True)
+    return tl.max(tl.load(rows_ptr + r, mask=r < n_rows, other=0), axis=0).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_of(amax, TARGET: tl.constexpr, POW2: tl.constexpr):
+    """(encode, decode) of a per-tensor scale from a float32 amax: ``formats.base.encode_scale`` with its
+    float32 max for an infinite quotient, and ``1 / encode``; each division rounded to nearest, as torch's."""
     encode = tl.math.div_rn(tl.full((), TARGET, tl.float32), amax)
     encode = tl.where(tl.abs(encode) == float("inf"), 3.4028234663852886e38, encode)
     encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)

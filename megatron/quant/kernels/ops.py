@@ -25,7 +25,7 @@ _NOTHING = (0,)  # the shape of an output that was not asked for
 
 
 def _empty(x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    return x.new_empty(_NOTHING, dtype=dtype)
+    return torch.empty(_NOTHING, dtype=dtype, device=x.device)
 
 
 # --- elementwise formats -------------------------------------------------------------------------
@@ -58,9 +58,8 @@ def quantize_elementwise_tensor_scaled(x: Tensor, noise: list[int], contract: st
     (``amax.abs_max_rows_of``), then the quantizing kernel, which folds them into the scale
     (``elementwise.tensor_scale``). ``split``: the values leave the decode factor out."""
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    decode = torch.empty((), dtype=torch.float32, device=x.device)
     rules = from_json(contract)
-    rows = amax.abs_max_rows_of(x, rules.nonfinite_te)
+    rows, decode = tensor_rows(x, rules.nonfinite_te)
     elementwise.launch(x, out, rules, None, decode, tuple(noise), fold_rows=rows, split=split)
     return out, decode
 
@@ -74,38 +73,54 @@ def _(x, noise, contract, out_dtype, split):
 
 @torch.library.custom_op("megatron_quant::blocks", mutates_args=())
 def quantize_blocks(x: Tensor, tensor: Optional[Tensor], noise: list[int], contract: str, axis: int, split: bool,
-                    stats: int, transform: Optional[str], out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+                    stats: int, transform: Optional[str], out_dtype: torch.dtype, fold: bool
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(contiguous x quantized by a block format's contract in ``out_dtype``, with ``stats`` the
-    blocks' scales in block order and the programs' rows of statistics): ``blocks.launch_blocks``."""
+    blocks' scales in block order and the programs' rows of statistics, with ``fold`` the 0-d float32
+    global decode): ``blocks.launch_blocks``. ``fold`` (no ``tensor``): the FP32 tensor scale from x's
+    own amax in two launches and nothing between them (``tensor_rows``)."""
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    captured = blocks.launch_blocks(x, out, from_json(contract), axis, tuple(noise), tensor, split, stats, transform)
+    rules = from_json(contract)
+    tensor, decode = tensor_rows(x, rules.nonfinite_te) if fold else (tensor, None)
+    captured = blocks.launch_blocks(x, out, rules, axis, tuple(noise), tensor, split, stats, transform, decode)
+    decode = _empty(x) if decode is None else decode
     if captured is None:
-        return out, _empty(x), _empty(x, torch.float64)
-    return out, *captured
+        return out, _empty(x), _empty(x, torch.float64), decode
+    return out, *captured, decode
 
 
 @quantize_blocks.register_fake
-def _(x, tensor, noise, contract, axis, split, stats, transform, out_dtype):
+def _(x, tensor, noise, contract, axis, split, stats, transform, out_dtype, fold):
     shape, layout = blocks.block_walk(x, from_json(contract), axis)
     programs = triton.cdiv(shape[0], layout.columns)
+    decode = x.new_empty((), dtype=torch.float32) if fold else _empty(x)
     if not stats:
-        return x.new_empty(x.shape, dtype=out_dtype), _empty(x), _empty(x, torch.float64)
+        return x.new_empty(x.shape, dtype=out_dtype), _empty(x), _empty(x, torch.float64), decode
     return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty((shape[0],), dtype=torch.float32),
-            stats_rows(programs, stats, x.device))
+            stats_rows(programs, stats, x.device), decode)
 
 
 @torch.library.custom_op("megatron_quant::blocks_both_axes", mutates_args=())
 def quantize_blocks_both_axes(x: Tensor, tensor: Optional[Tensor], noise0: list[int], noise1: list[int],
-                              contract: str, split: bool) -> tuple[Tensor, Tensor]:
-    """Contiguous x quantized along axis -2 and along axis -1 from one read: ``blocks.launch_dual``."""
+                              contract: str, split: bool, fold: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Contiguous x quantized along axis -2 and along axis -1 from one read (``blocks.launch_dual``), and
+    with ``fold`` the 0-d global decode of the tensor scale taken as ``quantize_blocks`` takes it."""
     out0, out1 = torch.empty_like(x), torch.empty_like(x)
-    blocks.launch_dual(x, out0, out1, from_json(contract), (tuple(noise0), tuple(noise1)), tensor, split)
-    return out0, out1
+    rules = from_json(contract)
+    tensor, decode = tensor_rows(x, rules.nonfinite_te) if fold else (tensor, None)
+    blocks.launch_dual(x, out0, out1, rules, (tuple(noise0), tuple(noise1)), tensor, split, decode)
+    return out0, out1, _empty(x) if decode is None else decode
 
 
 @quantize_blocks_both_axes.register_fake
-def _(x, tensor, noise0, noise1, contract, split):
-    return torch.empty_like(x), torch.empty_like(x)
+def _(x, tensor, noise0, noise1, contract, split, fold):
+    return torch.empty_like(x), torch.empty_like(x), x.new_empty((), dtype=torch.float32) if fold else _empty(x)
+
+
+def tensor_rows(x: Tensor, skip_nan: bool) -> tuple[Tensor, Tensor]:
+    """(x's amax rows, ``amax.abs_max_rows_of``'s launch; the 0-d float32 decode factor the quantizing
+    kernel folds them into and writes): the arguments of a tensor scale taken in the kernel."""
+    return amax.abs_max_rows_of(x, skip_nan), torch.empty((), dtype=torch.float32, device=x.device)
 
 
 # --- amaxes --------------------------------------------------------------------------------------

@@ -140,11 +140,18 @@ class TritonFormat(FormatWrapper):
         stochastic = is_stochastic(fmt.rounding)
         args = tuple(noise_args((bits or fmt.default_noise) if stochastic else None, tuple(x.shape))
                      for bits in noises)
-        tensor, decode = self._block_tensor_scale(x, amax)
-        out0, out1 = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
-                                                   fmt.needs_tensor_amax)
+        fold = self._folds(amax)
+        tensor, decode = (None, None) if fold else self._block_tensor_scale(x, amax)
+        out0, out1, folded = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
+                                                           fmt.needs_tensor_amax, fold)
+        decode = folded if fold else decode
         first, second = (out0, out1) if rows_first else (out1, out0)
         return Quantization(operand=first, tensor_scale=decode, cross=Quantization(operand=second, tensor_scale=decode))
+
+    def _folds(self, amax: Optional[Tensor]) -> bool:
+        """True when a block format's FP32 tensor scale comes from x's own amax, which the quantizing
+        kernel folds from the amax kernel's rows (two launches, nothing between them)."""
+        return self.contract.tensor_scale is not None and amax is None
 
     def _block_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
         """A block format's FP32 tensor scale (NVFP) as the format computes it (x in the quantization
@@ -185,9 +192,12 @@ class TritonFormat(FormatWrapper):
             elif amax is None and fused and contract.tensor_scale is not None:
                 amax = self._transformed_abs_max(x, axis)
             split = split and not contract.per_row  # the rows' factors stay in the values
-            tensor, decode = self._block_tensor_scale(xt, amax)
-            out, scales, rows = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
-                                                    ("inverse" if back else "forward") if fused else None, out_dtype)
+            fold = self._folds(amax)
+            tensor, decode = (None, None) if fold else self._block_tensor_scale(xt, amax)
+            out, scales, rows, folded = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
+                                                            ("inverse" if back else "forward") if fused else None,
+                                                            out_dtype, fold)
+            decode = folded if fold else decode
             captured = (scales.view(blocks.scale_layout(contract, x.shape, axis)), rows) if stats else None
             return (fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
         if contract.tensor_scale is not None and amax is None and not stats and not take_amax:
