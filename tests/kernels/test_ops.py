@@ -53,6 +53,11 @@ def test_the_fake_implementations_give_the_real_outputs_shapes(kernel_device):
                         tensor is None)
                 op = ops.quantize_blocks
             else:
-                args = (x, None, None, [0, 0, 1, 1, 0, 1], contract.to_json(), torch.bfloat16, stats, True)
+                args = (x, None, None, [0, 0, 1, 1, 0, 1], contract.to_json(), torch.bfloat16, stats)
                 op = ops.quantize_elementwise
             torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    contract = get_format("fp8_e4m3").kernel_contract.to_json()
+    for amax, take_amax in ((None, False), (torch.tensor(3.0, device=kernel_device), True)):
+        args = (x, amax, [0, 0, 1, 1, 0, 1], contract, torch.bfloat16, True, take_amax)
+        torch.library.opcheck(ops.quantize_elementwise_tensor_scaled, args,
+                              test_utils=("test_schema", "test_faketensor"))

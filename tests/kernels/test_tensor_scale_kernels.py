@@ -66,7 +66,8 @@ def test_nvfp_tensor_scale_in_two_launches_is_the_torch_paths(name, options, dty
 # format, the quantization, its one operator, its kernels, the operator's body with arguments (contract, x)
 LAUNCHES = [("fp8_e4m3", lambda fmt, x: fmt.quantize_for_gemm(x, -1), "elementwise_tensor_scaled",
              "_elementwise_kernel",
-             lambda ops, c, x: ops.quantize_elementwise_tensor_scaled._init_fn(x, NOISE, c, x.dtype, True)),
+             lambda ops, c, x: ops.quantize_elementwise_tensor_scaled._init_fn(x, None, NOISE, c, x.dtype, True,
+                                                                               False)),
             ("nvfp4", lambda fmt, x: fmt.quantize_for_gemm(x, -1), "blocks", "_block_kernel",
              lambda ops, c, x: ops.quantize_blocks._init_fn(x, None, NOISE, c, 1, True, 0, None, x.dtype, True)),
             ("nvfp4", lambda fmt, x: fmt.quantize_for_gemm_both(x), "blocks_both_axes", "_dual_kernel",

@@ -14,11 +14,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .elementwise import MAX_ROWS, fold_magnitudes, load, scale_of
+from .elementwise import MAX_ROWS, fold_magnitudes, load, scale_of, store
 from .launch import launch_options, program_elements
 from .stats import abs_max_rows, fold_abs_max, write_abs_max
 
 BLOCK = 4096
+FOLD_ROWS = 1024  # rows ``_fold_kernel`` takes at a time
 
 
 @triton.jit
@@ -47,6 +48,22 @@ def magnitude_bits(x, SKIP_NAN: tl.constexpr):
     if SKIP_NAN:
         magnitude = tl.where(x != x, 0.0, magnitude)
     return magnitude.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _fold_kernel(rows_ptr, n_rows, out_ptr, SKIP_NAN: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """``stats.fold_abs_max`` on the device, one program: the max of the rows' magnitudes (each >= 0),
+    NaN where a row counted a NaN (unless ``SKIP_NAN``), stored in out's dtype (exact: an element's)."""
+    top = tl.zeros((BLOCK_SIZE,), tl.float32)
+    nans = tl.zeros((BLOCK_SIZE,), tl.float32)
+    for start in range(0, n_rows, BLOCK_SIZE):
+        r = start + tl.arange(0, BLOCK_SIZE)
+        top = tl.maximum(top, tl.load(rows_ptr + 2 * r, mask=r < n_rows, other=0.0))
+        nans = nans + tl.load(rows_ptr + 2 * r + 1, mask=r < n_rows, other=0.0)
+    amax = tl.max(top, axis=0)
+    if not SKIP_NAN:
+        amax = tl.where(tl.max(nans, axis=0) > 0, float("nan"), amax)
+    store(out_ptr, amax, True)
 
 
 @triton.jit
@@ -91,6 +108,13 @@ def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     _amax_kernel[(programs,)](x, rows, x.numel(), BLOCK_SIZE=block, STRIDED=False, SKIP_NAN=False,
                               **launch_options(block))
     return fold_abs_max(rows, skip_nan).to(x.dtype)
+
+
+def fold_rows(rows: Tensor, skip_nan: bool, dtype: torch.dtype) -> Tensor:
+    """The 0-d amax (``dtype``) of ``stats.write_abs_max``'s rows, folded on the device in one launch."""
+    out = torch.empty((), dtype=dtype, device=rows.device)
+    _fold_kernel[(1,)](rows, rows.shape[0], out, SKIP_NAN=skip_nan, BLOCK_SIZE=FOLD_ROWS, **launch_options(FOLD_ROWS))
+    return out
 
 
 def abs_max_rows_of(x: Tensor, skip_nan: bool) -> Tensor:

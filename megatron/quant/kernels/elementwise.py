@@ -125,13 +125,13 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         row_stride, GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
                         STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr,
-                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr, n_rows, FOLD: tl.constexpr,
+                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr, fold_ptr, n_rows, FOLD: tl.constexpr,
                         TARGET: tl.constexpr, POW2: tl.constexpr):
     """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``),
     with ``AMAX_OUT`` its row of x's amax (``stats.write_abs_max``: delayed scaling's history records
     the tensor it quantizes without reading it again). With ``FOLD`` (and ``SCALED``) the per-tensor
-    scale comes from the ``n_rows`` amax rows at amax_ptr (``tensor_scale``), and the first program
-    writes its decode factor to decode_ptr."""
+    scale comes from the ``n_rows`` rows of magnitude bits at fold_ptr (``tensor_scale``: x's amax rows,
+    or a given float32 amax as one row), and the first program writes its decode factor to decode_ptr."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     x = load(x_ptr + offsets, mask)
@@ -140,7 +140,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
         u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
     scaled = x
     if FOLD:
-        encode, decode = tensor_scale(amax_ptr, n_rows, FOLD, TARGET, POW2)
+        encode, decode = tensor_scale(fold_ptr, n_rows, FOLD, TARGET, POW2)
         if tl.program_id(0) == 0:
             tl.store(decode_ptr, decode)
         scaled = x * encode
@@ -203,15 +203,15 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
     """Run the elementwise kernel over contiguous x into out, rounding by an elementwise format's
     ``contract``; ``encode``/``decode``: 0-d float32 device tensors or None (unscaled; decode None
     also for the split GEMM operand). ``stats`` (``stats.COUNTS`` or ``FULL``): also return the
-    programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``): filled
-    with x's amax rows too. ``fold_rows`` (``amax.abs_max_rows_of``): the per-tensor scale is taken
-    from them in the kernel and its decode factor written into ``decode`` (a 0-d float32 output);
-    ``split``: the values leave it out (the GEMM operand)."""
+    programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x, fold_rows)``):
+    filled with x's amax rows too. ``fold_rows`` (int32 magnitude bits: ``amax.abs_max_rows_of``, or a
+    float32 amax viewed as one row): the per-tensor scale is taken from them in the kernel and its decode
+    factor written into ``decode`` (a float32 output); ``split``: the values leave it out (the GEMM operand)."""
     n = x.numel()
     folding = fold_rows is not None
     scaled, dec = encode is not None or folding, decode is not None and not (folding and split)
     block = program_elements(FOLD_BLOCK if folding else BLOCK)
-    grid = triton.cdiv(n, block)
+    grid = programs(x, folding)
     rows = stats_rows(grid, stats, x.device) if stats else x
     fold = dict(n_rows=0, FOLD=0, TARGET=0.0, POW2=False)
     if folding:
@@ -221,11 +221,11 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
         x, out, x if encode is None else encode, x if decode is None else decode, n, *noise,
         GRID=constants.element_grid(contract), STOCHASTIC=DRAW_BITS[contract.rounding], SCALED=scaled, DECODE=dec,
         BLOCK_SIZE=block, rows_ptr=rows, STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
-        LOG2=block.bit_length() - 1, amax_ptr=fold_rows if folding else x if amax_rows is None else amax_rows,
-        AMAX_OUT=amax_rows is not None, **fold, **launch_options(block))
+        LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows, AMAX_OUT=amax_rows is not None,
+        fold_ptr=fold_rows if folding else x, **fold, **launch_options(block))
     return rows if stats else None
 
 
-def programs(x: Tensor) -> int:
-    """The elementwise kernel's programs over x."""
-    return triton.cdiv(x.numel(), program_elements(BLOCK))
+def programs(x: Tensor, folding: bool = False) -> int:
+    """The elementwise kernel's programs over x (``folding``: with a per-tensor scale taken in the kernel)."""
+    return triton.cdiv(x.numel(), program_elements(FOLD_BLOCK if folding else BLOCK))

@@ -18,7 +18,9 @@ from torch import Tensor
 
 from megatron.quant.formats.contract import from_json
 
-from . import amax, blocks, elementwise
+from . import blocks, elementwise
+from .amax import abs_max as one_read_abs_max
+from .amax import abs_max_rows_of, fold_rows
 from .stats import abs_max_rows, stats_rows
 
 _NOTHING = (0,)  # the shape of an output that was not asked for
@@ -32,41 +34,45 @@ def _empty(x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 @torch.library.custom_op("megatron_quant::elementwise", mutates_args=())
 def quantize_elementwise(x: Tensor, encode: Optional[Tensor], decode: Optional[Tensor], noise: list[int],
-                         contract: str, out_dtype: torch.dtype, stats: int, take_amax: bool
-                         ) -> tuple[Tensor, Tensor, Tensor]:
+                         contract: str, out_dtype: torch.dtype, stats: int) -> tuple[Tensor, Tensor]:
     """(contiguous x quantized by the contract in ``out_dtype``, the programs' rows of statistics
-    with ``stats``, x's amax rows with ``take_amax``): ``elementwise.launch``."""
+    with ``stats``): ``elementwise.launch``."""
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    amax_rows = abs_max_rows(elementwise.programs(x), x.device) if take_amax else None
-    rows = elementwise.launch(x, out, from_json(contract), encode, decode, tuple(noise), stats, amax_rows)
-    return out, _empty(x, torch.float64) if rows is None else rows, _empty(x) if amax_rows is None else amax_rows
+    rows = elementwise.launch(x, out, from_json(contract), encode, decode, tuple(noise), stats)
+    return out, _empty(x, torch.float64) if rows is None else rows
 
 
 @quantize_elementwise.register_fake
-def _(x, encode, decode, noise, contract, out_dtype, stats, take_amax):
-    programs = elementwise.programs(x)
+def _(x, encode, decode, noise, contract, out_dtype, stats):
     return (x.new_empty(x.shape, dtype=out_dtype),
-            stats_rows(programs, stats, x.device) if stats else _empty(x, torch.float64),
-            abs_max_rows(programs, x.device) if take_amax else _empty(x))
+            stats_rows(elementwise.programs(x), stats, x.device) if stats else _empty(x, torch.float64))
 
 
 @torch.library.custom_op("megatron_quant::elementwise_tensor_scaled", mutates_args=())
-def quantize_elementwise_tensor_scaled(x: Tensor, noise: list[int], contract: str, out_dtype: torch.dtype,
-                                       split: bool) -> tuple[Tensor, Tensor]:
-    """(contiguous x quantized by the contract with a per-tensor scale from x's own amax, the scale's
-    0-d float32 decode factor) in two launches, nothing between them: the amax kernel's rows
-    (``amax.abs_max_rows_of``), then the quantizing kernel, which folds them into the scale
-    (``elementwise.tensor_scale``). ``split``: the values leave the decode factor out."""
+def quantize_elementwise_tensor_scaled(x: Tensor, amax: Optional[Tensor], noise: list[int], contract: str,
+                                       out_dtype: torch.dtype, split: bool, take_amax: bool
+                                       ) -> tuple[Tensor, Tensor, Tensor]:
+    """(contiguous x quantized by the contract with a per-tensor scale, the scale's float32 decode factor,
+    with ``take_amax`` x's own amax (0-d, x's dtype) from the quantizing read). The quantizing kernel
+    computes the scale itself: from ``amax`` (one float32 value, delayed scaling's history or a reduced
+    amax: one launch), or from x's own amax (two launches: the amax kernel's rows, ``tensor_rows``); with
+    ``take_amax`` a launch more folds the rows of x's amax it wrote. No torch op between the launches.
+    ``split``: the values leave the decode factor out."""
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rules = from_json(contract)
-    rows, decode = tensor_rows(x, rules.nonfinite_te)
-    elementwise.launch(x, out, rules, None, decode, tuple(noise), fold_rows=rows, split=split)
-    return out, decode
+    if amax is None:
+        rows, decode = tensor_rows(x, rules.nonfinite_te)
+    else:  # the float32 amax's bits as one row of magnitudes: encode_scale's result for any sign, NaN or Inf
+        rows, decode = amax.reshape(1).view(torch.int32), torch.empty(amax.shape, dtype=torch.float32, device=x.device)
+    own_rows = abs_max_rows(elementwise.programs(x, True), x.device) if take_amax else None
+    elementwise.launch(x, out, rules, None, decode, tuple(noise), amax_rows=own_rows, fold_rows=rows, split=split)
+    return out, decode, _empty(x) if own_rows is None else fold_rows(own_rows, rules.nonfinite_te, x.dtype)
 
 
 @quantize_elementwise_tensor_scaled.register_fake
-def _(x, noise, contract, out_dtype, split):
-    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((), dtype=torch.float32)
+def _(x, amax, noise, contract, out_dtype, split, take_amax):
+    return (x.new_empty(x.shape, dtype=out_dtype), x.new_empty(() if amax is None else amax.shape, dtype=torch.float32),
+            x.new_empty((), dtype=x.dtype) if take_amax else _empty(x))
 
 
 # --- block formats -------------------------------------------------------------------------------
@@ -120,7 +126,7 @@ def _(x, tensor, noise0, noise1, contract, split, fold):
 def tensor_rows(x: Tensor, skip_nan: bool) -> tuple[Tensor, Tensor]:
     """(x's amax rows, ``amax.abs_max_rows_of``'s launch; the 0-d float32 decode factor the quantizing
     kernel folds them into and writes): the arguments of a tensor scale taken in the kernel."""
-    return amax.abs_max_rows_of(x, skip_nan), torch.empty((), dtype=torch.float32, device=x.device)
+    return abs_max_rows_of(x, skip_nan), torch.empty((), dtype=torch.float32, device=x.device)
 
 
 # --- amaxes --------------------------------------------------------------------------------------
@@ -128,7 +134,7 @@ def tensor_rows(x: Tensor, skip_nan: bool) -> tuple[Tensor, Tensor]:
 @torch.library.custom_op("megatron_quant::abs_max", mutates_args=())
 def abs_max(x: Tensor, skip_nan: bool) -> Tensor:
     """max |x| (0-d, x's dtype) in one read: ``amax.abs_max``."""
-    return amax.abs_max(x, skip_nan)
+    return one_read_abs_max(x, skip_nan)
 
 
 @abs_max.register_fake
