@@ -4,11 +4,11 @@ or stochastic. One pass: read x, write the quantized values in the output's dtyp
 
 The rounding is ``formats.grid``'s, written for one element: scale by the grid spacing's
 inverse (a power of two built from the exponent field), pick an integer with exact float32
-compares, scale back, apply the overflow rule. Per-tensor scales arrive as device pointers to
-the torch path's own encode/decode factors (a given amax: delayed scaling's), or, from the tensor's
-own amax, are computed in the kernel from the amax kernel's rows (``tensor_scale``: two launches and
-nothing between them; ``encode_scale``'s arithmetic, which the tests hold bit for bit). No host sync
-either way.
+compares, scale back, apply the overflow rule. A per-tensor scale is computed in the kernel
+(``tensor_scale``, ``encode_scale``'s arithmetic, which the tests hold bit for bit) from rows of
+magnitude bits: the amax kernel's over x (two launches and nothing between them), or a given float32
+amax (delayed scaling's, a reduced one) as one row; with statistics it arrives as device pointers to
+the torch path's own encode/decode factors. No host sync either way.
 """
 from __future__ import annotations
 
