@@ -36,7 +36,7 @@ from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 from bench.gpu.work_model import sass_counts, work_row  # noqa: E402
 from megatron.quant.formats import get_format  # noqa: E402
-from megatron.quant.kernels import accumulate, elementwise, launch, registry, triton_format  # noqa: E402
+from megatron.quant.kernels import accumulate, elementwise, history, launch, registry, triton_format  # noqa: E402
 from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -100,6 +100,10 @@ def record_launches() -> list:
                     call(twin, x)
                 except (RuntimeError, ValueError):  # the recorder wrote no outputs: later torch steps may fail
                     pass
+    for algo in ("max", "most_recent"):  # delayed scaling's history update, given x's amax in x's dtype
+        for dtype in (torch.bfloat16, torch.float32):
+            caller[0] = f"amax history {algo} {str(dtype).removeprefix('torch.')}"
+            history.updated_history(torch.zeros(1024), torch.ones(()), torch.ones((), dtype=dtype), algo)
     for kinds in (("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")):  # the Hopper accumulation's GEMMs
         for fast in (True, False):
             caller[0] = f"hopper accumulation {'x'.join(kinds)} {'fast' if fast else 'promoted'}"

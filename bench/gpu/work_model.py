@@ -65,12 +65,14 @@ def program_elements(kernel: str, constants: Mapping[str, Any]) -> int:
     of two is work, not elements)."""
     if kernel in ("_elementwise_kernel", "_amax_kernel"):
         return constants["BLOCK_SIZE"]
+    if kernel in ("_fold_kernel", "_history_kernel"):  # one program: a step of its loop (rows, history entries)
+        return constants["BLOCK_SIZE"]
     if kernel == "_block_kernel":
         return constants["LAYOUT"].block * constants["LAYOUT"].columns
     if kernel == "_dual_kernel":
         return constants["B"] ** 2
     raise ValueError(f"no work model for kernel {kernel!r}; known: _elementwise_kernel, _amax_kernel, "
-                     f"_block_kernel, _dual_kernel")
+                     f"_fold_kernel, _history_kernel, _block_kernel, _dual_kernel")
 
 
 def bytes_per_element(tensors: list, elements: int) -> float:
@@ -88,7 +90,7 @@ def bytes_per_element(tensors: list, elements: int) -> float:
 
 def kernel_class(kernel: str, constants: Mapping[str, Any]) -> str:
     """The class whose goal share budgets this specialization (``GOAL_SHARE``)."""
-    if kernel == "_amax_kernel" or constants.get("AMAX_ONLY"):
+    if kernel in ("_amax_kernel", "_fold_kernel", "_history_kernel") or constants.get("AMAX_ONLY"):
         return "amax"
     if constants.get("STATS"):
         return "statistics"

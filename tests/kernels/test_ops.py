@@ -47,10 +47,17 @@ def test_the_fake_implementations_give_the_real_outputs_shapes(kernel_device):
         contract = get_format(name, **options).kernel_contract
         x = wide_values((16, 64), seed=3, device=kernel_device, specials=False)
         for stats in (0, 2):
-            if contract.blocked:
-                args = (x, None, [0, 0, 1, 1, 0, 1], contract.to_json(), 1, False, stats, None, torch.bfloat16)
+            if contract.blocked:  # the tensor scale from x's own amax with stats, from given rows without
+                tensor = None if stats else torch.ones(4, 1, device=kernel_device)
+                args = (x, tensor, [0, 0, 1, 1, 0, 1], contract.to_json(), 1, False, stats, None, torch.bfloat16,
+                        tensor is None)
                 op = ops.quantize_blocks
             else:
-                args = (x, None, None, [0, 0, 1, 1, 0, 1], contract.to_json(), torch.bfloat16, stats, True)
+                args = (x, None, None, [0, 0, 1, 1, 0, 1], contract.to_json(), torch.bfloat16, stats)
                 op = ops.quantize_elementwise
             torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    contract = get_format("fp8_e4m3").kernel_contract.to_json()
+    for amax, take_amax in ((None, False), (torch.tensor(3.0, device=kernel_device), True)):
+        args = (x, amax, [0, 0, 1, 1, 0, 1], contract, torch.bfloat16, True, take_amax)
+        torch.library.opcheck(ops.quantize_elementwise_tensor_scaled, args,
+                              test_utils=("test_schema", "test_faketensor"))

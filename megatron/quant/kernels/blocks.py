@@ -25,6 +25,7 @@ from megatron.quant.formats.hadamard import signs_on
 from megatron.quant.formats.rounding import DRAW_BITS
 
 from . import constants
+from .amax import tensor_scale_args, tensor_scale_of
 from .constants import Layout
 from .elementwise import load, round_grid, store, stored
 from .launch import launch_options, program_elements
@@ -109,32 +110,28 @@ def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
 
 
 @triton.jit
-def block_values(x, amax, nonfinite, u, tensor_ptr, line, lines, line_valid, ELEMENT: tl.constexpr,
+def block_values(x, amax, nonfinite, u, multiplier, tensor_decode, tensor_encode, tensor_amax, ELEMENT: tl.constexpr,
                  SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
                  TILED: tl.constexpr):
     """(x quantized with its blocks' amaxes, the blocks' scales as the torch path returns them):
     the per-block scale by ``SCALE`` (``constants.BlockScale``: E8M0, FP32, or a ``SCALE_GRID`` value under
     the tensor scale), the elements rounded onto ``ELEMENT`` (``u``: noise), decoded. The scale is
-    what x was divided by, NaN for a block the format turns NaN. Under a tensor scale, tensor_ptr
-    holds four rows of ``lines`` values (``tensor_rows``), read at each block's ``line`` (0 but
-    per row); ``TILED``: the blocks are 16 x 16 tiles (4over6's error order)."""
+    what x was divided by, NaN for a block the format turns NaN. Under a tensor scale, ``multiplier`` (global
+    encode / element max) to ``tensor_amax`` are the blocks' (``tensor_scale_of``); ``TILED``: the blocks
+    are 16 x 16 tiles (4over6's error order)."""
     if SCALE.kind == 0:
         encode, decode = mx_scales(amax, SCALE)
         scale = decode
     elif SCALE.kind == 1:
         encode, decode = fp8_block_scales(amax, ELEMENT.max_value, SCALE.power_of_two, SCALE.value_for_inf)
         scale = decode
-    else:
-        tensor_decode = tl.load(tensor_ptr + lines + line, mask=line_valid, other=1.0)
     if SCALE.kind == 2 and SCALE.four_over_six:
-        decode, y = four_over_six(x, amax, tl.load(tensor_ptr + 2 * lines + line, mask=line_valid, other=1.0),
-                                  tensor_decode, tl.load(tensor_ptr + 3 * lines + line, mask=line_valid, other=1.0),
-                                  ELEMENT, SCALE, SCALE_GRID, TILED)
+        decode, y = four_over_six(x, amax, tensor_encode, tensor_decode, tensor_amax, ELEMENT, SCALE, SCALE_GRID,
+                                  TILED)
         scale = decode * tensor_decode
         y = y * decode
     else:
         if SCALE.kind == 2:  # the block's scale, to nearest; a block whose scale rounds to zero quantizes to zero
-            multiplier = tl.load(tensor_ptr + line, mask=line_valid, other=1.0)
             decode = round_grid(amax * multiplier, amax, amax, SCALE_GRID, 0)
             scale = decode * tensor_decode
             encode = tl.minimum(tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale), FP32_MAX)
@@ -224,13 +221,12 @@ def walsh_hadamard(t, LOG2N: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["key_low", "key_high"])
-def _block_kernel(x_ptr, out_ptr, tensor_ptr, lines, n_blocks_total, length, after, n_blocks, rows, cols, key_low,
-                  key_high,
-                  g_after, g_local, g_rank_offset, g_row_stride, LAYOUT: tl.constexpr, ELEMENT: tl.constexpr,
-                  SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr,
-                  scales_ptr, rows_ptr,
-                  STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr,
-                  LOG2: tl.constexpr, signs_ptr, RHT: tl.constexpr, AMAX_ONLY: tl.constexpr):
+def _block_kernel(x_ptr, out_ptr, tensor_ptr, lines, FOLD: tl.constexpr, decode_ptr, n_blocks_total, length, after,
+                  n_blocks, rows, cols, key_low, key_high, g_after, g_local, g_rank_offset, g_row_stride,
+                  LAYOUT: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_GRID: tl.constexpr,
+                  STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr, scales_ptr, rows_ptr, STATS: tl.constexpr,
+                  BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr, LOG2: tl.constexpr, signs_ptr,
+                  RHT: tl.constexpr, AMAX_ONLY: tl.constexpr):
     """Blocks ``c`` of a program (``LAYOUT``: ``constants.Layout``), quantized into out (``ELEMENT``,
     ``SCALE``: ``block_values``); with ``STATS`` also their scales (one per block, in block order) and
     the program's row of statistics (``stats.write_stats``). ``RHT`` (``constants.Rht``; log2 of the
@@ -238,7 +234,7 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, lines, n_blocks_total, length, aft
     (``formats.hadamard``: signs, butterfly, norm) before quantization, and with ``inverse`` the
     quantized block is transformed back before it is stored. ``AMAX_ONLY``: quantize nothing; write the
     program's (max |x| over non-NaN, NaN count) to rows_ptr (``stats.write_abs_max``: the per-tensor
-    amax of the transformed tensor)."""
+    amax of the transformed tensor). ``FOLD``, ``decode_ptr``: ``tensor_scale_of``."""
     c = tl.program_id(0).to(tl.int64) * LAYOUT.columns + tl.arange(0, LAYOUT.columns)[None, :]
     k = tl.arange(0, LAYOUT.padded)
     offsets, valid = block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, LAYOUT)
@@ -257,8 +253,10 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, lines, n_blocks_total, length, aft
         line = c * 0
         if SCALE.per_row:  # the line of x along the axis through block c: (before, after)
             line = ((c // after) // n_blocks) * after + c % after
-        y, scale = block_values(xt, amax, nonfinite, u, tensor_ptr, line, lines, c < n_blocks_total, ELEMENT, SCALE,
-                                SCALE_GRID, STOCHASTIC, SPLIT, LAYOUT.tiled)
+        multiplier, tensor_decode, tensor_encode, tensor_amax = tensor_scale_of(
+            tensor_ptr, lines, line, c < n_blocks_total, FOLD, decode_ptr, ELEMENT, SCALE)
+        y, scale = block_values(xt, amax, nonfinite, u, multiplier, tensor_decode, tensor_encode, tensor_amax, ELEMENT,
+                                SCALE, SCALE_GRID, STOCHASTIC, SPLIT, LAYOUT.tiled)
         if RHT.inverse:
             y = walsh_hadamard(y, RHT.log2) * RHT.norm * signs
         store(out_ptr + offsets, y, valid)
@@ -269,12 +267,13 @@ def _block_kernel(x_ptr, out_ptr, tensor_ptr, lines, n_blocks_total, length, aft
 
 
 @triton.jit(do_not_specialize=["key0_low", "key0_high", "key1_low", "key1_high"])
-def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, key0_high, after0, local0, offset0,
-                 stride0, key1_low, key1_high, after1, local1, offset1, stride1, B: tl.constexpr, BP: tl.constexpr,
-                 ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
-                 SPLIT: tl.constexpr):
+def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, lines, FOLD: tl.constexpr, decode_ptr, rows, cols, key0_low,
+                 key0_high, after0, local0, offset0, stride0, key1_low, key1_high, after1, local1, offset1, stride1,
+                 B: tl.constexpr, BP: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+                 SCALE_GRID: tl.constexpr, STOCHASTIC: tl.constexpr, SPLIT: tl.constexpr):
     """Matrices (rows, cols) quantized along their rows (into out0) and columns (out1) from one read
-    of each B x B tile; programs run through the tiles of one matrix, then the next."""
+    of each B x B tile; programs run through the tiles of one matrix, then the next (``tensor_ptr`` to
+    ``decode_ptr``: ``tensor_scale_of``'s)."""
     per_row = (cols + B - 1) // B
     per_matrix = ((rows + B - 1) // B) * per_row
     matrix = tl.program_id(0).to(tl.int64) // per_matrix
@@ -292,34 +291,35 @@ def _dual_kernel(x_ptr, out0_ptr, out1_ptr, tensor_ptr, rows, cols, key0_low, ke
         u0 = uniform(global_index(offsets, after0, local0, offset0, stride0), key0_low, key0_high)
         u1 = uniform(global_index(offsets, after1, local1, offset1, stride1), key1_low, key1_high)
     line = tl.zeros((1, 1), tl.int32)  # one tensor scale (``KernelContract.dual_axis``)
+    multiplier, tensor_decode, tensor_encode, tensor_amax = tensor_scale_of(tensor_ptr, lines, line, line == 0, FOLD,
+                                                                            decode_ptr, ELEMENT, SCALE)
     amax, nonfinite = block_amax(x, 0, SCALE.nonfinite_te)
-    y, _ = block_values(x, amax, nonfinite, u0, tensor_ptr, line, 1, line == 0, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC,
-                        SPLIT, False)
+    y, _ = block_values(x, amax, nonfinite, u0, multiplier, tensor_decode, tensor_encode, tensor_amax, ELEMENT, SCALE,
+                        SCALE_GRID, STOCHASTIC, SPLIT, False)
     store(out0_ptr + offsets, y, valid)
     amax, nonfinite = block_amax(x, 1, SCALE.nonfinite_te)
-    y, _ = block_values(x, amax, nonfinite, u1, tensor_ptr, line, 1, line == 0, ELEMENT, SCALE, SCALE_GRID, STOCHASTIC,
-                        SPLIT, False)
+    y, _ = block_values(x, amax, nonfinite, u1, multiplier, tensor_decode, tensor_encode, tensor_amax, ELEMENT, SCALE,
+                        SCALE_GRID, STOCHASTIC, SPLIT, False)
     store(out1_ptr + offsets, y, valid)
 
 
 def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, tensor: Optional[Tensor] = None,
-                  split: bool = False, stats: int = NONE, transform: Optional[str] = None
-                  ) -> Optional[tuple[Tensor, Tensor]]:
+                  split: bool = False, stats: int = NONE, transform: Optional[str] = None,
+                  decode: Optional[Tensor] = None) -> Optional[tuple[Tensor, Tensor]]:
     """Quantize contiguous x with a block format's ``contract`` (blocks along non-negative ``axis``,
     or its tiles) into out. With a tensor scale (NVFP): ``tensor`` holds ``TENSOR_ROWS`` rows (global
     encode / element max, global decode, global encode, amax) of one value, or one per row of x along
-    ``axis`` (``per_row``), and ``split`` leaves the global decode out of the values. ``stats``
-    (``stats.COUNTS`` or ``FULL``): also return (the blocks' scales in block order, the programs' rows
-    of statistics). ``transform``: the contract's Hadamard transform applied by the kernel
-    (``fused_transform``), out holding the quantized values in the transformed domain ("forward") or
-    transformed back ("inverse"); None: x is quantized as it is."""
+    ``axis`` (``per_row``), or with ``decode`` x's amax rows (``amax.tensor_scale_args``); ``split``: the
+    values leave the global decode out. ``stats`` (``stats.COUNTS`` or ``FULL``): also return (the
+    blocks' scales in block order, the programs' rows of statistics). ``transform``: the contract's
+    Hadamard transform applied by the kernel (``fused_transform``), out holding the quantized values in
+    the transformed domain ("forward") or transformed back ("inverse"); None: x is quantized as it is."""
     shape, layout = block_walk(x, contract, axis)
     programs = triton.cdiv(shape[0], layout.columns)
     scales, stats_out = ((torch.empty(shape[0], dtype=torch.float32, device=x.device),
                           stats_rows(programs, stats, x.device)) if stats else (x, x))
     _block_kernel[(programs,)](
-        x, out, x if tensor is None else tensor, 1 if tensor is None else tensor.shape[-1], *shape, *noise,
-        LAYOUT=layout,
+        x, out, *tensor_scale_args(x, tensor, decode), *shape, *noise, LAYOUT=layout,
         **_format_constants(contract, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
         **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=(layout.padded * layout.columns).bit_length() - 1, **_transform_args(contract, x, transform),
@@ -335,7 +335,7 @@ def transformed_abs_max(x, contract: KernelContract, axis: int) -> Tensor:
     programs = triton.cdiv(shape[0], layout.columns)
     rows = abs_max_rows(programs, x.device)
     _block_kernel[(programs,)](
-        x, x, x, 1, *shape, *noise_args(None, tuple(x.shape)), LAYOUT=layout,
+        x, x, *tensor_scale_args(x, None, None), *shape, *noise_args(None, tuple(x.shape)), LAYOUT=layout,
         **_format_constants(contract, x.dtype, False), scales_ptr=x, rows_ptr=rows, STATS=NONE,
         **constants.stats_bound(contract), ROW=NO_ROW, LOG2=0, **_transform_args(contract, x, "forward"),
         AMAX_ONLY=True, **launch_options(layout.padded * layout.columns))
@@ -381,15 +381,15 @@ def scale_layout(contract: KernelContract, shape: tuple[int, ...], axis: int) ->
 
 
 def launch_dual(x, out0, out1, contract: KernelContract, noises: tuple[tuple, tuple], tensor: Optional[Tensor] = None,
-                split: bool = False) -> None:
+                split: bool = False, decode: Optional[Tensor] = None) -> None:
     """Quantize a contiguous x (a matrix, or a batch of them in its last two dimensions) with a block
     format along axis -2 into out0 and along axis -1 into out1, reading x once (``noises``: the two
-    quantizations' noise arguments)."""
+    quantizations' noise arguments; ``tensor``, ``decode``: as ``launch_blocks``' )."""
     rows, cols = x.shape[-2:]
     size = contract.block_size
     matrices = x.numel() // (rows * cols)
     _dual_kernel[(matrices * triton.cdiv(rows, size) * triton.cdiv(cols, size),)](
-        x, out0, out1, x if tensor is None else tensor, rows, cols, *noises[0], *noises[1], B=size,
+        x, out0, out1, *tensor_scale_args(x, tensor, decode), rows, cols, *noises[0], *noises[1], B=size,
         BP=triton.next_power_of_2(size), **_format_constants(contract, x.dtype, split),
         **launch_options(triton.next_power_of_2(size) ** 2))
 

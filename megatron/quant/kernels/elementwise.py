@@ -4,11 +4,11 @@ or stochastic. One pass: read x, write the quantized values in the output's dtyp
 
 The rounding is ``formats.grid``'s, written for one element: scale by the grid spacing's
 inverse (a power of two built from the exponent field), pick an integer with exact float32
-compares, scale back, apply the overflow rule. Per-tensor scales arrive as device pointers to
-the torch path's own encode/decode factors (a given amax: delayed scaling's), or, from the tensor's
-own amax, are computed in the kernel from the amax kernel's rows (``tensor_scale``: two launches and
-nothing between them; ``encode_scale``'s arithmetic, which the tests hold bit for bit). No host sync
-either way.
+compares, scale back, apply the overflow rule. A per-tensor scale is computed in the kernel
+(``tensor_scale``, ``encode_scale``'s arithmetic, which the tests hold bit for bit) from rows of
+magnitude bits: the amax kernel's over x (two launches and nothing between them), or a given float32
+amax (delayed scaling's, a reduced one) as one row; with statistics it arrives as device pointers to
+the torch path's own encode/decode factors. No host sync either way.
 """
 from __future__ import annotations
 
@@ -97,11 +97,21 @@ def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
 @triton.jit
 def tensor_scale(rows_ptr, n_rows, FOLD: tl.constexpr, TARGET: tl.constexpr, POW2: tl.constexpr):
     """(encode, decode) of a per-tensor scale from the amax kernel's rows of magnitude bits
-    (``amax.abs_max_rows_of``: at most ``FOLD``, NaN already propagated or skipped): their max, then
-    ``formats.base.encode_scale`` with its float32 max for an infinite quotient, and ``1 / encode``;
-    each division rounded to nearest, as torch's."""
+    (``amax.abs_max_rows_of``: at most ``FOLD``, NaN already propagated or skipped): ``scale_of`` their max."""
+    return scale_of(fold_magnitudes(rows_ptr, n_rows, FOLD), TARGET, POW2)
+
+
+@triton.jit
+def fold_magnitudes(rows_ptr, n_rows, FOLD: tl.constexpr):
+    """The float32 max of at most ``FOLD`` int32 rows of magnitude bits (``amax.abs_max_rows_of``)."""
     r = tl.arange(0, FOLD)
-    amax = tl.max(tl.load(rows_ptr + r, mask=r < n_rows, other=0), axis=0).to(tl.float32, bitcast=True)
+    return tl.max(tl.load(rows_ptr + r, mask=r < n_rows, other=0), axis=0).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_of(amax, TARGET: tl.constexpr, POW2: tl.constexpr):
+    """(encode, decode) of a per-tensor scale from a float32 amax: ``formats.base.encode_scale`` with its
+    float32 max for an infinite quotient, and ``1 / encode``; each division rounded to nearest, as torch's."""
     encode = tl.math.div_rn(tl.full((), TARGET, tl.float32), amax)
     encode = tl.where(tl.abs(encode) == float("inf"), 3.4028234663852886e38, encode)
     encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)
@@ -115,13 +125,13 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
                         row_stride, GRID: tl.constexpr, STOCHASTIC: tl.constexpr,
                         SCALED: tl.constexpr, DECODE: tl.constexpr, BLOCK_SIZE: tl.constexpr, rows_ptr,
                         STATS: tl.constexpr, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, ROW: tl.constexpr,
-                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr, n_rows, FOLD: tl.constexpr,
+                        LOG2: tl.constexpr, amax_ptr, AMAX_OUT: tl.constexpr, fold_ptr, n_rows, FOLD: tl.constexpr,
                         TARGET: tl.constexpr, POW2: tl.constexpr):
     """x quantized into out; with ``STATS`` also the program's row of statistics (``stats.write_stats``),
     with ``AMAX_OUT`` its row of x's amax (``stats.write_abs_max``: delayed scaling's history records
     the tensor it quantizes without reading it again). With ``FOLD`` (and ``SCALED``) the per-tensor
-    scale comes from the ``n_rows`` amax rows at amax_ptr (``tensor_scale``), and the first program
-    writes its decode factor to decode_ptr."""
+    scale comes from the ``n_rows`` rows of magnitude bits at fold_ptr (``tensor_scale``: x's amax rows,
+    or a given float32 amax as one row), and the first program writes its decode factor to decode_ptr."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n
     x = load(x_ptr + offsets, mask)
@@ -130,7 +140,7 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
         u = uniform(global_index(offsets, after, local, rank_offset, row_stride), key_low, key_high)
     scaled = x
     if FOLD:
-        encode, decode = tensor_scale(amax_ptr, n_rows, FOLD, TARGET, POW2)
+        encode, decode = tensor_scale(fold_ptr, n_rows, FOLD, TARGET, POW2)
         if tl.program_id(0) == 0:
             tl.store(decode_ptr, decode)
         scaled = x * encode
@@ -193,15 +203,15 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
     """Run the elementwise kernel over contiguous x into out, rounding by an elementwise format's
     ``contract``; ``encode``/``decode``: 0-d float32 device tensors or None (unscaled; decode None
     also for the split GEMM operand). ``stats`` (``stats.COUNTS`` or ``FULL``): also return the
-    programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x)``): filled
-    with x's amax rows too. ``fold_rows`` (``amax.abs_max_rows_of``): the per-tensor scale is taken
-    from them in the kernel and its decode factor written into ``decode`` (a 0-d float32 output);
-    ``split``: the values leave it out (the GEMM operand)."""
+    programs' rows of statistics. ``amax_rows`` (``stats.abs_max_rows`` of ``programs(x, fold_rows)``):
+    filled with x's amax rows too. ``fold_rows`` (int32 magnitude bits: ``amax.abs_max_rows_of``, or a
+    float32 amax viewed as one row): the per-tensor scale is taken from them in the kernel and its decode
+    factor written into ``decode`` (a float32 output); ``split``: the values leave it out (the GEMM operand)."""
     n = x.numel()
     folding = fold_rows is not None
     scaled, dec = encode is not None or folding, decode is not None and not (folding and split)
     block = program_elements(FOLD_BLOCK if folding else BLOCK)
-    grid = triton.cdiv(n, block)
+    grid = programs(x, folding)
     rows = stats_rows(grid, stats, x.device) if stats else x
     fold = dict(n_rows=0, FOLD=0, TARGET=0.0, POW2=False)
     if folding:
@@ -211,11 +221,11 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
         x, out, x if encode is None else encode, x if decode is None else decode, n, *noise,
         GRID=constants.element_grid(contract), STOCHASTIC=DRAW_BITS[contract.rounding], SCALED=scaled, DECODE=dec,
         BLOCK_SIZE=block, rows_ptr=rows, STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
-        LOG2=block.bit_length() - 1, amax_ptr=fold_rows if folding else x if amax_rows is None else amax_rows,
-        AMAX_OUT=amax_rows is not None, **fold, **launch_options(block))
+        LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows, AMAX_OUT=amax_rows is not None,
+        fold_ptr=fold_rows if folding else x, **fold, **launch_options(block))
     return rows if stats else None
 
 
-def programs(x: Tensor) -> int:
-    """The elementwise kernel's programs over x."""
-    return triton.cdiv(x.numel(), program_elements(BLOCK))
+def programs(x: Tensor, folding: bool = False) -> int:
+    """The elementwise kernel's programs over x (``folding``: with a per-tensor scale taken in the kernel)."""
+    return triton.cdiv(x.numel(), program_elements(FOLD_BLOCK if folding else BLOCK))

@@ -31,6 +31,8 @@ KERNELS = (
     Kernel("blocks", "_block_kernel", "quantize"),
     Kernel("blocks", "_dual_kernel", "quantize"),
     Kernel("amax", "_amax_kernel", "amax"),
+    Kernel("amax", "_fold_kernel", "amax"),
+    Kernel("history", "_history_kernel", "amax"),
     Kernel("accumulate", "_hopper_kernel", "gemm"),
 )
 NAMES = frozenset(kernel.name for kernel in KERNELS)

@@ -23,7 +23,7 @@ from .launch import interpreting
 from .noise import noise_args
 from .ops import abs_max as one_read_abs_max
 from .select import supported
-from .stats import COUNTS, FULL, NONE, fold_abs_max
+from .stats import COUNTS, FULL, NONE
 
 
 class TritonFormat(FormatWrapper):
@@ -81,8 +81,8 @@ class TritonFormat(FormatWrapper):
         fmt = self.fmt
         if (own_amax and fmt.needs_tensor_amax and amax is not None and not fmt.transforms_operand
                 and not self.contract.blocked):
-            q, decode, _, rows = self._kernel(x, axis, amax, noise, split=True, back=False, take_amax=True)
-            return Quantization(operand=q, tensor_scale=decode, amax=fold_abs_max(rows, self._skips_nan).to(x.dtype))
+            q, decode, _, own = self._kernel(x, axis, amax, noise, split=True, back=False, take_amax=True)
+            return Quantization(operand=q, tensor_scale=decode, amax=own)
         if not (fmt.needs_tensor_amax or fmt.transforms_operand):
             operand, tensor_scale = self._kernel(x, axis, amax, noise, split=False, back=True)[0], None
         else:
@@ -140,11 +140,18 @@ class TritonFormat(FormatWrapper):
         stochastic = is_stochastic(fmt.rounding)
         args = tuple(noise_args((bits or fmt.default_noise) if stochastic else None, tuple(x.shape))
                      for bits in noises)
-        tensor, decode = self._block_tensor_scale(x, amax)
-        out0, out1 = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
-                                                   fmt.needs_tensor_amax)
+        fold = self._folds(amax)
+        tensor, decode = (None, None) if fold else self._block_tensor_scale(x, amax)
+        out0, out1, folded = ops.quantize_blocks_both_axes(x, tensor, list(args[0]), list(args[1]), self._contract_json,
+                                                           fmt.needs_tensor_amax, fold)
+        decode = folded if fold else decode
         first, second = (out0, out1) if rows_first else (out1, out0)
         return Quantization(operand=first, tensor_scale=decode, cross=Quantization(operand=second, tensor_scale=decode))
+
+    def _folds(self, amax: Optional[Tensor]) -> bool:
+        """True when a block format's FP32 tensor scale comes from x's own amax, which the quantizing
+        kernel folds from the amax kernel's rows (two launches, nothing between them)."""
+        return self.contract.tensor_scale is not None and amax is None
 
     def _block_tensor_scale(self, x: Tensor, amax: Optional[Tensor]) -> tuple[Optional[Tensor], Optional[Tensor]]:
         """A block format's FP32 tensor scale (NVFP) as the format computes it (x in the quantization
@@ -166,9 +173,9 @@ class TritonFormat(FormatWrapper):
                 ) -> tuple[Tensor, Optional[Tensor], Optional[tuple[Tensor, Tensor]], Optional[Tensor]]:
         """(x quantized, the per-tensor decode factor or None, with ``stats`` (``COUNTS`` or ``FULL``):
         (the scale in the format's own layout, the programs' rows of statistics), with ``take_amax``
-        (elementwise formats): x's amax rows from the same pass). With a Hadamard transform the values
-        are in the transformed domain, or with ``back`` transformed back to x's; in x's dtype either
-        way. ``split``: leave the decode factor out of the values."""
+        (per-tensor elementwise formats given an amax): x's own amax from the same pass). With a Hadamard
+        transform the values are in the transformed domain, or with ``back`` transformed back to x's; in
+        x's dtype either way. ``split``: leave the decode factor out of the values."""
         fmt, contract = self.fmt, self.contract
         stochastic = is_stochastic(fmt.rounding)
         noise = list(noise_args((noise or fmt.default_noise) if stochastic else None, tuple(x.shape)))
@@ -185,23 +192,28 @@ class TritonFormat(FormatWrapper):
             elif amax is None and fused and contract.tensor_scale is not None:
                 amax = self._transformed_abs_max(x, axis)
             split = split and not contract.per_row  # the rows' factors stay in the values
-            tensor, decode = self._block_tensor_scale(xt, amax)
-            out, scales, rows = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
-                                                    ("inverse" if back else "forward") if fused else None, out_dtype)
+            fold = self._folds(amax)
+            tensor, decode = (None, None) if fold else self._block_tensor_scale(xt, amax)
+            out, scales, rows, folded = ops.quantize_blocks(xt, tensor, noise, self._contract_json, axis, split, stats,
+                                                            ("inverse" if back else "forward") if fused else None,
+                                                            out_dtype, fold)
+            decode = folded if fold else decode
             captured = (scales.view(blocks.scale_layout(contract, x.shape, axis)), rows) if stats else None
             return (fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, captured, None
-        if contract.tensor_scale is not None and amax is None and not stats and not take_amax:
-            out, decode = ops.quantize_elementwise_tensor_scaled(xt, noise, self._contract_json, out_dtype, split)
-            return (fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, None, None
+        if contract.tensor_scale is not None and not stats and (amax is None or amax.numel() == 1):
+            given = None if amax is None else amax.detach().to(torch.float32)  # a float32 amax: no op
+            out, decode, own = ops.quantize_elementwise_tensor_scaled(xt, given, noise, self._contract_json, out_dtype,
+                                                                      split, take_amax)
+            return (fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out), decode, None, own
         encode = decode = None
         if contract.tensor_scale is not None:
             amax = self._abs_max(xt) if amax is None else amax
             encode = encode_scale(amax, contract.tensor_scale.target, contract.tensor_scale.power_of_two)
             decode = 1 / encode
-        out, rows, amax_rows = ops.quantize_elementwise(xt, encode, None if split else decode, noise,
-                                                        self._contract_json, out_dtype, stats, take_amax)
+        out, rows = ops.quantize_elementwise(xt, encode, None if split else decode, noise, self._contract_json,
+                                             out_dtype, stats)
         out = fmt.inverse_transform(out, axis).to(x.dtype) if inverse else out
         if not stats:
-            return out, decode, None, amax_rows if take_amax else None
+            return out, decode, None, None
         scale = torch.ones((), dtype=torch.float32, device=x.device) if decode is None else decode
-        return out, decode, (scale, rows), amax_rows if take_amax else None
+        return out, decode, (scale, rows), None
