@@ -85,7 +85,9 @@ def quantize_tile(x, AXIS: tl.constexpr, KIND: tl.constexpr, GRID: tl.constexpr,
         else:
             blocks = tl.reshape(x, (M // KIND, KIND, N))
             amax, nonfinite = block_amax(blocks, 1, SCALE.nonfinite_te)
-        values, _ = block_values(blocks, amax, nonfinite, blocks, 0, 0, 0, True, GRID, SCALE, SGRID, 0, False, False)
+        # MX blocks carry no tensor scale: block_values reads its multiplier and tensor terms only for NVFP's
+        values, _ = block_values(blocks, amax, nonfinite, blocks, 1.0, 1.0, 1.0, 0.0, GRID, SCALE, SGRID, 0, False,
+                                 False)
         y = tl.reshape(values, (M, N))
     return y
 
