@@ -139,11 +139,11 @@ def _chains(a: Tensor, pa: Tensor, b: Tensor, pb: Tensor, compiled: Optional[boo
     if compiled is None:
         compiled = a.device.type == "cpu" and chains * m * b.shape[1] * length >= COMPILE_FROM
     step = _compiled_step() if compiled else _block_step
-    bt, pbt = b.transpose(1, 2).contiguous(), pb.transpose(1, 2).contiguous()
+    blocks = zip(a.split(BLOCK, 2), pa.split(BLOCK, 2), b.transpose(1, 2).contiguous().split(BLOCK, 1),
+                 pb.transpose(1, 2).contiguous().split(BLOCK, 1))
     acc = torch.zeros(chains, m, b.shape[1], dtype=torch.float32, device=a.device)
-    for start in range(0, length, BLOCK):
-        block = slice(start, start + BLOCK)
-        acc = step(acc, a[:, :, block], pa[:, :, block], bt[:, block], pbt[:, block])
+    for block in blocks:
+        acc = step(acc, *block)
     return acc
 
 
