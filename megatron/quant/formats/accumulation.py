@@ -21,6 +21,11 @@ A GEMM chains these steps over K (zero padding a ragged last block leaves the re
   decision (GPU, SM count, cuBLASLt version, workspace, output dtype): the caller passes it; without one
   the model does not split.
 
+How it runs: one block step (``_block_step``) of all chains at once, in float32 operations that are each
+exact (so any order of its sums gives the same bits); on the CPU under torch.compile for a GEMM of
+``COMPILE_FROM`` products or more (inductor fuses the step into one loop, about ten times faster), eager
+below (no compilation to pay) and where torch cannot compile.
+
 The epilogue (``hopper_epilogue``) multiplies the FP32 accumulator by alpha = RN32(scale_a * scale_b)
 once, rounding to FP32, then to the output dtype (bf16: round to nearest even from FP32).
 
