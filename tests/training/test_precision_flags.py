@@ -162,3 +162,15 @@ def test_the_fp8_recipes_accumulate_as_te_on_hopper_unless_custom_quant_accumula
     assert build_recipe(args, {}).accumulation() == {"fprop": "fast", "dgrad": "promoted", "wgrad": "promoted"}
     assert build_recipe(args, {"CUSTOM_QUANT_ACCUMULATE": "te"}).accumulation()["fprop"] == "fast"
     assert set(build_recipe(args, {"CUSTOM_QUANT_ACCUMULATE": "exact"}).accumulation().values()) == {"exact"}
+
+
+def test_custom_quant_accumulate_exact_gives_a_precision_file_s_fp8_configs_exact_sums(tmp_path, monkeypatch):
+    from tests.recipes.test_precision_file import TE_FILE
+
+    path = tmp_path / "mixed.yaml"
+    path.write_text(TE_FILE)  # its config "current" is --fp8-recipe tensorwise: TE's accumulation on Hopper
+    assert check_inputs(TINY + ["--te-precision-config-file", str(path)]).precision.configs[
+        "current"].accumulation()["fprop"] == "fast"
+    monkeypatch.setenv("CUSTOM_QUANT_ACCUMULATE", "exact")
+    configs = check_inputs(TINY + ["--te-precision-config-file", str(path)]).precision.configs
+    assert {mode for recipe in configs.values() for mode in recipe.accumulation().values()} == {"exact"}

@@ -63,8 +63,10 @@ def build_precision(tree: RunTree) -> PrecisionConfig:
     flag, path = files[0]
     if others:
         raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
-    return load_precision_file(path, source=f"{flag} {path}").with_seed(seed).for_run(
-        tree.schedule.train_iters, tree.model.num_layers)
+    precision = load_precision_file(path, source=f"{flag} {path}").with_seed(seed)
+    if accumulate_override(environ):  # CUSTOM_QUANT_ACCUMULATE=exact: every config, whatever it says
+        precision = precision.with_exact_sums()
+    return precision.for_run(tree.schedule.train_iters, tree.model.num_layers)
 
 
 def precision_origin(tree: RunTree) -> str:
