@@ -87,9 +87,8 @@ def test_matches_mmaemu_where_its_table_splits_k(profile, fast):
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "promoted"])
 def test_compiled_block_step_matches_mmaemu(fast):
     """The block step under torch.compile (a large GEMM on the CPU) gives mmaemu's bits too: ragged K,
-    zeros, subnormals, the largest values, a one-row operand (a size torch.compile specializes)."""
-    for m, n, k, data in ((6, 5, 1000, "edges"), (1, 9, 200, "heavy")):
-        check(m, n, k, ("e4m3", "e5m2"), data, fast, torch.float32, compiled=True)
+    zeros, subnormals, the largest values (one shape: each shape torch.compile specializes costs seconds)."""
+    check(6, 5, 1000, ("e4m3", "e5m2"), "edges", fast, torch.float32, compiled=True)
 
 
 def test_the_model_runs_eager_where_torch_cannot_compile(monkeypatch):
