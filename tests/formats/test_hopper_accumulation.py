@@ -54,12 +54,12 @@ def split_of(m, n, k, kinds, out_dtype, fast, profile) -> int:
             return 1
 
 
-def check(m, n, k, kinds, data, fast, out_dtype, profile="hopper", seed=0):
+def check(m, n, k, kinds, data, fast, out_dtype, profile="hopper", seed=0, compiled=None):
     a, b = fp8((m, k), kinds[0], data, seed), fp8((n, k), kinds[1], data, seed + 1)
     scale_a, scale_b = torch.tensor([0.37]), torch.tensor([1.9])
     splits = split_of(m, n, k, kinds, out_dtype, fast, profile)
     expected = oracle(a, b, fast, out_dtype, scale_a, scale_b, profile, splits)
-    acc = hopper_accumulate(Operands(a.float(), b.float(), *kinds), fast, splits)
+    acc = hopper_accumulate(Operands(a.float(), b.float(), *kinds), fast, splits, compiled)
     ours = hopper_epilogue(acc, scale_a * scale_b, out_dtype)
     assert torch.equal(ours.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
                        expected.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32)), \
@@ -81,6 +81,32 @@ def test_matches_mmaemu(fast, kinds, k, data):
 def test_matches_mmaemu_where_its_table_splits_k(profile, fast):
     """M 16, N 64, K 5760: cuBLAS splits K in two on the H100 (mmaemu's measured table)."""
     assert check(16, 64, 5760, ("e4m3", "e4m3"), "normal", fast, torch.bfloat16, profile) == 2
+
+
+@pytest.mark.slow  # compiles the block step (inductor: 10 to 30 s where its cache is cold), no training
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "promoted"])
+def test_compiled_block_step_matches_mmaemu(fast):
+    """The block step under torch.compile (a large GEMM on the CPU) gives mmaemu's bits too: ragged K,
+    zeros, subnormals, the largest values (one shape: each shape torch.compile specializes costs seconds)."""
+    check(6, 5, 1000, ("e4m3", "e5m2"), "edges", fast, torch.float32, compiled=True)
+
+
+def test_the_model_runs_eager_where_torch_cannot_compile(monkeypatch):
+    """No C++ compiler (or a broken one): the block step runs eager, same bits, and says so once."""
+    from megatron.quant.formats import accumulation
+
+    def failing(*args, **kwargs):
+        def call(*call_args):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(torch, "compile", failing)
+    accumulation._compiled_step.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="runs eager.*no working C"):
+            check(3, 5, 100, ("e4m3", "e4m3"), "edges", True, torch.float32, compiled=True)
+    finally:
+        accumulation._compiled_step.cache_clear()
 
 
 def test_fast_accumulation_loses_what_promotion_keeps():

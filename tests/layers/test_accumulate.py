@@ -96,3 +96,26 @@ def test_a_gemm_with_an_unquantized_operand_accumulates_exactly():
     fmts = {**formats(), "fprop.weight": None}
     quant = LinearQuant.from_formats(fmts, accumulate=TE_HOPPER)
     assert quant.accumulator("fprop") is None and quant.accumulator("dgrad") is not None
+
+
+def test_a_cpu_run_with_the_hopper_model_says_so_and_how_to_sum_exactly():
+    from megatron.quant.layers.scaled_gemm import cpu_accumulation_notice
+    from megatron.quant.recipes.recipe import QuantRecipe
+
+    te = QuantRecipe.from_dict({"format": "te-fp8-current"}).accumulation()
+    notice = cpu_accumulation_notice([te, {"fprop": "exact"}], cuda=False)
+    assert notice.startswith("notice: the FP8 GEMMs add their products as a Hopper tensor core does (dgrad promoted, "
+                             "fprop fast, wgrad promoted;") and notice.endswith("CUSTOM_QUANT_ACCUMULATE=exact")
+    assert cpu_accumulation_notice([te], cuda=True) is None  # a GPU runs the tensor core or its kernel
+    exact = QuantRecipe.from_env({"CUSTOM_QUANT_TYPE": "te-fp8-current", "CUSTOM_QUANT_ACCUMULATE": "exact"})
+    assert cpu_accumulation_notice([exact.accumulation()], cuda=False) is None
+
+
+def test_an_empty_gemm_under_the_hopper_model_is_zeros():
+    """An expert routed no tokens: its fprop has M = 0 and its wgrad K = 0 (a sum of nothing, +0)."""
+    from megatron.quant.layers.scaled_gemm import HopperAccumulator
+
+    acc = HopperAccumulator(False, ("e5m2", "e4m3"))
+    for a, b in ((torch.ones(0, 2, 8), torch.ones(8, 5)), (torch.ones(3, 0), torch.ones(0, 5))):
+        out = acc(a, b)
+        assert out.shape == (*a.shape[:-1], 5) and out.dtype == torch.float32 and not out.any()

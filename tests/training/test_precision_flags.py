@@ -153,3 +153,24 @@ def test_a_bad_precision_file_stops_the_driver_in_one_line(tmp_path, capsys):
     assert stop.value.code == 2 and len(err) == 1
     assert err[0] == (f"megatron-quant-train: error: --kitchen-config-file {path}: matchers.m: unknown config 'b'; "
                       f"configs: a")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_the_fp8_recipes_accumulate_as_te_on_hopper_unless_custom_quant_accumulate_says_exact(recipe):
+    """Megatron-LM has no flag for it: CUSTOM_QUANT_ACCUMULATE=exact gives the flags' recipe exact sums."""
+    args = parse_args(TINY + ["--fp8-format", "hybrid", "--fp8-recipe", recipe])
+    assert build_recipe(args, {}).accumulation() == {"fprop": "fast", "dgrad": "promoted", "wgrad": "promoted"}
+    assert build_recipe(args, {"CUSTOM_QUANT_ACCUMULATE": "te"}).accumulation()["fprop"] == "fast"
+    assert set(build_recipe(args, {"CUSTOM_QUANT_ACCUMULATE": "exact"}).accumulation().values()) == {"exact"}
+
+
+def test_custom_quant_accumulate_exact_gives_a_precision_file_s_fp8_configs_exact_sums(tmp_path, monkeypatch):
+    from tests.recipes.test_precision_file import TE_FILE
+
+    path = tmp_path / "mixed.yaml"
+    path.write_text(TE_FILE)  # its config "current" is --fp8-recipe tensorwise: TE's accumulation on Hopper
+    assert check_inputs(TINY + ["--te-precision-config-file", str(path)]).precision.configs[
+        "current"].accumulation()["fprop"] == "fast"
+    monkeypatch.setenv("CUSTOM_QUANT_ACCUMULATE", "exact")
+    configs = check_inputs(TINY + ["--te-precision-config-file", str(path)]).precision.configs
+    assert {mode for recipe in configs.values() for mode in recipe.accumulation().values()} == {"exact"}

@@ -21,6 +21,11 @@ A GEMM chains these steps over K (zero padding a ragged last block leaves the re
   decision (GPU, SM count, cuBLASLt version, workspace, output dtype): the caller passes it; without one
   the model does not split.
 
+How it runs: one block step (``_block_step``) of all chains at once, in float32 operations that are each
+exact (so any order of its sums gives the same bits); on the CPU under torch.compile for a GEMM of
+``COMPILE_FROM`` products or more (inductor fuses the step into one loop, about ten times faster), eager
+below (no compilation to pay) and where torch cannot compile.
+
 The epilogue (``hopper_epilogue``) multiplies the FP32 accumulator by alpha = RN32(scale_a * scale_b)
 once, rounding to FP32, then to the output dtype (bf16: round to nearest even from FP32).
 
@@ -34,8 +39,10 @@ block-scaled MMA, Ada's 16-product blocks, other cuBLAS versions' split decision
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 from torch import Tensor
@@ -53,6 +60,7 @@ K_TILE = 128  # split-K cuts K into tiles this wide
 # -14 - 14), so alignment exponents below FLOOR change nothing and 2^(E - FRACTION_BITS) stays normal.
 FLOOR = -29 - FRACTION_BITS
 _NO_EXPONENT = -1000
+COMPILE_FROM = 1 << 24  # products (chains x M x N x L) from which the CPU runs the block step compiled
 PER_TENSOR = ("tensor", "delayed")  # the scalings of an FP8 tensor core's operands (one FP32 scale a tensor)
 
 
@@ -75,11 +83,16 @@ class Operands:
     kind_b: FP8Kind = "e4m3"
 
 
-def _exponents(x: Tensor, kind: FP8Kind) -> Tensor:
-    """floor(log2 |x|) of FP8 values held in float32, clamped at the format's smallest normal
-    exponent; ``_NO_EXPONENT`` for zeros (read from the bits: FP8 values are normal in float32)."""
-    biased = (x.view(torch.int32) >> 23) & 0xFF
-    return torch.where(x == 0, _NO_EXPONENT, (biased - 127).clamp_min(MIN_NORMAL_EXPONENT[kind]))
+def _exponent_powers(x: Tensor, kind: FP8Kind) -> Tensor:
+    """2^e for FP8 values held in float32, e = floor(log2 |x|) clamped at the format's smallest normal
+    exponent; 0 for zeros (read from the bits: FP8 values are normal in float32)."""
+    biased = ((x.view(torch.int32) >> 23) & 0xFF).clamp_min(MIN_NORMAL_EXPONENT[kind] + 127)
+    return torch.where(x == 0, 0.0, (biased << 23).view(torch.float32))
+
+
+def _exponent_of(x: Tensor) -> Tensor:
+    """floor(log2 |x|) of normal float32 values; ``_NO_EXPONENT`` for zeros."""
+    return torch.where(x == 0, _NO_EXPONENT, ((x.view(torch.int32) >> 23) & 0xFF) - 127)
 
 
 def _pow2(e: Tensor) -> Tensor:
@@ -93,21 +106,49 @@ def _truncate_fraction(d: Tensor) -> Tensor:
     return (d.view(torch.int32) & mask).view(torch.float32) + 0.0
 
 
-def _chains(a: Tensor, ea: Tensor, b: Tensor, eb: Tensor) -> Tensor:
-    """The chains of a batch: a [C, M, L], b [C, N, L] (L a multiple of BLOCK) -> float32 [C, M, N], chain
-    c over its L elements from +0, one block step at a time."""
+def _block_step(acc: Tensor, a: Tensor, pa: Tensor, bt: Tensor, pbt: Tensor) -> Tensor:
+    """One block step of every chain: acc [C, M, N], a [C, M, BLOCK] and bt [C, BLOCK, N] (b transposed,
+    so the products' rows run along N), pa and pbt their elements' 2^exponent (``_exponent_powers``) -> the
+    new acc. Every operation is exact in float32: products of FP8 values and of powers of two, scalings
+    by powers of two, and sums of integers below 2^24; so the order of the sums does not matter."""
+    top = (pa[..., None] * pbt[:, None]).amax(2)  # 2^E: the block's largest product exponent (0: all zero)
+    aligned = torch.maximum(_exponent_of(top), _exponent_of(acc)).clamp_min(FLOOR)
+    unit, per_unit = _pow2(aligned - FRACTION_BITS), _pow2(FRACTION_BITS - aligned)  # exact scalings
+    total = torch.trunc(a[..., None] * bt[:, None] * per_unit[:, :, None]).sum(2) + torch.trunc(acc * per_unit)
+    return _truncate_fraction(total * unit)
+
+
+@functools.cache
+def _compiled_step() -> Callable[..., Tensor]:
+    """``_block_step`` under torch.compile: inductor fuses it into one loop over the block's products,
+    about ten times the eager step's speed on llama-tiny's GEMMs; shapes dynamic, so one compilation
+    (seconds; inductor's cache keeps it for the next process) serves every GEMM. The eager step where
+    torch cannot compile for the CPU (no C++ compiler), with a warning."""
+    compiled = torch.compile(_block_step, dynamic=True, fullgraph=True)
+    probe = torch.ones(1, 2, BLOCK)
+    try:
+        compiled(torch.zeros(1, 2, 2), probe, probe, probe.transpose(1, 2), probe.transpose(1, 2))
+    except Exception as error:  # inductor's failures (no compiler, a broken toolchain) have no common type
+        warnings.warn(f"the Hopper accumulation model runs eager, 10x slower: torch.compile failed ({error})",
+                      stacklevel=2)
+        return _block_step
+    return compiled
+
+
+def _chains(a: Tensor, pa: Tensor, b: Tensor, pb: Tensor, compiled: Optional[bool]) -> Tensor:
+    """The chains of a batch: a [C, M, L], b [C, N, L] (L a multiple of BLOCK), pa and pb their elements'
+    2^exponent -> float32 [C, M, N], chain c over its L elements from +0, one block step at a time
+    (``compiled``: the step under torch.compile; None: on the CPU from ``COMPILE_FROM`` products, below
+    which the eager step costs less than a compilation)."""
     chains, m, length = a.shape
+    if compiled is None:
+        compiled = a.device.type == "cpu" and chains * m * b.shape[1] * length >= COMPILE_FROM
+    step = _compiled_step() if compiled else _block_step
+    blocks = zip(a.split(BLOCK, 2), pa.split(BLOCK, 2), b.transpose(1, 2).contiguous().split(BLOCK, 1),
+                 pb.transpose(1, 2).contiguous().split(BLOCK, 1))
     acc = torch.zeros(chains, m, b.shape[1], dtype=torch.float32, device=a.device)
-    for start in range(0, length, BLOCK):
-        block = slice(start, start + BLOCK)
-        products = a[:, :, None, block] * b[:, None, :, block]  # exact in float32
-        exponent = (ea[:, :, None, block] + eb[:, None, :, block]).amax(-1)
-        acc_exponent = torch.where(acc == 0, _NO_EXPONENT, ((acc.view(torch.int32) >> 23) & 0xFF) - 127)
-        aligned = torch.maximum(exponent, acc_exponent).clamp_min(FLOOR)
-        unit, per_unit = _pow2(aligned - FRACTION_BITS), _pow2(FRACTION_BITS - aligned)  # exact scalings
-        total = torch.trunc(products.mul_(per_unit[..., None])).sum(-1)  # integers < 2^24: exact in float32
-        total += torch.trunc(acc * per_unit)
-        acc = _truncate_fraction(total.mul_(unit))
+    for block in blocks:
+        acc = step(acc, *block)
     return acc
 
 
@@ -125,10 +166,11 @@ def _as_slices(x: Tensor, length: int, count: int) -> Tensor:
     return x.unflatten(1, (count, length)).transpose(0, 1).contiguous()
 
 
-def hopper_accumulate(ops: Operands, fast: bool, splits: int = 1) -> Tensor:
+def hopper_accumulate(ops: Operands, fast: bool, splits: int = 1, compiled: Optional[bool] = None) -> Tensor:
     """The FP32 accumulator [M, N] of a b^T as a Hopper FP8 GEMM computes it (module docstring), with
     ``fast`` or promoted accumulation and ``splits`` split-K partitions; a and b hold finite FP8 values
-    of ``ops``' kinds in any float dtype."""
+    of ``ops``' kinds in any float dtype. ``compiled``: the block step under torch.compile or eager (the
+    same bits); None: compiled for a large GEMM on the CPU (``_chains``)."""
     if splits < 1:
         raise ValueError(f"splits={splits}: at least 1")
     a, b = ops.a.float(), ops.b.float()
@@ -141,7 +183,7 @@ def hopper_accumulate(ops: Operands, fast: bool, splits: int = 1) -> Tensor:
     else:  # one chain per 128-long slice (a split's tiles are such slices)
         length, count = PROMOTE_EVERY, (splits * per_split if splits > 1 else -(-k // PROMOTE_EVERY))
     sa, sb = _as_slices(a, length, count), _as_slices(b, length, count)
-    chains = _chains(sa, _exponents(sa, ops.kind_a), sb, _exponents(sb, ops.kind_b))
+    chains = _chains(sa, _exponent_powers(sa, ops.kind_a), sb, _exponent_powers(sb, ops.kind_b), compiled)
     if fast or splits == 1:
         return _serial_sum(chains)
     partials = torch.stack([_serial_sum(group) for group in chains.unflatten(0, (splits, per_split))])

@@ -16,7 +16,7 @@ scales and the rounding to the output dtype following as before (the tensor core
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 import torch
 from torch import Tensor
@@ -41,6 +41,8 @@ class HopperAccumulator:
         """``matmul(a, b, torch.float32)`` for a (..., k) @ (k, n), the products added as the tensor core
         does: on a Hopper GPU by the tensor core itself (``torch._scaled_mm``, unit scales) where its
         shapes allow, else by the model (on a GPU its Triton kernel, ``kernels.accumulate``)."""
+        if a.numel() == 0 or b.numel() == 0:  # no tokens (an expert routed none), or K = 0: nothing to add
+            return torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float32, device=a.device)
         a2 = a.reshape(-1, a.shape[-1])
         if on_hopper(a2) and _fits(a2, b):
             acc = self._on_tensor_core(a2, b)
@@ -61,6 +63,18 @@ class HopperAccumulator:
 
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def cpu_accumulation_notice(accumulations: Iterable[Mapping[str, str]], cuda: bool) -> Optional[str]:
+    """The start line's notice for a run on the CPU whose GEMMs add their products as a Hopper FP8 tensor
+    core does (``accumulations``: each recipe's GEMM -> mode): the model runs, what it costs, how to sum
+    exactly instead; None on a GPU or where every GEMM sums exactly."""
+    modes = {f"{gemm} {mode}" for each in accumulations for gemm, mode in each.items() if mode != "exact"}
+    if cuda or not modes:
+        return None
+    return (f"notice: the FP8 GEMMs add their products as a Hopper tensor core does ({', '.join(sorted(modes))}; "
+            f"the te-fp8 presets' default), modelled bit for bit on the CPU: each such GEMM takes tens of times an "
+            f"exact one, after a compilation of seconds to a minute; exact FP32 sums: CUSTOM_QUANT_ACCUMULATE=exact")
 
 
 def on_hopper(x: Tensor) -> bool:

@@ -18,6 +18,9 @@ MXFP4 training work ablate; TE's ``disable_*`` switches):
 | ``bwd-hp``, ``bwd-dq`` | TE's ``backward_override`` | ``backward_override`` | ``high_precision``, ``dequantized`` |
 | ``hopper-acc`` | Hopper FP8 accumulation | ``accumulate`` (exact sums) | TE's: fprop fast, dgrad/wgrad promoted |
 
+``te-fp8-current`` and ``te-fp8-delayed`` have ``hopper-acc`` (TE's default on Hopper), so their
+ablation runs each against ``-no-hopper-acc``, its exact FP32 sums.
+
 ``2d`` added tiles the weights (16x16 for NVFP4, 128x128 for FP8 blocks, 32x32 otherwise: TE's
 ``enable_2d_quantization`` for MXFP8).
 
@@ -54,7 +57,7 @@ _EDIT = re.compile(r"(-no-|\+)([a-z0-9]+(?:-[a-z]+)*?)(?=-no-|\+|$)")
 # --ablate adds these to a base's removals (the questions the published ablations ask).
 STOCHASTIC_MODES = tuple(mode for mode in ROUNDING_MODES if is_stochastic(mode))
 ADDITIONS = {"te-nvfp4": ("bf16-layers", "bf16-fwd-tail"), "mxfp4": ("sr", "rht", "sr+rht"),
-             "nvfp4": ("sr", "rht", "sr+rht"), "te-fp8-current": ("hopper-acc",), "te-fp8-delayed": ("hopper-acc",)}
+             "nvfp4": ("sr", "rht", "sr+rht")}
 
 
 class AblationError(ValueError):
@@ -229,7 +232,7 @@ def get_variant(name: str) -> dict[str, Any]:
             hint = f"; add it with {so_far}+{component_name}" if component.add else ""
             raise AblationError(f"{name!r}: {so_far} has no {what} to remove{hint}")
         if edit == "+" and present:
-            raise AblationError(f"{name!r}: {so_far} has {what} already")
+            raise AblationError(f"{name!r}: {so_far} has {what} already; remove it with {so_far}-no-{component_name}")
         if edit == "+" and component.add is None:
             raise AblationError(f"{name!r}: {what} can only be removed, not added")
         (component.remove if edit == "-no-" else component.add)(recipe)

@@ -144,6 +144,9 @@ def describe(recipe: QuantRecipe, num_layers: int = DEFAULT_NUM_LAYERS, source: 
     return "\n".join(lines)
 
 
+EXACT = "-no-hopper-acc"  # the ablation component that gives a recipe with Hopper accumulation exact sums
+
+
 def accumulation_line(recipe: QuantRecipe, num_layers: int) -> str:
     """How the linear GEMMs add their products, per GEMM, and what Transformer Engine does on Hopper
     with the recipe's formats (``presets.te_hopper_accumulation``) where that is known."""
@@ -157,7 +160,9 @@ def accumulation_line(recipe: QuantRecipe, num_layers: int) -> str:
     if isinstance(te, str):
         return f"{line}; TE on Hopper: {te}"
     shown = ", ".join(f"{gemm} {mode}" for gemm, mode in te.items())
-    return line + ("; Transformer Engine's default on Hopper" if modes == te else f"; TE on Hopper: {shown}")
+    if modes == te:
+        return f"{line}; Transformer Engine's default on Hopper (exact sums: accumulate: exact, or the variant {EXACT})"
+    return f"{line}; TE on Hopper: {shown}"
 
 
 def _te_kind(fmt: NumericFormat) -> str:

@@ -26,6 +26,7 @@ from megatron.quant.settings.selectors import SIGNED_GRAMMAR, parse_selectors
 from megatron.quant.settings.selectors import Selector as LayerSelector
 from megatron.quant.settings.switches import switch_value, unknown_variables
 from megatron.quant.settings.variables import (
+    ACCUMULATE_ENV,
     COMPILE_ENV,
     RECIPE_ENV,
     RECIPE_PREFIX,
@@ -274,6 +275,20 @@ def parse_accumulate(value: Any, source: str) -> tuple[tuple[str, str], ...]:
     return tuple((gemm, data[gemm]) for gemm in LINEAR_GEMMS if data.get(gemm, "exact") != "exact")
 
 
+ACCUMULATE_CHOICES = {"te": {}, "exact": {"accumulate": "exact"}}  # CUSTOM_QUANT_ACCUMULATE -> the recipe keys
+
+
+def accumulate_override(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The recipe keys ``CUSTOM_QUANT_ACCUMULATE`` sets: ``exact`` (exact FP32 sums in every GEMM, the
+    te-fp8 presets' Hopper accumulation off), or ``te`` and unset (nothing: the recipe's own, TE's on
+    Hopper for te-fp8-current and te-fp8-delayed); RecipeError for another value."""
+    value = environ.get(ACCUMULATE_ENV, "").strip().lower() or "te"
+    if value not in ACCUMULATE_CHOICES:
+        raise RecipeError(f"{ACCUMULATE_ENV}={show_value(value)} is not one of {', '.join(ACCUMULATE_CHOICES)} "
+                          f"(te: the recipe's accumulation, TE's on Hopper for the te-fp8 presets; exact: FP32 sums)")
+    return dict(ACCUMULATE_CHOICES[value])
+
+
 def default_name(fmt_name: str, scopes: frozenset[str]) -> str:
     if scopes == frozenset(DEFAULT_SCOPE):
         return fmt_name
@@ -344,9 +359,9 @@ def read_file(path: str | os.PathLike, source: Optional[str] = None) -> tuple[An
 
 
 def env_sources(environ: Mapping[str, str]) -> tuple[dict[str, Any], Optional[str], str]:
-    """(the recipe keys CUSTOM_QUANT_TYPE, CUSTOM_QUANT_SCOPE and CUSTOM_QUANT_COMPILE give, the
-    CUSTOM_QUANT_RECIPE file or None, the source errors name). With a file, the keys fill only what
-    the file omits."""
+    """(the recipe keys CUSTOM_QUANT_TYPE, CUSTOM_QUANT_SCOPE, CUSTOM_QUANT_COMPILE and
+    CUSTOM_QUANT_ACCUMULATE give, the CUSTOM_QUANT_RECIPE file or None, the source errors name). With a
+    file, the keys fill only what the file omits."""
     check_env_names(environ)
     defaults: dict[str, Any] = {}
     if environ.get(TYPE_ENV):
@@ -355,6 +370,7 @@ def env_sources(environ: Mapping[str, str]) -> tuple[dict[str, Any], Optional[st
         defaults["scope"] = [s.strip() for s in environ[SCOPE_ENV].split(",")]
     if environ.get(COMPILE_ENV):
         defaults["compile"] = environ[COMPILE_ENV].strip().lower()
+    defaults.update(accumulate_override(environ))
     path = environ.get(RECIPE_ENV) or None
     source = f"{RECIPE_ENV}={path}" if path else f"{TYPE_ENV}/{SCOPE_ENV}"
     return defaults, path, source

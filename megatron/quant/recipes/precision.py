@@ -57,6 +57,11 @@ class PrecisionConfig(RecipeConfig):
                    for key, recipe in self.configs.items()}
         return type(self)(self.matchers, configs, self.name, self.source)
 
+    def with_exact_sums(self) -> "PrecisionConfig":
+        """Every recipe adds its GEMMs' products exactly in FP32 (CUSTOM_QUANT_ACCUMULATE=exact)."""
+        configs = {key: replace(recipe, accumulate=()) for key, recipe in self.configs.items()}
+        return type(self)(self.matchers, configs, self.name, self.source)
+
     def with_kernels(self, kernels: str) -> "PrecisionConfig":
         """Every recipe quantizes through the kernel path ``kernels`` (the run's CUSTOM_QUANT_KERNELS)."""
         configs = {key: replace(recipe, kernels=kernels) for key, recipe in self.configs.items()}

@@ -21,6 +21,10 @@ hardware's 8-bit draw, ``rounding: stochastic8``) |
 | ``te-mxfp8-bwd-dq`` | ``MXFP8BlockScaling(backward_override="dequantized")`` |
 | ``te-mxfp8-fwd-nvfp4-bwd`` | ``quantizer_factory_zoo.mxfp8_fwd_nvfp4_bwd_factory`` (MXFP8 forward, NVFP4 backward) |
 
+``te-fp8-current`` and ``te-fp8-delayed`` add their GEMMs' products as TE does on Hopper
+(``TE_HOPPER_ACCUMULATE``: fprop fast, dgrad and wgrad promoted; ``formats.accumulation``); the other
+presets sum exactly in FP32 (their accumulators are not modelled).
+
 Every preset sets ``nonfinite="te"``: Inf and NaN as TE's kernels take them (amaxes skip NaN;
 an Inf amax gives scale 1, E8M0 0xFE, or NVFP4's saturated E4M3 block scale).
 
@@ -47,7 +51,9 @@ from megatron.quant.formats.registry import MAX_AMAX_HISTORY_LEN
 # False is fast accumulation, True promoted): Float8CurrentScaling's fp8_gemm_fprop = MMParams(
 # use_split_accumulator=False), fp8_gemm_dgrad and fp8_gemm_wgrad True (transformer_engine/common/recipe/
 # __init__.py); DelayedScaling has no MMParams and its GEMMs take module/base.py's _2X_ACC_FPROP False,
-# _2X_ACC_DGRAD and _2X_ACC_WGRAD True (module/linear.py). ``+hopper-acc`` adds this to a recipe.
+# _2X_ACC_DGRAD and _2X_ACC_WGRAD True (module/linear.py). The te-fp8-current and te-fp8-delayed presets
+# (so Megatron-LM's --fp8-recipe tensorwise and delayed) accumulate so; ``-no-hopper-acc``, a recipe file's
+# ``accumulate: exact`` or CUSTOM_QUANT_ACCUMULATE=exact ask for exact sums; ``+hopper-acc`` adds it to a recipe.
 TE_HOPPER_ACCUMULATE = {"fprop": "fast", "dgrad": "promoted", "wgrad": "promoted"}
 # Float8BlockScaling fixes use_split_accumulator=True for all three GEMMs (its __post_init__ asserts it); the
 # accumulator of a block-scaled FP8 GEMM is not modelled (docs/gemm.md).
@@ -133,14 +139,14 @@ _PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "te-mxfp8": ("TE MXFP8BlockScaling (fp8_format E4M3)", {
         "format": "mxfp8_e4m3", "options": {"scale_mode": "rceil", **_TE}, "scope": ["linear"]}),
     "te-fp8-current": ("TE Float8CurrentScaling (fp8_format HYBRID); Megatron-LM --fp8-recipe tensorwise", {
-        "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_TE),
+        "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_TE), "accumulate": dict(TE_HOPPER_ACCUMULATE),
         "operands": {key: {"format": "fp8_e5m2", "options": dict(_TE)} for key in GRADIENTS}}),
     "te-fp8-blockwise": ("TE Float8BlockScaling (DeepSeek-V3); Megatron-LM --fp8-recipe blockwise", {
         "format": "fp8_e4m3", "scope": ["linear"],
         "options": {"scaling": "block", "block_shape": [1, 128], "power_of_two_scales": True, **_TE},
         "operands": {key: {"options": {"block_shape": [128, 128]}} for key in WEIGHTS}}),
     "te-fp8-delayed": ("TE DelayedScaling (fp8_format HYBRID, amax_history_len 1024, amax_compute_algo max)", {
-        "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED),
+        "format": "fp8_e4m3", "scope": ["linear"], "options": dict(_DELAYED), "accumulate": dict(TE_HOPPER_ACCUMULATE),
         "operands": {key: {"format": "fp8_e5m2", "options": dict(_DELAYED)} for key in GRADIENTS}}),
     **_TE_2026,
     # Mixture-of-experts recipes. DeepSeek-V3's FP8 training (DeepSeek-V3 technical report, section 3.3;

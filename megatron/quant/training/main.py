@@ -20,6 +20,7 @@ import torch.distributed as dist  # noqa: E402
 
 from megatron.quant import kernels, tensor_saver  # noqa: E402
 from megatron.quant.layers import fusions  # noqa: E402
+from megatron.quant.layers.scaled_gemm import cpu_accumulation_notice  # noqa: E402
 from megatron.quant.output_dir import OutputDirError, check_output_dir  # noqa: E402
 from megatron.quant.recipes.precision import PrecisionConfig  # noqa: E402
 from megatron.quant.recipes.presets import emulates_precision  # noqa: E402
@@ -129,6 +130,9 @@ def _print_start(logger, inputs: RunConfiguration, num_params: int, flops: float
                  f"{schedule.num_microbatches} micro-batches = global batch {schedule.global_batch_size} | precision "
                  f"{tree.precision.compute()} | quantization {_quantization(precision, shape['num_layers'])} | "
                  f"device {'cuda' if cuda else 'cpu'} | {kernel_line} | {fused}")
+    notice = cpu_accumulation_notice([recipe.accumulation() for recipe in precision.configs.values()], cuda)
+    if notice:
+        logger.print(notice)
     logger.print(f"parameters: {num_params:,} | FLOPs per iteration: {flops:.3e} {notices.describe_hidden()}".rstrip())
     logger.print("memory estimate per rank (GB): " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
                  + f", total {sum(memory.values()):.3f}")

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Optional
 
 from megatron.quant.layers.fusions import FastPaths
+from megatron.quant.recipes.parse import accumulate_override
 from megatron.quant.recipes.precision import PrecisionConfig
 from megatron.quant.recipes.precision_file import load_precision_file
 from megatron.quant.recipes.presets import PrecisionFlags, emulates_precision, recipe_from_megatron_flags
@@ -43,7 +44,8 @@ def build_recipe(flags: PrecisionFlags, environ: Mapping[str, str]) -> QuantReci
         raise ArgumentError(f"{', '.join(given)} and the precision flags (--fp8-recipe/--fp4-format) both choose "
                             f"the recipe ({flags_recipe['name']}); unset {', '.join(given)} or drop the flags")
     extra = {"compile": environ[COMPILE_ENV]} if environ.get(COMPILE_ENV) else {}
-    return QuantRecipe.from_dict(flags_recipe, source="precision flags", defaults=extra)
+    return QuantRecipe.from_dict({**flags_recipe, **accumulate_override(environ)}, source="precision flags",
+                                 defaults=extra)
 
 
 def build_precision(tree: RunTree) -> PrecisionConfig:
@@ -61,8 +63,10 @@ def build_precision(tree: RunTree) -> PrecisionConfig:
     flag, path = files[0]
     if others:
         raise ArgumentError(f"{flag} and {', '.join(others)} both choose the precision; give one")
-    return load_precision_file(path, source=f"{flag} {path}").with_seed(seed).for_run(
-        tree.schedule.train_iters, tree.model.num_layers)
+    precision = load_precision_file(path, source=f"{flag} {path}").with_seed(seed)
+    if accumulate_override(environ):  # CUSTOM_QUANT_ACCUMULATE=exact: every config, whatever it says
+        precision = precision.with_exact_sums()
+    return precision.for_run(tree.schedule.train_iters, tree.model.num_layers)
 
 
 def precision_origin(tree: RunTree) -> str:

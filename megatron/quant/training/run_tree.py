@@ -188,6 +188,7 @@ class QuantSection:
     compile: Optional[str] = None        # CUSTOM_QUANT_COMPILE: torch.compile the quantizers
     kernels: Optional[str] = None        # CUSTOM_QUANT_KERNELS: auto | torch | compile | triton
     fusions: Optional[str] = None        # CUSTOM_QUANT_FUSIONS: auto | off
+    accumulate: Optional[str] = None     # CUSTOM_QUANT_ACCUMULATE: te | exact
 
 
 def quant_variable(name: str) -> str:
