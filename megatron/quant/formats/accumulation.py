@@ -46,6 +46,7 @@ from typing import Callable, Literal, Optional
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .interface import QuantFormat
 
@@ -139,10 +140,11 @@ def _chains(a: Tensor, pa: Tensor, b: Tensor, pb: Tensor, compiled: Optional[boo
     """The chains of a batch: a [C, M, L], b [C, N, L] (L a multiple of BLOCK), pa and pb their elements'
     2^exponent -> float32 [C, M, N], chain c over its L elements from +0, one block step at a time
     (``compiled``: the step under torch.compile; None: on the CPU from ``COMPILE_FROM`` products, below
-    which the eager step costs less than a compilation)."""
+    which the eager step costs less than a compilation, and under a dispatch mode)."""
     chains, m, length = a.shape
-    if compiled is None:
-        compiled = a.device.type == "cpu" and chains * m * b.shape[1] * length >= COMPILE_FROM
+    if compiled is None:  # torch.compile refuses to run under a dispatch mode (graph checks, work counts)
+        compiled = (a.device.type == "cpu" and chains * m * b.shape[1] * length >= COMPILE_FROM
+                    and not is_in_torch_dispatch_mode(include_infra_modes=False))
     step = _compiled_step() if compiled else _block_step
     blocks = zip(a.split(BLOCK, 2), pa.split(BLOCK, 2), b.transpose(1, 2).contiguous().split(BLOCK, 1),
                  pb.transpose(1, 2).contiguous().split(BLOCK, 1))

@@ -1,7 +1,8 @@
 """Delayed scaling's history update as one Triton launch (``layers.delayed.updated_history``, Transformer
 Engine's ``kernel_bulk``): a tensor's amax enters an operand's amax history and the amax its next scale
-derives from is chosen, on the device, with no torch op and no host sync. The history is written to new
-tensors, so the amax a quantization took its scale from (the old one) is never overwritten. A maximum
+derives from is chosen, on the device, with no host sync. The kernel writes new tensors (its one
+program's threads would race on the history's own entries); ``AmaxHistory.record`` copies them into its
+buffers, whose addresses a CUDA graph keeps. A maximum
 and a copy do not depend on any order: the result is the torch path's bit for bit."""
 from __future__ import annotations
 

@@ -77,15 +77,15 @@ class AmaxHistory(torch.nn.Module):
         self.register_buffer("amax_for_scale", torch.full((), math.inf))
 
     def scale_amax(self, device: torch.device) -> Tensor:
-        """The amax the current scale derives from (recording replaces it: this tensor stays as it is)."""
+        """The amax the current scale derives from (a copy: recording writes the buffer in place)."""
         if self.amax_history.device != device:  # built on CPU, run elsewhere
             self.to(device)
-        return self.amax_for_scale
+        return self.amax_for_scale.clone()
 
     def record(self, amax: Tensor) -> None:
         """Append a tensor's amax (0-d; reduced over ``group`` first) and update the scale's amax: one
-        launch of the history kernel where the kernels serve the history (no torch op), else in torch.
-        The buffers are replaced by new tensors, never written: an amax ``scale_amax`` gave keeps its value."""
+        launch of the history kernel where the kernels serve the history, else in torch. The results are
+        copied into the buffers, which keep their addresses: a CUDA graph replays the step on them."""
         amax = amax.detach().reshape(())
         if self.group is not None and dist.is_initialized() and dist.get_world_size(self.group) > 1:
             amax = amax.float().clone()  # the collective writes it
@@ -95,7 +95,8 @@ class AmaxHistory(torch.nn.Module):
                 history, for_scale = on_device(self.amax_history, self.amax_for_scale, amax, self.algo)
             else:
                 history, for_scale = updated_history(self.amax_history, self.amax_for_scale, amax.float(), self.algo)
-        self.amax_history, self.amax_for_scale = history, for_scale
+            self.amax_history.copy_(history)
+            self.amax_for_scale.copy_(for_scale)
 
     def _apply(self, fn, recurse: bool = True):
         """Moves between devices but keeps float32 (TE keeps its FP8 metadata in FP32): a 16-bit
