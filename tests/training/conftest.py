@@ -19,11 +19,12 @@ ITERS = 12
 PRESETS = ("te-nvfp4", "te-mxfp8", "te-fp8-current", "te-fp8-blockwise", "te-fp8-delayed")
 SHORT = ["--train-iters", "2", "--seq-length", "32", "--global-batch-size", "2", "--eval-interval", "2",
          "--log-interval", "1", "--lr-warmup-iters", "0"]
+# The FP8 presets' Hopper accumulation model costs tens of times an exact GEMM on the CPU: the runs here that
+# test other things (losses, checkpoints, resuming, tensor parallelism) sum exactly; accumulate_hopper trains
+# with the model.
+EXACT_SUMS = {"CUSTOM_QUANT_ACCUMULATE": "exact"}
 # Megatron-LM's flags for delayed scaling with a window of 3 micro-batches (the default window of
 # 1 would hide a history that is not restored on resume less well).
-# The FP8 presets' Hopper accumulation model costs tens of times an exact GEMM on the CPU: the runs here that
-# test other things (losses, checkpoints, resuming) sum exactly; accumulate_hopper trains with the model.
-EXACT_SUMS = {"CUSTOM_QUANT_ACCUMULATE": "exact"}
 DELAYED_FLAGS = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "3",
                  "--fp8-amax-compute-algo", "max"]
 
@@ -162,7 +163,7 @@ def two_ranks(corpus, hf_models, stochastic_env, tmp_path_factory) -> list[dict]
         ("tp2", "train", ({}, argv + ["--tensor-model-parallel-size", "2"])),
         ("dp2", "train", ({}, argv)),
         ("stochastic_tp2", "train", (stochastic_env, argv + ["--tensor-model-parallel-size", "2"])),
-        ("delayed_tp2", "train", ({}, argv + DELAYED_FLAGS + ["--tensor-model-parallel-size", "2"])),
+        ("delayed_tp2", "train", (EXACT_SUMS, argv + DELAYED_FLAGS + ["--tensor-model-parallel-size", "2"])),
         ("hf_tp2", "hf_logits", (path, tokens)),
     ]
     return run_distributed(run_plan, 2, plan, timeout=600)
