@@ -1,11 +1,13 @@
 """The cast kernels' short paths against the torch path, bit for bit: rounding to nearest by float32
 additions (``elementwise.nearest_even``), exact below 2**22 grid steps, on values far beyond a grid's
 max (up to float32's max, where that rounding is not exact and only the overflow rule may decide);
-block ids in int32 or, past 2**31 blocks, int64 (``blocks.block_walk``)."""
+block ids in int32 or, past 2**31 blocks, int64 (``blocks.block_walk``); an unsharded tensor's noise
+indexed without divisions."""
 import pytest
 import torch
 
 from megatron.quant.formats import get_format
+from megatron.quant.formats.random_bits import RandomBits, Shard
 from tests.kernels._compare import assert_same_result, triton_twin, wide_values
 
 pytestmark = pytest.mark.device
@@ -59,3 +61,13 @@ def test_int64_block_ids_give_the_int32_ids_bits(name, options, kernel_device, m
     for axis in ((0, 1, -1) if "block_shape" not in options else (-1,)):
         assert_same_result(triton_twin(fmt).quantize(x, axis), fmt.quantize(x, axis), f"{name} axis {axis}")
 
+
+def test_unsharded_noise_is_indexed_by_constants(kernel_device):
+    """Unsharded, ``noise.global_index`` is the local index: its arguments are ones (and a zero offset),
+    which Triton compiles as constants, so the kernel divides by nothing (the stochastic tests hold
+    the bits); a shard keeps its layout."""
+    from megatron.quant.kernels.noise import noise_args
+
+    bits = RandomBits.derive("noise", 3)
+    assert noise_args(bits, (6, 40, 72))[2:] == (1, 1, 0, 1)
+    assert noise_args(bits.sharded(Shard(dim=1, rank=1, world=2)), (6, 40, 72))[2:] == (72, 40, 40, 2 * 40 * 72)
