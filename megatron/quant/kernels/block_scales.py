@@ -9,10 +9,9 @@ import triton.language as tl
 
 @triton.jit
 def exp2_int(k):
-    """Exact 2**k as float32 for int32 k in [-149, 127] (``formats.bits.exp2_int``)."""
-    normal = tl.minimum(tl.maximum(k, -126), 127)
-    return ((normal + 127) << 23).to(tl.float32, bitcast=True) * ((k - normal + 127) << 23).to(tl.float32,
-                                                                                                bitcast=True)
+    """Exact 2**k as float32 for int32 k in [-127, 127] (E8M0's range; ``formats.bits.exp2_int``): the
+    exponent field, or 2**-127's subnormal bits."""
+    return tl.where(k > -127, (k + 127) << 23, 0x00400000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
