@@ -38,8 +38,9 @@ def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr, 
     encode = tl.math.div_rn(tl.full(amax.shape, MAX_VALUE, tl.float32), amax)
     encode = tl.where(encode == float("inf"), VALUE_FOR_INF, encode)
     encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)
-    if POWER_OF_TWO:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    if POWER_OF_TWO:  # 2**k, k in [-126, 127]: 1 / encode is 2**-k, exactly, from the exponent field
+        field = encode.to(tl.int32, bitcast=True) & 0x7F800000
+        return field.to(tl.float32, bitcast=True), exp2_int(127 - (field >> 23))
     return encode, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
 
 
