@@ -26,6 +26,7 @@ from megatron.quant.formats.rounding import DRAW_BITS
 
 from . import constants
 from .amax import tensor_scale_args, tensor_scale_of
+from .block_scales import fp8_block_scales, mx_scales, nan_where
 from .constants import Layout
 from .elementwise import load, round_grid, store, stored
 from .launch import launch_options, program_elements
@@ -38,16 +39,12 @@ TENSOR_ROWS = 4  # a tensor scale's rows: global encode / element max, global de
 
 
 @triton.jit
-def exp2_int(k):
-    """Exact 2**k as float32 for int32 k in [-149, 127] (``formats.bits.exp2_int``)."""
-    normal = tl.minimum(tl.maximum(k, -126), 127)
-    return ((normal + 127) << 23).to(tl.float32, bitcast=True) * ((k - normal + 127) << 23).to(tl.float32,
-                                                                                                bitcast=True)
-
-
-@triton.jit
 def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, LAYOUT: tl.constexpr):
-    """(offsets, valid) of a [block position, block] tile: block ids ``c``, positions ``k``."""
+    """(offsets, valid) of a [block position, block] tile: block ids ``c``, positions ``k``. The block
+    ids' divisions in int32 unless ``LAYOUT.wide`` (an int64 division is a call of ~90 instructions)."""
+    valid_block = c < n_blocks_total
+    if not LAYOUT.wide:  # every id a program holds is below 2**31 (``block_walk``)
+        c = c.to(tl.int32)
     B = LAYOUT.block
     SIDE = LAYOUT.side
     if LAYOUT.tiled:  # c enumerates (matrix, tile row, tile column); k runs row by row through a SIDE x SIDE tile
@@ -59,54 +56,29 @@ def block_offsets(c, k, n_blocks_total, length, after, n_blocks, rows, cols, LAY
             across, down = down, across
         row = (t // per_row) * SIDE + across
         col = (t % per_row) * SIDE + down
-        valid = (k[:, None] < B) & (row < rows) & (col < cols) & (c < n_blocks_total)
-        offsets = (c // per_matrix).to(tl.int64) * rows * cols + row * cols + col
+        valid = (k[:, None] < B) & (row < rows) & (col < cols) & valid_block
+        offsets = (c // per_matrix).to(tl.int64) * rows * cols + row.to(tl.int64) * cols + col
     else:  # c enumerates (before, block, after) with after fastest
         a = c % after
         r = c // after
         position = (r % n_blocks) * B + k[:, None]
-        valid = (k[:, None] < B) & (position < length) & (c < n_blocks_total)
+        valid = (k[:, None] < B) & (position < length) & valid_block
         offsets = (r // n_blocks).to(tl.int64) * length * after + position.to(tl.int64) * after + a
     return offsets, valid
 
 
 @triton.jit
-def mx_scales(amax, SCALE: tl.constexpr):
-    """(encode, decode) powers of two from finite block amaxes (``mx.mx_scale_exponent``)."""
-    amax_bits = amax.to(tl.int32, bitcast=True)
-    if SCALE.scale_mode == 2:  # even: the mantissa rounded to the element's width first (a carry bumps the exponent)
-        amax_bits = amax_bits + SCALE.half_ulp
-    exponent = ((amax_bits >> 23) & 0xFF) - 127 - SCALE.emax
-    if SCALE.scale_mode == 1:  # ceil
-        exponent = exponent + ((amax_bits & 0x7FFFFF) != 0).to(tl.int32)
-    elif SCALE.scale_mode == 3:  # rceil
-        exponent = exponent + ((amax_bits & 0x7FFFFF) > SCALE.max_mantissa).to(tl.int32)
-    exponent = tl.minimum(tl.maximum(exponent, -127), 127)
-    exponent = tl.where(amax == float("inf"), 127, exponent)  # nonfinite="te": E8M0 0xFE
-    return exp2_int(-exponent), exp2_int(exponent)
-
-
-@triton.jit
-def fp8_block_scales(amax, MAX_VALUE: tl.constexpr, POWER_OF_TWO: tl.constexpr, VALUE_FOR_INF: tl.constexpr):
-    """(encode, decode) from block amaxes: ``base.encode_scale`` (TE's rule, an overflow gives
-    ``VALUE_FOR_INF``, an Inf amax 1), IEEE division."""
-    encode = tl.math.div_rn(tl.full(amax.shape, MAX_VALUE, tl.float32), amax)
-    encode = tl.where(encode == float("inf"), VALUE_FOR_INF, encode)
-    encode = tl.where((amax > 0) & (encode > 0), encode, 1.0)
-    if POWER_OF_TWO:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-    return encode, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
-
-
-@triton.jit
 def block_amax(x, AXIS: tl.constexpr, NONFINITE_TE: tl.constexpr):
     """(amax, nonfinite) of the blocks along ``AXIS`` of a 2-D tile, kept 2-D for broadcasting.
-    te: the amax skips NaN (fmaxf) and may be Inf; propagate: a block holding Inf or NaN turns
-    NaN (``nonfinite``), so only finite blocks' amaxes matter."""
-    special = (x.to(tl.int32, bitcast=True) & 0x7F800000) == 0x7F800000
-    nonfinite = tl.max(special.to(tl.int32), axis=AXIS, keep_dims=True) > 0
-    amax = tl.max(tl.where((x != x) if NONFINITE_TE else special, 0.0, tl.abs(x)), axis=AXIS, keep_dims=True)
-    return amax, nonfinite
+    te: the amax skips NaN (fmaxf) and may be Inf (``nonfinite`` unused); propagate: a block holding
+    Inf or NaN turns NaN (``nonfinite``), so only finite blocks' amaxes matter: the largest magnitude's
+    bits (an integer max, which orders every finite value below Inf and Inf below NaN), two integer
+    operations an element, are a finite block's amax and Inf's or NaN's bits for the others."""
+    if NONFINITE_TE:
+        amax = tl.max(tl.where(x != x, 0.0, tl.abs(x)), axis=AXIS, keep_dims=True)
+        return amax, amax != amax
+    magnitude = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS, keep_dims=True)
+    return magnitude.to(tl.float32, bitcast=True), magnitude >= 0x7F800000
 
 
 @triton.jit
@@ -121,18 +93,21 @@ def block_values(x, amax, nonfinite, u, multiplier, tensor_decode, tensor_encode
     are 16 x 16 tiles (4over6's error order)."""
     if SCALE.kind == 0:
         encode, decode = mx_scales(amax, SCALE)
+        decode = nan_where(nonfinite, decode, SCALE.nonfinite_te)
         scale = decode
     elif SCALE.kind == 1:
         encode, decode = fp8_block_scales(amax, ELEMENT.max_value, SCALE.power_of_two, SCALE.value_for_inf)
+        decode = nan_where(nonfinite, decode, SCALE.nonfinite_te)
         scale = decode
     if SCALE.kind == 2 and SCALE.four_over_six:
         decode, y = four_over_six(x, amax, tensor_encode, tensor_decode, tensor_amax, ELEMENT, SCALE, SCALE_GRID,
                                   TILED)
+        decode = nan_where(nonfinite, decode, SCALE.nonfinite_te)
         scale = decode * tensor_decode
         y = y * decode
     else:
         if SCALE.kind == 2:  # the block's scale, to nearest; a block whose scale rounds to zero quantizes to zero
-            decode = round_grid(amax * multiplier, amax, amax, SCALE_GRID, 0)
+            decode = nan_where(nonfinite, round_grid(amax * multiplier, amax, amax, SCALE_GRID, 0), SCALE.nonfinite_te)
             scale = decode * tensor_decode
             encode = tl.minimum(tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale), FP32_MAX)
         scaled = x * encode
@@ -141,9 +116,6 @@ def block_values(x, amax, nonfinite, u, multiplier, tensor_decode, tensor_encode
         y = round_grid(scaled, u, x, ELEMENT, STOCHASTIC) * decode
     if SCALE.kind == 2 and not SPLIT:
         y = y * tensor_decode
-    if not SCALE.nonfinite_te:
-        y = tl.where(nonfinite, float("nan"), y)
-        scale = tl.where(nonfinite, float("nan"), scale)
     return y, scale
 
 
@@ -368,7 +340,9 @@ def block_walk(x, contract: KernelContract, axis: int) -> tuple[tuple[int, ...],
     padded = triton.next_power_of_2(block)
     columns = max(1, program_elements(ELEMENTS_PER_PROGRAM) // padded)
     flip = contract.tiled and contract.block_scale.four_over_six is not None and axis == x.dim() - 2  # W^T's tiles
-    return (total, length, after, n_blocks, rows, cols), Layout(block, padded, size, contract.tiled, columns, flip)
+    wide = total + columns > 2**31 - 1  # the last program's ids run past the blocks by up to columns - 1
+    return (total, length, after, n_blocks, rows, cols), Layout(block, padded, size, contract.tiled, columns, flip,
+                                                                wide)
 
 
 def scale_layout(contract: KernelContract, shape: tuple[int, ...], axis: int) -> tuple[int, ...]:

@@ -51,7 +51,7 @@ class BlockScale(NamedTuple):
 class Layout(NamedTuple):
     """How ``blocks._block_kernel`` walks a tensor's blocks: a block of ``block`` elements (padded to
     ``padded``), ``side`` long along an axis (tiles: side x side), ``columns`` blocks a program;
-    ``transposed`` tiles run down their columns."""
+    ``transposed`` tiles run down their columns; ``wide``: more blocks than int32 counts."""
 
     block: int
     padded: int
@@ -59,6 +59,7 @@ class Layout(NamedTuple):
     tiled: bool
     columns: int
     transposed: bool  # tiles walked column by column: W^T's tiles in W (4over6 along axis -2)
+    wide: bool = False  # block ids reach 2**31: their divisions in int64 (else int32, a few instructions)
 
 
 class Rht(NamedTuple):

@@ -3,12 +3,12 @@ bf16/fp16 casts and the FP8/HiF8 grids, unscaled or with a per-tensor scale, rou
 or stochastic. One pass: read x, write the quantized values in the output's dtype.
 
 The rounding is ``formats.grid``'s, written for one element: scale by the grid spacing's
-inverse (a power of two built from the exponent field), pick an integer with exact float32
-compares, scale back, apply the overflow rule. A per-tensor scale is computed in the kernel
-(``tensor_scale``, ``encode_scale``'s arithmetic, which the tests hold bit for bit) from rows of
-magnitude bits: the amax kernel's over x (two launches and nothing between them), or a given float32
-amax (delayed scaling's, a reduced one) as one row; with statistics it arrives as device pointers to
-the torch path's own encode/decode factors. No host sync either way.
+inverse (a power of two built from the exponent field), pick an integer (to nearest by float32
+additions alone, stochastic with exact float32 compares), scale back, apply the overflow rule. A
+per-tensor scale is computed in the kernel (``tensor_scale``, ``encode_scale``'s arithmetic, which the
+tests hold bit for bit) from rows of magnitude bits: the amax kernel's over x (two launches and nothing
+between them), or a given float32 amax (delayed scaling's, a reduced one) as one row; with statistics it
+arrives as device pointers to the torch path's own encode/decode factors. No host sync either way.
 """
 from __future__ import annotations
 
@@ -37,30 +37,46 @@ def round_integer(a, u, signs, STOCHASTIC: tl.constexpr, AWAY: tl.constexpr):
     """``rounding.py``'s rules on float32 a: nearest-even (keeps a's sign), or on magnitudes with
     the sign of ``signs``: nearest with ties away, or stochastic (``u``: U[0, 1); ``STOCHASTIC``: the
     random bits drawn per element, ``rounding.DRAW_BITS``: all 24 the continuous draw, fewer the
-    hardware's carry rule), as ``ElementGrid.round_`` does. Magnitudes >= 2**23, Inf and NaN are kept."""
-    m = tl.abs(a)
-    small = m < 8388608.0
-    t = tl.where(small, m, 0.0).to(tl.int32)
-    whole = t.to(tl.float32)
-    f = m - whole  # exact
-    if STOCHASTIC >= _CONTINUOUS:
-        up = u < f
-    elif STOCHASTIC:
-        steps: tl.constexpr = float(1 << STOCHASTIC)
-        up = tl.floor(u * steps) + tl.floor(f * steps) >= steps  # exact integers in float32
+    hardware's carry rule), as ``ElementGrid.round_`` does. To nearest, exact for |a| < 2**22 (every
+    value a grid rounds without overflowing); beyond, the result stays beyond 2**22 - 2, Inf and NaN
+    are kept. Stochastic: magnitudes >= 2**23, Inf and NaN are kept."""
+    if STOCHASTIC:
+        m = tl.abs(a)
+        small = m < 8388608.0
+        t = tl.where(small, m, 0.0).to(tl.int32)
+        whole = t.to(tl.float32)
+        f = m - whole  # exact
+        if STOCHASTIC >= _CONTINUOUS:
+            up = u < f
+        else:
+            steps: tl.constexpr = float(1 << STOCHASTIC)
+            up = tl.floor(u * steps) + tl.floor(f * steps) >= steps  # exact integers in float32
+        r = tl.where(small, whole + up.to(tl.float32), m)
     elif AWAY:
-        up = f >= 0.5
+        m = tl.abs(a)
+        r = nearest_even(m)
+        r = tl.where(m - r == 0.5, r + 1.0, r)  # m - r is exact: a tie rounded down to even goes up
     else:
-        up = (f > 0.5) | ((f == 0.5) & ((t & 1) == 1))
-    r = tl.where(small, whole + up.to(tl.float32), m)
+        r = nearest_even(a)  # a's sign but where it rounds to zero: +0, given a's sign below
     sign = (signs if STOCHASTIC or AWAY else a).to(tl.int32, bitcast=True) & -2147483648
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
+def nearest_even(a):
+    """a rounded to an integer, ties to even, by float32 additions alone (no conversion to an integer,
+    which runs at an eighth of the adds' rate): a + 1.5 * 2**23 lies in [2**23, 2**24), where the
+    float32 spacing is 1, so the sum is rounded to an integer as IEEE rounds, and subtracting
+    1.5 * 2**23 again is exact. Exact for |a| < 2**22; beyond, |result| >= 2**22 - 2."""
+    return (a + 12582912.0) - 12582912.0
+
+
+@triton.jit
 def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
     """float32 x rounded onto a grid (``ElementGrid.round_``, ``signs`` as there), or to bfloat16
-    (``_round_bf16``); ``GRID``: ``constants.Grid``; ``STOCHASTIC`` as in ``round_integer``."""
+    (``_round_bf16``); ``GRID``: ``constants.Grid``; ``STOCHASTIC`` as in ``round_integer``. Every
+    value the grid holds is below 2**22 of its binade's spacing, so ``round_integer`` is exact
+    wherever the result is not an overflow."""
     xbits = x.to(tl.int32, bitcast=True)
     if GRID.kind == 0:  # bf16: round the float32 bit pattern at bit 16
         if STOCHASTIC >= 16:
@@ -82,13 +98,15 @@ def round_grid(x, u, signs, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
     inverse = ((254 << 23) - field).to(tl.float32, bitcast=True)
     r = round_integer(x * inverse, u, signs, STOCHASTIC, GRID.kind == 2)
     y = r * field.to(tl.float32, bitcast=True)
-    top = GRID.max_value
-    if GRID.overflow_inf and GRID.has_inf:
-        y = tl.where(y > top, float("inf"), tl.where(y < -top, float("-inf"), y))
+    top: tl.constexpr = GRID.max_value
+    if GRID.overflow_inf and GRID.has_inf:  # +-Inf: y's sign on Inf's bits
+        beyond = ((y.to(tl.int32, bitcast=True) & -2147483648) | 0x7F800000).to(tl.float32, bitcast=True)
+        y = tl.where(tl.abs(y) > top, beyond, y)
     elif GRID.overflow_inf:  # no Inf in the format: beyond max is NaN
-        y = tl.where((y > top) | (y < -top), float("nan"), y)
-    else:
-        y = tl.where(y > top, top, tl.where(y < -top, -top, y))
+        y = tl.where(tl.abs(y) > top, float("nan"), y)
+    else:  # saturate, NaN kept
+        y = tl.minimum(tl.maximum(y, -top, propagate_nan=tl.PropagateNan.ALL), top,
+                       propagate_nan=tl.PropagateNan.ALL)
     if not GRID.signed_zero:
         y = tl.where(y == 0.0, 0.0, y)
     return y
@@ -163,9 +181,9 @@ def _elementwise_kernel(x_ptr, out_ptr, encode_ptr, decode_ptr, n, key_low, key_
 
 @triton.jit
 def load(pointers, mask):
-    """float32 values of float32/bf16/fp16 pointers; bf16 through its bits (exact; Triton's
-    interpreter converts bf16 subnormals wrongly)."""
-    if pointers.dtype.element_ty == tl.bfloat16:
+    """float32 values of float32/bf16/fp16 pointers. bf16 in Triton's interpreter through its bits
+    (exact; the interpreter converts bf16 subnormals wrongly); compiled, the hardware's exact widening."""
+    if pointers.dtype.element_ty == tl.bfloat16 and not COMPILED:
         raw = tl.load(pointers.to(tl.pointer_type(tl.int16)), mask=mask, other=0)
         return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
     return tl.load(pointers, mask=mask, other=0.0).to(tl.float32)
@@ -173,9 +191,11 @@ def load(pointers, mask):
 
 @triton.jit
 def store(pointers, y, mask):
-    """Store float32 y in the pointers' dtype rounded to nearest even, as torch's ``.to`` does;
-    bf16 as its bits (ties to even at bit 16, NaN kept NaN)."""
-    if pointers.dtype.element_ty == tl.bfloat16:
+    """Store float32 y in the pointers' dtype rounded to nearest even, as torch's ``.to`` does. bf16
+    in Triton's interpreter as its bits (ties to even at bit 16, NaN kept NaN; the interpreter's own
+    conversion truncates); compiled, the hardware's conversion (``cvt.rn.bf16x2.f32``: two values an
+    instruction, IEEE's rounding, subnormals kept; any NaN a NaN, as the tests compare them)."""
+    if pointers.dtype.element_ty == tl.bfloat16 and not COMPILED:
         rounded = tl.where(y != y, 0x7FC0, bf16_bits(y))
         tl.store(pointers.to(tl.pointer_type(tl.int16)), rounded.to(tl.int16), mask=mask)
     else:
@@ -192,9 +212,14 @@ def bf16_bits(y):
 @triton.jit
 def stored(y, pointers):
     """float32 y as ``store`` stores it through ``pointers``, read back as float32."""
-    if pointers.dtype.element_ty == tl.bfloat16:
+    if pointers.dtype.element_ty == tl.bfloat16 and not COMPILED:
         return tl.where(y != y, y, (bf16_bits(y) << 16).to(tl.float32, bitcast=True))
     return y.to(pointers.dtype.element_ty).to(tl.float32)
+
+
+# Whether the kernels run compiled (True) or in Triton's interpreter, as Triton decided when it
+# decorated them (``TRITON_INTERPRET`` at import): the bf16 conversions above differ between the two.
+COMPILED = tl.constexpr(isinstance(bf16_bits, triton.runtime.JITFunction))
 
 
 def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats: int = NONE,

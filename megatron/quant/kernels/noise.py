@@ -48,11 +48,8 @@ def noise_args(bits: Optional[RandomBits], shape: tuple[int, ...]) -> tuple[int,
     if bits is None:
         return 0, 0, 1, 1, 0, 1
     shard = bits.shard
-    numel = 1
-    for size in shape:
-        numel *= size
-    if shard is None or shard.world == 1:
-        after, local, rank_offset, row_stride = 1, max(numel, 1), 0, max(numel, 1)
+    if shard is None or shard.world == 1:  # the local index: ones, which the kernels' launches take as constants
+        after, local, rank_offset, row_stride = 1, 1, 0, 1
     else:
         dim = shard.dim % len(shape)
         after = 1
