@@ -59,9 +59,10 @@ def test_linear_layer_on_triton_kernels_gives_the_torch_path_bits(preset, parall
     assert len(ours) == len(expected) and (len(ours) > 3) == (preset == "te-fp8-delayed")  # histories compared too
     for a, b in zip(ours, expected):
         assert torch.equal(a, b)
-    # The weight's fprop and dgrad copies and the gradient's dgrad and wgrad copies come from one
-    # read where both use one block format along an axis (not 2-D tiles: te-fp8-blockwise's weights).
-    assert len(dual_calls) == {"te-mxfp8": 2, "te-fp8-blockwise": 1}.get(preset, 0)
+    # The weight's fprop and dgrad copies, the input's fprop and wgrad copies and the gradient's dgrad and
+    # wgrad copies come from one read where both use one block format along an axis (not 2-D tiles:
+    # te-fp8-blockwise's weights).
+    assert len(dual_calls) == {"te-mxfp8": 3, "te-fp8-blockwise": 2}.get(preset, 0)
 
 
 def _captured_stats(capture_session, preset: str, level: str, directory, device) -> dict:

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .blocks import block_amax, block_values, exp2_int, fold_half
+from .block_scales import exp2_int
+from .blocks import block_amax, block_values, fold_half
 from .elementwise import bf16_bits, load, round_grid, store
 from .flash_attention_formats import TileFormat
 from .flash_attention_softmax import EXP_FLOOR, KEY_BLOCK, LN2_HI, LN2_LO, LOG2E, TAYLOR
