@@ -135,3 +135,16 @@ def test_a_transform_the_kernel_does_not_apply_leaves_the_statistics_to_torch(ke
     q, scale, counts = triton_twin(fmt).quantize_with_stats(x, -1, full=True)
     assert counts is None
     assert_same_result((q, scale), fmt.quantize_with_scale(x, -1))
+
+
+
+def test_statistics_launches_hold_16_values_a_thread_up_to_2048():
+    """Fewer warps for the statistics' programs of up to 2048 values (their reductions across lanes and
+    warps cost each thread alike, whatever its share of values); larger ones keep Triton's rule."""
+    from megatron.quant.kernels.launch import launch_options
+    from megatron.quant.kernels.stats import COUNTS, FULL, NONE
+
+    assert [launch_options(n, FULL)["num_warps"] for n in (512, 1024, 2048)] == [1, 2, 4]
+    assert launch_options(1024, COUNTS) == {**launch_options(1024), "num_warps": 2}
+    assert launch_options(1024, NONE) == launch_options(1024)
+    assert launch_options(16384, FULL) == launch_options(16384)

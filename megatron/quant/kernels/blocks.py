@@ -295,7 +295,7 @@ def launch_blocks(x, out, contract: KernelContract, axis: int, noise: tuple, ten
         **_format_constants(contract, x.dtype, split), scales_ptr=scales, rows_ptr=stats_out, STATS=stats,
         **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=(layout.padded * layout.columns).bit_length() - 1, **_transform_args(contract, x, transform),
-        AMAX_ONLY=False, **launch_options(layout.padded * layout.columns))
+        AMAX_ONLY=False, **launch_options(layout.padded * layout.columns, stats))
     return (scales, stats_out) if stats else None
 
 

@@ -247,7 +247,7 @@ def launch(x, out, contract: KernelContract, encode, decode, noise: tuple, stats
         GRID=constants.element_grid(contract), STOCHASTIC=DRAW_BITS[contract.rounding], SCALED=scaled, DECODE=dec,
         BLOCK_SIZE=block, rows_ptr=rows, STATS=stats, **constants.stats_bound(contract), ROW=stats_row(stats),
         LOG2=block.bit_length() - 1, amax_ptr=x if amax_rows is None else amax_rows, AMAX_OUT=amax_rows is not None,
-        fold_ptr=fold_rows if folding else x, **fold, **launch_options(block))
+        fold_ptr=fold_rows if folding else x, **fold, **launch_options(block, stats))
     return rows if stats else None
 
 

@@ -18,12 +18,18 @@ def interpreting() -> bool:
 EXACT_ARITHMETIC = {"enable_fp_fusion": False}
 
 
-def launch_options(elements: int) -> dict:
+def launch_options(elements: int, stats: int = 0) -> dict:
     """Every launch's options for programs of ``elements`` values: exact arithmetic, and warps enough
     that a thread holds at most about 32 of them (Triton's own rule of thumb: 4 warps up to 2048, 8
     up to 8192, then 16). With 4 warps a 128 x 128 FP8 tile spilled 4-9 KB a thread to local memory
     (Triton 3.6, sm_90; ``python -m bench.gpu.kernel_build --cubin``). The warps change no bits:
-    every reduction in the kernels is a max, a min, an integer count or a sum in a fixed order."""
+    every reduction in the kernels is a max, a min, an integer count or a sum in a fixed order.
+    With statistics (``stats`` nonzero: ``kernels.stats``' level) a program of up to 2048 values takes
+    16 a thread (2 warps for 1024) instead of 8, halving each thread's share of the statistics'
+    reductions across lanes and warps (Triton 3.9, MXFP8 blocks of bf16 with full statistics: 440 ->
+    304 instructions an element, 190 registers, no stack; 32 a thread spilled about 1 KB)."""
+    if stats and elements <= 2048:
+        return {**EXACT_ARITHMETIC, "num_warps": max(1, elements // 512)}
     return {**EXACT_ARITHMETIC, "num_warps": 4 if elements <= 2048 else 8 if elements <= 8192 else 16}
 
 

@@ -1,7 +1,9 @@
 """The statistics of a quantization, taken by the kernel that quantizes: no second pass over the
 tensor. Each program writes one float64 row of ``stats.packing``'s layout for its tile: the exact
 fields only (``COUNTS``: capture's ``counts`` level, and the exact fields of ``sample``) or all of them
-(``FULL``: the ``full`` level); ``stats.packing.combine`` folds the rows on the device.
+(``FULL``: the ``full`` level); ``stats.packing.combine`` folds the rows on the device. Within a
+program the counts are int32 (two to a word) and the extremes float32, one reduction each; only the
+sums are float64 (below); overflow is one comparison an element against a threshold a scale.
 
 Counts, minima and maxima do not depend on the order of reduction. The sums are taken in
 ``packing``'s order: the tile's elements block by block (a 2-D tile is [position in block, block]),
@@ -92,24 +94,44 @@ def in_block_order(t, BLOCKED: tl.constexpr):
 
 
 @triton.jit
+def pairs(t):
+    """A 1-D run as its [n / 2, 2] adjacent pairs."""
+    return tl.reshape(t, (t.shape[0] // 2, 2))
+
+
+@triton.jit
 def tree_sum(t, LOG2: tl.constexpr):
     """The sum of a 1-D run of 2**LOG2 (>= 2) values as a tree of adjacent pairs: each level sums
     the rows of a [n / 2, 2] reshape, one addition a pair, the same bits in whatever lanes hold
     them. Not ``tl.split``: its layout has every thread hold the whole run (Triton 3.6, sm_90:
     about 40 KB of stack per thread in the full-statistics kernels; ``bench.gpu.kernel_build``)."""
     for _ in tl.static_range(LOG2 - 1):
-        t = tl.sum(tl.reshape(t, (t.shape[0] // 2, 2)), axis=1)
+        t = tl.sum(pairs(t), axis=1)
     return tl.sum(t, axis=0)
 
 
 @triton.jit
-def count(mask):
-    return tl.sum(mask.to(tl.int32), axis=None).to(tl.float64)
+def finite(x):
+    """Neither NaN nor infinite: one comparison (NaN compares false)."""
+    return tl.abs(x) < float("inf")
 
 
 @triton.jit
-def finite(x):
-    return (x == x) & (tl.abs(x) != float("inf"))
+def flag(where, SHIFT: tl.constexpr):
+    """1 << SHIFT where ``where``, else 0: one of the two 16-bit counts an int32 packs."""
+    return tl.where(where, 1 << SHIFT, 0)
+
+
+@triton.jit
+def low(word):
+    """The count in the low 16 bits of a word of ``flag``s' sums."""
+    return (word & 0xFFFF).to(tl.float64)
+
+
+@triton.jit
+def high(word):
+    """The count in the high 16 bits (2**15 elements make it the sign bit)."""
+    return ((word >> 16) & 0xFFFF).to(tl.float64)
 
 
 @triton.jit
@@ -122,31 +144,71 @@ def log2_bins(x, where, BLOCKED: tl.constexpr):
 
 
 @triton.jit
+def next_up(t):
+    """The float32 after t >= 0."""
+    return (t.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def overflow_threshold(scale, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr):
+    """The least float32 a with a / scale, rounded to nearest, above BOUND (or, ``INCLUSIVE``, at or
+    above it); NaN unless scale > 0: |x| overflows exactly where |x| >= this, a few operations a scale
+    instead of an IEEE division an element. The quotient rounds beyond BOUND exactly when a / scale, a
+    real number, lies above the midpoint m between the last float32 not beyond and the first beyond;
+    m has 25 significant bits and the scale 24, so m * scale is exact in float64, and no float32 a
+    equals it (its odd part has 25 bits or more): no quotient is a tie, and the threshold is the least
+    float32 above m * scale."""
+    bound = tl.full((), BOUND, tl.float32).to(tl.int32, bitcast=True)
+    if INCLUSIVE:  # the first float32 beyond: BOUND itself, or the one after it
+        first = bound
+    else:
+        first = bound + 1
+    low = (first - 1).to(tl.float32, bitcast=True).to(tl.float64)
+    middle = (low + first.to(tl.float32, bitcast=True).to(tl.float64)) * 0.5
+    product = middle * scale.to(tl.float64)
+    t = product.to(tl.float32)  # the nearest float32: the least above the product, or the one below it
+    t = tl.where(t.to(tl.float64) < product, next_up(t), t)
+    return tl.where(scale > 0.0, t, float("nan"))  # a zero scale zeroes its values: nothing overflows
+
+
+@triton.jit
 def write_stats(row, x, q, xt, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.constexpr, STATS: tl.constexpr,
                 BLOCKED: tl.constexpr, LOG2: tl.constexpr, ROW: tl.constexpr):
     """This program's row at ``row``: x the float32 values quantized (a 1-D tile, or with ``BLOCKED``
-    a [position, block] tile of 2**LOG2 elements), q their quantized values as stored, xt the values
-    the format divided by ``scale`` (x, or its Hadamard transform; broadcast against x: in a block
-    tile, [1, block]; NaN for a block the format turned NaN), ``valid`` the elements that exist;
-    ``ROW``: where the fields go (``stats_row``)."""
+    a [position, block] tile of 2**LOG2 <= 2**15 elements), 0 where not ``valid`` (the elements that
+    exist), q their quantized values as stored, xt the values the format divided by ``scale`` (x, or
+    its Hadamard transform; broadcast against x: in a block tile, [1, block]; NaN for a block the format
+    turned NaN); ``ROW``: where the fields go (``stats_row``). The counts are int32, two to a word
+    (16 bits each: at most 2**15 elements), and the counts, minimum and maximum share one reduction;
+    the sums share ``tree_sums``."""
+    tl.static_assert(LOG2 <= 15, "statistics tiles hold at most 2**15 elements (two 16-bit counts a word)")
     magnitude = tl.abs(x)
     is_finite = valid & finite(x)
-    block_scale = scale
-    scale = scale + tl.zeros_like(x)
-    ratio = tl.math.div_rn(tl.abs(xt), scale)  # IEEE division, as the torch path's
-    beyond = (ratio >= BOUND) if INCLUSIVE else (ratio > BOUND)
-    overflow = (beyond & (scale != 0.0)) | (tl.abs(xt) == float("inf"))
-    tl.store(row + ROW.at.nans, count(valid & (x != x)))
-    tl.store(row + ROW.at.infs, count(valid & (magnitude == float("inf"))))
-    tl.store(row + ROW.at.nonzero, count(valid & (x != 0.0)))
-    tl.store(row + ROW.at.underflow, count(valid & (q == 0.0) & (x != 0.0)))
-    tl.store(row + ROW.at.overflow, count(valid & overflow))
-    tl.store(row + ROW.at.min, tl.min(tl.where(is_finite, x, float("inf")), axis=None).to(tl.float64))
-    tl.store(row + ROW.at.max, tl.max(tl.where(is_finite, x, float("-inf")), axis=None).to(tl.float64))
+    at = tl.abs(xt)
+    threshold = overflow_threshold(tl.zeros((), tl.float32) + scale, BOUND, INCLUSIVE)  # also the cast's 1.0
+    overflow = valid & ((at >= threshold) | (at == float("inf")))
+    nonzero = x != 0.0
+    both = is_finite & finite(q)
     if STATS == 2:
-        write_sums(row, x, q, is_finite, BLOCKED, LOG2, ROW)
+        last = flag(overflow, 0) + flag(both, 16)
+    else:
+        last = flag(overflow, 0)
+    words = (tl.sum(flag(x != x, 0) + flag(magnitude == float("inf"), 16), axis=None),
+             tl.sum(flag(nonzero, 0) + flag(nonzero & (q == 0.0), 16), axis=None), tl.sum(last, axis=None),
+             tl.min(tl.where(is_finite, x, float("inf")), axis=None),
+             tl.max(tl.where(is_finite, x, float("-inf")), axis=None))
+    tl.store(row + ROW.at.nans, low(words[0]))
+    tl.store(row + ROW.at.infs, high(words[0]))
+    tl.store(row + ROW.at.nonzero, low(words[1]))
+    tl.store(row + ROW.at.underflow, high(words[1]))
+    tl.store(row + ROW.at.overflow, low(words[2]))
+    tl.store(row + ROW.at.min, words[3].to(tl.float64))
+    tl.store(row + ROW.at.max, words[4].to(tl.float64))
+    if STATS == 2:
+        tl.store(row + ROW.at.both_finite, high(words[2]))
+        write_sums(row, x, q, is_finite, both, BLOCKED, LOG2, ROW)
         if BLOCKED:
-            write_block_stats(row, magnitude, block_scale, is_finite, ROW)
+            write_block_stats(row, magnitude, scale, is_finite, ROW)
         else:
             tl.store(row + ROW.at.block_scale_min, float("inf"))
             tl.store(row + ROW.at.block_scale_positive_min, float("inf"))
@@ -154,15 +216,14 @@ def write_stats(row, x, q, xt, scale, valid, BOUND: tl.constexpr, INCLUSIVE: tl.
             tl.store(row + ROW.at.block_scale_max, float("-inf"))
             bins = tl.arange(0, 64)
             tl.store(row + ROW.at.scale_hist + bins, tl.zeros_like(bins).to(tl.float64), mask=bins < N_BINS)
-    write_terms(row, x, q, is_finite, STATS, BLOCKED, LOG2, ROW)
+    write_terms(row, x, q, is_finite, both, STATS, BLOCKED, LOG2, ROW)
 
 
 @triton.jit
-def write_terms(row, x, q, is_finite, STATS: tl.constexpr, BLOCKED: tl.constexpr, LOG2: tl.constexpr,
+def write_terms(row, x, q, is_finite, both, STATS: tl.constexpr, BLOCKED: tl.constexpr, LOG2: tl.constexpr,
                 ROW: tl.constexpr):
     """The fields of ``ROW.terms``: each term's values over the tile, reduced as its field combines
     (a sum in ``packing``'s order, in float64)."""
-    both = is_finite & finite(q)
     for i in tl.static_range(len(ROW.terms)):
         if STATS == 2 or not ROW.terms[i].full:
             values = ROW.terms[i].fn(x, q, is_finite, both)
@@ -176,22 +237,21 @@ def write_terms(row, x, q, is_finite, STATS: tl.constexpr, BLOCKED: tl.constexpr
 
 
 @triton.jit
-def write_sums(row, x, q, is_finite, BLOCKED: tl.constexpr, LOG2: tl.constexpr, ROW: tl.constexpr):
-    """The sums and the log2 histogram of ``write_stats``."""
-    both = is_finite & finite(q)
+def write_sums(row, x, q, is_finite, both, BLOCKED: tl.constexpr, LOG2: tl.constexpr, ROW: tl.constexpr):
+    """The sums and the log2 histogram of ``write_stats``. The sums are float64 (``packing``'s order
+    rounds each pair's sum there); a term's product of two float32 values is exact in it."""
     x64 = in_block_order(tl.where(is_finite, x, 0.0).to(tl.float64), BLOCKED)
     xb = in_block_order(tl.where(both, x, 0.0).to(tl.float64), BLOCKED)
     qb = in_block_order(tl.where(both, q, 0.0).to(tl.float64), BLOCKED)
     error = qb - xb
-    tl.store(row + ROW.at.both_finite, count(both))
     tl.store(row + ROW.at.sum, tree_sum(x64, LOG2))
     tl.store(row + ROW.at.sum_squares, tree_sum(x64 * x64, LOG2))
     tl.store(row + ROW.at.signal, tree_sum(xb * xb, LOG2))
     tl.store(row + ROW.at.noise, tree_sum(error * error, LOG2))
     tl.store(row + ROW.at.dot, tree_sum(xb * qb, LOG2))
     tl.store(row + ROW.at.q_power, tree_sum(qb * qb, LOG2))
-    nonzero = is_finite & (x != 0.0)
     bins = tl.arange(0, 64)
+    nonzero = is_finite & (x != 0.0)
     tl.store(row + ROW.at.log2_hist + bins, log2_bins(x, nonzero, BLOCKED).to(tl.float64), mask=bins < N_BINS)
 
 

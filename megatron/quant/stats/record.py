@@ -7,7 +7,9 @@ Three tables:
   that compute it, by name, on each path: ``torch`` (``stats.reference``) and ``kernel``
   (``kernels.stats``). A name is either a function that writes the field out itself (``WRITERS`` of
   each module) or the key of its element term (``TERMS`` of each module), reduced as it combines. Every
-  field is float64 in the packed vector; a count is an integer, exact below 2**53.
+  field is float64 in the packed vector; a count is an integer, exact below 2**53. The kernels take a
+  count in int32 and a minimum or maximum in float32 (exact: float64 only carries them); a sum needs
+  float64 in the kernel too, since ``packing``'s order rounds each pair's sum there.
 - ``KEYS``, the keys of a record (what ``tensor_stats``, ``quant_stats`` and a capture's manifest hold):
   a key's name, its group (``tensor``: every record; ``quant``: with a format; ``block``: with a block
   format, None for others), the fields it reads (and ``numel``), how its value follows from them, and
