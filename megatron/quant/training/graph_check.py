@@ -52,12 +52,12 @@ class GraphCheck:
         return summary(self.records, self.hazards)
 
 
-def check_training_steps(argv: Sequence[str], steps: int = 2) -> GraphCheck:
-    """Run ``steps`` iterations of the run ``argv`` describes, their forward-backward under
+def check_training_steps(argv: Optional[Sequence[str]], steps: int = 2) -> GraphCheck:
+    """Run ``steps`` iterations of the run ``argv`` (None: the command line) describes, their forward-backward under
     ``GraphSafety``; ArgumentError for bad flags or fewer than 2 steps (a replay needs two to compare)."""
     if steps < 2:
         raise ArgumentError(f"the graph check compares consecutive steps: steps must be at least 2, got {steps}")
-    inputs = check_inputs(list(argv))
+    inputs = check_inputs(None if argv is None else list(argv))
     if inputs.tree.schedule.train_iters < steps + 1:
         raise ArgumentError(f"--train-iters {inputs.tree.schedule.train_iters} is below the {steps} steps checked "
                             f"and the one before them")
@@ -88,7 +88,6 @@ def check_training_steps(argv: Sequence[str], steps: int = 2) -> GraphCheck:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         result = check_training_steps(argv)
     except (ArgumentError, ValueError, FileNotFoundError) as error:
