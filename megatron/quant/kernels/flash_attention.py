@@ -150,6 +150,14 @@ def probs(t, hidden, m, total):
 
 
 @triton.jit
+def head_bases(bh, heads, q_batch, k_batch, REP: tl.constexpr, D: tl.constexpr):
+    """(query head's, its key head's) first element for program axis 1's (batch, head) ``bh`` in the
+    [s, b, heads, d] layout; GQA: ``REP`` query heads share a key head."""
+    b, h = bh // heads, bh % heads
+    return b.to(tl.int64) * q_batch + h * D, b.to(tl.int64) * k_batch + (h // REP) * D
+
+
+@triton.jit
 def _flash_forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, s, heads, q_row, q_batch, k_row, k_batch,
                           scale, REP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                           BF16: tl.constexpr, BF16_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -157,11 +165,9 @@ def _flash_forward_kernel(q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, s, heads, 
     """O of one query block of one (batch, head): the module docstring's two passes. Writes the
     rows' max and sum (float32, [batch * heads, s]) for the backward."""
     bh = tl.program_id(1)
-    b, h = bh // heads, bh % heads
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.arange(0, DP)
-    q_base = b.to(tl.int64) * q_batch + h * D
-    k_base = b.to(tl.int64) * k_batch + (h // REP) * D
+    q_base, k_base = head_bases(bh, heads, q_batch, k_batch, REP, D)
     q = load_rows(q_ptr + q_base, rows, cols, q_row, s, D)
     end = tl.minimum(s, (tl.program_id(0) + 1) * BM) if CAUSAL else s
     m, total = row_stats(q, k_ptr + k_base, cols, k_row, s, rows, scale, end, CAUSAL, D, BF16, BF16_DOT, BN)

@@ -27,6 +27,7 @@ from .flash_attention import (
     as_dtype,
     dot,
     fold_keys,
+    head_bases,
     launch_args,
     load_rows,
     probs,
@@ -68,11 +69,9 @@ def _flash_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, kk_ptr, dq_ptr, m_ptr, l_ptr, 
     """D (float32, [batch * heads, s]) and dQ of one query block: q, k the forward's Q and K; v, do V
     and dO along the head dimension; kk K along the keys."""
     bh = tl.program_id(1)
-    b, h = bh // heads, bh % heads
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.arange(0, DP)
-    q_base = b.to(tl.int64) * q_batch + h * D
-    k_base = b.to(tl.int64) * k_batch + (h // REP) * D
+    q_base, k_base = head_bases(bh, heads, q_batch, k_batch, REP, D)
     q = load_rows(q_ptr + q_base, rows, cols, q_row, s, D)
     do = load_rows(do_ptr + q_base, rows, cols, q_row, s, D)
     stats = bh.to(tl.int64) * s + rows
@@ -110,11 +109,9 @@ def _flash_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qq_ptr, dos_ptr, dk_ptr, dv_
     """dK and dV of one key block for one query head ([s, b, heads, d]): q, k the forward's Q and K; v,
     do V and dO along the head dimension; qq Q and dos dO along the queries."""
     bh = tl.program_id(1)
-    b, h = bh // heads, bh % heads
     keys = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, DP)
-    q_base = b.to(tl.int64) * q_batch + h * D
-    k_base = b.to(tl.int64) * k_batch + (h // REP) * D
+    q_base, k_base = head_bases(bh, heads, q_batch, k_batch, REP, D)
     k = load_rows(k_ptr + k_base, keys, cols, k_row, s, D)
     v = load_rows(v_ptr + k_base, keys, cols, k_row, s, D)
     dk = tl.zeros((DP, BN), tl.float32)  # transposed: the dots take P and dS as computed, Q and dO as loaded
