@@ -26,9 +26,11 @@ def table(rows: list[dict]) -> list[str]:
     """Markdown lines: a row per (format, class), in the order the build met them."""
     groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
     for row in rows:
-        if "error" in row:
+        if "error" in row or row["class"] is None:  # failed, or no work model (the accumulation model's GEMM)
             continue
-        fmt, dtype = row["first_launched_by"].split()[:2]
+        words = row["first_launched_by"].split()  # "FORMAT DTYPE ..." or "amax history ALGO DTYPE"
+        dtype = next(word for word in words if word in DTYPES)
+        fmt = " ".join(words[:words.index(dtype)])
         groups.setdefault((fmt, row["class"]), {name: [] for name in DTYPES})[dtype].append(row)
     lines = ["| format | class | fp32 input: bytes, instructions an element (budget) | bf16 input | "
              "specializations over budget |", "|---|---|---|---|---|"]
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
         print(f"{args.json}: not a --cubin build with the work model (run python -m bench.gpu.kernel_build --cubin "
               f"--json PATH)")
         return 2
-    rows = [row for row in data["rows"] if "error" not in row]
+    rows = [row for row in data["rows"] if "error" not in row and row["class"] is not None]
     over = sum(row["over_budget"] for row in rows)
     print(f"Triton {data['triton']}, {data['target']}: {len(rows)} specializations, {over} over budget\n")
     print("\n".join(table(rows)))

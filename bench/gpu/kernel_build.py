@@ -34,7 +34,7 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
-from bench.gpu.work_model import sass_counts, work_row  # noqa: E402
+from bench.gpu.work_model import MODELLED, sass_counts, work_row  # noqa: E402
 from megatron.quant.formats import get_format  # noqa: E402
 from megatron.quant.kernels import accumulate, elementwise, history, launch, registry, triton_format  # noqa: E402
 from megatron.quant.kernels import constants as kernel_constants  # noqa: E402
@@ -205,11 +205,16 @@ def main(argv=None) -> int:
             resources = ""
             if args.cubin:
                 tensors = [value for value in (*fn_args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-                row.update(work_row(fn.__name__, constants, tensors, row.pop("sass"), row["num_warps"]))
+                sass = row.pop("sass")
                 resources = (f" regs {row['registers']} stack {row['stack_bytes']} B shared {row['shared_bytes']} B "
-                             f"vector accesses {row['vector_accesses']}/{row['global_accesses']} "
-                             f"{row['bytes_per_element']} B {row['instructions_per_element']} instructions an element "
-                             f"(budget {row['budget_per_element']})")
+                             f"vector accesses {row['vector_accesses']}/{row['global_accesses']} ")
+                if fn.__name__ in MODELLED:
+                    row.update(work_row(fn.__name__, constants, tensors, sass, row["num_warps"]))
+                    resources += (f"{row['bytes_per_element']} B {row['instructions_per_element']} instructions an "
+                                  f"element (budget {row['budget_per_element']})")
+                else:  # a GEMM, not bound by the bytes it moves
+                    row.update({"class": None, "sass_instructions": sass["instructions"]})
+                    resources += f"{sass['instructions']} instructions (no work model: not a quantization)"
             print(f"built  {fn.__name__} ({call}){resources}  {row['constexprs']}", flush=True)
         except Exception:
             row["error"] = traceback.format_exc()[-3000:]

@@ -60,6 +60,16 @@ def sass_counts(sass: str) -> dict[str, int]:
             "backward_branches": backward}
 
 
+MODELLED = ("_elementwise_kernel", "_amax_kernel", "_fold_kernel", "_history_kernel", "_block_kernel", "_dual_kernel")
+"""The quantization kernels, bound by the bytes they move; the accumulation model's GEMM kernel
+(``kernels/accumulate.py``) and attention's are not, and have no budget here."""
+
+
+INPUT = {"_history_kernel": 1}
+"""The position among a launch's tensors of the one whose elements it processes, where not the first (the history
+kernel's first is the 0-d amax it appends)."""
+
+
 def program_elements(kernel: str, constants: Mapping[str, Any]) -> int:
     """Elements of the tensor one program of ``kernel`` processes (the padding of a block to a power
     of two is work, not elements)."""
@@ -71,8 +81,7 @@ def program_elements(kernel: str, constants: Mapping[str, Any]) -> int:
         return constants["LAYOUT"].block * constants["LAYOUT"].columns
     if kernel == "_dual_kernel":
         return constants["B"] ** 2
-    raise ValueError(f"no work model for kernel {kernel!r}; known: _elementwise_kernel, _amax_kernel, "
-                     f"_fold_kernel, _history_kernel, _block_kernel, _dual_kernel")
+    raise ValueError(f"no work model for kernel {kernel!r}; known: {', '.join(MODELLED)}")
 
 
 def bytes_per_element(tensors: list, elements: int) -> float:
@@ -113,7 +122,7 @@ def work_row(kernel: str, constants: Mapping[str, Any], tensors: list, counts: M
     """One specialization's work: bytes and instructions a processed element, its class and budget."""
     elements = program_elements(kernel, constants)
     per_thread = elements / (num_warps * H100_WARP_SIZE)
-    moved = bytes_per_element(tensors, tensors[0].numel())
+    moved = bytes_per_element(tensors, tensors[INPUT.get(kernel, 0)].numel())
     klass = kernel_class(kernel, constants)
     per_element = counts["instructions"] / per_thread
     return {"class": klass, "bytes_per_element": round(moved, 3), "elements_per_thread": per_thread,
