@@ -1,6 +1,7 @@
 """Map a function over items in worker processes, with a progress bar on stderr."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -41,14 +42,23 @@ def parallel_map(fn: Callable[[Item], Result], items: Sequence[Item], workers: i
                 yield fn(item)
                 bar.update()
             return
-        # fork shares the already imported torch/matplotlib: workers start in milliseconds.
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        context = multiprocessing.get_context(method)
+        # fork shares the already imported torch/matplotlib: workers start in milliseconds. The parent's
+        # objects are frozen while the workers fork (CPython's advice for fork without exec), so a worker's
+        # garbage collections never walk them: a collection in a forked worker that walked the parent's
+        # objects (in a process that had run torch.compile) crashed.
+        forking = "fork" in multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if forking else None)
         if chunksize is None:
             chunksize = max(1, min(16, len(items) // (workers * 8)))
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:
-            for result in pool.map(fn, items, chunksize=chunksize):
-                yield result
-                bar.update()
+        if forking:
+            gc.freeze()
+        try:
+            with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:
+                for result in pool.map(fn, items, chunksize=chunksize):
+                    yield result
+                    bar.update()
+        finally:
+            if forking:
+                gc.unfreeze()
     finally:
         bar.close()
